@@ -1,0 +1,872 @@
+"""Deep health probe for the Triton container, run by the ECS ``healthCheck``.
+
+``/v2/health/live`` only proves the HTTP server is up and ``/v2/health/ready``
+answers a bare 400 without saying which model is wrong. This probe asks Triton
+for the state of every model version, checks each one and, if asked, sends one
+synthetic inference per model, then exits 0 (healthy), 1 (unhealthy) or 2
+(usage error) with one line per problem.
+
+It runs inside the stock Triton image, which has ``python3`` but none of the
+sidecar's packages: standard library only, one file, Python 3.8+ (Ubuntu 20.04
+images), runnable as ``python3 health.py`` from anywhere or as
+``python -m exporter health``. Every request shares one deadline (default 4 s,
+under ECS's 5 s timeout) so a server that accepts connections and never
+answers cannot hang the check. See docs/health.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import socket
+import sys
+import time
+import urllib.parse
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+DEFAULT_URL = "http://localhost:8000"
+DEFAULT_DEADLINE = 4.0
+DEFAULT_JOBS = 4
+REASON_MAX = 240  # characters of Triton's reason kept on a line
+MAX_RESPONSE_BYTES = 32 * 1024 * 1024  # guard against a runaway body
+MAX_SMOKE_BYTES = 64 * 1024 * 1024  # zeros we are willing to send per inference
+LIST_MAX = 8  # model versions named on the OK line before "+N more"
+
+# Bytes per element for Triton's binary tensor format; BYTES elements are a
+# 4-byte little-endian length followed by the bytes, so an empty string is 4 zero bytes.
+DTYPE_SIZES = {
+    "BOOL": 1, "UINT8": 1, "INT8": 1,
+    "UINT16": 2, "INT16": 2, "FP16": 2, "BF16": 2,
+    "UINT32": 4, "INT32": 4, "FP32": 4,
+    "UINT64": 8, "INT64": 8, "FP64": 8,
+    "BYTES": 4,
+}  # fmt: skip
+
+# Characters that would corrupt the HTTP request line or be taken as the query or
+# fragment. Triton does not decode percent-escapes, so such a name cannot be
+# addressed over HTTP at all; everything else (``@``, ``+``, ``%``, non-ASCII) is
+# sent verbatim, non-ASCII as raw UTF-8, which Triton matches byte for byte.
+_UNSENDABLE = frozenset(" ?#/\\\x7f") | frozenset(chr(c) for c in range(32))
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+class HealthError(Exception):
+    """Base class for the probe's own errors."""
+
+
+class UsageError(HealthError):
+    """Bad flag or environment value: exit code 2."""
+
+
+class DeadlineExceeded(HealthError):
+    """The shared deadline ran out before Triton answered."""
+
+
+class ConnectError(HealthError):
+    """The TCP connection to Triton could not be made or broke."""
+
+
+class ProtocolError(HealthError):
+    """Triton answered something that is not the HTTP/JSON we expect."""
+
+
+class Unsynthesisable(HealthError):
+    """The model's inputs cannot be filled in automatically (e.g. a shape tensor)."""
+
+
+class _ParserExit(Exception):
+    """argparse wanted to exit (``--help`` or an error); carries the exit status."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+# --- deadline and a tiny HTTP/1.1 client ----------------------------------------------------
+
+
+class Deadline:
+    """One budget for the whole probe; every socket operation gets what is left."""
+
+    def __init__(self, seconds: float, start: float | None = None) -> None:
+        self.seconds = seconds
+        self.end = (time.monotonic() if start is None else start) + seconds
+
+    def remaining(self) -> float:
+        return self.end - time.monotonic()
+
+    def left(self) -> float:
+        """Remaining seconds, or DeadlineExceeded when none are left."""
+        rem = self.remaining()
+        if rem <= 0:
+            raise DeadlineExceeded(f"deadline of {self.seconds:g} s exceeded")
+        return rem
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> object:
+        try:
+            return json.loads(self.body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ProtocolError(
+                f"HTTP {self.status} with a body that is not JSON: {self.body[:80]!r}"
+            ) from exc
+
+    def error_text(self) -> str:
+        """Triton's ``{"error": ...}`` message, or the raw body."""
+        text = self.body.decode("utf-8", "replace").strip()
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return text
+        if isinstance(obj, dict) and isinstance(obj.get("error"), str):
+            return obj["error"]
+        return text
+
+
+class Client:
+    """Minimal HTTP/1.1 client over a raw socket.
+
+    urllib's timeout applies per socket operation, so a server trickling one
+    byte per second would keep it alive forever; here every connect, send and
+    recv gets the time left on the shared deadline and the read loop checks it
+    between reads. Raw sockets also let a non-ASCII model name go out as UTF-8,
+    which http.client refuses to put in a request line.
+    """
+
+    def __init__(self, url: str, deadline: Deadline) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"Triton URL must look like http://host:port, got {url!r}")
+        self.url = url.rstrip("/")
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname
+        try:
+            self.port = parts.port or (443 if self.https else 80)
+        except ValueError as exc:
+            raise UsageError(f"bad port in Triton URL {url!r}") from exc
+        self.prefix = parts.path.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = host if parts.port is None else f"{host}:{self.port}"
+        self.deadline = deadline
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ):
+        """Send one request with ``Connection: close`` and return the whole Response."""
+        lines = [
+            f"{method} {self.prefix}{path} HTTP/1.1",
+            f"Host: {self.host_header}",
+            "Connection: close",
+            "User-Agent: triton-health",
+            "Accept: */*",
+        ]
+        if body is not None or method == "POST":
+            lines.append(f"Content-Length: {len(body or b'')}")
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        data = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + (body or b"")
+        what = f"{self.host}:{self.port}"
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=self.deadline.left())
+        except (socket.timeout, TimeoutError) as exc:  # noqa: UP041 - distinct classes before 3.10
+            raise DeadlineExceeded(f"no TCP connection to {what} within {self.deadline.seconds:g} s") from exc
+        except OSError as exc:
+            raise ConnectError(f"cannot connect to {what}: {exc.strerror or exc}") from exc
+        try:
+            if self.https:
+                import ssl  # only needed for https URLs
+
+                sock.settimeout(self.deadline.left())
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+            sock.settimeout(self.deadline.left())
+            sock.sendall(data)  # the timeout bounds the whole sendall since Python 3.5
+            return self._read(sock)
+        except (socket.timeout, TimeoutError) as exc:  # noqa: UP041
+            raise DeadlineExceeded(f"no answer from {what} within {self.deadline.seconds:g} s") from exc
+        except OSError as exc:
+            raise ConnectError(f"connection to {what} failed: {exc.strerror or exc}") from exc
+        finally:
+            sock.close()
+
+    def _read(self, sock: socket.socket) -> Response:
+        buf = bytearray()
+        head: tuple[int, dict[str, str], int] | None = None
+        while True:
+            if head is None:
+                end = buf.find(b"\r\n\r\n")
+                if end >= 0:
+                    head = _parse_head(bytes(buf[:end]), end + 4)
+            if head is not None:
+                status, headers, start = head
+                body = _complete_body(headers, bytes(buf[start:]), status)
+                if body is not None:
+                    return Response(status, headers, body)
+            sock.settimeout(self.deadline.left())
+            chunk = sock.recv(65536)
+            if not chunk:
+                if head is None:
+                    raise ProtocolError("connection closed before an HTTP answer")
+                status, headers, start = head
+                if "content-length" in headers or "chunked" in headers.get("transfer-encoding", ""):
+                    raise ProtocolError("connection closed in the middle of the answer")
+                return Response(status, headers, bytes(buf[start:]))
+            buf += chunk
+            if len(buf) > MAX_RESPONSE_BYTES:
+                raise ProtocolError(f"answer larger than {MAX_RESPONSE_BYTES} bytes")
+
+
+def _parse_head(raw: bytes, body_start: int) -> tuple[int, dict[str, str], int]:
+    lines = raw.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise ProtocolError(f"not an HTTP answer: {lines[0][:80]!r}")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(parts[1]), headers, body_start
+
+
+def _complete_body(headers: dict[str, str], data: bytes, status: int) -> bytes | None:
+    """The body once all of it has arrived, else None (read more)."""
+    if status in (204, 304) or 100 <= status < 200:
+        return b""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return _dechunk(data)
+    length = headers.get("content-length")
+    if length is not None:
+        try:
+            n = int(length)
+        except ValueError as exc:
+            raise ProtocolError(f"bad Content-Length {length!r}") from exc
+        return data[:n] if len(data) >= n else None
+    return None  # read until the server closes
+
+
+def _dechunk(data: bytes) -> bytes | None:
+    out = bytearray()
+    pos = 0
+    while True:
+        eol = data.find(b"\r\n", pos)
+        if eol < 0:
+            return None
+        try:
+            size = int(data[pos:eol].split(b";")[0], 16)
+        except ValueError as exc:
+            raise ProtocolError("bad chunked encoding") from exc
+        if size == 0:
+            return bytes(out) if data.find(b"\r\n\r\n", eol) >= 0 or data.endswith(b"\r\n") else None
+        start = eol + 2
+        if len(data) < start + size + 2:
+            return None
+        out += data[start : start + size]
+        pos = start + size + 2
+
+
+# --- results ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Check:
+    """One check's outcome; ``status`` is ok, fail or skip."""
+
+    check: str
+    status: str
+    duration_s: float = 0.0
+    detail: str = ""
+    model: str | None = None
+    version: str | None = None
+    state: str | None = None
+    reason: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}/{self.version}" if self.version else str(self.model)
+
+
+@dataclass
+class Report:
+    url: str
+    deadline_s: float
+    checks: list[Check] = field(default_factory=list)
+    duration_s: float = 0.0
+    required: list[str] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return bool(self.checks) and not any(c.status == "fail" for c in self.checks)
+
+    def add(self, check: Check) -> Check:
+        self.checks.append(check)
+        return check
+
+
+@dataclass
+class Options:
+    url: str = DEFAULT_URL
+    models: list[tuple[str, str | None]] | None = None  # None: every version in the index
+    ignore: list[tuple[str, str | None]] = field(default_factory=list)
+    smoke: list[tuple[str, str | None]] | None = None  # None: off; []: every required model
+    deadline: float = DEFAULT_DEADLINE
+    jobs: int = DEFAULT_JOBS
+    json: bool = False
+    quiet: bool = False
+
+
+def first_line(text: object, limit: int = REASON_MAX) -> str:
+    """First non-empty line of Triton's reason, control characters removed, capped."""
+    s = str(text or "")
+    line = next((ln.strip() for ln in s.splitlines() if ln.strip()), "")
+    line = "".join(ch if ch.isprintable() else " " for ch in line)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def segment(name: str) -> str | None:
+    """A model name as a path segment, or None if no HTTP path can address it.
+
+    Triton matched ``m@x.v2+b`` and ``a%41b`` verbatim and took the raw UTF-8
+    bytes of a non-ASCII name, but answered "unknown model" for the
+    percent-escaped forms: quoting would break working names, so none is done.
+    """
+    if not name or any(ch in _UNSENDABLE for ch in name) or name in (".", ".."):
+        return None
+    return name
+
+
+def _matches(specs: list[tuple[str, str | None]], name: str, version: str) -> bool:
+    return any(n == name and (v is None or v == version) for n, v in specs)
+
+
+# --- the checks -------------------------------------------------------------------------------
+
+
+def _timed(report: Report, check: str, fn, **ids: str):
+    """Run ``fn`` and turn the probe's errors into a failed Check; returns (value, Check)."""
+    t0 = time.monotonic()
+    try:
+        value, detail = fn()
+        result = Check(check, "ok", time.monotonic() - t0, detail, **ids)
+    except HealthError as exc:
+        value, result = None, Check(check, "fail", time.monotonic() - t0, str(exc), **ids)
+    report.add(result)
+    return value, result
+
+
+def _live(client: Client) -> tuple[None, str]:
+    try:
+        resp = client.request("GET", "/v2/health/live")
+    except DeadlineExceeded as exc:
+        raise DeadlineExceeded(
+            f"{exc}: the server accepts connections but does not respond (hung, SIGSTOPped or overloaded)"
+        ) from exc
+    except ConnectError as exc:
+        raise ConnectError(
+            f"{exc}: tritonserver is not listening (crashed, still starting, or wrong TRITON_URL)"
+        ) from exc
+    if resp.status != 200:
+        raise ProtocolError(
+            f"GET /v2/health/live answered HTTP {resp.status}: {first_line(resp.error_text())}"
+        )
+    return None, "HTTP 200"
+
+
+def _index(client: Client) -> tuple[list[dict], str]:
+    resp = client.request("POST", "/v2/repository/index", b"{}", {"Content-Type": "application/json"})
+    if resp.status != 200:
+        raise ProtocolError(
+            f"POST /v2/repository/index answered HTTP {resp.status}: {first_line(resp.error_text())}"
+        )
+    body = resp.json()
+    if not isinstance(body, list) or not all(isinstance(e, dict) and "name" in e for e in body):
+        raise ProtocolError("POST /v2/repository/index did not answer a list of model versions")
+    for e in body:
+        e["name"], e["version"] = str(e["name"]), str(e.get("version", ""))
+    return body, f"{len(body)} model versions listed"
+
+
+def select(index: list[dict], opts: Options, report: Report) -> list[dict]:
+    """Required versions from the index; records a state check for each and returns the READY ones."""
+    unloaded = {
+        (e["name"], e["version"])
+        for e in index
+        if e.get("state") == "UNAVAILABLE" and str(e.get("reason", "")).strip() == "unloaded"
+    }
+    required: list[dict] = []
+    if opts.models is None:
+        for e in index:
+            if (e["name"], e["version"]) in unloaded:
+                continue
+            if e.get("state") == "UNLOADING":
+                report.add(
+                    Check(
+                        "state",
+                        "skip",
+                        0.0,
+                        "being unloaded on purpose",
+                        e["name"],
+                        e["version"],
+                        "UNLOADING",
+                    )
+                )
+                continue
+            required.append(e)
+    else:
+        for name, version in opts.models:
+            hits = [e for e in index if e["name"] == name and (version is None or e["version"] == version)]
+            if version is None and any((e["name"], e["version"]) not in unloaded for e in hits):
+                hits = [e for e in hits if (e["name"], e["version"]) not in unloaded]
+            if not hits and not _matches(opts.ignore, name, version or ""):
+                report.add(
+                    Check(
+                        "state",
+                        "fail",
+                        0.0,
+                        "not in the repository index (wrong name, or not in the model repository)",
+                        name,
+                        version,
+                        "MISSING",
+                    )
+                )
+                report.required.append(name if version is None else f"{name}/{version}")
+            required += [e for e in hits if e not in required]
+    required = [e for e in required if not _matches(opts.ignore, e["name"], e["version"])]
+    ready = []
+    for e in required:
+        name, version, state = e["name"], e["version"], str(e.get("state", "UNKNOWN"))
+        report.required.append(f"{name}/{version}")
+        reason = first_line(e.get("reason", "")) or None
+        if state == "READY":
+            report.add(Check("state", "ok", 0.0, "READY", name, version, state))
+            ready.append(e)
+        elif state == "LOADING":
+            report.add(
+                Check(
+                    "state",
+                    "fail",
+                    0.0,
+                    "still loading (normal during the ECS startPeriod; stuck if it lasts longer)",
+                    name,
+                    version,
+                    state,
+                    reason,
+                )
+            )
+        elif state == "UNAVAILABLE" and reason == "unloaded":
+            report.add(
+                Check(
+                    "state",
+                    "fail",
+                    0.0,
+                    "unloaded on purpose, but required (load it, or drop it from --models/HEALTH_MODELS)",
+                    name,
+                    version,
+                    state,
+                    reason,
+                )
+            )
+        else:
+            report.add(Check("state", "fail", 0.0, reason or "not ready", name, version, state, reason))
+    return ready
+
+
+def _ready(client: Client, name: str, version: str) -> tuple[None, str]:
+    seg = segment(name)
+    if seg is None:
+        raise Unsynthesisable("name cannot be sent in an HTTP path; READY in the index")
+    resp = client.request("GET", f"/v2/models/{seg}/versions/{version}/ready")
+    if resp.status != 200:
+        raise ProtocolError(
+            f"index says READY but the ready endpoint answered HTTP {resp.status}: "
+            f"{first_line(resp.error_text()) or 'no reason given'}"
+        )
+    return None, "HTTP 200"
+
+
+def build_infer(meta: dict, config: dict | None) -> tuple[bytes, int]:
+    """Request body (JSON header + zero tensors) and the JSON header length.
+
+    Inputs come from the model's metadata: every input that the config does not
+    mark optional, its datatype, its shape with each variable (-1) dimension,
+    batch included, set to 1. Data are zeros in Triton's binary tensor format,
+    which is also an empty string for BYTES, and outputs are asked for in binary
+    so a large output does not cost a JSON rendering.
+    """
+    config = config or {}
+    if (config.get("model_transaction_policy") or {}).get("decoupled"):
+        raise Unsynthesisable("decoupled model: Triton's HTTP infer endpoint cannot serve it")
+    conf_inputs = {i.get("name"): i for i in config.get("input") or [] if isinstance(i, dict)}
+    batched = int(config.get("max_batch_size") or 0) > 0
+    inputs, total = [], 0
+    for inp in meta.get("inputs") or []:
+        name, dtype, shape = inp.get("name"), str(inp.get("datatype", "")), inp.get("shape")
+        conf = conf_inputs.get(name, {})
+        if conf.get("optional"):
+            continue
+        if conf.get("is_shape_tensor"):
+            raise Unsynthesisable(f"input {name} is a shape tensor; its values cannot be guessed")
+        if dtype not in DTYPE_SIZES:
+            raise Unsynthesisable(f"input {name} has datatype {dtype!r}, which cannot be synthesised")
+        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            raise Unsynthesisable(f"input {name} has no usable shape in the metadata")
+        dims = [1 if d < 0 else d for d in shape]
+        if batched and "dims" in conf and len(shape) == len(conf["dims"]) + 1:
+            dims[0] = 1  # the batch dimension: one request of batch size 1
+        size = math.prod(dims) * DTYPE_SIZES[dtype]
+        total += size
+        inputs.append(
+            {"name": name, "datatype": dtype, "shape": dims, "parameters": {"binary_data_size": size}}
+        )
+    if not inputs:
+        raise Unsynthesisable("the model has no required inputs in its metadata")
+    if total > MAX_SMOKE_BYTES:
+        raise Unsynthesisable(f"inputs would need {total} bytes (limit {MAX_SMOKE_BYTES})")
+    params: dict[str, object] = {"binary_data_output": True}
+    if config.get("sequence_batching"):
+        params.update(sequence_id=random.randint(1 << 40, 1 << 48), sequence_start=True, sequence_end=True)
+    header = json.dumps({"id": "triton-health", "inputs": inputs, "parameters": params}).encode()
+    return header + bytes(total), len(header)
+
+
+def _smoke(client: Client, name: str, version: str, explicit: bool) -> tuple[str, str]:
+    """Returns (status, detail): ok, or skip for a model whose inputs cannot be synthesised."""
+    seg = segment(name)
+    try:
+        if seg is None:
+            raise Unsynthesisable("name cannot be sent in an HTTP path")
+        base = f"/v2/models/{seg}/versions/{version}"
+        meta_resp = client.request("GET", base)
+        if meta_resp.status != 200:
+            raise ProtocolError(
+                f"metadata answered HTTP {meta_resp.status}: {first_line(meta_resp.error_text())}"
+            )
+        meta = meta_resp.json()
+        conf_resp = client.request("GET", base + "/config")
+        config = conf_resp.json() if conf_resp.status == 200 else None
+        if not isinstance(meta, dict) or (config is not None and not isinstance(config, dict)):
+            raise ProtocolError("metadata or config is not a JSON object")
+        body, header_len = build_infer(meta, config)
+    except Unsynthesisable as exc:
+        if explicit:
+            raise
+        return "skip", str(exc)
+    t0 = time.monotonic()
+    resp = client.request(
+        "POST",
+        base + "/infer",
+        body,
+        {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(header_len)},
+    )
+    ms = (time.monotonic() - t0) * 1000
+    if resp.status != 200:
+        raise ProtocolError(
+            f"inference answered HTTP {resp.status}: {first_line(resp.error_text()) or 'no reason given'}"
+        )
+    n = resp.headers.get("inference-header-content-length")
+    try:
+        out = json.loads(resp.body[: int(n)] if n else resp.body)
+    except ValueError as exc:
+        raise ProtocolError("inference answered 200 with an unreadable body") from exc
+    outputs = out.get("outputs") if isinstance(out, dict) else None
+    if not outputs:
+        raise ProtocolError("inference answered 200 without outputs")
+    return "ok", f"HTTP 200 with {len(outputs)} output(s) in {ms:.0f} ms"
+
+
+def _version_checks(client: Client, e: dict, smoke: bool, explicit: bool) -> list[Check]:
+    name, version = e["name"], e["version"]
+    out: list[Check] = []
+    t0 = time.monotonic()
+    try:
+        _, detail = _ready(client, name, version)
+        out.append(Check("ready", "ok", time.monotonic() - t0, detail, name, version, "READY"))
+    except Unsynthesisable as exc:
+        out.append(Check("ready", "skip", time.monotonic() - t0, str(exc), name, version, "READY"))
+    except HealthError as exc:
+        out.append(Check("ready", "fail", time.monotonic() - t0, str(exc), name, version, "READY"))
+        if smoke:
+            out.append(Check("smoke", "skip", 0.0, "not ready", name, version))
+        return out
+    if smoke:
+        t0 = time.monotonic()
+        try:
+            status, detail = _smoke(client, name, version, explicit)
+        except HealthError as exc:
+            status, detail = "fail", str(exc)
+        out.append(Check("smoke", status, time.monotonic() - t0, detail, name, version, "READY"))
+    return out
+
+
+def probe(opts: Options, start: float | None = None) -> Report:
+    """Run every check under one deadline and return the report (never raises HealthError)."""
+    t_start = time.monotonic() if start is None else start
+    deadline = Deadline(opts.deadline, t_start)
+    report = Report(url=opts.url, deadline_s=opts.deadline)
+    client = Client(opts.url, deadline)
+    try:
+        _, live = _timed(report, "live", lambda: _live(client))
+        if live.status != "ok":
+            return report
+        index, idx = _timed(report, "index", lambda: _index(client))
+        if idx.status != "ok" or index is None:
+            return report
+        ready = select(index, opts, report)
+        if opts.models is None and not report.required:
+            report.add(
+                Check(
+                    "index",
+                    "fail",
+                    0.0,
+                    "no model version to check: the repository index is empty "
+                    "or everything is ignored or unloaded",
+                )
+            )
+        smoke_all = opts.smoke == []
+        smoke_specs = opts.smoke or []
+        for name, version in smoke_specs:
+            if not any(
+                e["name"] == name and (version is None or e["version"] == version) for e in ready
+            ) and not _matches(opts.ignore, name, version or ""):
+                report.add(
+                    Check(
+                        "smoke",
+                        "fail",
+                        0.0,
+                        "smoke inference asked for, but the model is not a required READY model",
+                        name,
+                        version,
+                    )
+                )
+        jobs = []
+        for e in ready:
+            wanted = smoke_all or _matches(smoke_specs, e["name"], e["version"])
+            jobs.append((e, opts.smoke is not None and wanted, not smoke_all and wanted))
+        workers = max(1, min(opts.jobs, len(jobs)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(lambda j: _version_checks(client, *j), jobs))
+        flat = [c for r in results for c in r]
+        report.checks += [c for c in flat if c.check == "ready"] + [c for c in flat if c.check == "smoke"]
+        return report
+    finally:
+        report.duration_s = time.monotonic() - t_start
+
+
+# --- output -------------------------------------------------------------------------------------
+
+
+def _describe(c: Check) -> str:
+    if c.model is None:
+        return f"FAIL {c.check}: {c.detail}"
+    who = f"model {c.model!r}" + (f" version {c.version}" if c.version else "")
+    if c.check == "state":
+        tail = f": {c.reason}" if c.reason and c.reason not in c.detail else ""
+        return f"FAIL {who} is {c.state}: {c.detail}{tail}"
+    return f"FAIL {who} ({c.state or 'state unknown'}) {c.check} check: {c.detail}"
+
+
+def _names(labels: list[str]) -> str:
+    shown = ", ".join(labels[:LIST_MAX])
+    return shown + (f", +{len(labels) - LIST_MAX} more" if len(labels) > LIST_MAX else "")
+
+
+def render_text(report: Report) -> str:
+    """Lines for a human: one per failing check, then one summary line."""
+    fails = [c for c in report.checks if c.status == "fail"]
+    ready_ok = [c.label for c in report.checks if c.check == "ready" and c.status != "fail"]
+    smoke = [c for c in report.checks if c.check == "smoke"]
+    smoke_ok = sum(c.status == "ok" for c in smoke)
+    skipped = [c for c in smoke if c.status == "skip"]
+    took = f"{report.duration_s:.2f} s"
+    if not fails:
+        parts = [
+            f"OK triton {report.url}: live",
+            f"{len(ready_ok)} model version(s) ready ({_names(ready_ok)})",
+        ]
+        if smoke:
+            parts.append(f"smoke inference ok for {smoke_ok}")
+        if skipped:
+            parts.append(
+                "skipped "
+                + "; ".join(f"{c.label}: {c.detail}" for c in skipped[:3])
+                + (f"; +{len(skipped) - 3} more" if len(skipped) > 3 else "")
+            )
+        return ", ".join(parts) + f"; {took}"
+    lines = [_describe(c) for c in fails]
+    what = _names([c.label if c.model else c.check for c in fails])
+    if any(c.check == "live" for c in fails):
+        summary = f"UNHEALTHY triton {report.url}: server not answering; {took}"
+    else:
+        summary = (
+            f"UNHEALTHY triton {report.url}: {len(fails)} failed check(s) ({what}); "
+            f"{len(ready_ok)} of {len(report.required)} required model version(s) ready; {took}"
+        )
+    return "\n".join([*lines, summary])
+
+
+def render_json(report: Report) -> str:
+    doc = {
+        "healthy": report.healthy,
+        "url": report.url,
+        "deadline_s": report.deadline_s,
+        "duration_s": round(report.duration_s, 4),
+        "required": report.required,
+        "failed": sum(c.status == "fail" for c in report.checks),
+        "checks": [dict(asdict(c), duration_s=round(c.duration_s, 4)) for c in report.checks],
+        "summary": render_text(report).splitlines()[-1],
+    }
+    return json.dumps(doc, ensure_ascii=False)
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def exit(self, status: int = 0, message: str | None = None):  # type: ignore[override]
+        if message:
+            sys.stderr.write(message)
+        raise _ParserExit(status)
+
+    def error(self, message: str):  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise _ParserExit(2)
+
+
+def parse_specs(text: str, what: str) -> list[tuple[str, str | None]]:
+    """``add,text/2`` → [("add", None), ("text", "2")]; a version follows the last slash."""
+    specs = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, version = item.rpartition("/")
+        if not sep:
+            specs.append((item, None))
+        elif name and version.isdigit():
+            specs.append((name, version))
+        else:
+            raise UsageError(f"{what}: {item!r} is not MODEL or MODEL/VERSION")
+    return specs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="health.py",
+        description="Deep health check for a Triton container: liveness, every required model version "
+        "READY, optional smoke inference. Exit 0 healthy, 1 unhealthy, 2 usage error. "
+        "Flags win over the environment variables named in brackets.",
+    )
+    p.add_argument("--url", help=f"Triton HTTP endpoint [TRITON_URL] (default {DEFAULT_URL})")
+    p.add_argument(
+        "--models",
+        action="append",
+        metavar="M[,M/V...]",
+        help="models that must be ready, MODEL or MODEL/VERSION, comma-separated [HEALTH_MODELS] "
+        "(default: every version in the repository index except those unloaded on purpose)",
+    )
+    p.add_argument(
+        "--ignore",
+        action="append",
+        metavar="M[,M/V...]",
+        help="models or versions never checked [HEALTH_IGNORE]",
+    )
+    p.add_argument(
+        "--smoke",
+        nargs="?",
+        const="all",
+        metavar="all|M[,M/V...]",
+        help="send one synthetic inference to every required model (no value or 'all') or to "
+        "the named ones [HEALTH_SMOKE]",
+    )
+    p.add_argument("--no-smoke", action="store_true", help="no smoke inference, whatever HEALTH_SMOKE says")
+    p.add_argument(
+        "--deadline",
+        metavar="SECONDS",
+        help=f"overall time limit [HEALTH_DEADLINE] (default {DEFAULT_DEADLINE:g}, under ECS's 5 s)",
+    )
+    p.add_argument(
+        "--jobs", metavar="N", help=f"concurrent per-model checks [HEALTH_JOBS] (default {DEFAULT_JOBS})"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document with every check")
+    p.add_argument("--quiet", action="store_true", help="print nothing when healthy")
+    return p
+
+
+def options(argv: list[str] | None, env: Mapping[str, str] | None = None) -> Options:
+    """Merge flags and environment variables (flags win); UsageError on bad values."""
+    env = os.environ if env is None else env
+    ns = build_parser().parse_args(argv)
+
+    def pick(flag: object, var: str) -> str | None:
+        if flag is not None:
+            return ",".join(flag) if isinstance(flag, list) else str(flag)
+        value = env.get(var)
+        return value if value is not None and value.strip() != "" else None
+
+    opts = Options(json=ns.json, quiet=ns.quiet)
+    opts.url = (pick(ns.url, "TRITON_URL") or DEFAULT_URL).strip()
+    models = pick(ns.models, "HEALTH_MODELS")
+    if models is not None:
+        opts.models = parse_specs(models, "--models/HEALTH_MODELS")
+        if not opts.models:
+            raise UsageError("--models/HEALTH_MODELS names no model")
+    ignore = pick(ns.ignore, "HEALTH_IGNORE")
+    opts.ignore = parse_specs(ignore, "--ignore/HEALTH_IGNORE") if ignore else []
+    smoke = None if ns.no_smoke else pick(ns.smoke, "HEALTH_SMOKE")
+    if smoke is not None:
+        low = smoke.strip().lower()
+        if low in ("all", "*", "1", "true", "yes", "on"):
+            opts.smoke = []
+        elif low not in ("0", "false", "no", "off", "none"):
+            opts.smoke = parse_specs(smoke, "--smoke/HEALTH_SMOKE")
+    for attr, var, flag, conv, lo, hi in (
+        ("deadline", "HEALTH_DEADLINE", ns.deadline, float, 0.0, 3600.0),
+        ("jobs", "HEALTH_JOBS", ns.jobs, int, 1, 64),
+    ):
+        raw = pick(flag, var)
+        if raw is None:
+            continue
+        try:
+            value = conv(raw)
+        except ValueError as exc:
+            raise UsageError(f"{attr} ({var}) must be a number, got {raw!r}") from exc
+        if not (lo < value <= hi) or (isinstance(value, float) and math.isnan(value)):
+            raise UsageError(f"{attr} ({var}) must be above {lo:g} and at most {hi:g}, got {raw!r}")
+        setattr(opts, attr, value)
+    Client(opts.url, Deadline(1))  # validates the URL
+    return opts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for ``python3 health.py`` and ``python -m exporter health``; returns the exit code."""
+    start = time.monotonic()
+    try:
+        opts = options(argv)
+    except _ParserExit as exc:
+        return exc.status
+    except UsageError as exc:
+        sys.stderr.write(f"health.py: error: {exc}\n")
+        return 2
+    try:
+        report = probe(opts, start)
+    except Exception as exc:  # a probe bug must still give ECS a clear "unhealthy" line
+        print(f"UNHEALTHY triton {opts.url}: probe error {type(exc).__name__}: {first_line(exc)}", flush=True)
+        return 1
+    if not (opts.quiet and report.healthy):
+        print(render_json(report) if opts.json else render_text(report), flush=True)
+    return 0 if report.healthy else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
