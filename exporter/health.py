@@ -398,10 +398,13 @@ def _index(client: Client) -> tuple[list[dict], str]:
 
 def select(index: list[dict], opts: Options, report: Report) -> list[dict]:
     """Required versions from the index; records a state check for each and returns the READY ones."""
+    # Unloaded on purpose (reason "unloaded"), or never loaded: in explicit model-control mode
+    # Triton lists such a repository model as {"name": ...} with no version and no state.
     unloaded = {
         (e["name"], e["version"])
         for e in index
-        if e.get("state") == "UNAVAILABLE" and str(e.get("reason", "")).strip() == "unloaded"
+        if (e.get("state") == "UNAVAILABLE" and str(e.get("reason", "")).strip() == "unloaded")
+        or "state" not in e
     }
     required: list[dict] = []
     if opts.models is None:
@@ -445,7 +448,7 @@ def select(index: list[dict], opts: Options, report: Report) -> list[dict]:
     ready = []
     for e in required:
         name, version, state = e["name"], e["version"], str(e.get("state", "UNKNOWN"))
-        report.required.append(f"{name}/{version}")
+        report.required.append(f"{name}/{version}" if version else name)
         reason = first_line(e.get("reason", "")) or None
         if state == "READY":
             report.add(Check("state", "ok", 0.0, "READY", name, version, state))
@@ -463,6 +466,9 @@ def select(index: list[dict], opts: Options, report: Report) -> list[dict]:
                     reason,
                 )
             )
+        elif "state" not in e:
+            detail = "in the repository but never loaded (explicit model control: add it to --load-model)"
+            report.add(Check("state", "fail", 0.0, detail, name, version or None, "NOT LOADED"))
         elif state == "UNAVAILABLE" and reason == "unloaded":
             report.add(
                 Check(

@@ -1,0 +1,389 @@
+"""The deep health probe against real Triton servers (issue 4).
+
+The probe file is also run as a copied script under ``python -I -S`` to prove
+it needs nothing beyond the standard library, as in the stock Triton image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from demo.triton import TritonServer, copy_models
+from exporter import health
+
+HEALTH_PY = Path(health.__file__)
+OLDEST_PYTHON = Path("/root/.pyenv/versions/3.8.18/bin/python3.8")  # Ubuntu 20.04 Triton images
+
+
+def run_probe(*args: str, python: str = sys.executable, script: Path = HEALTH_PY, env: dict | None = None):
+    """Run health.py as a subprocess; returns (exit code, stdout + stderr, wall seconds)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HEALTH_", "TRITON_URL"))}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [python, "-I", "-S", str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**clean, **(env or {})},
+    )
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
+
+
+def json_probe(*args: str) -> tuple[int, dict]:
+    code, out, _ = run_probe(*args, "--json")
+    return code, json.loads(out)
+
+
+def add_model(repo: Path, name: str, config: str, code: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(config.replace("NAME", name))
+    (repo / name / "1" / "model.py").write_text(code)
+
+
+def clone_model(repo: Path, src: str, name: str) -> None:
+    shutil.copytree(repo / src, repo / name)
+    cfg = repo / name / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace(f'name: "{src}"', f'name: "{name}"'))
+
+
+# --- without a server ---------------------------------------------------------------------------
+
+
+def test_first_line_keeps_only_the_headline_of_a_traceback() -> None:
+    reason = "Internal: RuntimeError: boom\n\nAt:\n  /models/broken/1/model.py(2): <module>\n"
+    assert health.first_line(reason) == "Internal: RuntimeError: boom"
+    long = health.first_line("x\x1b[31m" + "y" * 1000)
+    assert len(long) == health.REASON_MAX and long.endswith("…") and "\x1b" not in long
+
+
+def test_flags_win_over_environment_and_bad_values_are_usage_errors(capsys: pytest.CaptureFixture) -> None:
+    env = {"TRITON_URL": "http://triton:8000", "HEALTH_MODELS": "a,b/2", "HEALTH_DEADLINE": "3",
+           "HEALTH_SMOKE": "all", "HEALTH_IGNORE": "c"}  # fmt: skip
+    opts = health.options([], env)
+    assert (opts.url, opts.models, opts.ignore, opts.smoke, opts.deadline) == (
+        "http://triton:8000", [("a", None), ("b", "2")], [("c", None)], [], 3.0)  # fmt: skip
+    opts = health.options(
+        ["--url", "http://x:1", "--models", "m@x.v2+b/1", "--deadline", "1.5", "--no-smoke"], env
+    )
+    assert (opts.url, opts.models, opts.deadline, opts.smoke) == (
+        "http://x:1",
+        [("m@x.v2+b", "1")],
+        1.5,
+        None,
+    )
+    assert health.options(["--smoke", "add"], {}).smoke == [("add", None)]
+    for argv in (
+        ["--deadline", "soon"],
+        ["--deadline", "0"],
+        ["--url", "ftp://x"],
+        ["--models", "a/b"],
+        ["--nope"],
+    ):
+        assert health.main(argv) == 2, argv
+    assert health.main(["--help"]) == 0
+    assert "HEALTH_DEADLINE" in capsys.readouterr().out
+
+
+def test_build_infer_follows_metadata_and_config() -> None:
+    """Shapes from the metadata Triton gave for ``add`` and ``text``; optional inputs dropped."""
+    meta = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, -1]},
+                       {"name": "T", "datatype": "BYTES", "shape": [-1, 3]},
+                       {"name": "O", "datatype": "INT64", "shape": [-1, 2]}]}  # fmt: skip
+    config = {"max_batch_size": 8, "input": [{"name": "INPUT0", "dims": [-1]}, {"name": "T", "dims": [3]},
+                                             {"name": "O", "dims": [2], "optional": True}]}  # fmt: skip
+    body, n = health.build_infer(meta, config)
+    header = json.loads(body[:n])
+    assert [(i["name"], i["shape"], i["parameters"]["binary_data_size"]) for i in header["inputs"]] == [
+        ("INPUT0", [1, 1], 4), ("T", [1, 3], 12)]  # fmt: skip
+    assert body[n:] == bytes(16) and header["parameters"]["binary_data_output"] is True
+    config["input"][0]["is_shape_tensor"] = True
+    with pytest.raises(health.Unsynthesisable, match="shape tensor"):
+        health.build_infer(meta, config)
+    with pytest.raises(health.Unsynthesisable, match="cannot be synthesised"):
+        health.build_infer({"inputs": [{"name": "x", "datatype": "STRANGE", "shape": [1]}]}, None)
+
+
+def test_trickling_server_cannot_stretch_the_deadline() -> None:
+    """urllib's timeout is per socket operation; one byte every 0.2 s must still stop at the deadline."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 100:
+                    if stop.wait(0.2):
+                        return
+                    try:
+                        conn.sendall(bytes([byte]))
+                    except OSError:
+                        break
+
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        code = health.main(
+            ["--url", f"http://127.0.0.1:{srv.getsockname()[1]}", "--deadline", "1", "--quiet"]
+        )
+        assert code == 1
+        assert time.monotonic() - t0 < 1.3
+    finally:
+        stop.set()
+        srv.close()
+
+
+# --- against the shared session server (add, slow, text, fails READY; broken failed) ---------
+
+
+@pytest.mark.triton
+def test_healthy_repository_exits_0(triton: TritonServer) -> None:
+    code, out, _ = run_probe("--url", triton.url, "--ignore", "broken")
+    assert code == 0, out
+    assert out.startswith("OK ") and "add/1" in out and "text/1" in out and len(out.splitlines()) == 1
+    assert run_probe("--url", triton.url, "--ignore", "broken", "--quiet")[:2] == (0, "")
+    # in-process entry point for ``python -m exporter health``: returns the code, never exits
+    assert health.main(["--url", triton.url, "--models", "add,slow", "--quiet"]) == 0
+
+
+@pytest.mark.triton
+def test_model_that_failed_to_load_is_named_with_its_reason(triton: TritonServer) -> None:
+    code, out, _ = run_probe("--url", triton.url)
+    assert code == 1
+    lines = out.strip().splitlines()
+    assert len(lines) == 2, out  # one line per failing check, one summary line
+    assert lines[0] == (
+        "FAIL model 'broken' version 1 is UNAVAILABLE: "
+        "Internal: RuntimeError: boom: this sample model fails to load on purpose"
+    )
+    assert lines[1].startswith("UNHEALTHY ") and "broken/1" in lines[1] and "4 of 5" in lines[1]
+    code, doc = json_probe("--url", triton.url)
+    assert code == 1 and doc["healthy"] is False
+    bad = [c for c in doc["checks"] if c["status"] == "fail"]
+    assert [(c["model"], c["version"], c["state"]) for c in bad] == [("broken", "1", "UNAVAILABLE")]
+    assert bad[0]["reason"].startswith("Internal: RuntimeError: boom")
+
+
+@pytest.mark.triton
+def test_smoke_inference_on_every_serving_sample_model(triton: TritonServer) -> None:
+    code, doc = json_probe("--url", triton.url, "--ignore", "broken,fails", "--smoke")
+    assert code == 0, doc
+    checks = doc["checks"]
+    assert [c["check"] for c in checks[:2]] == ["live", "index"]
+    assert all({"check", "status", "duration_s", "detail", "model", "version"} <= set(c) for c in checks)
+    smoke = {c["model"]: c for c in checks if c["check"] == "smoke"}
+    assert set(smoke) == {"add", "slow", "text"} and all(c["status"] == "ok" for c in smoke.values())
+    assert smoke["slow"]["duration_s"] >= 0.05  # the model really ran (it sleeps 50 ms)
+    assert {c["model"] for c in checks if c["check"] == "ready" and c["status"] == "ok"} == set(smoke)
+
+
+@pytest.mark.triton
+def test_model_whose_inference_fails_is_unhealthy(triton: TritonServer) -> None:
+    code, out, _ = run_probe("--url", triton.url, "--ignore", "broken", "--smoke")
+    assert code == 1
+    lines = out.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("FAIL model 'fails' version 1")
+    assert "HTTP 500" in lines[0] and "sample model always fails" in lines[0]
+    # asked for one model only: the others are not smoke-tested
+    code, doc = json_probe("--url", triton.url, "--models", "add,fails", "--smoke", "add")
+    assert code == 0 and [c["model"] for c in doc["checks"] if c["check"] == "smoke"] == ["add"]
+
+
+@pytest.mark.triton
+def test_stdlib_only_copy_runs_isolated(triton: TritonServer, tmp_path: Path) -> None:
+    script = tmp_path / "opt" / "triton-health" / "health.py"
+    script.parent.mkdir(parents=True)
+    shutil.copy(HEALTH_PY, script)
+    isolated = subprocess.run([sys.executable, "-I", "-S", "-c", "import requests"], capture_output=True)
+    assert isolated.returncode != 0  # -I -S really hides the venv's packages
+    pythons = [sys.executable] + ([str(OLDEST_PYTHON)] if OLDEST_PYTHON.exists() else [])
+    for python in pythons:
+        code, out, _ = run_probe("--url", triton.url, "--ignore", "broken,fails", "--smoke",
+                                 python=python, script=script)  # fmt: skip
+        assert code == 0, (python, out)
+        assert "smoke inference ok for 3" in out
+    code, out, _ = run_probe(script=script, env={"TRITON_URL": triton.url, "HEALTH_IGNORE": "broken"})
+    assert code == 0, out
+
+
+# --- private servers -----------------------------------------------------------------------------
+
+
+@pytest.mark.triton
+def test_unloaded_model_is_fine_unless_required(triton_factory) -> None:
+    server = triton_factory(models=["add", "text"])
+    assert run_probe("--url", server.url)[0] == 0
+    server.unload("text")
+    code, out, _ = run_probe("--url", server.url)
+    assert code == 0 and "text" not in out, out
+    code, out, _ = run_probe("--url", server.url, "--models", "add,text")
+    assert code == 1
+    assert out.splitlines()[0].startswith("FAIL model 'text' version 1 is UNAVAILABLE: unloaded on purpose")
+    assert run_probe("--url", server.url, env={"HEALTH_MODELS": "text"})[0] == 1
+    code, out, _ = run_probe("--url", server.url, "--models", "nope")
+    assert code == 1 and "'nope'" in out and "not in the repository index" in out
+
+
+@pytest.mark.triton
+def test_stopped_or_frozen_server_fails_within_the_deadline(triton_factory) -> None:
+    server = triton_factory(models=["add"])
+    assert run_probe("--url", server.url)[0] == 0
+    server.freeze()
+    try:
+        code, out, wall = run_probe("--url", server.url, "--deadline", "1.5")
+    finally:
+        server.thaw()
+    assert code == 1 and "does not respond" in out, out
+    assert 1.4 < wall < 2.0
+    server.stop()
+    code, out, wall = run_probe("--url", server.url)
+    assert code == 1 and "cannot connect" in out and wall < 1.0, (out, wall)
+
+
+SLEEPY_CONFIG = """name: "NAME"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [{ kind: KIND_CPU }]
+"""
+SLEEPY_CODE = """import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(4)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", x(r))]) for r in requests]
+
+
+def x(request):
+    return pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+"""
+
+
+@pytest.mark.triton
+def test_model_still_loading_is_reported_as_loading(tmp_path: Path) -> None:
+    repo = copy_models(["add"], tmp_path / "models")
+    add_model(repo, "sleepy", SLEEPY_CONFIG, SLEEPY_CODE)
+    server = TritonServer(repo, workdir=tmp_path, load_all=False, extra_args=["--load-model=add"])
+    server.start()
+    try:
+        code, out, _ = run_probe("--url", server.url, "--models", "sleepy")
+        assert code == 1 and "'sleepy' is NOT LOADED: in the repository but never loaded" in out, out
+        assert run_probe("--url", server.url)[0] == 0  # never loaded on purpose: not required by default
+        loader = threading.Thread(target=server.load, args=("sleepy",))
+        loader.start()
+        # A request that reaches Triton right after a load call can wait for that load to finish
+        # (seen on 2.51); poll with a long timeout so the test is not caught by it.
+        deadline = time.monotonic() + 10
+        while True:
+            index = server.request("POST", "/v2/repository/index", {}, timeout=10)[1]
+            if any(v["name"] == "sleepy" and v.get("state") == "LOADING" for v in index):
+                break
+            assert time.monotonic() < deadline, index
+            time.sleep(0.05)
+        code, out, _ = run_probe("--url", server.url)
+        assert code == 1
+        assert out.splitlines()[0].startswith("FAIL model 'sleepy' version 1 is LOADING: still loading"), out
+        loader.join(30)
+        code, out, _ = run_probe("--url", server.url, "--smoke")
+        assert code == 0, out
+    finally:
+        server.stop()
+
+
+DECOUPLED_CONFIG = SLEEPY_CONFIG + "model_transaction_policy { decoupled: true }\n"
+DECOUPLED_CODE = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            sender = r.get_response_sender()
+            y = pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())
+            sender.send(pb_utils.InferenceResponse([y]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+SEQUENCE_CONFIG = SLEEPY_CONFIG + "sequence_batching { }\n"
+ECHO_CODE = SLEEPY_CODE.replace("time.sleep(4)", "pass")
+NON_ASCII = "modèle-ü"
+
+
+@pytest.fixture(scope="module")
+def odd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """Models with unusual names, a decoupled model and a sequence model."""
+    work = tmp_path_factory.mktemp("odd")
+    repo = copy_models(["add"], work / "models")
+    for name in ("m@x.v2+b", "a%41b", "q?x", NON_ASCII):
+        clone_model(repo, "add", name)
+    add_model(repo, "stream", DECOUPLED_CONFIG, DECOUPLED_CODE)
+    add_model(repo, "seq", SEQUENCE_CONFIG, ECHO_CODE)
+    add_model(
+        repo, "mute", SLEEPY_CONFIG, ECHO_CODE.replace('Tensor("Y"', 'Tensor("Z"')
+    )  # no declared output
+    server = TritonServer(repo, workdir=work)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.triton
+def test_unusual_model_names_are_sent_verbatim(odd_server: TritonServer) -> None:
+    code, doc = json_probe("--url", odd_server.url, "--ignore", f"{NON_ASCII},mute", "--smoke")
+    assert code == 0, doc
+    ready = {c["model"]: c["status"] for c in doc["checks"] if c["check"] == "ready"}
+    smoke = {c["model"]: c["status"] for c in doc["checks"] if c["check"] == "smoke"}
+    # percent-escaping "@" or "+" would make Triton answer "unknown model": these prove it is not done
+    assert ready["m@x.v2+b"] == ready["a%41b"] == smoke["m@x.v2+b"] == smoke["a%41b"] == "ok"
+    # "?" cannot be in an HTTP path (Triton cuts the name there): judged from the index only
+    assert ready["q?x"] == smoke["q?x"] == "skip"
+    # a sequence model needs a correlation id: the probe sends a one-step sequence
+    assert smoke["seq"] == "ok"
+    # a decoupled model cannot answer on HTTP infer: skipped unless asked for by name
+    assert smoke["stream"] == "skip"
+    code, out, _ = run_probe("--url", odd_server.url, "--ignore", NON_ASCII, "--smoke", "stream")
+    assert code == 1 and "'stream'" in out and "decoupled" in out
+
+
+@pytest.mark.triton
+def test_answer_without_outputs_is_unhealthy(odd_server: TritonServer) -> None:
+    """The Python backend drops an undeclared output tensor and still answers 200."""
+    code, out, _ = run_probe("--url", odd_server.url, "--models", "mute", "--smoke")
+    assert (
+        code == 1
+        and out.startswith("FAIL model 'mute' version 1 (READY) smoke check: ")
+        and ("200 without outputs" in out)
+    ), out
+
+
+@pytest.mark.triton
+def test_non_ascii_name_goes_out_as_utf8(odd_server: TritonServer) -> None:
+    # The Python backend stub fails to load a non-ASCII model here; the probe names it with its reason ...
+    code, out, _ = run_probe("--url", odd_server.url, "--models", NON_ASCII)
+    assert code == 1 and out.startswith(f"FAIL model '{NON_ASCII}' version 1 is UNAVAILABLE: Internal: "), out
+    # ... and raw UTF-8 in the path reaches that model (a percent-escaped path is "not found")
+    client = health.Client(odd_server.url, health.Deadline(5))
+    seg = health.segment(NON_ASCII)
+    assert seg == NON_ASCII
+    resp = client.request("GET", f"/v2/models/{seg}")
+    assert resp.status == 404 and "has no available versions" in resp.error_text()
