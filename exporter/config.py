@@ -1,0 +1,196 @@
+"""Settings: read once at the entry point from flags and environment, validated, frozen.
+
+Every setting has a flag and an environment variable (for the ECS task
+definition); a flag wins over the variable, the variable over the default.
+``python -m exporter --help`` prints the table below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from . import __version__
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names the flag, the variable and the value."""
+
+
+@dataclass(frozen=True)
+class Output:
+    kind: str  # stdout | tcp | udp | file
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    def __str__(self) -> str:
+        if self.kind in ("tcp", "udp"):
+            return f"{self.kind}://{self.host}:{self.port}"
+        return f"file:{self.path}" if self.kind == "file" else self.kind
+
+
+@dataclass(frozen=True)
+class Settings:
+    triton_url: str = "http://localhost:8000"
+    metrics_url: str = "http://localhost:8002/metrics"
+    namespace: str = "Triton"
+    output: Output = Output("stdout")
+    interval: float = 60.0
+    timeout: float = 5.0
+    connect_timeout: float = 1.0
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_models: int = 500
+    buffer_events: int = 20_000
+    nvml: str = "auto"
+    storage_resolution: int = 60
+    ecs_metadata_url: str = ""
+    log_level: str = "info"
+    once: bool = False
+
+
+def parse_output(text: str) -> Output:
+    text = text.strip()
+    if text in ("", "stdout", "-"):
+        return Output("stdout")
+    if text.startswith("file:"):
+        path = text[5:]
+        if not path:
+            raise ValueError("file: needs a path, e.g. file:/tmp/emf.log")
+        return Output("file", path=path)
+    parts = urlsplit(text)
+    if parts.scheme in ("tcp", "udp"):
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if not parts.hostname or not port:
+            raise ValueError(f"{parts.scheme} output needs host and port, e.g. {parts.scheme}://127.0.0.1:25888")
+        return Output(parts.scheme, host=parts.hostname, port=port)
+    raise ValueError("use stdout, tcp://HOST:PORT, udp://HOST:PORT or file:PATH")
+
+
+def _url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    try:
+        parts.port  # noqa: B018 - validates the port
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+    return text.rstrip("/") if parts.path in ("", "/") else text
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def check(text: str) -> float:
+        value = kind(text)
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError("must be a positive number")
+        return value
+
+    return check
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        if text.lower() not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return text.lower()
+
+    return check
+
+
+def _resolution(text: str) -> int:
+    if text not in ("1", "60"):
+        raise ValueError("must be 1 (high resolution) or 60")
+    return int(text)
+
+
+def _namespace(text: str) -> str:
+    if not 1 <= len(text) <= 255 or not text.isascii() or text.startswith("AWS/"):
+        raise ValueError("must be 1-255 ASCII characters and not start with AWS/")
+    return text
+
+
+# (field, flag, environment variables in priority order, parser, help)
+OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = [
+    ("triton_url", "--triton-url", ("TRITON_URL",), _url, "Triton HTTP API (repository index)"),
+    ("metrics_url", "--metrics-url", ("TRITON_METRICS_URL",), _url, "Triton Prometheus endpoint"),
+    ("namespace", "--namespace", ("AWS_EMF_NAMESPACE",), _namespace, "CloudWatch namespace"),
+    ("output", "--output", ("EXPORTER_OUTPUT", "AWS_EMF_AGENT_ENDPOINT"), parse_output,
+     "where EMF goes: stdout, tcp://HOST:PORT (CloudWatch agent or Fluent Bit tcp input), udp://HOST:PORT, file:PATH"),
+    ("interval", "--interval", ("EXPORTER_INTERVAL",), _positive(float), "seconds between scrapes (fixed rate)"),
+    ("timeout", "--timeout", ("EXPORTER_TIMEOUT",), _positive(float),
+     "overall deadline per source per cycle, seconds (default: min(5, interval/2))"),
+    ("connect_timeout", "--connect-timeout", ("EXPORTER_CONNECT_TIMEOUT",), _positive(float),
+     "TCP connect timeout, seconds"),
+    ("max_body_bytes", "--max-body-bytes", ("EXPORTER_MAX_BODY_BYTES",), _positive(int),
+     "largest /metrics or index body accepted; larger ones are refused while streaming"),
+    ("max_models", "--max-models", ("EXPORTER_MAX_MODELS",), _positive(int),
+     "cardinality cap: model versions emitted per cycle (bounds the CloudWatch bill)"),
+    ("buffer_events", "--buffer-events", ("EXPORTER_BUFFER_EVENTS",), _positive(int),
+     "tcp/udp sink: events held while the agent is away; oldest dropped (and counted) beyond"),
+    ("nvml", "--nvml", ("EXPORTER_NVML",), _choice("auto", "on", "off"),
+     "GPU telemetry from NVML: auto (use if present), on (warn when missing), off"),
+    ("storage_resolution", "--storage-resolution", ("EXPORTER_STORAGE_RESOLUTION",), _resolution,
+     "60 (standard) or 1 (high-resolution metrics, billed higher)"),
+    ("ecs_metadata_url", "--ecs-metadata-url", ("ECS_CONTAINER_METADATA_URI_V4",), _url,
+     "ECS task metadata endpoint (set by ECS); task identity goes into properties"),
+    ("log_level", "--log-level", ("EXPORTER_LOG_LEVEL",), _choice("debug", "info", "warning", "error"),
+     "level of the exporter's own JSON log lines on stderr"),
+]
+ENV_VARS = tuple(env for _, _, envs, _, _ in OPTIONS for env in envs)
+
+
+def build_parser(prog: str = "python -m exporter") -> argparse.ArgumentParser:
+    defaults = Settings()
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Scrape Triton (/metrics, repository index) and NVML; emit CloudWatch EMF. "
+        "Commands: catalog, health, render, cost, validate (each has --help).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Every setting can also come from its environment variable; a flag wins.",
+    )
+    for field, flag, envs, _, text in OPTIONS:
+        default = getattr(defaults, field)
+        shown = "" if field == "ecs_metadata_url" else f" (default: {default})"
+        parser.add_argument(flag, dest=field, metavar=field.split("_")[-1].upper(),
+                            help=f"{text}{shown} [env: {', '.join(envs)}]")
+    parser.add_argument("--once", action="store_true",
+                        help="debugging view: scrape twice --interval apart, print that window's EMF "
+                        "to stdout and a summary table to stderr, then exit")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings from flags and environment; raises ConfigError naming the bad setting."""
+    environ = os.environ if environ is None else environ
+    args = build_parser().parse_args(list(argv))
+    values: dict[str, object] = {"once": args.once}
+    timeout_given = False
+    for field, flag, envs, convert, _ in OPTIONS:
+        raw, origin = getattr(args, field), flag
+        if raw is None:
+            for env in envs:
+                if environ.get(env, "") != "":
+                    raw, origin = environ[env], env
+                    break
+        if raw is None:
+            continue
+        try:
+            values[field] = convert(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{origin}={raw!r}: {exc}") from None
+        timeout_given |= field == "timeout"
+    settings = Settings(**values)  # type: ignore[arg-type]
+    if not timeout_given:
+        settings = Settings(**{**settings.__dict__, "timeout": min(5.0, settings.interval / 2)})
+    if settings.timeout >= settings.interval:
+        raise ConfigError(f"--timeout ({settings.timeout:g}s) must be shorter than --interval "
+                          f"({settings.interval:g}s), or cycles would overlap")
+    return settings

@@ -1,0 +1,168 @@
+"""CloudWatch Embedded Metric Format documents, valid by construction.
+
+One event per model version, per GPU, per source and one for the task:
+EMF carries one value per root key, so two model versions cannot share an
+event. Every limit of the format is a named constant here and enforced on
+the way out; ``exporter.emf_validate`` checks the result independently and
+the tests run every emitted document through it.
+
+Serialised with orjson: the aws-embedded-metrics library was ~7x slower for
+the same documents (shared/AWS_FACTS.md) and its agent sink blocks. Its
+``Unit`` enum is the reference list of units (see catalog).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import orjson
+
+from .catalog import BASE_DIMENSIONS, Metric, Scope
+
+# --- limits of the format (https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Specification.html)
+MAX_METRICS_PER_DIRECTIVE = 100
+MAX_DIMENSIONS_PER_SET = 30
+MAX_DIMENSION_VALUE_LENGTH = 1024
+MAX_NAMESPACE_LENGTH = 255
+MAX_EVENT_BYTES = 256 * 1024  # PutLogEvents allows 1 MB now; 256 KB is safe on every agent and region
+# --- our own bounds
+MAX_PROPERTY_LENGTH = 4096  # a load-failure reason can be a long traceback
+HASH_CHARS = 8
+
+
+@dataclass(frozen=True)
+class SafeValue:
+    value: str
+    changed: bool
+
+
+_SAFE_CACHE: dict[str, SafeValue] = {}
+
+
+def safe_dimension_value(raw: str) -> SafeValue:
+    """Make a label value usable as a CloudWatch dimension value, deterministically.
+
+    Printable ASCII passes unchanged. Anything else (non-ASCII, control
+    characters, empty, over 1024 characters) is replaced by ``_`` and a
+    short hash of the original is appended, so ``modèle`` and ``mod_le``
+    stay two dimension values. The original is kept as an event property.
+    """
+    cached = _SAFE_CACHE.get(raw)
+    if cached is not None:
+        return cached
+    ok = raw.isascii() and raw.isprintable() and raw.strip() != "" and len(raw) <= MAX_DIMENSION_VALUE_LENGTH
+    if ok:
+        result = SafeValue(raw, False)
+    else:
+        digest = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
+        cleaned = "".join(c if c.isascii() and c.isprintable() else "_" for c in raw).strip()
+        keep = MAX_DIMENSION_VALUE_LENGTH - HASH_CHARS - 1
+        result = SafeValue(f"{cleaned[:keep]}~{digest}" if cleaned else f"_~{digest}", True)
+    if len(_SAFE_CACHE) > 100_000:
+        _SAFE_CACHE.clear()
+    _SAFE_CACHE[raw] = result
+    return result
+
+
+def clip(text: str, limit: int = MAX_PROPERTY_LENGTH) -> str:
+    return text if len(text) <= limit else text[: limit - 15] + "...[truncated]"
+
+
+@dataclass
+class Event:
+    """One entity's event before encoding: dimensions, metric values, properties."""
+
+    scope: Scope
+    dimensions: dict[str, str]
+    values: dict[str, float]
+    properties: dict[str, object]
+
+
+class Encoder:
+    """Turns :class:`Event` objects into EMF JSON lines (bytes, no newline)."""
+
+    def __init__(self, namespace: str, metrics: Iterable[Metric], storage_resolution: int = 60) -> None:
+        if not 1 <= len(namespace) <= MAX_NAMESPACE_LENGTH or not namespace.isascii():
+            raise ValueError(f"namespace must be 1-{MAX_NAMESPACE_LENGTH} ASCII characters: {namespace!r}")
+        if namespace.startswith("AWS/"):
+            raise ValueError("namespace must not start with 'AWS/' (reserved for AWS services)")
+        if storage_resolution not in (1, 60):
+            raise ValueError("storage resolution must be 1 or 60")
+        self.namespace = namespace
+        self.metrics = {m.name: m for m in metrics}
+        self.resolution = storage_resolution
+        self._directives: dict[tuple[str, ...], list[dict[str, object]]] = {}
+        self.oversize = 0  # events that had to drop properties or be split to fit MAX_EVENT_BYTES
+
+    def directives(self, names: tuple[str, ...]) -> list[dict[str, object]]:
+        """Directive list for an event carrying exactly these metrics (cached: it repeats)."""
+        cached = self._directives.get(names)
+        if cached is not None:
+            return cached
+        groups: dict[tuple[tuple[str, ...], ...], list[dict[str, object]]] = {}
+        for name in names:
+            m = self.metrics[name]
+            spec: dict[str, object] = {"Name": name, "Unit": m.unit}
+            if self.resolution == 1:
+                spec["StorageResolution"] = 1
+            groups.setdefault(m.dimension_sets, []).append(spec)
+        out = []
+        for dims, specs in groups.items():
+            for i in range(0, len(specs), MAX_METRICS_PER_DIRECTIVE):
+                out.append(
+                    {"Namespace": self.namespace, "Dimensions": [list(d) for d in dims],
+                     "Metrics": specs[i : i + MAX_METRICS_PER_DIRECTIVE]}
+                )
+        if len(self._directives) > 10_000:
+            self._directives.clear()
+        self._directives[names] = out
+        return out
+
+    def encode(self, event: Event, timestamp_ms: int) -> list[bytes]:
+        """One or more JSON documents for the event (more only if it would exceed MAX_EVENT_BYTES)."""
+        values = {k: v for k, v in event.values.items() if k in self.metrics and _finite(v)}
+        if not values:
+            return []
+        names = tuple(values)
+        doc = self._doc(event, names, values, event.properties, timestamp_ms)
+        data = orjson.dumps(doc)
+        if len(data) <= MAX_EVENT_BYTES:
+            return [data]
+        self.oversize += 1
+        data = orjson.dumps(self._doc(event, names, values, {"truncated": True}, timestamp_ms))
+        if len(data) <= MAX_EVENT_BYTES:
+            return [data]
+        half = len(names) // 2  # only reachable with absurd dimension sets; split until it fits
+        if half == 0:
+            return []
+        first = Event(event.scope, event.dimensions, {k: values[k] for k in names[:half]}, {"truncated": True})
+        second = Event(event.scope, event.dimensions, {k: values[k] for k in names[half:]}, {"truncated": True})
+        return self.encode(first, timestamp_ms) + self.encode(second, timestamp_ms)
+
+    def _doc(
+        self, event: Event, names: tuple[str, ...], values: Mapping[str, float],
+        properties: Mapping[str, object], ts: int,
+    ) -> dict[str, object]:
+        doc: dict[str, object] = {"_aws": {"Timestamp": ts, "CloudWatchMetrics": self.directives(names)}}
+        doc.update(properties)
+        doc.update(event.dimensions)
+        doc.update(values)
+        return doc
+
+
+def dimensions_for(scope: Scope, raw: Mapping[str, str], properties: dict[str, object]) -> dict[str, str]:
+    """Safe dimension values for an event; originals that had to change go into properties."""
+    out: dict[str, str] = {}
+    for name in BASE_DIMENSIONS[scope]:
+        safe = safe_dimension_value(raw.get(name, ""))
+        out[name] = safe.value
+        if safe.changed:
+            properties[f"{name}_original"] = clip(raw.get(name, ""), MAX_DIMENSION_VALUE_LENGTH * 4)
+    return out
+
+
+def _finite(v: float) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)

@@ -1,0 +1,283 @@
+"""One cycle: sources → delta state → catalog transform → EMF events.
+
+Pure of I/O except through the sources it is given, so tests drive it with
+fixture sources and a fake clock, and the runner drives it on a schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from . import __version__
+from .catalog import CATALOG, Scope, counter_series
+from .config import Settings
+from .emf import Encoder, Event, clip, dimensions_for
+from .logs import Conditions, get
+from .promtext import Exposition, LabelSet
+from .sources import Collected, GpuInfo, Source, SourceError, VersionState
+from .state import DeltaState
+from .transform import Column, evaluate
+
+log = get("pipeline")
+
+
+@dataclass
+class SourceStatus:
+    name: str
+    up: bool
+    duration_ms: float
+    error: str = ""
+
+
+@dataclass
+class CycleResult:
+    events: list[bytes]
+    entities: list[Event]
+    statuses: list[SourceStatus]
+    elapsed: float | None
+    series_kept: int = 0
+    series_dropped: int = 0
+    parse_errors: int = 0
+    resets: int = 0
+    index: list[VersionState] | None = None
+    timestamp_ms: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class ModelCap:
+    """Bounds model versions per cycle (``--max-models``): the EMF bill stays bounded.
+
+    Versions already being emitted keep their place; new ones fill free
+    places in name order. Dropped versions are counted and logged.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.allowed: set[str] = set()
+
+    def apply(
+        self, exp: Exposition, index: list[VersionState] | None, index_keys: dict[str, VersionState]
+    ) -> tuple[dict[str, dict[str, float]], list[VersionState] | None, int, int]:
+        success = exp.samples.get("nv_inference_request_success", {})
+        if len(success) + len(index_keys) <= self.limit:
+            self.allowed.clear()
+            return exp.samples, index, 0, 0
+        labels = exp.labels
+        entities = {labels[k].entity_key for s in exp.samples.values() for k in s if labels[k].entity[0] == "model"}
+        entities |= set(index_keys)
+        if len(entities) <= self.limit:
+            self.allowed.clear()
+            return exp.samples, index, 0, 0
+        keep = {e for e in self.allowed if e in entities}
+        for e in sorted(entities - keep, key=lambda k: _sort_key(k, labels, index_keys)):
+            if len(keep) >= self.limit:
+                break
+            keep.add(e)
+        self.allowed = keep
+        dropped_series = 0
+        samples: dict[str, dict[str, float]] = {}
+        for name, series in exp.samples.items():
+            kept = {k: v for k, v in series.items()
+                    if labels[k].entity[0] != "model" or labels[k].entity_key in keep}
+            dropped_series += len(series) - len(kept)
+            samples[name] = kept
+        if index is not None:
+            index = [v for v in index if LabelSet.of(model=v.model, version=v.version).key in keep]
+        return samples, index, dropped_series, len(entities) - len(keep)
+
+
+def _sort_key(key: str, labels: dict[str, LabelSet], index_keys: dict[str, VersionState]) -> tuple[str, str]:
+    ls = labels.get(key)
+    if ls is not None:
+        return ls.entity[1], ls.entity[2]
+    v = index_keys[key]
+    return v.model, v.version
+
+
+class Pipeline:
+    def __init__(
+        self,
+        settings: Settings,
+        sources: Sequence[Source],
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.sources = list(sources)
+        self.clock = clock
+        self.wall = wall
+        self.state = DeltaState(counter_series())
+        self.encoder = Encoder(settings.namespace, CATALOG, settings.storage_resolution)
+        self.cap = ModelCap(settings.max_models)
+        self.conditions = Conditions(log)
+        self.gpu_order: dict[str, int] = {}
+
+    def close(self) -> None:
+        for source in self.sources:
+            try:
+                source.close()
+            except Exception:  # closing must not hide the reason we are stopping
+                log.debug("closing %s failed", source.name, exc_info=True)
+
+    # --- collection -----------------------------------------------------------------------
+
+    def collect(self) -> tuple[Collected, list[SourceStatus]]:
+        merged = Collected()
+        statuses = []
+        for source in self.sources:
+            start = self.clock()
+            error = ""
+            try:
+                got = source.collect(self.settings.timeout)
+            except SourceError as exc:
+                error = str(exc)
+            except Exception as exc:  # a bug in one source must not stop the others
+                error = f"internal error in source {source.name}: {type(exc).__name__}: {exc}"
+                log.error(error, exc_info=True)
+            duration = (self.clock() - start) * 1000.0
+            statuses.append(SourceStatus(source.name, not error, duration, error))
+            self.conditions.set(f"source {source.name}", error or None, source=source.name)
+            if error:
+                continue
+            merged.samples.merge(got.samples)
+            if got.index is not None:
+                merged.index = got.index
+            merged.gpus.update(got.gpus)
+            merged.properties.update(got.properties)
+        return merged, statuses
+
+    # --- one cycle ------------------------------------------------------------------------
+
+    def cycle(self, events_dropped: int = 0) -> CycleResult:
+        started = self.clock()
+        timestamp_ms = int(self.wall() * 1000)
+        got, statuses = self.collect()
+        scrape_ms = (self.clock() - started) * 1000.0
+        exp = got.samples
+        if exp.malformed:
+            log.warning("skipped %d malformed /metrics lines", exp.malformed,
+                        extra={"fields": {"examples": exp.examples}})
+        index_keys = {} if got.index is None else {
+            LabelSet.of(model=v.model, version=v.version).key: v for v in got.index
+        }
+        samples, index, dropped_series, dropped_models = self.cap.apply(exp, got.index, index_keys)
+        self.conditions.set(
+            "cardinality cap",
+            f"{dropped_models} model versions over --max-models={self.cap.limit} are not emitted"
+            if dropped_models else None,
+        )
+        if index is not got.index:
+            index_keys = {k: v for k, v in index_keys.items() if k in self.cap.allowed}
+        window = self.state.update(samples, exp.labels, started)
+        if window.reset_entities:
+            log.info("counters went down for %d entities (restart or reload): new baseline",
+                     len(window.reset_entities))
+        up = {s.name: s.up for s in statuses}
+        given = self._given(index, index_keys, statuses, up, scrape_ms, exp, samples, dropped_series,
+                            len(window.reset_entities), events_dropped)
+        columns = evaluate(CATALOG, samples, window, exp.labels, given)
+        entities = self._events(columns, exp.labels, index_keys, got.gpus, samples, got.properties)
+        events = [doc for e in entities for doc in self.encoder.encode(e, timestamp_ms)]
+        return CycleResult(
+            events=events, entities=entities, statuses=statuses, elapsed=window.elapsed,
+            series_kept=sum(len(s) for s in samples.values()), series_dropped=dropped_series,
+            parse_errors=exp.malformed, resets=len(window.reset_entities), index=index,
+            timestamp_ms=timestamp_ms,
+        )
+
+    def _given(
+        self, index: list[VersionState] | None, index_keys: dict[str, VersionState],
+        statuses: list[SourceStatus], up: dict[str, bool], scrape_ms: float, exp: Exposition,
+        samples: dict[str, dict[str, float]], dropped: int, resets: int, events_dropped: int,
+    ) -> dict[str, Column]:
+        task: dict[str, float] = {
+            "TritonUp": 1.0 if up.get("triton_metrics", False) and up.get("triton_index", False) else 0.0,
+            "ScrapeDuration": scrape_ms,
+            "SeriesKept": float(sum(len(s) for s in samples.values())),
+            "SeriesDropped": float(dropped),
+            "ParseErrors": float(exp.malformed),
+            "CounterResets": float(resets),
+            "EventsDropped": float(events_dropped),
+            "ExporterHeartbeat": 1.0,
+        }
+        given: dict[str, Column] = {name: {"": value} for name, value in task.items()}
+        if index is not None:
+            counted = [v for v in index if not v.unloaded_on_purpose]
+            ready = sum(v.state == "READY" for v in counted)
+            failed = sum(v.state == "UNAVAILABLE" for v in counted)
+            given["ModelsReady"] = {"": float(ready)}
+            given["ModelsNotReady"] = {"": float(len(counted) - ready)}
+            if ready + failed:
+                given["ModelLoadSuccessRate"] = {"": 100.0 * ready / (ready + failed)}
+            given["ModelReady"] = {
+                k: 1.0 if v.state == "READY" else 0.0 for k, v in index_keys.items() if not v.unloaded_on_purpose
+            }
+        given["SourceUp"] = {s.name: 1.0 if s.up else 0.0 for s in statuses}
+        given["SourceDuration"] = {s.name: s.duration_ms for s in statuses}
+        return given
+
+    def _events(
+        self, columns: dict[str, Column], labels: dict[str, LabelSet], index_keys: dict[str, VersionState],
+        gpus: dict[str, GpuInfo], samples: dict[str, dict[str, float]], properties: dict[str, object],
+    ) -> list[Event]:
+        by_entity: dict[tuple[Scope, str], dict[str, float]] = {}
+        for metric in CATALOG:
+            col = columns.get(metric.name)
+            if col:
+                scope = metric.scope
+                for key, value in col.items():
+                    values = by_entity.get((scope, key))
+                    if values is None:
+                        values = by_entity[(scope, key)] = {}
+                    values[metric.name] = value
+        common = {"exporter_version": __version__, **properties}
+        task_arn = {"ecs_task_arn": properties["ecs_task_arn"]} if "ecs_task_arn" in properties else {}
+        gpu_index = self._gpu_indexes(gpus, samples, labels)
+        events = []
+        for (scope, key), values in by_entity.items():
+            props: dict[str, object]
+            if scope is Scope.MODEL:
+                ls = labels.get(key)
+                v = index_keys.get(key)
+                model, version = (ls.entity[1], ls.entity[2]) if ls is not None else (v.model, v.version) if v \
+                    else ("", "")
+                props = dict(task_arn)
+                if v is not None:
+                    props["state"] = v.state
+                    if v.reason:
+                        props["reason"] = clip(v.reason)
+                dims = dimensions_for(scope, {"model": model, "version": version}, props)
+            elif scope is Scope.GPU:
+                ls = labels.get(key)
+                uuid = ls.entity[1] if ls is not None else key
+                info = gpus.get(uuid)
+                props = {**common, "gpu_uuid": uuid, **(info.properties if info else {})}
+                dims = dimensions_for(scope, {"gpu": str(gpu_index.get(uuid, uuid))}, props)
+            elif scope is Scope.SOURCE:
+                props = dict(common)
+                dims = dimensions_for(scope, {"source": key}, props)
+            else:
+                props = dict(common)
+                dims = {}
+            events.append(Event(scope, dims, values, props))
+        return events
+
+    def _gpu_indexes(
+        self, gpus: dict[str, GpuInfo], samples: dict[str, dict[str, float]], labels: dict[str, LabelSet]
+    ) -> dict[str, int]:
+        """``gpu`` dimension: NVML's index for the uuid when NVML knows it, else Triton's listing order."""
+        out = {uuid: info.index for uuid, info in gpus.items() if info.index is not None}
+        for key in samples.get("nv_gpu_utilization", {}) or samples.get("nv_gpu_memory_total_bytes", {}):
+            uuid = labels[key].entity[1] if labels[key].entity[0] == "gpu" else None
+            if uuid is not None and uuid not in self.gpu_order:
+                self.gpu_order[uuid] = len(self.gpu_order)
+        for uuid, i in self.gpu_order.items():
+            out.setdefault(uuid, i)
+        return out
+
+
+def level_for(up: bool) -> int:
+    return logging.INFO if up else logging.WARNING

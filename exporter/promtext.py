@@ -1,0 +1,317 @@
+"""A Prometheus text-format reader that only reads what the catalog needs.
+
+Why not prometheus_client's ``text_string_to_metric_families``: it turns
+every line of the body into objects, and Triton's body is mostly series we
+do not need (four of its five summaries, HELP text). bench/bench_pipeline.py
+prints the ratio. prometheus_client stays the reference:
+tests/test_promtext_diff.py proves both agree on every kept sample.
+
+How:
+- The exposition format keeps each family's lines together after its
+  ``# TYPE`` line, so only the blocks of wanted families are scanned, by one
+  compiled regex each, in C. A wanted name with no ``# TYPE`` line is looked
+  for in the whole body (slower, still correct).
+- Label blocks repeat across families (``model="m",version="1"`` is on ~20
+  lines per model), so each distinct block is parsed once and cached as an
+  interned :class:`LabelSet`.
+- A line that starts with a wanted name but breaks the grammar is skipped
+  and counted (``malformed``), never guessed at.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+_VALUE = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[Ii]nf|NaN)"
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(,|$)')
+_ESCAPES = re.compile(r"\\(.)")
+_UNESCAPE = {"n": "\n", "\\": "\\", '"': '"'}
+_SUFFIXES = ("_count", "_sum", "_bucket")
+_PLAIN_CHARS = frozenset("0123456789.eE+-")
+
+MAX_ERROR_EXAMPLES = 5
+"""How many malformed lines one parse keeps (truncated to 200 chars) for the log."""
+
+
+class LabelError(ValueError):
+    """A label block that does not follow the exposition grammar."""
+
+
+class LabelSet:
+    """One series' labels, with what the transform needs precomputed.
+
+    ``key`` is a canonical string of the sorted pairs: series are keyed by
+    it everywhere (a str caches its hash, so the hot dict operations stay in
+    C), and two spellings of one label block are one series. ``entity`` says
+    what the series describes: ``("model", name, version)``, ``("gpu", uuid)``
+    or ``("task",)``.
+    """
+
+    __slots__ = ("entity", "entity_key", "key", "labels")
+
+    def __init__(self, pairs: tuple[tuple[str, str], ...] = ()) -> None:
+        self.labels = dict(pairs)
+        self.key = _key(pairs)
+        model = self.labels.get("model")
+        if model is not None:
+            version = self.labels.get("version", "")
+            self.entity: tuple[str, ...] = ("model", model, version)
+            self.entity_key = _key((("model", model), ("version", version)))
+        elif "gpu_uuid" in self.labels:
+            self.entity = ("gpu", self.labels["gpu_uuid"])
+            self.entity_key = _key((("gpu_uuid", self.labels["gpu_uuid"]),))
+        else:
+            self.entity = ("task",)
+            self.entity_key = ""
+
+    @classmethod
+    def of(cls, **labels: str) -> LabelSet:
+        return cls(tuple(sorted(labels.items())))
+
+    def get(self, name: str) -> str | None:
+        return self.labels.get(name)
+
+    def __repr__(self) -> str:
+        return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(self.labels.items())) + "}"
+
+
+_ENTITY_LABELS = {"model": ("model", "version"), "gpu": ("gpu_uuid",), "task": ()}
+
+
+def _key(pairs: tuple[tuple[str, str], ...]) -> str:
+    return "\x1f".join(f"{k}\x1e{v}" for k, v in pairs)
+
+
+EMPTY = LabelSet(())
+
+
+def _unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    # Unknown escapes keep their backslash, as prometheus_client does.
+    return _ESCAPES.sub(lambda m: _UNESCAPE.get(m.group(1), m.group(0)), value)
+
+
+def parse_labels(block: str) -> tuple[tuple[str, str], ...]:
+    """Parse the text between ``{`` and ``}`` into sorted (name, value) pairs."""
+    pairs: dict[str, str] = {}
+    pos, end = 0, len(block)
+    while pos < end:
+        m = _LABEL.match(block, pos)
+        if m is None:
+            if block[pos:].strip() == "":
+                break
+            raise LabelError(f"bad label syntax at {pos}: {block[pos : pos + 40]!r}")
+        name = m.group(1)
+        if name in pairs:
+            raise LabelError(f"duplicate label {name!r}")
+        pairs[name] = _unescape(m.group(2))
+        pos = m.end()
+        if m.group(3) == "" and pos < end:
+            raise LabelError(f"missing comma at {pos}")
+    return tuple(sorted(pairs.items()))
+
+
+Series = dict[str, float]
+"""Values of one sample name keyed by :attr:`LabelSet.key`."""
+
+
+@dataclass
+class Exposition:
+    """Samples of the wanted names: ``samples[name][labelset.key] = value``.
+
+    ``labels`` maps every key used to its :class:`LabelSet`. A repeated
+    series keeps its last value and counts as a duplicate.
+    """
+
+    samples: dict[str, Series] = field(default_factory=dict)
+    labels: dict[str, LabelSet] = field(default_factory=dict)
+    malformed: int = 0
+    duplicates: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def count(self) -> int:
+        return sum(len(v) for v in self.samples.values())
+
+    def add(self, name: str, labels: LabelSet, value: float) -> None:
+        """Add one sample (used by sources that do not parse text, like NVML)."""
+        self.labels.setdefault(labels.key, labels)
+        self.samples.setdefault(name, {})[labels.key] = value
+
+    def merge(self, other: Exposition) -> None:
+        """Take another source's samples (sources use disjoint series names)."""
+        if other.samples:
+            self.labels = {**self.labels, **other.labels}
+            self.samples.update(other.samples)
+        self.malformed += other.malformed
+        self.duplicates += other.duplicates
+        self.examples += other.examples
+
+
+class Parser:
+    """Reads only the given sample names (``x_count``/``x_sum``/``x_bucket`` are names too).
+
+    One instance is reused across scrapes so its label cache pays off. The
+    cache is bounded (``max_cache`` blocks) and cleared when full; that costs
+    one re-parse per block, and equal label sets stay equal across the clear.
+    """
+
+    def __init__(self, names: Iterable[str], max_cache: int = 100_000) -> None:
+        self.names = frozenset(names)
+        self._cache: dict[str, str] = {"": EMPTY.key}  # raw label block -> canonical key
+        self._interned: dict[str, LabelSet] = {EMPTY.key: EMPTY}
+        self._patterns: dict[str, re.Pattern[str]] = {}
+        self._fast_patterns: dict[str, re.Pattern[str]] = {}
+        self.max_cache = max_cache
+
+    def _pattern(self, name: str) -> re.Pattern[str]:
+        pat = self._patterns.get(name)
+        if pat is None:
+            alt = re.escape(name)
+            # Group 1 name, 2 label block, 3 value: a well-formed sample (timestamp ignored).
+            # Group 4: any other line that starts with a wanted name then '{', blank or end.
+            pat = re.compile(
+                rf"^({alt})(?:(?:\{{([^\n]*)\}})?[ \t]+({_VALUE})(?:[ \t]+-?\d+)?[ \t]*\r?$|([{{ \t][^\n]*|\r?)$)",
+                re.MULTILINE,
+            )
+            self._patterns[name] = pat
+        return pat
+
+    def _blocks(self, text: str) -> dict[tuple[int, int], set[str]]:
+        """Map each text region to scan to the wanted names expected in it."""
+        families = self._typed_families(text)
+        blocks: dict[tuple[int, int], set[str]] = {}
+        n = len(text)
+        for name in self.names:
+            span = families.get(name)
+            if span is None:
+                for suffix in _SUFFIXES:
+                    if name.endswith(suffix) and (span := families.get(name[: -len(suffix)])):
+                        break
+            if span is None:
+                if not (text.startswith(name) or f"\n{name}" in text):
+                    continue  # absent: the common case for optional families
+                span = (0, n)  # untyped: search the whole body
+            blocks.setdefault(span, set()).add(name)
+        return blocks
+
+    @staticmethod
+    def _typed_families(text: str) -> dict[str, tuple[int, int]]:
+        """One pass over the comment lines: family -> (first sample line, end of block).
+
+        A block ends at the next HELP or TYPE line of another family; the
+        format keeps a family's samples together after its TYPE line.
+        """
+        spans: dict[str, tuple[int, int]] = {}
+        current, start = None, 0
+        pos = 0 if text.startswith("# ") else text.find("\n# ")
+        while pos >= 0:
+            head = pos + (0 if pos == 0 and text.startswith("# ") else 1)
+            line_end = text.find("\n", head)
+            if line_end < 0:
+                line_end = len(text)
+            words = text[head + 2 : line_end].split(None, 2)
+            if len(words) >= 2 and words[0] in ("HELP", "TYPE") and words[1] != current:
+                if current is not None:
+                    spans.setdefault(current, (start, head))
+                current = None
+                if words[0] == "TYPE":
+                    current, start = words[1], line_end + 1
+            elif len(words) >= 2 and words[0] == "TYPE" and words[1] == current:
+                start = line_end + 1
+            pos = text.find("\n# ", line_end)
+            if words and words[0] == "HELP" and len(words) >= 2 and current is None:
+                # HELP before TYPE: the TYPE line follows; nothing to close yet.
+                pass
+        if current is not None:
+            spans.setdefault(current, (start, len(text)))
+        return spans
+
+    def parse(self, text: str) -> Exposition:
+        out = Exposition()
+        if len(self._cache) > self.max_cache:
+            self._cache = {"": EMPTY.key}
+            self._interned = {EMPTY.key: EMPTY}
+        cache = self._cache
+        for (start, end), names in self._blocks(text).items():
+            for name in names:
+                found = self._fast(text, name, start, end)
+                if found is None:
+                    found = self._strict(out, text, name, start, end)
+                blocks, values = found
+                for block in set(blocks).difference(cache):
+                    if self._labels(block) is None:
+                        blocks, values = self._drop_bad_labels(out, name, blocks, values, block)
+                series = out.samples.setdefault(name, {})
+                before = len(series)
+                series.update(zip(map(cache.__getitem__, blocks), values))
+                out.duplicates += before + len(blocks) - len(series)
+        out.labels = self._interned
+        return out
+
+    def _fast(self, text: str, name: str, start: int, end: int):
+        """The common layout, checked in C: every ``name{...} value`` line, nothing else.
+
+        Returns None (use :meth:`_strict`) unless the matches cover every line
+        that starts with ``name{`` or ``name `` and every value is a plain
+        number, so a timestamp, a malformed line or an odd value spelling
+        always takes the strict path.
+        """
+        if start == 0 or text[start - 1] != "\n":
+            return None
+        pat = self._fast_patterns.get(name)
+        if pat is None:
+            pat = self._fast_patterns[name] = re.compile(rf"\n{re.escape(name)}\{{([^\n]*)\}} ([^ \n]+)(?=\n)")
+        found = pat.findall(text, start - 1, end)
+        lines = text.count(f"\n{name}{{", start - 1, end) + text.count(f"\n{name} ", start - 1, end)
+        if len(found) != lines or (end == len(text) and not text.endswith("\n")):
+            return None
+        if not found:
+            return (), ()
+        blocks, raw = zip(*found)
+        if not _PLAIN_CHARS.issuperset("".join(raw)):
+            return None
+        try:
+            values = tuple(map(float, raw))
+        except ValueError:
+            return None
+        return blocks, values
+
+    def _strict(self, out: Exposition, text: str, name: str, start: int, end: int):
+        """The full grammar, line by line in the regex: slower, counts malformed lines."""
+        blocks, values = [], []
+        for _, block, value, bad in self._pattern(name).findall(text, start, end):
+            if value:
+                blocks.append(block)
+                values.append(float(value))
+            elif bad.strip() or not bad:
+                self._malformed(out, name + bad)
+        return tuple(blocks), tuple(values)
+
+    def _drop_bad_labels(self, out: Exposition, name: str, blocks, values, block: str):
+        keep = [(b, v) for b, v in zip(blocks, values, strict=True) if b != block]
+        for _ in range(len(blocks) - len(keep)):
+            self._malformed(out, f"{name}{{{block}}}")
+        return tuple(b for b, _ in keep), tuple(v for _, v in keep)
+
+    def _labels(self, block: str) -> LabelSet | None:
+        try:
+            labels = LabelSet(parse_labels(block))
+        except LabelError:
+            return None
+        labels = self._interned.setdefault(labels.key, labels)
+        if labels.entity_key not in self._interned:
+            # The transform names entities by entity_key; keep a LabelSet for it too.
+            kind, *values = labels.entity
+            entity = LabelSet(tuple(sorted(zip(_ENTITY_LABELS[kind], values, strict=True))))
+            self._interned[entity.key] = entity
+        self._cache[block] = labels.key
+        return labels
+
+    @staticmethod
+    def _malformed(out: Exposition, line: str) -> None:
+        out.malformed += 1
+        if len(out.examples) < MAX_ERROR_EXAMPLES:
+            out.examples.append(line[:200])

@@ -1,0 +1,61 @@
+"""Sources: one module per thing we scrape, behind one small interface.
+
+A source's ``collect`` either returns what it read or raises
+:class:`SourceError` with a one-line reason. The pipeline times each call
+and turns the outcome into the ``SourceUp``/``SourceDuration`` metrics; one
+failing source never stops the others (node_exporter's pattern).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..promtext import Exposition
+
+
+class SourceError(Exception):
+    """A source could not deliver this cycle. The message is one line, safe to log."""
+
+
+@dataclass
+class VersionState:
+    """One row of Triton's repository index."""
+
+    model: str
+    version: str
+    state: str
+    reason: str = ""
+
+    @property
+    def unloaded_on_purpose(self) -> bool:
+        # Triton reports a version unloaded through the API as UNAVAILABLE/"unloaded";
+        # a model never asked to load (explicit mode) has no state at all.
+        return self.state == "" or (self.state == "UNAVAILABLE" and self.reason == "unloaded")
+
+
+@dataclass
+class GpuInfo:
+    """What a source knows about one GPU besides its series: the ``gpu`` dimension and properties."""
+
+    uuid: str
+    index: int | None = None
+    properties: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Collected:
+    samples: Exposition = field(default_factory=Exposition)
+    index: list[VersionState] | None = None
+    gpus: dict[str, GpuInfo] = field(default_factory=dict)
+    properties: dict[str, object] = field(default_factory=dict)
+
+
+class Source(Protocol):
+    name: str
+
+    def collect(self, timeout: float) -> Collected:
+        """Read the source within ``timeout`` seconds or raise SourceError."""
+        ...
+
+    def close(self) -> None: ...

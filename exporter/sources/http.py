@@ -1,0 +1,107 @@
+"""The one HTTP client the sources share: bounded in time and size, no surprises.
+
+- One ``requests.Session`` (keep-alive to Triton), ``trust_env`` off so no
+  proxy or netrc from the environment redirects our traffic, redirects not
+  followed (a 3xx is an error: we talk only to the configured URLs).
+- ``requests``' read timeout applies per socket read, so a server that
+  drips one byte per second would never trip it. ``fetch`` enforces one
+  overall deadline: it reads with ``read1`` and shrinks the socket timeout
+  to the time left before every read.
+- Bodies are capped (``max_bytes``) while streaming, so a 200 MB answer is
+  refused after ``max_bytes`` are read, not after it is all in memory.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import requests
+
+from . import SourceError
+
+
+@dataclass
+class Response:
+    status: int
+    content_type: str
+    body: bytes
+
+
+def make_session() -> requests.Session:
+    session = requests.Session()
+    session.trust_env = False
+    session.headers["User-Agent"] = "triton-emf-exporter"
+    session.headers["Accept-Encoding"] = "identity"  # the byte cap then bounds what we hold
+    return session
+
+
+def fetch(
+    session: requests.Session,
+    method: str,
+    url: str,
+    timeout: float,
+    connect_timeout: float,
+    max_bytes: int,
+    json_body: object | None = None,
+) -> Response:
+    """One request with an overall deadline; raises SourceError with a one-line reason."""
+    deadline = time.monotonic() + timeout
+    try:
+        resp = session.request(
+            method, url, json=json_body, stream=True, allow_redirects=False,
+            timeout=(min(connect_timeout, timeout), timeout),
+        )
+    except requests.exceptions.ConnectTimeout:
+        raise SourceError(f"{url}: connect timed out after {min(connect_timeout, timeout):g}s") from None
+    except requests.exceptions.ConnectionError as exc:
+        raise SourceError(f"{url}: cannot connect ({_short(exc)})") from None
+    except requests.exceptions.Timeout:
+        raise SourceError(f"{url}: no answer within {timeout:g}s") from None
+    except requests.exceptions.RequestException as exc:
+        raise SourceError(f"{url}: {_short(exc)}") from None
+    try:
+        if 300 <= resp.status_code < 400:
+            raise SourceError(f"{url}: answered {resp.status_code} redirect to "
+                              f"{resp.headers.get('Location', '?')!r}; redirects are not followed")
+        chunks: list[bytes] = []
+        size = 0
+        raw = resp.raw
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SourceError(f"{url}: body not complete within {timeout:g}s ({size} bytes read)")
+            _set_read_timeout(raw, left)
+            try:
+                chunk = raw.read1(65536)
+            except Exception as exc:  # urllib3 wraps socket timeouts and resets in several types
+                if time.monotonic() >= deadline or "timed out" in str(exc).lower():
+                    raise SourceError(f"{url}: body not complete within {timeout:g}s ({size} bytes read)") from None
+                raise SourceError(f"{url}: connection broke while reading ({_short(exc)})") from None
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > max_bytes:
+                raise SourceError(f"{url}: body larger than the {max_bytes} byte cap; refused")
+            chunks.append(chunk)
+        return Response(resp.status_code, resp.headers.get("Content-Type", ""), b"".join(chunks))
+    finally:
+        resp.close()
+
+
+def _set_read_timeout(raw: object, seconds: float) -> None:
+    conn = getattr(raw, "connection", None) or getattr(raw, "_connection", None)
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        try:
+            sock.settimeout(max(seconds, 0.001))
+        except OSError:
+            pass
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    # urllib3 wraps the useful part deep inside; keep the tail, which names the cause.
+    if "Caused by" in text:
+        text = text[text.index("Caused by") + 10 :].strip("()")
+    return text[:200]

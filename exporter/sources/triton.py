@@ -1,0 +1,93 @@
+"""Triton's two sources: the Prometheus ``/metrics`` text and the repository index.
+
+Facts this relies on (seen on a real server, see shared/TRITON_FACTS.md):
+the index is ``POST /v2/repository/index`` (GET answers 405); labels are
+``model``/``version``; the metrics port answers 200 to any path, so a wrong
+``--metrics-url`` path is caught by finding no Triton series, not by status.
+"""
+
+from __future__ import annotations
+
+import orjson
+import requests
+
+from ..promtext import Exposition, Parser
+from . import Collected, SourceError, VersionState
+from .http import fetch, make_session
+
+
+class TritonMetricsSource:
+    name = "triton_metrics"
+
+    def __init__(
+        self, url: str, parser: Parser, connect_timeout: float, max_bytes: int,
+        session: requests.Session | None = None,
+    ) -> None:
+        self.url = url
+        self.parser = parser
+        self.connect_timeout = connect_timeout
+        self.max_bytes = max_bytes
+        self.session = session or make_session()
+
+    def collect(self, timeout: float) -> Collected:
+        resp = fetch(self.session, "GET", self.url, timeout, self.connect_timeout, self.max_bytes)
+        if resp.status != 200:
+            raise SourceError(f"{self.url}: answered HTTP {resp.status}")
+        head = resp.body[:512].lstrip()
+        if "html" in resp.content_type.lower() or head[:1] == b"<":
+            raise SourceError(f"{self.url}: answered an HTML page, not Prometheus text")
+        text = resp.body.decode("utf-8", errors="replace")
+        if b"nv_" not in resp.body:
+            raise SourceError(f"{self.url}: no Triton (nv_*) series in {len(resp.body)} bytes; wrong URL?")
+        exposition: Exposition = self.parser.parse(text)
+        return Collected(samples=exposition)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class TritonIndexSource:
+    name = "triton_index"
+
+    def __init__(
+        self, triton_url: str, connect_timeout: float, max_bytes: int, session: requests.Session | None = None
+    ) -> None:
+        self.url = triton_url.rstrip("/") + "/v2/repository/index"
+        self.connect_timeout = connect_timeout
+        self.max_bytes = max_bytes
+        self.session = session or make_session()
+
+    def collect(self, timeout: float) -> Collected:
+        resp = fetch(self.session, "POST", self.url, timeout, self.connect_timeout, self.max_bytes, json_body={})
+        if resp.status != 200:
+            raise SourceError(f"{self.url}: answered HTTP {resp.status}")
+        return Collected(index=parse_index(resp.body, self.url))
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def parse_index(body: bytes, url: str = "index") -> list[VersionState]:
+    """Rows of the index; rows that are not objects with a string name are skipped."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        snippet = body[:60].decode("utf-8", errors="replace").replace("\n", " ")
+        raise SourceError(f"{url}: answered non-JSON ({snippet!r})") from None
+    if not isinstance(data, list):
+        raise SourceError(f"{url}: answered JSON that is not a list")
+    out = []
+    for row in data:
+        if not isinstance(row, dict) or not isinstance(row.get("name"), str):
+            continue
+        out.append(VersionState(
+            model=row["name"],
+            version=_text(row.get("version")),
+            state=_text(row.get("state")),
+            reason=_text(row.get("reason")),
+        ))
+    return out
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ("" if value is None else str(value))
