@@ -72,7 +72,10 @@ def triton_metrics(
                     out.append(f'{family}{{{lab},reason="{reason}",version="{version}"}} {v}')
             else:
                 out.append(f'{family}{{{lab},version="{version}"}} {per_model[family] * step}')
-    out.append("# HELP nv_inference_pending_request_count Instantaneous number of pending requests awaiting execution per-model.")
+    out.append(
+        "# HELP nv_inference_pending_request_count "
+        "Instantaneous number of pending requests awaiting execution per-model."
+    )
     out.append("# TYPE nv_inference_pending_request_count gauge")
     for m in names:
         out.append(f'nv_inference_pending_request_count{{model="{_esc(m)}",version="{version}"}} 0')

@@ -10,6 +10,7 @@ back the buffer is delivered in order. One event per line.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import socket
 import sys
@@ -71,10 +72,8 @@ class StreamSink:
         return n
 
     def close(self, timeout: float) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.stream.flush()
-        except OSError:
-            pass
 
 
 class FileSink:
@@ -223,10 +222,8 @@ class TcpSink:
 
     def _disconnect(self) -> None:
         if self.sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self.sock.close()
-            except OSError:
-                pass
             self.sock = None
 
 

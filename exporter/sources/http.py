@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -93,10 +94,8 @@ def _set_read_timeout(raw: object, seconds: float) -> None:
     conn = getattr(raw, "connection", None) or getattr(raw, "_connection", None)
     sock = getattr(conn, "sock", None)
     if sock is not None:
-        try:
+        with contextlib.suppress(OSError):
             sock.settimeout(max(seconds, 0.001))
-        except OSError:
-            pass
 
 
 def _short(exc: BaseException) -> str:
