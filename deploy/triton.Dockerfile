@@ -1,0 +1,15 @@
+# The stock Triton image plus the two stdlib-only scripts the task definition runs:
+#   /opt/triton-health/startup_check.py  before tritonserver (GPU, driver, CUDA)
+#   /opt/triton-health/health.py         as the ECS healthCheck
+# Build from the repository root (the root .dockerignore lets exporter/ through):
+#   docker build -f deploy/triton.Dockerfile --build-arg TRITON_TAG=24.10-py3 -t triton-server:24.10 .
+# Or, without this repository, copy them from the published sidecar image:
+#   COPY --from=<account>.dkr.ecr.<region>.amazonaws.com/triton-emf-exporter:<tag> /opt/triton-health/ /opt/triton-health/
+ARG TRITON_TAG=24.10-py3
+FROM nvcr.io/nvidia/tritonserver:${TRITON_TAG}
+
+COPY exporter/health.py exporter/startup_check.py /opt/triton-health/
+
+# Fail the build, not the task, if this image's python3 cannot run them.
+RUN python3 /opt/triton-health/startup_check.py --help >/dev/null \
+ && python3 /opt/triton-health/health.py --help >/dev/null
