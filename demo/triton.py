@@ -34,7 +34,7 @@ class TritonUnavailable(RuntimeError):
 
 def _pytriton_root() -> Path:
     try:
-        import pytriton  # noqa: PLC0415 - optional, only where the demo/tests run
+        import pytriton
     except ImportError as exc:  # pragma: no cover - depends on the machine
         raise TritonUnavailable("nvidia-pytriton is not installed: pip install nvidia-pytriton") from exc
     return Path(pytriton.__file__).parent / "tritonserver"
