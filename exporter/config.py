@@ -157,7 +157,7 @@ def build_parser(prog: str = "python -m exporter") -> argparse.ArgumentParser:
     )
     for field, flag, envs, _, text in OPTIONS:
         default = getattr(defaults, field)
-        shown = "" if field == "ecs_metadata_url" else f" (default: {default})"
+        shown = "" if field in ("ecs_metadata_url", "timeout") else f" (default: {default})"
         parser.add_argument(flag, dest=field, metavar=field.split("_")[-1].upper(),
                             help=f"{text}{shown} [env: {', '.join(envs)}]")
     parser.add_argument("--once", action="store_true",

@@ -120,9 +120,7 @@ class Response:
         try:
             return json.loads(self.body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
-            raise ProtocolError(
-                f"HTTP {self.status} with a body that is not JSON: {self.body[:80]!r}"
-            ) from exc
+            raise ProtocolError(f"HTTP {self.status} with a body that is not JSON: {self.body[:80]!r}") from exc
 
     def error_text(self) -> str:
         """Triton's ``{"error": ...}`` message, or the raw body."""
@@ -162,9 +160,7 @@ class Client:
         self.host_header = host if parts.port is None else f"{host}:{self.port}"
         self.deadline = deadline
 
-    def request(
-        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
-    ):
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None):
         """Send one request with ``Connection: close`` and return the whole Response."""
         lines = [
             f"{method} {self.prefix}{path} HTTP/1.1",
@@ -376,18 +372,14 @@ def _live(client: Client) -> tuple[None, str]:
             f"{exc}: tritonserver is not listening (crashed, still starting, or wrong TRITON_URL)"
         ) from exc
     if resp.status != 200:
-        raise ProtocolError(
-            f"GET /v2/health/live answered HTTP {resp.status}: {first_line(resp.error_text())}"
-        )
+        raise ProtocolError(f"GET /v2/health/live answered HTTP {resp.status}: {first_line(resp.error_text())}")
     return None, "HTTP 200"
 
 
 def _index(client: Client) -> tuple[list[dict], str]:
     resp = client.request("POST", "/v2/repository/index", b"{}", {"Content-Type": "application/json"})
     if resp.status != 200:
-        raise ProtocolError(
-            f"POST /v2/repository/index answered HTTP {resp.status}: {first_line(resp.error_text())}"
-        )
+        raise ProtocolError(f"POST /v2/repository/index answered HTTP {resp.status}: {first_line(resp.error_text())}")
     body = resp.json()
     if not isinstance(body, list) or not all(isinstance(e, dict) and "name" in e for e in body):
         raise ProtocolError("POST /v2/repository/index did not answer a list of model versions")
@@ -403,8 +395,7 @@ def select(index: list[dict], opts: Options, report: Report) -> list[dict]:
     unloaded = {
         (e["name"], e["version"])
         for e in index
-        if (e.get("state") == "UNAVAILABLE" and str(e.get("reason", "")).strip() == "unloaded")
-        or "state" not in e
+        if (e.get("state") == "UNAVAILABLE" and str(e.get("reason", "")).strip() == "unloaded") or "state" not in e
     }
     required: list[dict] = []
     if opts.models is None:
@@ -531,9 +522,7 @@ def build_infer(meta: dict, config: dict | None) -> tuple[bytes, int]:
             dims[0] = 1  # the batch dimension: one request of batch size 1
         size = math.prod(dims) * DTYPE_SIZES[dtype]
         total += size
-        inputs.append(
-            {"name": name, "datatype": dtype, "shape": dims, "parameters": {"binary_data_size": size}}
-        )
+        inputs.append({"name": name, "datatype": dtype, "shape": dims, "parameters": {"binary_data_size": size}})
     if not inputs:
         raise Unsynthesisable("the model has no required inputs in its metadata")
     if total > MAX_SMOKE_BYTES:
@@ -554,9 +543,7 @@ def _smoke(client: Client, name: str, version: str, explicit: bool) -> tuple[str
         base = f"/v2/models/{seg}/versions/{version}"
         meta_resp = client.request("GET", base)
         if meta_resp.status != 200:
-            raise ProtocolError(
-                f"metadata answered HTTP {meta_resp.status}: {first_line(meta_resp.error_text())}"
-            )
+            raise ProtocolError(f"metadata answered HTTP {meta_resp.status}: {first_line(meta_resp.error_text())}")
         meta = meta_resp.json()
         conf_resp = client.request("GET", base + "/config")
         config = conf_resp.json() if conf_resp.status == 200 else None
@@ -634,22 +621,23 @@ def probe(opts: Options, start: float | None = None) -> Report:
                     "index",
                     "fail",
                     0.0,
-                    "no model version to check: the repository index is empty "
-                    "or everything is ignored or unloaded",
+                    "no model version to check: the repository index is empty or everything is ignored or unloaded",
                 )
             )
         smoke_all = opts.smoke == []
         smoke_specs = opts.smoke or []
         for name, version in smoke_specs:
-            if not any(
-                e["name"] == name and (version is None or e["version"] == version) for e in ready
-            ) and not _matches(opts.ignore, name, version or ""):
+            known = any(  # a required version that is not READY already has its own failure line
+                c.check == "state" and c.model == name and (version is None or c.version == version)
+                for c in report.checks
+            )
+            if not known and not _matches(opts.ignore, name, version or ""):
                 report.add(
                     Check(
                         "smoke",
                         "fail",
                         0.0,
-                        "smoke inference asked for, but the model is not a required READY model",
+                        "smoke inference asked for, but the model is not among the required models",
                         name,
                         version,
                     )
@@ -801,9 +789,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"overall time limit [HEALTH_DEADLINE] (default {DEFAULT_DEADLINE:g}, under ECS's 5 s)",
     )
-    p.add_argument(
-        "--jobs", metavar="N", help=f"concurrent per-model checks [HEALTH_JOBS] (default {DEFAULT_JOBS})"
-    )
+    p.add_argument("--jobs", metavar="N", help=f"concurrent per-model checks [HEALTH_JOBS] (default {DEFAULT_JOBS})")
     p.add_argument("--json", action="store_true", help="print one JSON document with every check")
     p.add_argument("--quiet", action="store_true", help="print nothing when healthy")
     return p

@@ -24,12 +24,14 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-_VALUE = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[Ii]nf|NaN)"
+# Numbers as Go's ParseFloat reads them (Prometheus' reference parser); Triton really prints
+# "Nan" for an empty summary quantile, so NaN and Inf are case-insensitive.
+_VALUE = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[Ii][Nn][Ff](?:[Ii][Nn][Ii][Tt][Yy])?|[Nn][Aa][Nn])"
 _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(,|$)')
 _ESCAPES = re.compile(r"\\(.)")
 _UNESCAPE = {"n": "\n", "\\": "\\", '"': '"'}
 _SUFFIXES = ("_count", "_sum", "_bucket")
-_PLAIN_CHARS = frozenset("0123456789.eE+-")
+_PLAIN_CHARS = frozenset("0123456789.eE+-NnAaIiFf")  # anything else takes the strict path
 
 MAX_ERROR_EXAMPLES = 5
 """How many malformed lines one parse keeps (truncated to 200 chars) for the log."""

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from dataclasses import dataclass
 
@@ -99,8 +100,11 @@ def _set_read_timeout(raw: object, seconds: float) -> None:
 
 
 def _short(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    # urllib3 wraps the useful part deep inside; keep the tail, which names the cause.
-    if "Caused by" in text:
-        text = text[text.index("Caused by") + 10 :].strip("()")
-    return text[:200]
+    """The useful part of a requests/urllib3 error: '[Errno 111] Connection refused', 'timed out'."""
+    text = str(exc)
+    m = re.search(r"\[Errno -?\d+\] [^'\")\]]+", text)
+    if m:
+        return m.group(0).strip()
+    if "timed out" in text.lower():
+        return "timed out"
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]

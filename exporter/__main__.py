@@ -1,0 +1,164 @@
+"""Entry point: parse settings once, build the pipeline, map outcomes to exit codes.
+
+    python -m exporter [settings]            the sidecar loop
+    python -m exporter --once --interval 2   one window: EMF on stdout, a table on stderr
+    python -m exporter catalog [--json]      every metric the exporter can emit
+    python -m exporter health [...]          the Triton container's deep health probe
+    python -m exporter render [...]          dashboards and alarms from the catalog
+    python -m exporter cost [...]            custom-metric count and monthly cost
+    python -m exporter validate FILE         check EMF documents (one per line)
+
+Exit codes: 0 done, 1 runtime failure (Triton unreachable in --once, output
+closed), 2 invalid settings or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+import orjson
+
+from . import logs
+from .catalog import CATALOG, wanted_series
+from .config import ConfigError, Settings, load
+from .pipeline import Pipeline
+from .promtext import Parser
+from .runner import Runner, TritonUnreachable, run_once
+from .sinks import SinkClosed, StreamSink, make_sink
+from .sources import Source
+from .sources.ecs import EcsMetadataSource
+from .sources.http import make_session
+from .sources.triton import TritonIndexSource, TritonMetricsSource
+
+# Commands that live in their own modules, imported only when used.
+COMMANDS = {
+    "health": "exporter.health:main",
+    "render": "exporter.render:main",
+    "cost": "exporter.render.cost:main",
+}
+
+
+def build_sources(settings: Settings) -> list[Source]:
+    session = make_session()
+    sources: list[Source] = [
+        TritonMetricsSource(settings.metrics_url, Parser(wanted_series()), settings.connect_timeout,
+                            settings.max_body_bytes, session),
+        TritonIndexSource(settings.triton_url, settings.connect_timeout, settings.max_body_bytes, session),
+    ]
+    if settings.nvml != "off":
+        nvml = _nvml_source(settings)
+        if nvml is not None:
+            sources.append(nvml)
+    if settings.ecs_metadata_url:
+        sources.append(EcsMetadataSource(settings.ecs_metadata_url, settings.connect_timeout))
+    return sources
+
+
+def _nvml_source(settings: Settings) -> Source | None:
+    try:
+        from .sources.nvml import make_nvml_source
+    except ImportError:
+        return None
+    return make_nvml_source(settings)
+
+
+def catalog_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m exporter catalog",
+                                     description="List every metric the exporter can emit.")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(list(argv))
+    rows = [
+        {"name": m.name, "unit": m.unit, "scope": str(m.scope), "kind": str(m.kind),
+         "dimensions": [list(d) for d in m.dimension_sets], "source": m.source,
+         "inputs": m.describe_inputs(), "help": m.help}
+        for m in CATALOG
+    ]
+    if args.json:
+        sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        dims = " | ".join(",".join(d) or "(none)" for d in r["dimensions"])
+        sys.stdout.write(f"{r['name']:<{width}}  {r['unit']:<13} {r['kind']:<18} [{dims}]  {r['inputs']}\n")
+    return 0
+
+
+def validate_main(argv: Sequence[str]) -> int:
+    from .emf_validate import validate
+
+    parser = argparse.ArgumentParser(prog="python -m exporter validate",
+                                     description="Check EMF documents, one JSON object per line.")
+    parser.add_argument("file", help="path, or - for stdin")
+    args = parser.parse_args(list(argv))
+    stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
+    bad = total = 0
+    with stream:
+        for n, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            total += 1
+            errors = validate(line.rstrip(b"\n"))
+            if errors:
+                bad += 1
+                sys.stdout.write(f"line {n}: " + "; ".join(errors) + "\n")
+    sys.stdout.write(f"{total - bad} valid, {bad} invalid\n")
+    return 1 if bad else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "catalog":
+        return catalog_main(argv[1:])
+    if argv and argv[0] == "validate":
+        return validate_main(argv[1:])
+    if argv and argv[0] in COMMANDS:
+        module, func = COMMANDS[argv[0]].split(":")
+        try:
+            target = getattr(importlib.import_module(module), func)
+        except ImportError as exc:
+            sys.stderr.write(f"error: command {argv[0]!r} is not available: {exc}\n")
+            return 2
+        return int(target(argv[1:]))
+    try:
+        settings = load(argv, os.environ)
+    except ConfigError as exc:
+        sys.stderr.write(f"error: invalid setting: {exc}\n")
+        return 2
+    logs.setup(settings.log_level)
+    pipeline = Pipeline(settings, build_sources(settings))
+    if settings.once:
+        try:
+            run_once(pipeline, StreamSink(), settings.interval, sys.stderr)
+        except TritonUnreachable as exc:
+            sys.stderr.write(f"error: cannot read Triton: {exc}\n")
+            return 1
+        except SinkClosed:
+            return 0  # `--once | head` is normal use
+        return 0
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    runner = Runner(pipeline, make_sink(settings.output, settings.buffer_events, settings.connect_timeout),
+                    settings.interval, stop)
+    try:
+        runner.run()
+    except SinkClosed as exc:
+        logs.get().error("%s; stopping", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left: silence the interpreter's own flush-at-exit complaint.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(code)

@@ -1,0 +1,131 @@
+"""The schedule: a fixed-rate loop, the ``--once`` debugging view, clean shutdown.
+
+Fixed rate on the monotonic clock: cycle k starts at ``start + k*interval``
+whatever the previous cycle cost, so the series does not drift, and a wall
+clock jump (NTP) changes neither the schedule nor the windows. A cycle runs
+in a worker thread so that SIGTERM is honoured within 2 s even while a
+source is stuck in a network call: the main thread waits for the worker
+briefly, flushes what was produced and leaves.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from .logs import get
+from .pipeline import CycleResult, Pipeline
+from .sinks import Sink, SinkClosed
+from .summary import render_summary
+
+log = get("runner")
+
+STOP_GRACE = 1.5  # seconds a running cycle may still finish after SIGTERM
+SINK_GRACE = 0.4  # seconds left for the sink to deliver its buffer
+
+
+class TritonUnreachable(Exception):
+    """``--once`` could not read Triton; the message names the URL and the error."""
+
+
+class Runner:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        sink: Sink,
+        interval: float,
+        stop: threading.Event | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pipeline = pipeline
+        self.sink = sink
+        self.interval = interval
+        self.stop = stop or threading.Event()
+        self.clock = clock
+        self.cycles = 0
+        self.missed = 0
+        self.last: CycleResult | None = None
+
+    def _cycle(self) -> CycleResult | None:
+        """Run one cycle in a worker; None when stopped before it finished."""
+        box: list[CycleResult | BaseException] = []
+        dropped = self.sink.take_dropped()
+
+        def work() -> None:
+            try:
+                box.append(self.pipeline.cycle(events_dropped=dropped))
+            except BaseException as exc:  # handed to the main thread
+                box.append(exc)
+
+        worker = threading.Thread(target=work, name="cycle", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.05)
+            if self.stop.is_set():
+                worker.join(STOP_GRACE)
+                break
+        if not box:
+            log.warning("stopped during a cycle; that cycle's data is dropped")
+            return None
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def run(self) -> None:
+        """Loop until ``stop`` is set. Raises SinkClosed if the output goes away for good."""
+        start = self.clock()
+        slot = 0  # index of the scheduled start of the current cycle
+        log.info("exporter started", extra={"fields": {"interval_s": self.interval}})
+        try:
+            while not self.stop.is_set():
+                try:
+                    result = self._cycle()
+                except SinkClosed:
+                    raise
+                except Exception:  # a bug in one cycle must not end the sidecar
+                    log.exception("cycle failed; continuing on schedule")
+                    result = None
+                if result is not None:
+                    self.last = result
+                    self.cycles += 1
+                    self.sink.send(result.events)
+                if self.stop.is_set():
+                    break
+                now = self.clock()
+                due = max(slot + 1, math.ceil((now - start) / self.interval))
+                if due > slot + 1:
+                    self.missed += due - slot - 1
+                    log.warning("cycle overran the interval; %d scheduled scrapes skipped", due - slot - 1)
+                slot = due
+                self.stop.wait(max(0.0, start + slot * self.interval - self.clock()))
+        finally:
+            self.sink.close(SINK_GRACE)
+            self.pipeline.close()
+            log.info("exporter stopped", extra={"fields": {"cycles": self.cycles}})
+
+
+def run_once(pipeline: Pipeline, sink: Sink, interval: float, stderr: TextIO,
+             sleep: Callable[[float], None] = time.sleep) -> CycleResult:
+    """Scrape twice ``interval`` apart, send the window's events, write the summary table."""
+    try:
+        first = pipeline.cycle()
+        _require_triton(first)
+        sleep(interval)
+        second = pipeline.cycle()
+        _require_triton(second)
+        sink.send(second.events)
+        stderr.write(render_summary(second))
+        stderr.flush()
+        return second
+    finally:
+        sink.close(SINK_GRACE)
+        pipeline.close()
+
+
+def _require_triton(result: CycleResult) -> None:
+    failed = [s for s in result.statuses if s.name.startswith("triton") and not s.up]
+    if failed:
+        raise TritonUnreachable("; ".join(s.error for s in failed))
