@@ -16,6 +16,7 @@ docs/logs.md asks for ``fluent-bit --dry-run`` in the real image.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import fnmatch
 import json
 import re
@@ -147,7 +148,7 @@ def onigmo_to_python(pattern: str) -> str:
                 out.append("\\x" + hexd)
                 i += 4
                 continue
-            elif e in _SAME_ESCAPES or e.isdigit() and e != "0":
+            elif e in _SAME_ESCAPES or (e.isdigit() and e != "0"):
                 out.append("\\" + e)
             else:
                 raise OnigmoError(f"escape \\{e} differs or is missing between Onigmo and Python: {pattern!r}")
@@ -595,9 +596,7 @@ class Pipeline:
             args = v.split(None, 1)
             if op == "rename" and args[0] in rec.body and args[1] not in rec.body:
                 rec.body = {(args[1] if key == args[0] else key): val for key, val in rec.body.items()}
-            elif op == "set":
-                rec.body[args[0]] = args[1]
-            elif op == "add" and args[0] not in rec.body:
+            elif op == "set" or (op == "add" and args[0] not in rec.body):
                 rec.body[args[0]] = args[1]
             elif op == "remove":
                 rec.body.pop(args[0], None)
@@ -648,7 +647,7 @@ class Pipeline:
         state = self._ml_state.setdefault((idx, rec.tag), {"rule": None, "buf": None, "first": None})
         content = rec.body.get(key)
         if not isinstance(content, str):
-            return self._ml_flush(state) + [rec]
+            return [*self._ml_flush(state), rec]
         emitted: list[Record] = []
         matched = False
         if state["rule"] is not None:
@@ -704,10 +703,8 @@ class Pipeline:
                 continue
             group = o.get("log_group_name") or ""
             if o.get("log_group_template"):
-                try:
+                with contextlib.suppress(TemplateMissing):
                     group = translate(o.get("log_group_template") or "", rec.tag, rec.body)
-                except TemplateMissing:
-                    pass
             if o.get("log_stream_template"):
                 try:
                     stream = translate(o.get("log_stream_template") or "", rec.tag, rec.body)
