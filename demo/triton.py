@@ -152,6 +152,7 @@ class TritonServer:
             try:
                 index = self.index()
                 if all(v.get("state") not in ("LOADING", "UNLOADING") for v in index):
+                    self.metrics_text()  # the metrics server comes up on its own schedule
                     return
             except (OSError, ValueError):
                 pass

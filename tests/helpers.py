@@ -1,0 +1,81 @@
+"""Small shared helpers for tests: run the real pipeline, read its events back."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import orjson
+
+from exporter.__main__ import build_sources
+from exporter.catalog import wanted_series
+from exporter.config import Settings
+from exporter.emf_validate import validate
+from exporter.pipeline import CycleResult, Pipeline
+from exporter.promtext import Parser
+from exporter.sources import Collected
+from exporter.sources.triton import parse_index
+
+
+def pipeline_for(server, **overrides) -> Pipeline:
+    """A Pipeline with the real Triton sources pointed at a demo.triton.TritonServer."""
+    settings = replace(Settings(triton_url=server.url, metrics_url=server.metrics_url, nvml="off", timeout=5.0),
+                       **overrides)
+    return Pipeline(settings, build_sources(settings))
+
+
+def documents(result: CycleResult) -> list[dict]:
+    """Decode the cycle's EMF lines, asserting every one is valid EMF."""
+    docs = []
+    for raw in result.events:
+        errors = validate(raw)
+        assert not errors, (errors, raw[:300])
+        docs.append(orjson.loads(raw))
+    return docs
+
+
+def model_doc(docs: list[dict], model: str, version: str = "1") -> dict:
+    found = [d for d in docs if d.get("model") == model and d.get("version") == version]
+    assert len(found) == 1, f"expected one event for {model}:{version}, got {len(found)}"
+    return found[0]
+
+
+def task_doc(docs: list[dict]) -> dict:
+    found = [d for d in docs if "ExporterHeartbeat" in d]
+    assert len(found) == 1
+    return found[0]
+
+
+def metric_names(doc: dict) -> set[str]:
+    return {m["Name"] for d in doc["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]}
+
+
+class TextSource:
+    """A Triton /metrics source that serves fixed texts in turn (for golden and fault tests)."""
+
+    name = "triton_metrics"
+
+    def __init__(self, *texts: str) -> None:
+        self.texts = list(texts)
+        self.parser = Parser(wanted_series())
+        self.calls = 0
+
+    def collect(self, timeout: float) -> Collected:
+        text = self.texts[min(self.calls, len(self.texts) - 1)]
+        self.calls += 1
+        return Collected(samples=self.parser.parse(text))
+
+    def close(self) -> None:
+        pass
+
+
+class IndexSource:
+    name = "triton_index"
+
+    def __init__(self, body: bytes = b"[]") -> None:
+        self.body = body
+
+    def collect(self, timeout: float) -> Collected:
+        return Collected(index=parse_index(self.body))
+
+    def close(self) -> None:
+        pass
