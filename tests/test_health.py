@@ -73,9 +73,7 @@ def test_flags_win_over_environment_and_bad_values_are_usage_errors(capsys: pyte
     opts = health.options([], env)
     assert (opts.url, opts.models, opts.ignore, opts.smoke, opts.deadline) == (
         "http://triton:8000", [("a", None), ("b", "2")], [("c", None)], [], 3.0)  # fmt: skip
-    opts = health.options(
-        ["--url", "http://x:1", "--models", "m@x.v2+b/1", "--deadline", "1.5", "--no-smoke"], env
-    )
+    opts = health.options(["--url", "http://x:1", "--models", "m@x.v2+b/1", "--deadline", "1.5", "--no-smoke"], env)
     assert (opts.url, opts.models, opts.deadline, opts.smoke) == (
         "http://x:1",
         [("m@x.v2+b", "1")],
@@ -139,9 +137,7 @@ def test_trickling_server_cannot_stretch_the_deadline() -> None:
     threading.Thread(target=trickle, daemon=True).start()
     try:
         t0 = time.monotonic()
-        code = health.main(
-            ["--url", f"http://127.0.0.1:{srv.getsockname()[1]}", "--deadline", "1", "--quiet"]
-        )
+        code = health.main(["--url", f"http://127.0.0.1:{srv.getsockname()[1]}", "--deadline", "1", "--quiet"])
         assert code == 1
         assert time.monotonic() - t0 < 1.3
     finally:
@@ -203,6 +199,8 @@ def test_model_whose_inference_fails_is_unhealthy(triton: TritonServer) -> None:
     # asked for one model only: the others are not smoke-tested
     code, doc = json_probe("--url", triton.url, "--models", "add,fails", "--smoke", "add")
     assert code == 0 and [c["model"] for c in doc["checks"] if c["check"] == "smoke"] == ["add"]
+    code, out, _ = run_probe("--url", triton.url, "--models", "add", "--smoke", "text")
+    assert code == 1 and "'text'" in out and "not among the required models" in out
 
 
 @pytest.mark.triton
@@ -269,7 +267,7 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        time.sleep(4)
+        time.sleep(6)
 
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", x(r))]) for r in requests]
@@ -293,11 +291,15 @@ def test_model_still_loading_is_reported_as_loading(tmp_path: Path) -> None:
         loader = threading.Thread(target=server.load, args=("sleepy",))
         loader.start()
         # A request that reaches Triton right after a load call can wait for that load to finish
-        # (seen on 2.51); poll with a long timeout so the test is not caught by it.
-        deadline = time.monotonic() + 10
+        # (seen on 2.51); give up on such a request and poll again on a new connection.
+        deadline = time.monotonic() + 5
+        index: object = None
         while True:
-            index = server.request("POST", "/v2/repository/index", {}, timeout=10)[1]
-            if any(v["name"] == "sleepy" and v.get("state") == "LOADING" for v in index):
+            try:
+                index = server.request("POST", "/v2/repository/index", {}, timeout=0.5)[1]
+            except OSError:
+                index = None
+            if any(v["name"] == "sleepy" and v.get("state") == "LOADING" for v in index or []):
                 break
             assert time.monotonic() < deadline, index
             time.sleep(0.05)
@@ -325,7 +327,7 @@ class TritonPythonModel:
         return None
 """
 SEQUENCE_CONFIG = SLEEPY_CONFIG + "sequence_batching { }\n"
-ECHO_CODE = SLEEPY_CODE.replace("time.sleep(4)", "pass")
+ECHO_CODE = SLEEPY_CODE.replace("time.sleep(6)", "pass")
 NON_ASCII = "modèle-ü"
 
 
@@ -338,9 +340,7 @@ def odd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServe
         clone_model(repo, "add", name)
     add_model(repo, "stream", DECOUPLED_CONFIG, DECOUPLED_CODE)
     add_model(repo, "seq", SEQUENCE_CONFIG, ECHO_CODE)
-    add_model(
-        repo, "mute", SLEEPY_CONFIG, ECHO_CODE.replace('Tensor("Y"', 'Tensor("Z"')
-    )  # no declared output
+    add_model(repo, "mute", SLEEPY_CONFIG, ECHO_CODE.replace('Tensor("Y"', 'Tensor("Z"'))  # no declared output
     server = TritonServer(repo, workdir=work)
     server.start()
     yield server
