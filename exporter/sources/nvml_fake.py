@@ -1,0 +1,440 @@
+"""A faithful in-process stand-in for the ``pynvml`` calls the NVML source makes.
+
+Why: no GPU exists where the tests and benchmarks run, and a mock that
+returns whatever the test wants proves nothing. This fake keeps pynvml's
+contract: the same function names and parameters (tests/test_nvml.py checks
+them against the installed pynvml), the same return types (pynvml's own
+ctypes structures where pynvml returns one), and failures raised as the real
+``pynvml.NVMLError`` subclasses built from the real error codes. Constants
+and error classes are pynvml's own, forwarded unchanged.
+
+Behaviour modelled on NVML's documentation: every call before ``nvmlInit``
+raises Uninitialized; init is reference-counted; a lost GPU answers
+GPU_IS_LOST to every device query; ``nvmlEventSetWait`` with nothing pending
+raises Timeout; ``old_driver=True`` makes the newer entry points raise
+FunctionNotFound as an older ``libnvidia-ml.so`` does.
+
+Scenarios are plain functions at the bottom (``two_healthy()`` ...).
+"""
+
+from __future__ import annotations
+
+import types
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+_NOT_FORWARDED = (types.FunctionType, types.BuiltinFunctionType)
+
+
+def _err(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+@dataclass
+class FakeGpu:
+    """One physical GPU's state. ``None`` for an optional field means the device does not support it."""
+
+    uuid: str
+    name: str = "NVIDIA A10G"
+    pci_bus_id: str = "00000000:00:1E.0"
+    util_gpu: int = 40
+    util_mem: int = 20
+    mem_total: int = 24 * 1024**3
+    mem_used: int = 6 * 1024**3
+    mem_reserved: int = 300 * 1024**2
+    power_mw: int = 120_500
+    power_limit_mw: int = 300_000
+    energy_mj: int = 1_000_000
+    temp_gpu: int = 55
+    temp_mem: int | None = None  # HBM boards only; GDDR boards report NOT_SUPPORTED
+    clock_sm: int = 1710
+    clock_mem: int = 6251
+    clock_reasons: int = 0
+    ecc: tuple[int, int] | None = (0, 0)  # (corrected, uncorrected) volatile; None: ECC off
+    remapped: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # Ampere and later
+    pcie_replay: int = 0
+    mig: tuple[int, int] | None = None  # (current, pending); None: MIG not supported
+    mig_devices: list[str] = field(default_factory=list)  # MIG device UUIDs when MIG is on
+    lost: bool = False
+    not_supported: set[str] = field(default_factory=set)  # function names answering NOT_SUPPORTED
+    failing: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
+
+
+@dataclass(frozen=True)
+class FakeHandle:
+    """What ``nvmlDeviceGetHandleByIndex`` returns: opaque to the caller, hashable."""
+
+    index: int
+    mig: int | None = None  # MIG slot on the parent, for MIG device handles
+
+
+@dataclass
+class FakeEventData:
+    """Same attributes as ``pynvml.c_nvmlEventData_t``."""
+
+    device: FakeHandle
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
+
+
+@dataclass
+class _EventSet:
+    registered: dict[int, int] = field(default_factory=dict)  # gpu index -> event type mask
+    pending: deque[FakeEventData] = field(default_factory=deque)
+    freed: bool = False
+
+
+class FakeNvml:
+    """Module-like: use it wherever the ``pynvml`` module is expected."""
+
+    NEW_FUNCTIONS = frozenset({
+        "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetTemperatureV", "nvmlDeviceGetMemoryInfo_v2",
+    })
+
+    def __init__(
+        self, gpus: list[FakeGpu] | None = None, *, library: bool = True, init_error: int | None = None,
+        driver_version: str = "550.127.05", old_driver: bool = False,
+    ) -> None:
+        self.gpus = list(gpus or [])
+        self.library = library
+        self.init_error = init_error
+        self.driver_version = driver_version
+        self.old_driver = old_driver
+        self.refcount = 0
+        self.calls = 0
+        self.inits = 0
+        self.shutdowns = 0
+        self.event_sets: list[_EventSet] = []
+
+    def __getattr__(self, name: str) -> Any:
+        # Constants, structures and error classes are pynvml's own; functions are never forwarded,
+        # so a function this fake lacks fails loudly instead of reaching the real library.
+        value = getattr(pynvml, name)
+        if isinstance(value, _NOT_FORWARDED):
+            raise AttributeError(f"FakeNvml does not implement {name}")
+        return value
+
+    # --- scenario controls -------------------------------------------------------------------
+
+    def advance(self, seconds: float) -> None:
+        """Time passes under load: energy accumulates at the current power draw."""
+        for g in self.gpus:
+            g.energy_mj += int(g.power_mw * seconds)
+
+    def lose(self, index: int) -> None:
+        self.gpus[index].lost = True
+
+    def inject_xid(self, index: int, xid: int, gpu_instance: int = 0xFFFFFFFF) -> None:
+        """A critical XID on GPU ``index``: queued on every event set that registered for it."""
+        for s in self.event_sets:
+            if not s.freed and s.registered.get(index, 0) & pynvml.nvmlEventTypeXidCriticalError:
+                s.pending.append(FakeEventData(FakeHandle(index), pynvml.nvmlEventTypeXidCriticalError, xid,
+                                               gpu_instance))
+
+    def reset_counters(self) -> None:
+        """Driver reload or GPU reset: energy, volatile ECC and PCIe replay counters restart from zero."""
+        for g in self.gpus:
+            g.energy_mj = 0
+            g.pcie_replay = 0
+            if g.ecc is not None:
+                g.ecc = (0, 0)
+
+    def unload_driver(self) -> None:
+        """The kernel module goes away: every call fails as NVML reports it."""
+        self.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+
+    def load_driver(self) -> None:
+        self.init_error = None
+
+    # --- plumbing ----------------------------------------------------------------------------
+
+    def _enter(self, fn: str) -> None:
+        self.calls += 1
+        if not self.library:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        if self.old_driver and fn in self.NEW_FUNCTIONS:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if self.refcount == 0:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        if self.init_error is not None:  # driver went away after init
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED if self.init_error == pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+                       else self.init_error)
+
+    def _gpu(self, handle: FakeHandle, fn: str) -> FakeGpu:
+        self._enter(fn)
+        if not isinstance(handle, FakeHandle) or not 0 <= handle.index < len(self.gpus):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        g = self.gpus[handle.index]
+        if g.lost:
+            raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if fn in g.failing:
+            raise _err(g.failing[fn])
+        if fn in g.not_supported:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return g
+
+    # --- library -----------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.calls += 1
+        if not self.library:
+            raise _err(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+        if self.init_error is not None:
+            raise _err(self.init_error)
+        self.refcount += 1
+        self.inits += 1
+
+    def nvmlShutdown(self) -> None:
+        self.calls += 1
+        if self.refcount == 0:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        self.refcount -= 1
+        self.shutdowns += 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._enter("nvmlSystemGetDriverVersion")
+        return self.driver_version
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if "nvmlDeviceGetHandleByIndex" in self.gpus[index].failing:
+            raise _err(self.gpus[index].failing["nvmlDeviceGetHandleByIndex"])
+        return FakeHandle(index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeHandle:
+        self._enter("nvmlDeviceGetHandleByUUID")
+        for i, g in enumerate(self.gpus):
+            if g.uuid == uuid:
+                return FakeHandle(i)
+            if uuid in g.mig_devices:
+                return FakeHandle(i, g.mig_devices.index(uuid))
+        raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: FakeHandle) -> FakeHandle:
+        self._enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
+        if migDevice.mig is None:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return FakeHandle(migDevice.index)
+
+    # --- identity ----------------------------------------------------------------------------
+
+    def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:
+        g = self._gpu(handle, "nvmlDeviceGetUUID")
+        return g.mig_devices[handle.mig] if handle.mig is not None else g.uuid
+
+    def nvmlDeviceGetName(self, handle: FakeHandle) -> str:
+        return self._gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetIndex(self, handle: FakeHandle) -> int:
+        self._gpu(handle, "nvmlDeviceGetIndex")
+        return handle.index
+
+    def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> pynvml.nvmlPciInfo_t:
+        g = self._gpu(handle, "nvmlDeviceGetPciInfo")
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = g.pci_bus_id.encode()  # pynvml hands back bytes here (no str conversion)
+        info.busIdLegacy = g.pci_bus_id.encode()
+        return info
+
+    def nvmlDeviceGetMigMode(self, device: FakeHandle) -> list[int]:
+        g = self._gpu(device, "nvmlDeviceGetMigMode")
+        if g.mig is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [g.mig[0], g.mig[1]]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: FakeHandle) -> int:
+        g = self._gpu(device, "nvmlDeviceGetMaxMigDeviceCount")
+        if g.mig is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: FakeHandle, index: int) -> FakeHandle:
+        g = self._gpu(device, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if g.mig is None or not g.mig[0]:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not 0 <= index < len(g.mig_devices):
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return FakeHandle(device.index, index)
+
+    # --- telemetry ---------------------------------------------------------------------------
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> pynvml.c_nvmlUtilization_t:
+        g = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        if g.mig and g.mig[0]:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)  # NVML: not available on a MIG-enabled parent
+        return pynvml.c_nvmlUtilization_t(gpu=g.util_gpu, memory=g.util_mem)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> Any:
+        g = self._gpu(handle, "nvmlDeviceGetMemoryInfo_v2" if version else "nvmlDeviceGetMemoryInfo")
+        free = g.mem_total - g.mem_used - g.mem_reserved
+        if not version:
+            # v1 counts the driver's reservation as used
+            return pynvml.c_nvmlMemory_t(total=g.mem_total, free=free, used=g.mem_used + g.mem_reserved)
+        return pynvml.c_nvmlMemory_v2_t(version=version, total=g.mem_total, reserved=g.mem_reserved, free=free,
+                                        used=g.mem_used)
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeHandle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPowerUsage").power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeHandle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeHandle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetTotalEnergyConsumption").energy_mj
+
+    def nvmlDeviceGetTemperature(self, handle: FakeHandle, sensor: int) -> int:
+        g = self._gpu(handle, "nvmlDeviceGetTemperature")
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return g.temp_gpu
+
+    def nvmlDeviceGetTemperatureV(
+        self, handle: FakeHandle, sensor: int, version: int = pynvml.nvmlTemperature_v1
+    ) -> int:
+        g = self._gpu(handle, "nvmlDeviceGetTemperatureV")
+        if version != pynvml.nvmlTemperature_v1:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return g.temp_gpu
+
+    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: list[int]) -> Any:
+        g = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        for i, fid in enumerate(fieldIds):
+            values[i].fieldId = fid
+            if fid == pynvml.NVML_FI_DEV_MEMORY_TEMP and g.temp_mem is not None:
+                values[i].nvmlReturn = pynvml.NVML_SUCCESS
+                values[i].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                values[i].value.uiVal = g.temp_mem
+            else:
+                values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED  # per-field status, call succeeds
+        return values
+
+    def nvmlDeviceGetClockInfo(self, handle: FakeHandle, type: int) -> int:
+        g = self._gpu(handle, "nvmlDeviceGetClockInfo")
+        if type == pynvml.NVML_CLOCK_SM:
+            return g.clock_sm
+        if type == pynvml.NVML_CLOCK_MEM:
+            return g.clock_mem
+        raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeHandle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeHandle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_reasons
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: FakeHandle, errorType: int, counterType: int) -> int:
+        g = self._gpu(handle, "nvmlDeviceGetTotalEccErrors")
+        if g.ecc is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if counterType != pynvml.NVML_VOLATILE_ECC:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)  # only volatile counters are modelled
+        return g.ecc[0] if errorType == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED else g.ecc[1]
+
+    def nvmlDeviceGetRemappedRows(self, device: FakeHandle) -> tuple[int, int, int, int]:
+        g = self._gpu(device, "nvmlDeviceGetRemappedRows")
+        if g.remapped is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return g.remapped
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: FakeHandle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replay
+
+    # --- events ------------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._enter("nvmlEventSetCreate")
+        s = _EventSet()
+        self.event_sets.append(s)
+        return s
+
+    def nvmlDeviceRegisterEvents(self, handle: FakeHandle, eventTypes: int, eventSet: _EventSet) -> None:
+        self._gpu(handle, "nvmlDeviceRegisterEvents")
+        eventSet.registered[handle.index] = eventSet.registered.get(handle.index, 0) | eventTypes
+
+    def nvmlEventSetWait(self, eventSet: _EventSet, timeoutms: int) -> FakeEventData:
+        self._enter("nvmlEventSetWait")
+        if eventSet.freed:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not eventSet.pending:
+            raise _err(pynvml.NVML_ERROR_TIMEOUT)  # with timeout 0: nothing waiting, returns at once
+        return eventSet.pending.popleft()
+
+    def nvmlEventSetFree(self, eventSet: _EventSet) -> None:
+        self._enter("nvmlEventSetFree")
+        eventSet.freed = True
+
+
+# --- scenarios -----------------------------------------------------------------------------------
+
+UUIDS = [f"GPU-{i:08x}-1111-2222-3333-44445555{i:04x}" for i in range(16)]
+
+
+def gpus(n: int) -> list[FakeGpu]:
+    return [FakeGpu(UUIDS[i], pci_bus_id=f"00000000:{0x10 + i:02X}:00.0", util_gpu=10 + i, temp_gpu=40 + i)
+            for i in range(n)]
+
+
+def two_healthy() -> FakeNvml:
+    return FakeNvml(gpus(2))
+
+
+def eight_gpus() -> FakeNvml:
+    return FakeNvml(gpus(8))
+
+
+def field_not_supported() -> FakeNvml:
+    """GPU 1 has no power readings and ECC off (a GDDR board); GPU 0 is complete."""
+    fake = FakeNvml(gpus(2))
+    fake.gpus[1].not_supported |= {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEnergyConsumption"}
+    fake.gpus[1].ecc = None
+    fake.gpus[1].remapped = None
+    return fake
+
+
+def gpu_lost() -> FakeNvml:
+    """Two GPUs; call ``fake.lose(1)`` to make GPU 1 fall off the bus."""
+    return FakeNvml(gpus(2))
+
+
+def library_missing() -> FakeNvml:
+    return FakeNvml(gpus(2), library=False)
+
+
+def xid_events() -> FakeNvml:
+    """Two GPUs; call ``fake.inject_xid(i, code)`` for each event."""
+    return FakeNvml(gpus(2))
+
+
+def driver_reload() -> FakeNvml:
+    """Two GPUs with counters that have run a while; ``reset_counters()`` models the reload."""
+    fake = FakeNvml(gpus(2))
+    for g in fake.gpus:
+        g.energy_mj = 50_000_000
+        g.ecc = (7, 0)
+        g.pcie_replay = 3
+    return fake
+
+
+def mig_enabled() -> FakeNvml:
+    """GPU 0 an A100 in MIG mode with two instances; GPU 1 an A100 with MIG off."""
+    fake = FakeNvml(gpus(2))
+    for g in fake.gpus:
+        g.name, g.temp_mem, g.mem_total = "NVIDIA A100-SXM4-40GB", 48, 40 * 1024**3
+    fake.gpus[0].mig = (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE)
+    fake.gpus[0].mig_devices = ["MIG-aaaaaaaa-0000-0000-0000-000000000001", "MIG-aaaaaaaa-0000-0000-0000-000000000002"]
+    fake.gpus[1].mig = (0, 0)
+    return fake
