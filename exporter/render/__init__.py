@@ -1,0 +1,119 @@
+"""``python -m exporter render``: dashboards, alarms, scaling and docs/metrics.md from the catalog.
+
+The output is committed; tests/test_render.py renders again with the
+defaults and fails when the committed files differ, so a catalog change
+that breaks a widget or an alarm shows up in review, not in production.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import alarms, dashboard, docsgen, template
+from .options import Options
+
+GENERATED_DIRS = ("dashboards", "alarms")
+
+
+def render(opts: Options) -> dict[str, str]:
+    """Relative path -> file text, for everything the command writes."""
+    files: dict[str, str] = {
+        "dashboards/triton.json": json.dumps(dashboard.build(opts), indent=2) + "\n",
+        "alarms/triton-alarms.template.json": json.dumps(template.build(opts), indent=2) + "\n",
+        "docs/metrics.md": docsgen.metrics_markdown(opts.namespace),
+    }
+    for rel, text in alarms.cli_files(opts).items():
+        files[f"alarms/cli/{rel}"] = text
+    return files
+
+
+def stale_files(root: Path, files: dict[str, str]) -> list[Path]:
+    """Files under the generated directories that this render would not write (left from older options)."""
+    out = []
+    for d in GENERATED_DIRS:
+        base = root / d
+        if base.is_dir():
+            out += [p for p in sorted(base.rglob("*")) if p.is_file() and p.relative_to(root).as_posix() not in files]
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = Options()
+    p = argparse.ArgumentParser(prog="python -m exporter render",
+                                description="Write dashboards/, alarms/ and docs/metrics.md from the metric catalog.")
+    p.add_argument("--out", default=".", help="directory to write into (default: current directory)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ from a render")
+    p.add_argument("--namespace", default=d.namespace, help=f"CloudWatch namespace (default: {d.namespace})")
+    p.add_argument("--region", default=d.region, help=f"region of the dashboard widgets (default: {d.region})")
+    p.add_argument("--account-id", default=d.account_id,
+                   help=f"account of the alarm ARNs in dashboards/triton.json (default: {d.account_id}, a "
+                   "placeholder; the CloudFormation template fills in its own account)")
+    p.add_argument("--cluster", default=d.cluster, help=f"ECS cluster name (default: {d.cluster})")
+    p.add_argument("--service", default=d.service, help=f"ECS service name (default: {d.service})")
+    p.add_argument("--alarm-prefix", default=d.alarm_prefix, help=f"alarm name prefix (default: {d.alarm_prefix})")
+    p.add_argument("--dashboard-name", default=d.dashboard_name, help=f"(default: {d.dashboard_name})")
+    p.add_argument("--sns-topic-arn", default=d.sns_topic_arn, help="SNS topic for notifications (default: none)")
+    p.add_argument("--log-group-prefix", default=d.log_group_prefix,
+                   help=f"Fluent Bit log group prefix (default: {d.log_group_prefix})")
+    p.add_argument("--model", action="append", default=[], dest="models", metavar="NAME",
+                   help="also render named alarms and a per-model log widget for this model (repeatable)")
+    p.add_argument("--failure-threshold", type=float, default=d.failure_threshold,
+                   help=f"failed requests per model in 5 minutes (default: {d.failure_threshold:g})")
+    p.add_argument("--latency-slo-ms", type=float, default=d.latency_slo_ms,
+                   help=f"p95 latency SLO per model in ms (default: {d.latency_slo_ms:g})")
+    p.add_argument("--gpu-scale-out", type=float, default=d.gpu_scale_out,
+                   help=f"GPU utilization %% that adds a task after 5 min (default: {d.gpu_scale_out:g})")
+    p.add_argument("--gpu-scale-in", type=float, default=d.gpu_scale_in,
+                   help=f"GPU utilization %% that removes a task after 15 min (default: {d.gpu_scale_in:g})")
+    p.add_argument("--gpu-memory", type=float, default=d.gpu_memory,
+                   help=f"GPU memory used %% that alarms and adds a task after 10 min (default: {d.gpu_memory:g})")
+    p.add_argument("--load-success-rate", type=float, default=d.load_success_rate,
+                   help=f"alarm below this model load success %% (default: {d.load_success_rate:g})")
+    p.add_argument("--min-capacity", type=int, default=d.min_capacity, help=f"(default: {d.min_capacity})")
+    p.add_argument("--max-capacity", type=int, default=d.max_capacity, help=f"(default: {d.max_capacity})")
+    return p
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    fields = {k: v for k, v in vars(args).items() if k not in ("out", "check")}
+    fields["models"] = tuple(dict.fromkeys(fields["models"]))
+    opts = Options(**fields)
+    if not 0 < opts.gpu_scale_in < opts.gpu_scale_out <= 100:
+        raise ValueError("need 0 < --gpu-scale-in < --gpu-scale-out <= 100")
+    if not 0 <= opts.min_capacity <= opts.max_capacity or opts.max_capacity < 1:
+        raise ValueError("need 0 <= --min-capacity <= --max-capacity and --max-capacity >= 1")
+    return opts
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    try:
+        opts = options_from(args)
+        files = render(opts)
+    except (ValueError, KeyError) as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    root = Path(args.out)
+    differ = [rel for rel, text in files.items()
+              if not (root / rel).is_file() or (root / rel).read_text(encoding="utf-8") != text]
+    stale = stale_files(root, files)
+    if args.check:
+        for rel in differ:
+            sys.stdout.write(f"differs: {rel}\n")
+        for p in stale:
+            sys.stdout.write(f"stale: {p.relative_to(root)}\n")
+        return 1 if differ or stale else 0
+    for rel in differ:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(files[rel], encoding="utf-8")
+        if rel.endswith(".sh"):
+            path.chmod(0o755)
+    for p in stale:
+        p.unlink()
+    sys.stdout.write(f"{len(files)} files, {len(differ)} written, {len(stale)} stale removed under {root}/\n")
+    return 0

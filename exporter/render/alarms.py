@@ -1,0 +1,295 @@
+"""Alarms and ECS step scaling, as parameterised specs in the API's own shapes.
+
+One spec per alarm, written once in ``PutMetricAlarm`` shape with
+``${Param}`` tokens in strings and :class:`Ref` for numbers. The CLI files
+resolve them to the render options; the CloudFormation template keeps them
+as parameters (``AWS::CloudWatch::Alarm`` takes the same property names).
+
+Per-model alarms: alarms cannot use SEARCH, so they are Metrics Insights
+query alarms with ``GROUP BY model`` on the catalog's ``model`` rollup: each
+model is its own contributor, evaluated on its own, and a model deployed
+later is covered without touching the alarm. botocore's PutMetricAlarm
+model accepts it (``Metrics[].Expression``, ``Period``), tests check that.
+``--model NAME`` also renders classic single-metric alarms for named models
+(for accounts that prefer named alarms or hit the 200 Metrics Insights
+alarms per region quota).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..catalog import BY_NAME
+from ..emf import safe_dimension_value
+from .options import Options
+
+LATENCY_PERIOD = 60
+LATENCY_POINTS = 5  # p95 above the SLO for 5 minutes
+FAILURE_PERIOD = 300  # failures per model in 5 minutes
+COOLDOWN = 300
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A CloudFormation parameter (numbers); strings carry ``${Name}`` tokens instead."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Param:
+    type: str
+    description: str
+    min: float | None = None
+    max: float | None = None
+    allowed: tuple[str, ...] = ()
+
+
+PARAMETERS: dict[str, Param] = {
+    "Namespace": Param("String", "CloudWatch namespace the exporter writes (AWS_EMF_NAMESPACE); one per ECS service"),
+    "AlarmNamePrefix": Param("String", "Prefix of every alarm and scaling policy name"),
+    "AlarmTopicArn": Param("String", "SNS topic for alarm notifications; empty for none"),
+    "ClusterName": Param("String", "ECS cluster of the Triton service"),
+    "ServiceName": Param("String", "ECS service running Triton and the exporter"),
+    "LogGroupPrefix": Param("String", "Fluent Bit log group prefix (TRITON_LOG_GROUP_PREFIX)"),
+    "DashboardName": Param("String", "Name of the CloudWatch dashboard"),
+    "CreateDashboard": Param("String", "Create the dashboard", allowed=("true", "false")),
+    "EnableScaling": Param("String", "Create the scalable target, scaling policies and scaling alarms",
+                           allowed=("true", "false")),
+    "FailureThreshold": Param("Number", "Alarm when a model has more failed requests than this in 5 minutes", 0),
+    "LatencySloMicroseconds": Param("Number", "p95 latency SLO per model, microseconds", 0),
+    "LoadSuccessRateThreshold": Param("Number", "Alarm when the model load success rate is below this percent",
+                                      0, 100),
+    "GpuMemoryThreshold": Param("Number", "GPU memory used percent that alarms and adds a task (10 minutes)",
+                                0, 100),
+    "GpuScaleOutUtilization": Param("Number", "Service GPU utilization percent that adds a task (5 minutes)",
+                                    0, 100),
+    "GpuScaleInUtilization": Param("Number", "Service GPU utilization percent that removes a task (15 minutes)",
+                                   0, 100),
+    "MinCapacity": Param("Number", "Fewest tasks scaling may leave", 0),
+    "MaxCapacity": Param("Number", "Most tasks scaling may start", 1),
+}
+
+
+def parameter_values(opts: Options) -> dict[str, Any]:
+    return {
+        "Namespace": opts.namespace, "AlarmNamePrefix": opts.alarm_prefix, "AlarmTopicArn": opts.sns_topic_arn,
+        "ClusterName": opts.cluster, "ServiceName": opts.service, "LogGroupPrefix": opts.log_group_prefix,
+        "DashboardName": opts.dashboard_name, "CreateDashboard": "true", "EnableScaling": "true",
+        "FailureThreshold": opts.failure_threshold, "LatencySloMicroseconds": opts.latency_slo_us,
+        "LoadSuccessRateThreshold": opts.load_success_rate, "GpuMemoryThreshold": opts.gpu_memory,
+        "GpuScaleOutUtilization": opts.gpu_scale_out, "GpuScaleInUtilization": opts.gpu_scale_in,
+        "MinCapacity": opts.min_capacity, "MaxCapacity": opts.max_capacity,
+    }
+
+
+def _check(name: str, dims: tuple[str, ...]) -> str:
+    metric = BY_NAME[name]
+    if dims not in metric.dimension_sets:
+        raise KeyError(f"{name} is not emitted with dimensions {list(dims)}")
+    return name
+
+
+def _classic(suffix: str, description: str, name: str, dims: dict[str, str], stat: str, period: int,
+             points: int, threshold: Ref | float, op: str, missing: str, actions: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "_file": suffix, "_actions": actions,
+        "AlarmName": f"${{AlarmNamePrefix}}-{suffix}", "AlarmDescription": description,
+        "Namespace": "${Namespace}", "MetricName": _check(name, tuple(dims)),
+        "Dimensions": [{"Name": k, "Value": v} for k, v in dims.items()],
+        "Statistic": stat, "Period": period, "EvaluationPeriods": points, "DatapointsToAlarm": points,
+        "Threshold": threshold, "ComparisonOperator": op, "TreatMissingData": missing,
+    }
+
+
+def _insights(suffix: str, description: str, func: str, name: str, period: int, points: int,
+              threshold: Ref, label: str) -> dict[str, Any]:
+    query = (f'SELECT {func}({_check(name, ("model",))}) FROM SCHEMA("${{Namespace}}", model) '
+             f"GROUP BY model ORDER BY {func}() DESC")
+    return {
+        "_file": suffix, "_actions": ("notify",),
+        "AlarmName": f"${{AlarmNamePrefix}}-{suffix}", "AlarmDescription": description,
+        "Metrics": [{"Id": "q1", "Expression": query, "Period": period, "Label": label, "ReturnData": True}],
+        "EvaluationPeriods": points, "DatapointsToAlarm": points, "Threshold": threshold,
+        "ComparisonOperator": "GreaterThanThreshold", "TreatMissingData": "notBreaching",
+    }
+
+
+def model_slug(model: str) -> str:
+    """File- and id-safe form of a model name; a hash keeps two names that clean alike apart."""
+    slug = "-".join(re.findall(r"[A-Za-z0-9]+", model))[:60]
+    return slug if slug == model else f"{slug}-{hashlib.sha256(model.encode()).hexdigest()[:6]}".lstrip("-")
+
+
+def alarm_specs(opts: Options) -> list[dict[str, Any]]:
+    """Every alarm, fleet-wide first. Keys starting with ``_`` are render metadata, not API fields."""
+    specs = [
+        _insights("model-failures",
+                  "A model had more failed inference requests than FailureThreshold in 5 minutes "
+                  "(each model is its own contributor; Metrics Insights GROUP BY model).",
+                  "SUM", "RequestFailure", FAILURE_PERIOD, 1, Ref("FailureThreshold"), "failed requests"),
+        _insights("model-latency-p95",
+                  "A model's p95 request latency (worst task) stayed above LatencySloMicroseconds for 5 minutes.",
+                  "MAX", "RequestLatencyP95", LATENCY_PERIOD, LATENCY_POINTS, Ref("LatencySloMicroseconds"),
+                  "p95 latency (us)"),
+        _classic("model-load-failed", "A model version failed to load: load success rate below "
+                 "LoadSuccessRateThreshold percent on some task for 3 minutes.",
+                 "ModelLoadSuccessRate", {}, "Minimum", 60, 3, Ref("LoadSuccessRateThreshold"),
+                 "LessThanThreshold", "notBreaching", ("notify",)),
+        _classic("exporter-heartbeat-missing", "No exporter heartbeat for 5 minutes: the exporter, its log route "
+                 "or the whole service is down. Missing data is breaching: silence is a failure.",
+                 "ExporterHeartbeat", {}, "Sum", 60, 5, 1.0, "LessThanThreshold", "breaching", ("notify",)),
+        _classic("gpu-memory-high", "GPU memory above GpuMemoryThreshold percent on some GPU for 10 minutes; "
+                 "also adds a task when scaling is enabled.",
+                 "GpuMemoryUsedPercent", {}, "Maximum", 60, 10, Ref("GpuMemoryThreshold"),
+                 "GreaterThanThreshold", "notBreaching", ("notify", "scale_out_memory")),
+        _classic("gpu-utilization-high", "Service GPU utilization above GpuScaleOutUtilization for 5 minutes: "
+                 "add a task.", "GpuUtilization", {}, "Average", 60, 5, Ref("GpuScaleOutUtilization"),
+                 "GreaterThanThreshold", "notBreaching", ("scale_out",)),
+        _classic("gpu-utilization-low", "Service GPU utilization below GpuScaleInUtilization for 15 minutes: "
+                 "remove a task.", "GpuUtilization", {}, "Average", 60, 15, Ref("GpuScaleInUtilization"),
+                 "LessThanThreshold", "notBreaching", ("scale_in",)),
+    ]
+    for model in opts.models:
+        dim = {"model": safe_dimension_value(model).value}
+        slug = model_slug(model)
+        specs.append(_classic(f"model-{slug}-failures", f"Model {model}: failed requests above FailureThreshold "
+                              "in 5 minutes.", "RequestFailure", dim, "Sum", FAILURE_PERIOD, 1,
+                              Ref("FailureThreshold"), "GreaterThanThreshold", "notBreaching", ("notify",)))
+        specs.append(_classic(f"model-{slug}-latency-p95", f"Model {model}: p95 latency above "
+                              "LatencySloMicroseconds for 5 minutes.", "RequestLatencyP95", dim, "Maximum",
+                              LATENCY_PERIOD, LATENCY_POINTS, Ref("LatencySloMicroseconds"),
+                              "GreaterThanThreshold", "notBreaching", ("notify",)))
+    return specs
+
+
+SCALING_ACTIONS = ("scale_out", "scale_in", "scale_out_memory")
+
+
+def scaling_specs() -> dict[str, Any]:
+    """The scalable target and step policies, in RegisterScalableTarget / PutScalingPolicy shapes."""
+    target = {"ServiceNamespace": "ecs", "ResourceId": "service/${ClusterName}/${ServiceName}",
+              "ScalableDimension": "ecs:service:DesiredCount",
+              "MinCapacity": Ref("MinCapacity"), "MaxCapacity": Ref("MaxCapacity")}
+
+    def policy(suffix: str, aggregation: str, step: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "PolicyName": f"${{AlarmNamePrefix}}-{suffix}", "ServiceNamespace": "ecs",
+            "ResourceId": "service/${ClusterName}/${ServiceName}", "ScalableDimension": "ecs:service:DesiredCount",
+            "PolicyType": "StepScaling",
+            "StepScalingPolicyConfiguration": {
+                "AdjustmentType": "ChangeInCapacity", "Cooldown": COOLDOWN, "MetricAggregationType": aggregation,
+                "StepAdjustments": [step],
+            },
+        }
+
+    # Step bounds are offsets from the alarm threshold: [0, +inf) above it, (-inf, 0] below it.
+    return {
+        "target": target,
+        "scale_out": policy("gpu-scale-out", "Average", {"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}),
+        "scale_in": policy("gpu-scale-in", "Average", {"MetricIntervalUpperBound": 0, "ScalingAdjustment": -1}),
+        "scale_out_memory": policy("gpu-memory-scale-out", "Maximum",
+                                   {"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}),
+    }
+
+
+# --- resolution to concrete values (CLI files) ----------------------------------------------------
+
+_TOKEN = re.compile(r"\$\{([A-Za-z0-9:]+)\}")
+
+
+def resolve(value: Any, values: dict[str, Any]) -> Any:
+    """Replace :class:`Ref` and ``${Name}`` tokens by the render option values."""
+    if isinstance(value, Ref):
+        return values[value.name]
+    if isinstance(value, str):
+        return _TOKEN.sub(lambda m: str(values[m.group(1)]), value)
+    if isinstance(value, list):
+        return [resolve(v, values) for v in value]
+    if isinstance(value, tuple):
+        return tuple(resolve(v, values) for v in value)
+    if isinstance(value, dict):
+        return {k: resolve(v, values) for k, v in value.items()}
+    return value
+
+
+def api_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if not k.startswith("_")}
+
+
+def alarm_names(opts: Options) -> list[str]:
+    values = parameter_values(opts)
+    return [resolve(s["AlarmName"], values) for s in alarm_specs(opts)]
+
+
+def cli_alarm(spec: dict[str, Any], opts: Options) -> dict[str, Any]:
+    """``aws cloudwatch put-metric-alarm --cli-input-json`` body.
+
+    Notification actions come from ``--sns-topic-arn``; scaling policy ARNs
+    exist only after ``put-scaling-policy``, so apply.sh passes them with
+    ``--alarm-actions`` (command-line values override the JSON file).
+    """
+    body = resolve(api_fields(spec), parameter_values(opts))
+    if opts.sns_topic_arn and "notify" in spec["_actions"]:
+        body["AlarmActions"] = [opts.sns_topic_arn]
+        body["OKActions"] = [opts.sns_topic_arn]
+    return body
+
+
+def cli_files(opts: Options) -> dict[str, str]:
+    """Relative path -> file text, under ``alarms/cli``."""
+    values = parameter_values(opts)
+    out: dict[str, str] = {}
+    scaling = scaling_specs()
+    out["scaling/register-scalable-target.json"] = _dump(resolve(scaling["target"], values))
+    for key in SCALING_ACTIONS:
+        out[f"scaling/policy-{key.replace('_', '-')}.json"] = _dump(resolve(scaling[key], values))
+    for spec in alarm_specs(opts):
+        sub = "scaling/" if set(spec["_actions"]) & set(SCALING_ACTIONS) else ""
+        out[f"{sub}alarm-{spec['_file']}.json"] = _dump(cli_alarm(spec, opts))
+    out["apply.sh"] = _apply_script(opts)
+    return out
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(obj, indent=2) + "\n"
+
+
+def _apply_script(opts: Options) -> str:
+    topic = opts.sns_topic_arn
+    lines = [
+        "#!/bin/sh",
+        "# Generated by `python -m exporter render`: do not edit, re-render.",
+        "# Creates the alarms and the ECS step scaling of docs/dashboards.md with the AWS CLI.",
+        "# Usage: alarms/cli/apply.sh [--no-scaling]   (region: AWS_REGION, else " + opts.region + ")",
+        "set -eu",
+        'cd "$(dirname "$0")"',
+        f'export AWS_REGION="${{AWS_REGION:-{opts.region}}}"',
+        "for f in alarm-*.json; do",
+        '  aws cloudwatch put-metric-alarm --cli-input-json "file://$f"',
+        "done",
+        'if [ "${1:-}" = "--no-scaling" ]; then',
+        "  aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-gpu-memory-high.json",
+        "  exit 0",
+        "fi",
+        "aws application-autoscaling register-scalable-target --cli-input-json "
+        "file://scaling/register-scalable-target.json",
+        "policy() {",
+        '  aws application-autoscaling put-scaling-policy --cli-input-json "file://scaling/policy-$1.json" '
+        "--query PolicyARN --output text",
+        "}",
+        "OUT=$(policy scale-out)",
+        "IN=$(policy scale-in)",
+        "MEM=$(policy scale-out-memory)",
+        'aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-gpu-utilization-high.json '
+        '--alarm-actions "$OUT"',
+        'aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-gpu-utilization-low.json '
+        '--alarm-actions "$IN"',
+        "aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-gpu-memory-high.json "
+        + (f'--alarm-actions "{topic}" "$MEM"' if topic else '--alarm-actions "$MEM"'),
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,152 @@
+"""The self-contained CloudFormation template: alarms, ECS step scaling and the dashboard.
+
+Built from the same specs as the CLI files (alarms.py) and the same
+dashboard builder, so the three cannot drift apart. Every value a user
+might change is a Parameter whose default is the render option, so
+deploy/ can include it as a nested stack and pass its own names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from typing import Any
+
+from . import dashboard
+from .alarms import PARAMETERS, SCALING_ACTIONS, Ref, alarm_specs, api_fields, parameter_values, scaling_specs
+from .options import Options
+
+_TOKEN = re.compile(r"\$\{[A-Za-z0-9:]+\}")
+
+# Dashboard values that become template parameters: render the body with unique stand-ins, then
+# swap each stand-in for a ${...} reference inside Fn::Sub.
+_STRING_STANDINS = {
+    "namespace": ("@@Namespace@@", "Namespace"),
+    "region": ("@@AWS::Region@@", "AWS::Region"),
+    "account_id": ("@@AWS::AccountId@@", "AWS::AccountId"),
+    "alarm_prefix": ("@@AlarmNamePrefix@@", "AlarmNamePrefix"),
+    "log_group_prefix": ("@@LogGroupPrefix@@", "LogGroupPrefix"),
+}
+_NUMBER_STANDINS = {  # distinctive values no real threshold has; json.dumps prints them exactly
+    "failure_threshold": (9.000000000000001e+300, "FailureThreshold"),
+    "load_success_rate": (9.000000000000002e+300, "LoadSuccessRateThreshold"),
+    "gpu_memory": (9.000000000000003e+300, "GpuMemoryThreshold"),
+    "gpu_scale_out": (9.000000000000004e+300, "GpuScaleOutUtilization"),
+    "gpu_scale_in": (9.000000000000005e+300, "GpuScaleInUtilization"),
+}
+_LATENCY_STANDIN = (7.7e+297, "LatencySloMicroseconds")  # x1000 in Options.latency_slo_us
+
+
+def _cfn(value: Any) -> Any:
+    if isinstance(value, Ref):
+        return {"Ref": value.name}
+    if isinstance(value, str):
+        return {"Fn::Sub": value} if _TOKEN.search(value) else value
+    if isinstance(value, list | tuple):
+        return [_cfn(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _cfn(v) for k, v in value.items()}
+    return value
+
+
+def _logical(prefix: str, suffix: str) -> str:
+    return prefix + "".join(p[:1].upper() + p[1:] for p in re.findall(r"[A-Za-z0-9]+", suffix))
+
+
+POLICY_IDS = {"scale_out": "GpuScaleOutPolicy", "scale_in": "GpuScaleInPolicy",
+              "scale_out_memory": "GpuMemoryScaleOutPolicy"}
+
+
+def _actions(kinds: tuple[str, ...]) -> dict[str, Any]:
+    topic = {"Ref": "AlarmTopicArn"}
+    none = {"Ref": "AWS::NoValue"}
+    scaling = [k for k in kinds if k in SCALING_ACTIONS]
+    notify = "notify" in kinds
+    out: dict[str, Any] = {}
+    if notify:
+        out["OKActions"] = {"Fn::If": ["HasTopic", [topic], none]}
+    if notify and scaling:
+        policy = {"Ref": POLICY_IDS[scaling[0]]}
+        out["AlarmActions"] = {"Fn::If": ["HasTopic",
+                                          {"Fn::If": ["ScalingEnabled", [topic, policy], [topic]]},
+                                          {"Fn::If": ["ScalingEnabled", [policy], none]}]}
+    elif notify:
+        out["AlarmActions"] = {"Fn::If": ["HasTopic", [topic], none]}
+    elif scaling:
+        out["AlarmActions"] = [{"Ref": POLICY_IDS[s]} for s in scaling]
+    return out
+
+
+def dashboard_body_sub(opts: Options) -> str:
+    """The dashboard body as a Fn::Sub string over the template's parameters."""
+    standins: dict[str, Any] = {k: v[0] for k, v in _STRING_STANDINS.items()}
+    standins |= {k: v[0] for k, v in _NUMBER_STANDINS.items()}
+    standins["latency_slo_ms"] = _LATENCY_STANDIN[0]
+    body = dashboard.build(replace(opts, **standins))
+    text = json.dumps(body, separators=(",", ":")).replace("${", "${!")
+    for standin, param in _STRING_STANDINS.values():
+        text = text.replace(standin, "${" + param + "}")
+    for number, param in [*_NUMBER_STANDINS.values(), (_LATENCY_STANDIN[0] * 1000.0, _LATENCY_STANDIN[1])]:
+        text = text.replace(json.dumps(number), "${" + param + "}")
+    if "@@" in text or "e+30" in text or "e+29" in text:
+        raise AssertionError("a dashboard stand-in was not replaced")
+    return text
+
+
+def build(opts: Options) -> dict[str, Any]:
+    values = parameter_values(opts)
+    params: dict[str, Any] = {}
+    for name, p in PARAMETERS.items():
+        entry: dict[str, Any] = {"Type": p.type, "Description": p.description}
+        default = values[name]
+        entry["Default"] = str(default) if p.type == "String" else default
+        if p.allowed:
+            entry["AllowedValues"] = list(p.allowed)
+        if p.min is not None:
+            entry["MinValue"] = p.min
+        if p.max is not None:
+            entry["MaxValue"] = p.max
+        params[name] = entry
+
+    resources: dict[str, Any] = {}
+    scaling = scaling_specs()
+    target = {k: v for k, v in scaling["target"].items()}
+    resources["ScalableTarget"] = {"Type": "AWS::ApplicationAutoScaling::ScalableTarget",
+                                   "Condition": "ScalingEnabled", "Properties": _cfn(target)}
+    for key, logical in POLICY_IDS.items():
+        pol = scaling[key]
+        resources[logical] = {
+            "Type": "AWS::ApplicationAutoScaling::ScalingPolicy", "Condition": "ScalingEnabled",
+            "Properties": _cfn({"PolicyName": pol["PolicyName"], "PolicyType": pol["PolicyType"],
+                                "ScalingTargetId": Ref("ScalableTarget"),
+                                "StepScalingPolicyConfiguration": pol["StepScalingPolicyConfiguration"]}),
+        }
+    for spec in alarm_specs(opts):
+        res: dict[str, Any] = {"Type": "AWS::CloudWatch::Alarm",
+                               "Properties": {**_cfn(api_fields(spec)), **_actions(spec["_actions"])}}
+        if spec["_actions"] and all(a in SCALING_ACTIONS for a in spec["_actions"]):
+            res["Condition"] = "ScalingEnabled"
+        resources[_logical("Alarm", spec["_file"])] = res
+    resources["Dashboard"] = {
+        "Type": "AWS::CloudWatch::Dashboard", "Condition": "DashboardEnabled",
+        "Properties": {"DashboardName": {"Ref": "DashboardName"},
+                       "DashboardBody": {"Fn::Sub": dashboard_body_sub(opts)}},
+    }
+    return {
+        "AWSTemplateFormatVersion": "2010-09-09",
+        "Description": "Triton exporter alarms, ECS GPU step scaling and dashboard; generated by "
+                       "`python -m exporter render` from the metric catalog. Do not edit, re-render.",
+        "Parameters": params,
+        "Conditions": {
+            "HasTopic": {"Fn::Not": [{"Fn::Equals": [{"Ref": "AlarmTopicArn"}, ""]}]},
+            "ScalingEnabled": {"Fn::Equals": [{"Ref": "EnableScaling"}, "true"]},
+            "DashboardEnabled": {"Fn::Equals": [{"Ref": "CreateDashboard"}, "true"]},
+        },
+        "Resources": resources,
+        "Outputs": {
+            "HeartbeatAlarmName": {"Value": {"Ref": "AlarmExporterHeartbeatMissing"}},
+            "ScalableTargetId": {"Condition": "ScalingEnabled", "Value": {"Ref": "ScalableTarget"}},
+            "DashboardName": {"Condition": "DashboardEnabled", "Value": {"Ref": "Dashboard"}},
+        },
+    }
