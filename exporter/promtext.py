@@ -187,10 +187,14 @@ class Parser:
         blocks: dict[tuple[int, int], set[str]] = {}
         n = len(text)
         for name in self.names:
-            span = families.get(name)
+            found = families.get(name)
+            span = found[:2] if found else None
             if span is None:
                 for suffix in _SUFFIXES:
-                    if name.endswith(suffix) and (span := families.get(name[: -len(suffix)])):
+                    # x_count/x_sum/x_bucket belong to family x only if x is a summary or histogram.
+                    parent = families.get(name[: -len(suffix)]) if name.endswith(suffix) else None
+                    if parent and parent[2] in ("summary", "histogram"):
+                        span = parent[:2]
                         break
             if span is None:
                 if not (text.startswith(name) or f"\n{name}" in text):
@@ -200,35 +204,30 @@ class Parser:
         return blocks
 
     @staticmethod
-    def _typed_families(text: str) -> dict[str, tuple[int, int]]:
-        """One pass over the comment lines: family -> (first sample line, end of block).
+    def _typed_families(text: str) -> dict[str, tuple[int, int, str]]:
+        """One pass over the comment lines: family -> (first sample line, end of block, type).
 
-        A block ends at the next HELP or TYPE line of another family; the
-        format keeps a family's samples together after its TYPE line.
+        The format keeps a family's samples together after its TYPE line, so
+        a block ends at the next TYPE line of another family. HELP lines do
+        not end a block: a garbled HELP line must not hide a family's samples.
         """
-        spans: dict[str, tuple[int, int]] = {}
-        current, start = None, 0
+        spans: dict[str, tuple[int, int, str]] = {}
+        current, start, kind = None, 0, ""
         pos = 0 if text.startswith("# ") else text.find("\n# ")
         while pos >= 0:
-            head = pos + (0 if pos == 0 and text.startswith("# ") else 1)
+            head = pos if pos == 0 and text.startswith("# ") else pos + 1
             line_end = text.find("\n", head)
             if line_end < 0:
                 line_end = len(text)
-            words = text[head + 2 : line_end].split(None, 2)
-            if len(words) >= 2 and words[0] in ("HELP", "TYPE") and words[1] != current:
-                if current is not None:
-                    spans.setdefault(current, (start, head))
-                current = None
-                if words[0] == "TYPE":
-                    current, start = words[1], line_end + 1
-            elif len(words) >= 2 and words[0] == "TYPE" and words[1] == current:
-                start = line_end + 1
+            words = text[head + 2 : line_end].split(None, 3)
+            if len(words) >= 2 and words[0] == "TYPE":
+                if current is not None and words[1] != current:
+                    spans.setdefault(current, (start, head, kind))
+                current, start = words[1], line_end + 1
+                kind = words[2] if len(words) > 2 else "untyped"
             pos = text.find("\n# ", line_end)
-            if words and words[0] == "HELP" and len(words) >= 2 and current is None:
-                # HELP before TYPE: the TYPE line follows; nothing to close yet.
-                pass
         if current is not None:
-            spans.setdefault(current, (start, len(text)))
+            spans.setdefault(current, (start, len(text), kind))
         return spans
 
     def parse(self, text: str) -> Exposition:

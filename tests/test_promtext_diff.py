@@ -1,0 +1,182 @@
+"""Differential test: our /metrics reader against prometheus_client, the reference.
+
+Hypothesis writes valid exposition text (escapes in label values, NaN/±Inf,
+timestamps, HELP/TYPE lines in either order, untyped families, blank lines,
+unicode) mixing the families the catalog wants with others; both parsers
+read it and must agree on every sample the catalog keeps.
+PROMTEXT_EXAMPLES raises the example count (the fuzz job uses 20000).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.catalog import wanted_series
+from exporter.promtext import Parser
+
+EXAMPLES = int(os.environ.get("PROMTEXT_EXAMPLES", "300"))
+WANTED = wanted_series()
+
+# Families we want (with their real types) and decoys that share prefixes with them.
+FAMILIES = [
+    ("nv_inference_count", "counter"),
+    ("nv_inference_request_failure", "counter"),
+    ("nv_inference_request_success", "counter"),
+    ("nv_gpu_utilization", "gauge"),
+    ("nv_inference_pending_request_count", "gauge"),
+    ("nv_inference_request_summary_us", "summary"),
+    ("nv_inference_first_response_histogram_ms", "histogram"),
+    ("nv_inference_count_extra", "counter"),
+    ("nv_inference", "gauge"),
+    ("nv_inference_queue_summary_us", "summary"),
+    ("other_metric", "gauge"),
+    ("nv_gpu_utilization_total", "untyped"),
+]
+
+label_names = st.from_regex(r"[a-zA-Z][a-zA-Z0-9_]{0,6}", fullmatch=True).filter(
+    lambda s: s not in ("quantile", "le")
+)
+label_values = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+
+
+def esc(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+number = st.one_of(
+    st.integers(-(10**12), 10**12).map(str),
+    st.floats(allow_nan=False, allow_infinity=False, width=64).map(repr),
+    st.sampled_from(["NaN", "Nan", "nan", "+Inf", "-Inf", "Inf", "1e3", "1.5E-3", "-0", ".5", "+7"]),
+)
+timestamp = st.one_of(st.just(""), st.integers(0, 2**40).map(lambda t: f" {t}"))
+
+
+@st.composite
+def label_block(draw, extra: dict[str, str] | None = None) -> str:
+    names = draw(st.lists(label_names, max_size=3, unique=True))
+    pairs = [(n, draw(label_values)) for n in names] + list((extra or {}).items())
+    pairs = draw(st.permutations(pairs))
+    if not pairs and draw(st.booleans()):
+        return ""
+    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in pairs) + "}"
+
+
+@st.composite
+def family_text(draw, name: str, kind: str) -> str:
+    lines = []
+    header = []
+    if draw(st.booleans()):
+        header.append(f"# HELP {name} {esc(draw(label_values))}")
+    if kind != "untyped" or draw(st.booleans()):
+        header.append(f"# TYPE {name} {kind}")
+    if draw(st.booleans()):
+        header.reverse()
+    lines += header
+    seen: set[str] = set()
+    for _ in range(draw(st.integers(0, 4))):
+        if kind == "summary":
+            base = draw(label_block())
+            inner = base[1:-1]
+            if inner in seen:
+                continue
+            seen.add(inner)
+            sep = "," if inner else ""
+            for q in ("0.5", "0.95"):
+                lines.append(f'{name}{{{inner}{sep}quantile="{q}"}} {draw(number)}{draw(timestamp)}')
+            lines.append(f"{name}_count{base} {draw(number)}")
+            lines.append(f"{name}_sum{base} {draw(number)}")
+        elif kind == "histogram":
+            base = draw(label_block())
+            inner = base[1:-1]
+            if inner in seen:
+                continue
+            seen.add(inner)
+            sep = "," if inner else ""
+            counts = sorted(draw(st.lists(st.integers(0, 1000), min_size=3, max_size=3)))
+            for le, c in zip(("100", "500", "+Inf"), counts, strict=True):
+                lines.append(f'{name}_bucket{{{inner}{sep}le="{le}"}} {c}')
+            lines.append(f"{name}_count{base} {counts[-1]}")
+            lines.append(f"{name}_sum{base} {draw(number)}")
+        else:
+            block = draw(label_block())
+            if block in seen:
+                continue
+            seen.add(block)
+            lines.append(f"{name}{block} {draw(number)}{draw(timestamp)}")
+        if draw(st.integers(0, 5)) == 0:
+            lines.append("")
+    return "\n".join(lines)
+
+
+@st.composite
+def exposition(draw) -> str:
+    chosen = draw(st.lists(st.sampled_from(FAMILIES), min_size=1, max_size=6, unique_by=lambda f: f[0]))
+    return "\n".join(draw(family_text(name, kind)) for name, kind in chosen) + "\n"
+
+
+def reference(text: str) -> dict[tuple[str, frozenset], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            name = s.name
+            if family.type == "counter" and name == family.name + "_total":
+                name = family.name  # prometheus_client renames counter samples to *_total (OpenMetrics style)
+            if name in WANTED:
+                out[(name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def ours(text: str, parser: Parser) -> dict[tuple[str, frozenset], float]:
+    exp = parser.parse(text)
+    assert exp.malformed == 0, exp.examples
+    return {
+        (name, frozenset(exp.labels[key].labels.items())): value
+        for name, series in exp.samples.items() for key, value in series.items()
+    }
+
+
+def same(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    return all((math.isnan(a[k]) and math.isnan(b[k])) or a[k] == b[k] for k in a)
+
+
+PARSER = Parser(WANTED)  # shared across examples on purpose: the label cache must not leak between bodies
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(exposition())
+def test_agrees_with_prometheus_client(text):
+    expected = reference(text)
+    got = ours(text, PARSER)
+    assert same(got, expected), (text, got, expected)
+
+
+@settings(max_examples=max(EXAMPLES // 3, 50), deadline=None)
+@given(exposition(), st.integers(0, 200), st.sampled_from(["x", "{", "}", '"', "\\", " ", "\n", "nv_inference_count{"]))
+def test_garbage_never_crashes_and_never_invents_samples(text, cut, junk):
+    """Corrupt valid text at one point: no crash, and only the touched lines may change.
+
+    Every sample away from the corruption is kept as it was, and at most two
+    lines' worth of samples are lost or new (a newline can split one line in
+    two). Exact agreement with prometheus_client is the job of the test
+    above: a corruption can also break the format's grouping rule (a
+    family's lines together after its TYPE), which prometheus_client
+    tolerates and this reader, by design, does not.
+    """
+    corrupted = text[:cut] + junk + text[cut:]
+    exp = Parser(WANTED).parse(corrupted)
+    got = {
+        (name, frozenset(exp.labels[key].labels.items())): value
+        for name, series in exp.samples.items() for key, value in series.items()
+    }
+    original = reference(text)
+    assert len(set(got) - set(original)) <= 2
+    assert len(set(original) - set(got)) <= 2 + exp.duplicates
+    unchanged = [k for k in set(got) & set(original) if not same({k: got[k]}, {k: original[k]})]
+    assert len(unchanged) <= 1  # only a value on the corrupted line may read differently
