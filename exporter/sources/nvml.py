@@ -88,8 +88,9 @@ _HINTS = {
 class NvmlUnavailable(SourceError):
     """NVML as a whole cannot be used (library, driver, permission); ``code`` is the NVML error."""
 
-    def __init__(self, message: str, code: int | None) -> None:
-        super().__init__(message)
+    def __init__(self, reason: str, code: int | None, retry_interval: float = RETRY_INTERVAL) -> None:
+        super().__init__(f"{reason}; retrying every {retry_interval:g}s")
+        self.reason = reason
         self.code = code
 
 
@@ -212,7 +213,7 @@ class NvmlSource:
         api = self.api
         if api is None:
             self.error = NvmlUnavailable("NVML: nvidia-ml-py (pynvml) is not installed in this image",
-                                         LIBRARY_NOT_FOUND)
+                                         LIBRARY_NOT_FOUND, self.retry_interval)
             raise self.error
         try:
             api.nvmlInit()
@@ -229,8 +230,8 @@ class NvmlSource:
             self._stop()
             visible = self.environ.get("NVIDIA_VISIBLE_DEVICES")
             self.error = NvmlUnavailable(
-                f"NVML: no GPU visible to this container (NVIDIA_VISIBLE_DEVICES={visible!r}); "
-                f"retrying every {self.retry_interval:g}s", None)
+                f"NVML: no GPU visible to this container (NVIDIA_VISIBLE_DEVICES={visible!r})", None,
+                self.retry_interval)
             raise self.error
         self.ready, self.error = True, None
         log.info("NVML ready: %d GPU(s)", len(self.devices),
@@ -240,8 +241,8 @@ class NvmlSource:
     def _unavailable(self, what: str, exc: BaseException) -> NvmlUnavailable:
         code = _code(exc)
         hint = _HINTS.get(code or -1, "")
-        return NvmlUnavailable(f"NVML {what}: {exc} (NVML error {code}){'; ' + hint if hint else ''}; "
-                               f"retrying every {self.retry_interval:g}s", code)
+        return NvmlUnavailable(f"NVML {what}: {exc} (NVML error {code}){'; ' + hint if hint else ''}", code,
+                               self.retry_interval)
 
     def _discover(self) -> None:
         api = self.api
@@ -591,7 +592,7 @@ def make_nvml_source(
     except NvmlUnavailable as exc:
         if settings.nvml == "auto" and exc.code in _ABSENT and not gpu_hints(environ, dev):
             log.info("no NVIDIA driver or GPU on this host (%s): NVML source off; --nvml on reports it as down",
-                     exc)
+                     exc.reason)
             return None
         # Kept: collect() raises this error, so the pipeline logs it once and reports SourceUp=0.
     return source
