@@ -21,6 +21,7 @@ from .options import MAX_LOG_GROUPS_PER_QUERY, Options, model_log_group
 GRID_WIDTH = 24
 MAX_WIDGETS = 500
 MAX_METRICS_PER_WIDGET = 500
+MAX_ALARMS_PER_WIDGET = 100
 PERIOD = 60  # the exporter's default interval; one datapoint per entity and minute
 
 Widget = dict[str, Any]
@@ -143,7 +144,8 @@ def _overview(opts: Options, lay: Layout) -> None:
         _row(opts, "ModelLoadSuccessRate", {"stat": "Minimum", "label": "Load success % (min)"}),
         _row(opts, "ExporterHeartbeat", {"stat": "Sum", "label": "Exporter heartbeats/min (~tasks)"}),
     ], view="singleValue"), 12, 4)
-    alarms = [f"arn:aws:cloudwatch:{opts.region}:{opts.account_id}:alarm:{name}" for name in alarm_names(opts)]
+    arn = f"arn:{opts.partition}:cloudwatch:{opts.region}:{opts.account_id}:alarm:"
+    alarms = [arn + name for name in alarm_names(opts)][:MAX_ALARMS_PER_WIDGET]  # fleet-wide alarms come first
     lay.add({"type": "alarm", "properties": {"title": "Alarms", "alarms": alarms,
                                              "sortBy": "stateUpdatedTimestamp"}}, 12, 4)
     lay.add(_graph(opts, "Requests per second (all models, all tasks)", [

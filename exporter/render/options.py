@@ -18,6 +18,7 @@ class Options:
     namespace: str = "Triton"
     region: str = "us-east-1"
     account_id: str = "123456789012"  # only for alarm ARNs in the standalone dashboard JSON
+    partition: str = "aws"
     cluster: str = "triton"
     service: str = "triton"
     alarm_prefix: str = "triton"

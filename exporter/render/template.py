@@ -25,17 +25,18 @@ _STRING_STANDINS = {
     "namespace": ("@@Namespace@@", "Namespace"),
     "region": ("@@AWS::Region@@", "AWS::Region"),
     "account_id": ("@@AWS::AccountId@@", "AWS::AccountId"),
+    "partition": ("@@AWS::Partition@@", "AWS::Partition"),
     "alarm_prefix": ("@@AlarmNamePrefix@@", "AlarmNamePrefix"),
     "log_group_prefix": ("@@LogGroupPrefix@@", "LogGroupPrefix"),
 }
 _NUMBER_STANDINS = {  # distinctive values no real threshold has; json.dumps prints them exactly
-    "failure_threshold": (9.000000000000001e+300, "FailureThreshold"),
-    "load_success_rate": (9.000000000000002e+300, "LoadSuccessRateThreshold"),
-    "gpu_memory": (9.000000000000003e+300, "GpuMemoryThreshold"),
-    "gpu_scale_out": (9.000000000000004e+300, "GpuScaleOutUtilization"),
-    "gpu_scale_in": (9.000000000000005e+300, "GpuScaleInUtilization"),
+    "failure_threshold": (1.1e+300, "FailureThreshold"),
+    "load_success_rate": (2.2e+300, "LoadSuccessRateThreshold"),
+    "gpu_memory": (3.3e+300, "GpuMemoryThreshold"),
+    "gpu_scale_out": (4.4e+300, "GpuScaleOutUtilization"),
+    "gpu_scale_in": (5.5e+300, "GpuScaleInUtilization"),
 }
-_LATENCY_STANDIN = (7.7e+297, "LatencySloMicroseconds")  # x1000 in Options.latency_slo_us
+_LATENCY_STANDIN = (6.6e+297, "LatencySloMicroseconds")  # x1000 in Options.latency_slo_us
 
 
 def _cfn(value: Any) -> Any:
@@ -87,7 +88,10 @@ def dashboard_body_sub(opts: Options) -> str:
     text = json.dumps(body, separators=(",", ":")).replace("${", "${!")
     for standin, param in _STRING_STANDINS.values():
         text = text.replace(standin, "${" + param + "}")
-    for number, param in [*_NUMBER_STANDINS.values(), (_LATENCY_STANDIN[0] * 1000.0, _LATENCY_STANDIN[1])]:
+    numbers = [*_NUMBER_STANDINS.values(), (_LATENCY_STANDIN[0] * 1000.0, _LATENCY_STANDIN[1])]
+    if len({json.dumps(n) for n, _ in numbers}) != len(numbers):
+        raise AssertionError("two dashboard stand-ins print alike")
+    for number, param in numbers:
         text = text.replace(json.dumps(number), "${" + param + "}")
     if "@@" in text or "e+30" in text or "e+29" in text:
         raise AssertionError("a dashboard stand-in was not replaced")

@@ -1,0 +1,166 @@
+"""Dashboards and alarms reference only what the exporter really emits.
+
+The exporter runs on fixture payloads (demo.payloads through the real
+Pipeline, with the NVML source on its faithful fake); every metric name and
+dimension set that any rendered widget (including inside SEARCH and Metrics
+Insights expressions) or alarm reads must appear in the ``_aws`` directives
+of the EMF documents it wrote. An alarm on a name nobody sends would sit in
+INSUFFICIENT_DATA forever; this test is what prevents it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from demo.payloads import triton_metrics
+from exporter.catalog import wanted_series
+from exporter.config import Settings
+from exporter.pipeline import Pipeline
+from exporter.promtext import Parser
+from exporter.render import alarms, dashboard, render
+from exporter.render.options import Options
+from exporter.render.refs import alarm_refs, dashboard_refs, emitted, expression_refs
+from exporter.sources import Collected, VersionState
+from exporter.sources.nvml import NvmlSource
+from exporter.sources.nvml_fake import FakeNvml, gpus
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ["add", "m@x.v2+b", "modèle-ü", "slow"]
+
+
+class FixedSource:
+    """A source answering from fixed text: any object with name, collect(timeout) and close() will do."""
+
+    def __init__(self, name: str, collect):  # type: ignore[no-untyped-def]
+        self.name = name
+        self._collect = collect
+
+    def collect(self, timeout: float) -> Collected:
+        return self._collect()
+
+    def close(self) -> None:
+        pass
+
+
+def run_exporter(namespace: str = "Triton") -> list[bytes]:
+    """Two cycles of the real pipeline: the second has deltas, rates and quantiles."""
+    step = [1]
+    fake_gpus = gpus(2)
+    fake_gpus[0].temp_mem = 61  # HBM board: memory temperature present
+    nvml = FakeNvml(fake_gpus)
+    uuids = [g.uuid for g in fake_gpus]
+    parser = Parser(wanted_series())
+    metrics = FixedSource("triton_metrics",
+                          lambda: Collected(samples=parser.parse(triton_metrics(MODELS, step[0], gpus=uuids))))
+    index = FixedSource("triton_index", lambda: Collected(index=[
+        *(VersionState(m, "1", "READY") for m in MODELS), VersionState("broken", "1", "UNAVAILABLE", "boom")]))
+    source = NvmlSource(nvml, environ={})
+    source.start()
+    clock = [0.0]
+    pipeline = Pipeline(Settings(namespace=namespace), [metrics, index, source], clock=lambda: clock[0],
+                        wall=lambda: 1_700_000_000.0)
+    pipeline.cycle()
+    step[0] += 1
+    clock[0] += 60.0
+    nvml.inject_xid(0, 79)
+    result = pipeline.cycle()
+    pipeline.close()
+    return result.events
+
+
+@pytest.fixture(scope="module")
+def emitted_refs() -> set[tuple[str, str, frozenset[str]]]:
+    return emitted(run_exporter())
+
+
+def _committed_alarm_files() -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((ROOT / "alarms" / "cli").rglob("alarm-*.json"))]
+
+
+def test_fixture_run_emits_the_nvml_and_model_metrics_the_dashboards_need(emitted_refs) -> None:
+    names = {name for _, name, _ in emitted_refs}
+    # Without these the agreement below would be vacuous for the GPU and latency widgets.
+    assert {"GpuTemperatureCelsius", "GpuXidErrors", "GpuEccCorrectedErrors", "GpuThrottleThermal",
+            "RequestLatencyP95", "RequestFailureBackend", "ModelLoadSuccessRate", "ExporterHeartbeat"} <= names
+    assert ("Triton", "RequestFailure", frozenset({"model"})) in emitted_refs
+    assert ("Triton", "GpuUtilization", frozenset()) in emitted_refs
+
+
+def test_committed_dashboard_reads_only_emitted_metrics(emitted_refs) -> None:
+    body = json.loads((ROOT / "dashboards" / "triton.json").read_text())
+    refs = dashboard_refs(body)
+    assert len(refs) > 40
+    assert sum(1 for w in body["widgets"] if w["type"] == "metric"
+               for row in w["properties"]["metrics"] for c in row
+               if isinstance(c, dict) and "SEARCH(" in c.get("expression", "")) >= 20
+    missing = sorted({r for r in refs if r not in emitted_refs}, key=str)
+    assert missing == []
+
+
+def test_committed_alarms_read_only_emitted_metrics(emitted_refs) -> None:
+    files = _committed_alarm_files()
+    assert len(files) == 7
+    for alarm in files:
+        refs = alarm_refs(alarm)
+        assert refs, alarm["AlarmName"]
+        assert [r for r in refs if r not in emitted_refs] == [], alarm["AlarmName"]
+
+
+def test_template_alarms_read_only_emitted_metrics(emitted_refs) -> None:
+    template = json.loads((ROOT / "alarms" / "triton-alarms.template.json").read_text())
+    namespace = template["Parameters"]["Namespace"]["Default"]
+    seen = 0
+    for res in template["Resources"].values():
+        if res["Type"] != "AWS::CloudWatch::Alarm":
+            continue
+        text = json.dumps(res["Properties"]).replace("${Namespace}", namespace)
+        props = json.loads(text)
+        if isinstance(props.get("Namespace"), dict):
+            props["Namespace"] = props["Namespace"]["Fn::Sub"]
+        for q in props.get("Metrics", []):
+            if isinstance(q.get("Expression"), dict):
+                q["Expression"] = q["Expression"]["Fn::Sub"]
+        assert [r for r in alarm_refs(props) if r not in emitted_refs] == []
+        seen += 1
+    assert seen == 7
+
+
+def test_named_model_alarms_use_the_dimension_value_the_exporter_writes(emitted_refs) -> None:
+    """A model name the exporter must clean (non-ASCII) gets an alarm on the cleaned value, found in the EMF."""
+    opts = Options(models=tuple(MODELS))
+    docs = [json.loads(d) for d in run_exporter()]
+    values = {d["model"] for d in docs if "model" in d}
+    for spec in alarms.alarm_specs(opts):
+        alarm = alarms.cli_alarm(spec, opts)
+        assert [r for r in alarm_refs(alarm) if r not in emitted_refs] == []
+        for dim in alarm.get("Dimensions", []):
+            assert dim["Value"] in values
+    assert any(v.startswith("mod_le-") for v in values)
+
+
+def test_custom_namespace_renders_agree_with_an_exporter_on_that_namespace() -> None:
+    refs = emitted(run_exporter("Prod/Triton-A"))
+    opts = Options(namespace="Prod/Triton-A", models=("add",))
+    files = render(opts)
+    body = json.loads(files["dashboards/triton.json"])
+    assert [r for r in dashboard_refs(body) if r not in refs] == []
+    for rel, text in files.items():
+        if "/alarm-" in rel:
+            assert [r for r in alarm_refs(json.loads(text)) if r not in refs] == [], rel
+    # ...and the default namespace's references would all be missing there: the check is not vacuous.
+    assert all(r not in refs for r in dashboard_refs(dashboard.build(Options())))
+
+
+def test_checker_catches_a_metric_nobody_sends(emitted_refs) -> None:
+    """The old public dashboards' failure mode: a plausible name the exporter does not emit."""
+    assert expression_refs(
+        "SEARCH('{\"Triton\",model,version} MetricName=\"nv_inference_request_success\"', 'Sum', 60)"
+    ) == [("Triton", "nv_inference_request_success", frozenset({"model", "version"}))]
+    assert ("Triton", "nv_inference_request_success", frozenset({"model", "version"})) not in emitted_refs
+    # Right name, wrong dimension set: RequestLatencyP99 has no model-only rollup.
+    assert ("Triton", "RequestLatencyP99", frozenset({"model"})) not in emitted_refs
+    with pytest.raises(KeyError):
+        dashboard.search(Options(), "RequestLatencyP99", ("model",), "Maximum")

@@ -1,0 +1,347 @@
+"""The rendered dashboard, alarms and scaling: current, valid, and meaning what the issue asks.
+
+Validation is offline with the real validators: botocore's own service
+models (PutMetricAlarm, RegisterScalableTarget, PutScalingPolicy) and
+cfn-lint's Python API. The dashboard body has no published validator, so
+its structure (widget types, 24-column grid, metric-row array syntax,
+limits) is checked here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import botocore.session
+import pytest
+from botocore.exceptions import ParamValidationError
+from botocore.validate import validate_parameters
+from cfnlint.api import lint_all
+
+from exporter.render import main, render, stale_files
+from exporter.render.dashboard import GRID_WIDTH, MAX_METRICS_PER_WIDGET, MAX_WIDGETS
+from exporter.render.options import Options, model_log_group
+from exporter.render.refs import metric_rows
+from exporter.render.template import build as build_template
+
+ROOT = Path(__file__).resolve().parent.parent
+SESSION = botocore.session.get_session()
+CLOUDWATCH = SESSION.get_service_model("cloudwatch")
+AUTOSCALING = SESSION.get_service_model("application-autoscaling")
+WIDGET_TYPES = {"metric", "text", "log", "alarm"}
+RICH = Options(models=("add", "m@x.v2+b", "modèle-ü"), sns_topic_arn="arn:aws:sns:eu-west-1:111122223333:ops",
+               namespace="Prod/Triton", region="eu-west-1", account_id="111122223333")
+
+
+def _validate(model: Any, operation: str, params: dict[str, Any]) -> None:
+    validate_parameters(params, model.operation_model(operation).input_shape)
+
+
+@pytest.fixture(scope="module")
+def default_files() -> dict[str, str]:
+    return render(Options())
+
+
+@pytest.fixture(scope="module")
+def rich_files() -> dict[str, str]:
+    return render(RICH)
+
+
+# --- freshness ----------------------------------------------------------------------------------
+
+
+def test_committed_files_equal_a_fresh_render(default_files) -> None:
+    differ = [rel for rel, text in default_files.items()
+              if not (ROOT / rel).is_file() or (ROOT / rel).read_text(encoding="utf-8") != text]
+    assert differ == [], "run: python -m exporter render"
+    assert stale_files(ROOT, default_files) == []
+
+
+def test_render_check_flags_an_edited_file_and_a_stale_one(tmp_path: Path) -> None:
+    assert main(["--out", str(tmp_path)]) == 0
+    assert main(["--out", str(tmp_path), "--check"]) == 0
+    (tmp_path / "docs" / "metrics.md").write_text("edited by hand\n")
+    (tmp_path / "alarms" / "cli" / "alarm-old.json").write_text("{}")
+    assert main(["--out", str(tmp_path), "--check"]) == 1
+    assert main(["--out", str(tmp_path)]) == 0
+    assert not (tmp_path / "alarms" / "cli" / "alarm-old.json").exists()
+    assert main(["--out", str(tmp_path), "--check"]) == 0
+
+
+def test_bad_thresholds_are_usage_errors(tmp_path: Path) -> None:
+    assert main(["--out", str(tmp_path), "--gpu-scale-in", "90", "--gpu-scale-out", "85"]) == 2
+    assert main(["--out", str(tmp_path), "--min-capacity", "5", "--max-capacity", "2"]) == 2
+    assert not (tmp_path / "dashboards").exists()
+
+
+def test_metrics_doc_lists_every_catalog_metric_and_dimension_set(default_files) -> None:
+    from exporter.catalog import CATALOG
+
+    doc = default_files["docs/metrics.md"]
+    for m in CATALOG:
+        row = next(line for line in doc.splitlines() if line.startswith(f"| `{m.name}` |"))
+        for dims in m.dimension_sets:
+            assert (", ".join(f"`{d}`" for d in dims) or "(none)") in row
+
+
+# --- dashboard structure ------------------------------------------------------------------------
+
+
+def _check_dashboard(body: dict[str, Any], region: str) -> None:
+    widgets = body["widgets"]
+    assert 0 < len(widgets) <= MAX_WIDGETS
+    cells: set[tuple[int, int]] = set()
+    for w in widgets:
+        assert w["type"] in WIDGET_TYPES
+        x, y, width, height = w["x"], w["y"], w["width"], w["height"]
+        assert all(isinstance(v, int) for v in (x, y, width, height))
+        assert x >= 0 and y >= 0 and 1 <= width <= GRID_WIDTH and 1 <= height <= 1000
+        assert x + width <= GRID_WIDTH
+        mine = {(cx, cy) for cx in range(x, x + width) for cy in range(y, y + height)}
+        assert not mine & cells, f"widget overlaps another: {w.get('properties', {}).get('title')}"
+        cells |= mine
+        props = w["properties"]
+        if w["type"] == "metric":
+            assert props["region"] == region
+            _check_metric_rows(props["metrics"])
+        elif w["type"] == "log":
+            assert props["region"] == region
+            assert re.match(r"^SOURCE '[^']+'( \| SOURCE '[^']+')* \| fields ", props["query"])
+        elif w["type"] == "text":
+            assert props["markdown"].strip()
+        elif w["type"] == "alarm":
+            assert 1 <= len(props["alarms"]) <= 100
+            assert all(a.startswith(f"arn:aws:cloudwatch:{region}:") for a in props["alarms"])
+
+
+def _check_metric_rows(rows: list[list[Any]]) -> None:
+    assert 1 <= len(rows) <= MAX_METRICS_PER_WIDGET
+    ids: list[str] = []
+    for row, cells in zip(rows, metric_rows(rows), strict=True):
+        assert isinstance(row, list) and row
+        opts = [c for c in row if isinstance(c, dict)]
+        assert len(opts) <= 1 and (not opts or row[-1] is opts[0]), "options must be the last cell"
+        if "id" in (opts or [{}])[0]:
+            ids.append(opts[0]["id"])
+            assert re.fullmatch(r"[a-z][A-Za-z0-9_]*", opts[0]["id"])
+        if cells:
+            # [namespace, metric, dimName, dimValue, ...]
+            assert len(cells) >= 2 and len(cells) % 2 == 0 and all(isinstance(c, str) and c for c in cells)
+            assert "expression" not in (opts or [{}])[0]
+        else:
+            assert "expression" in opts[0] and "id" in opts[0]
+    assert len(ids) == len(set(ids))
+    for row in rows:  # an expression may only name ids defined in the same widget
+        expression = row[-1].get("expression", "") if isinstance(row[-1], dict) else ""
+        for name in re.findall(r"\b([a-z][A-Za-z0-9_]*)\b(?=\s*[/)*+-]|\s*$)", expression.split("'")[0]):
+            if name not in ("model", "version", "gpu") and not name.isupper():
+                assert name in ids, f"{expression!r} refers to unknown id {name}"
+
+
+def test_default_dashboard_is_a_valid_body(default_files) -> None:
+    body = json.loads(default_files["dashboards/triton.json"])
+    _check_dashboard(body, "us-east-1")
+
+
+def test_rich_dashboard_is_a_valid_body_with_model_log_groups(rich_files) -> None:
+    body = json.loads(rich_files["dashboards/triton.json"])
+    _check_dashboard(body, "eu-west-1")
+    queries = [w["properties"]["query"] for w in body["widgets"] if w["type"] == "log"]
+    assert any("SOURCE '/ecs/triton/model/m.x.v2.b'" in q and "SOURCE '/ecs/triton/model/add'" in q for q in queries)
+
+
+def test_dashboard_covers_the_sections_the_issue_lists(default_files) -> None:
+    body = json.loads(default_files["dashboards/triton.json"])
+    text = json.dumps(body)
+    for name in ("TritonUp", "ModelsReady", "ModelsNotReady", "ModelLoadSuccessRate", "RequestSuccess",
+                 "RequestFailureBackend", "RequestFailureRejected", "RequestsPerSecond", "RequestLatencyAvg",
+                 "RequestLatencyP95", "RequestLatencyP99", "QueueLatencyAvg", "ComputeLatencyAvg", "AverageBatchSize",
+                 "PendingRequests", "GpuUtilization", "GpuMemoryUsedPercent", "GpuPowerWatts",
+                 "GpuTemperatureCelsius", "GpuThrottleThermal", "GpuXidErrors", "GpuEccUncorrectedErrors"):
+        assert f'{name}' in text, name
+    types = [w["type"] for w in body["widgets"]]
+    assert types.count("alarm") == 1 and types.count("log") >= 2
+    # Per-model graphs are SEARCH expressions on the model schema: new models need no edit.
+    assert "SEARCH('{\\\"Triton\\\",model,version} MetricName=\\\"RequestsPerSecond\\\"'" in text
+    # One explaining line per section at the top.
+    intro = body["widgets"][0]["properties"]["markdown"]
+    assert all(s in intro for s in ("**Overview**", "**Per model**", "**GPU**", "**Logs**"))
+
+
+def test_log_widgets_use_the_fluent_bit_group_names() -> None:
+    conf = (ROOT / "fluentbit" / "triton.conf").read_text()
+    dockerfile = (ROOT / "fluentbit" / "Dockerfile").read_text()
+    prefix = re.search(r"TRITON_LOG_GROUP_PREFIX=(\S+)", dockerfile).group(1).strip("\"'")
+    assert prefix == Options().log_group_prefix
+    assert "log_group_name      ${TRITON_LOG_GROUP_PREFIX}/errors" in conf
+    assert "log_group_template  ${TRITON_LOG_GROUP_PREFIX}/model/$TAG[3].$TAG[4]" in conf
+    assert model_log_group(prefix, "m@x.v2+b") == "/ecs/triton/model/m.x.v2.b"  # docs/logs.md's examples
+    assert model_log_group(prefix, "ns::ranker") == "/ecs/triton/model/ns.ranker"
+    assert model_log_group(prefix, "modèle-ü") == "/ecs/triton/model/mod.le-"
+    assert model_log_group(prefix, "a.b.c.d.e") == "/ecs/triton/server"
+    body = json.loads((ROOT / "dashboards" / "triton.json").read_text())
+    queries = [w["properties"]["query"] for w in body["widgets"] if w["type"] == "log"]
+    assert all(q.startswith(f"SOURCE '{prefix}/errors'") for q in queries)
+
+
+def test_alarm_widget_lists_every_rendered_alarm(rich_files) -> None:
+    body = json.loads(rich_files["dashboards/triton.json"])
+    (widget,) = [w for w in body["widgets"] if w["type"] == "alarm"]
+    names = sorted(json.loads(t)["AlarmName"] for rel, t in rich_files.items() if "/alarm-" in rel)
+    assert sorted(a.rsplit(":", 1)[1] for a in widget["properties"]["alarms"]) == names
+    assert all(a.startswith("arn:aws:cloudwatch:eu-west-1:111122223333:alarm:") for a in widget["properties"]["alarms"])
+
+
+# --- alarms and scaling: botocore's own models --------------------------------------------------
+
+
+def _alarms(files: dict[str, str]) -> dict[str, dict[str, Any]]:
+    return {rel: json.loads(t) for rel, t in files.items() if "/alarm-" in rel}
+
+
+@pytest.mark.parametrize("which", ["default_files", "rich_files"])
+def test_cli_files_pass_botocore_validation(which: str, request: pytest.FixtureRequest) -> None:
+    files = request.getfixturevalue(which)
+    alarms = _alarms(files)
+    assert len(alarms) == (7 if which == "default_files" else 13)
+    for body in alarms.values():
+        _validate(CLOUDWATCH, "PutMetricAlarm", body)
+    _validate(AUTOSCALING, "RegisterScalableTarget",
+              json.loads(files["alarms/cli/scaling/register-scalable-target.json"]))
+    for key in ("scale-out", "scale-in", "scale-out-memory"):
+        _validate(AUTOSCALING, "PutScalingPolicy", json.loads(files[f"alarms/cli/scaling/policy-{key}.json"]))
+
+
+def test_botocore_validation_is_not_vacuous(default_files) -> None:
+    body = json.loads(default_files["alarms/cli/alarm-exporter-heartbeat-missing.json"])
+    with pytest.raises(ParamValidationError):
+        _validate(CLOUDWATCH, "PutMetricAlarm", {**body, "Threshold": "one"})
+    with pytest.raises(ParamValidationError):
+        _validate(CLOUDWATCH, "PutMetricAlarm", {**body, "TreatMissingDatas": "breaching"})
+    policy = json.loads(default_files["alarms/cli/scaling/policy-scale-out.json"])
+    with pytest.raises(ParamValidationError):
+        _validate(AUTOSCALING, "PutScalingPolicy", {**policy, "PolicyType": 7})
+
+
+def test_alarm_semantics(default_files) -> None:
+    a = {rel.rsplit("alarm-", 1)[1].removesuffix(".json"): b for rel, b in _alarms(default_files).items()}
+    for body in a.values():
+        assert "SEARCH" not in json.dumps(body)  # alarms cannot use SEARCH
+        period = body.get("Period") or body["Metrics"][0]["Period"]
+        assert period * body["EvaluationPeriods"] <= 86400
+        assert len(body.get("Metrics", [])) <= 10
+        assert body["DatapointsToAlarm"] <= body["EvaluationPeriods"]
+    hb = a["exporter-heartbeat-missing"]
+    assert (hb["MetricName"], hb["TreatMissingData"], hb["ComparisonOperator"]) == \
+        ("ExporterHeartbeat", "breaching", "LessThanThreshold")
+    mem = a["gpu-memory-high"]
+    assert (mem["MetricName"], mem["Threshold"], mem["Period"] * mem["EvaluationPeriods"]) == \
+        ("GpuMemoryUsedPercent", 95.0, 600)
+    assert mem["Dimensions"] == []  # the service rollup: no task id, aggregated across tasks
+    hi, lo = a["gpu-utilization-high"], a["gpu-utilization-low"]
+    assert (hi["Threshold"], hi["Period"] * hi["EvaluationPeriods"], hi["ComparisonOperator"]) == \
+        (85.0, 300, "GreaterThanThreshold")
+    assert (lo["Threshold"], lo["Period"] * lo["EvaluationPeriods"], lo["ComparisonOperator"]) == \
+        (40.0, 900, "LessThanThreshold")
+    load = a["model-load-failed"]
+    assert (load["MetricName"], load["Threshold"], load["ComparisonOperator"]) == \
+        ("ModelLoadSuccessRate", 100.0, "LessThanThreshold")
+    fail = a["model-failures"]["Metrics"][0]
+    assert fail["Period"] == 300 and "GROUP BY model" in fail["Expression"]
+    assert 'SCHEMA("Triton", model)' in fail["Expression"]
+    lat = a["model-latency-p95"]
+    assert lat["Threshold"] == 500_000.0  # 500 ms in the metric's unit, microseconds
+
+
+def test_scaling_steps_add_and_remove_one_task(default_files) -> None:
+    out = json.loads(default_files["alarms/cli/scaling/policy-scale-out.json"])
+    into = json.loads(default_files["alarms/cli/scaling/policy-scale-in.json"])
+    target = json.loads(default_files["alarms/cli/scaling/register-scalable-target.json"])
+    assert target["ResourceId"] == "service/triton/triton"
+    assert target["ScalableDimension"] == "ecs:service:DesiredCount"
+    assert out["StepScalingPolicyConfiguration"]["StepAdjustments"] == [
+        {"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}]
+    assert into["StepScalingPolicyConfiguration"]["StepAdjustments"] == [
+        {"MetricIntervalUpperBound": 0, "ScalingAdjustment": -1}]
+
+
+def test_sns_topic_goes_into_notification_alarms_only(rich_files) -> None:
+    a = _alarms(rich_files)
+    topic = RICH.sns_topic_arn
+    assert a["alarms/cli/alarm-exporter-heartbeat-missing.json"]["AlarmActions"] == [topic]
+    assert "AlarmActions" not in a["alarms/cli/scaling/alarm-gpu-utilization-high.json"]
+    script = rich_files["alarms/cli/apply.sh"]
+    assert f'alarm-gpu-memory-high.json --alarm-actions "{topic}" "$MEM"' in script
+
+
+def test_apply_script_is_valid_sh_and_names_existing_files(tmp_path: Path, default_files) -> None:
+    script = default_files["alarms/cli/apply.sh"]
+    path = tmp_path / "apply.sh"
+    path.write_text(script)
+    sh = shutil.which("sh")
+    assert sh is not None
+    assert subprocess.run([sh, "-n", str(path)], capture_output=True).returncode == 0
+    for ref in re.findall(r"file://(scaling/[\w.-]+\.json)", script):
+        assert f"alarms/cli/{ref}" in default_files
+    for key in ("scale-out", "scale-in", "scale-out-memory"):
+        assert f"alarms/cli/scaling/policy-{key}.json" in default_files
+
+
+# --- CloudFormation -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["default_files", "rich_files"])
+def test_template_passes_cfn_lint(which: str, request: pytest.FixtureRequest) -> None:
+    text = request.getfixturevalue(which)["alarms/triton-alarms.template.json"]
+    # I4010 (informational) only asks for a Metadata "Context" description block; everything else counts.
+    assert [str(m) for m in lint_all(text) if m.rule.id != "I4010"] == []
+
+
+def test_cfn_lint_is_not_vacuous(default_files) -> None:
+    template = json.loads(default_files["alarms/triton-alarms.template.json"])
+    template["Resources"]["AlarmExporterHeartbeatMissing"]["Properties"]["TreatMissingData"] = "silence"
+    assert lint_all(json.dumps(template)) != []
+
+
+def _sub(text: str, values: dict[str, Any]) -> str:
+    return re.sub(r"\$\{([A-Za-z0-9:]+)\}", lambda m: str(values[m.group(1)]), text).replace("${!", "${")
+
+
+def test_template_dashboard_equals_the_standalone_dashboard() -> None:
+    opts = RICH
+    template = build_template(opts)
+    values = {k: v["Default"] for k, v in template["Parameters"].items()}
+    values |= {"AWS::Region": opts.region, "AWS::AccountId": opts.account_id, "AWS::Partition": "aws"}
+    body = json.loads(_sub(template["Resources"]["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"], values))
+    standalone = json.loads(render(opts)["dashboards/triton.json"])
+    assert body == standalone
+
+
+def test_template_alarms_equal_the_cli_alarms(rich_files) -> None:
+    template = json.loads(rich_files["alarms/triton-alarms.template.json"])
+    values = {k: v["Default"] for k, v in template["Parameters"].items()}
+    cli = {b["AlarmName"]: b for b in _alarms(rich_files).values()}
+    seen = 0
+    for res in template["Resources"].values():
+        if res["Type"] != "AWS::CloudWatch::Alarm":
+            continue
+        props = {k: v for k, v in res["Properties"].items() if k not in ("AlarmActions", "OKActions")}
+        resolved = json.loads(_sub(json.dumps(props), values), object_hook=lambda o: _unwrap(o, values))
+        expected = {k: v for k, v in cli[resolved["AlarmName"]].items() if k not in ("AlarmActions", "OKActions")}
+        assert resolved == expected
+        seen += 1
+    assert seen == len(cli)
+    assert template["Resources"]["ScalableTarget"]["Properties"]["ResourceId"] == {
+        "Fn::Sub": "service/${ClusterName}/${ServiceName}"}
+
+
+def _unwrap(obj: dict[str, Any], values: dict[str, Any]) -> Any:
+    if set(obj) == {"Fn::Sub"}:
+        return obj["Fn::Sub"]
+    if set(obj) == {"Ref"}:
+        return values[obj["Ref"]]
+    return obj
