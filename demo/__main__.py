@@ -1,0 +1,69 @@
+"""The built-in demo: a real local Triton, sample models, traffic, and the exporter's output.
+
+    python -m demo [--interval 5] [--keep-running]
+
+Starts tritonserver (from the nvidia-pytriton wheel) on free ports with the
+sample models (``broken`` fails to load on purpose), sends a steady mix of
+requests, and runs ``python -m exporter --once`` against it: EMF on stdout,
+the summary table on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .triton import TritonServer, copy_models
+
+
+def traffic(server: TritonServer, stop: threading.Event) -> None:
+    x = [{"name": "X", "datatype": "FP32", "shape": [1], "data": [1.0]}]
+    text = [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["hello"]}]
+    while not stop.is_set():
+        server.infer_add(1, values=(1.0, 2.0, 3.0))
+        server.infer("slow", x)
+        server.infer("text", text)
+        server.infer("fails", x)
+        time.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--interval", type=float, default=5.0, help="window of the --once scrape, seconds")
+    parser.add_argument("--keep-running", action="store_true",
+                        help="after --once, run the exporter loop (Ctrl-C to stop)")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="triton-demo-"))
+    server = TritonServer(copy_models(None, work / "models"), workdir=work)
+    print(f"starting Triton with sample models from {work / 'models'} ...", file=sys.stderr)
+    server.start()
+    print(f"Triton up: HTTP {server.url}, metrics {server.metrics_url}; "
+          f"server log {server.log_path}", file=sys.stderr)
+    stop = threading.Event()
+    thread = threading.Thread(target=traffic, args=(server, stop), daemon=True)
+    thread.start()
+    cmd = [sys.executable, "-m", "exporter", "--triton-url", server.url, "--metrics-url", server.metrics_url,
+           "--interval", str(args.interval)]
+    try:
+        print(f"\n$ python -m exporter --once --interval {args.interval:g} ...\n", file=sys.stderr)
+        rc = subprocess.call([*cmd, "--once"])
+        if args.keep_running and rc == 0:
+            print("\nrunning the exporter loop; Ctrl-C to stop\n", file=sys.stderr)
+            try:
+                rc = subprocess.call(cmd)
+            except KeyboardInterrupt:
+                rc = 0
+        return rc
+    finally:
+        stop.set()
+        thread.join(5)
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
