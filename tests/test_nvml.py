@@ -230,6 +230,15 @@ def test_gpu_dimension_follows_cuda_visible_devices_order() -> None:
     assert got.gpus[U[1]].properties["nvml_index"] == 1
 
 
+def test_gpus_not_read_before_the_timeout_are_left_out_of_the_cycle() -> None:
+    ticks = iter(range(1, 1000))
+    source = NvmlSource(fk.two_healthy(), {}, clock=lambda: float(next(ticks)))
+    source.start()
+    got = source.collect(1.5)  # the clock moves 1 s per look: time for one GPU only
+    assert set(got.gpus) == {U[0]}
+    assert set(values(got, "nvml_temperature_gpu_celsius")) == {U[0]}
+
+
 # --- NVML absent or failing --------------------------------------------------------------------------
 
 
