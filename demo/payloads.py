@@ -79,8 +79,7 @@ def triton_metrics(
     out.append("# TYPE nv_inference_pending_request_count gauge")
     for m in names:
         out.append(f'nv_inference_pending_request_count{{model="{_esc(m)}",version="{version}"}} 0')
-    for uuid in gpus:
-        out += _gpu_lines(uuid, step)
+    out += _gpu_lines(gpus, step)
     out += [
         "# HELP nv_cpu_utilization CPU utilization rate [0.0 - 1.0]",
         "# TYPE nv_cpu_utilization gauge",
@@ -102,22 +101,25 @@ def triton_metrics(
     return "\n".join(out) + "\n"
 
 
-def _gpu_lines(uuid: str, step: int) -> list[str]:
-    lab = f'gpu_uuid="{uuid}"'
-    return [
-        "# TYPE nv_gpu_utilization gauge",
-        f"nv_gpu_utilization{{{lab}}} 0.5",
-        "# TYPE nv_gpu_memory_total_bytes gauge",
-        f"nv_gpu_memory_total_bytes{{{lab}}} 24000000000",
-        "# TYPE nv_gpu_memory_used_bytes gauge",
-        f"nv_gpu_memory_used_bytes{{{lab}}} 6000000000",
-        "# TYPE nv_gpu_power_usage gauge",
-        f"nv_gpu_power_usage{{{lab}}} 120.5",
-        "# TYPE nv_gpu_power_limit gauge",
-        f"nv_gpu_power_limit{{{lab}}} 300",
-        "# TYPE nv_energy_consumption counter",
-        f"nv_energy_consumption{{{lab}}} {7230 * step}",
-    ]
+GPU_FAMILIES = (  # name, type, value for step s (as Triton/DCGM print them)
+    ("nv_gpu_utilization", "gauge", lambda s: 0.5),
+    ("nv_gpu_memory_total_bytes", "gauge", lambda s: 24000000000),
+    ("nv_gpu_memory_used_bytes", "gauge", lambda s: 6000000000),
+    ("nv_gpu_power_usage", "gauge", lambda s: 120.5),
+    ("nv_gpu_power_limit", "gauge", lambda s: 300),
+    ("nv_energy_consumption", "counter", lambda s: 7230 * s),
+)
+
+
+def _gpu_lines(gpus: Sequence[str], step: int) -> list[str]:
+    """One block per family, every GPU inside it: the format keeps a family together."""
+    out: list[str] = []
+    if not gpus:
+        return out
+    for family, kind, value in GPU_FAMILIES:
+        out.append(f"# TYPE {family} {kind}")
+        out += [f'{family}{{gpu_uuid="{uuid}"}} {value(step)}' for uuid in gpus]
+    return out
 
 
 def _esc(value: str) -> str:

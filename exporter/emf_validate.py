@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
-from aws_embedded_metrics.unit import Unit
 
+from .catalog import CLOUDWATCH_UNITS
 from .emf import (
     MAX_DIMENSION_VALUE_LENGTH,
     MAX_DIMENSIONS_PER_SET,
@@ -25,7 +25,7 @@ from .emf import (
     MAX_NAMESPACE_LENGTH,
 )
 
-UNITS = frozenset(u.value for u in Unit)
+UNITS = frozenset(CLOUDWATCH_UNITS)
 MAX_VALUES_PER_METRIC = 100
 MAX_NAME_LENGTH = 1024
 MAX_DIMENSION_NAME_LENGTH = 250

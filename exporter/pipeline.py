@@ -16,7 +16,7 @@ from .catalog import CATALOG, Scope, counter_series
 from .config import Settings
 from .emf import Encoder, Event, clip, dimensions_for
 from .logs import Conditions, get
-from .promtext import Exposition, LabelSet
+from .promtext import Exposition, LabelSet, model_key
 from .sources import Collected, GpuInfo, Source, SourceError, VersionState
 from .state import DeltaState
 from .transform import Column, evaluate
@@ -62,7 +62,8 @@ class ModelCap:
         self, exp: Exposition, index: list[VersionState] | None, index_keys: dict[str, VersionState]
     ) -> tuple[dict[str, dict[str, float]], list[VersionState] | None, int, int]:
         success = exp.samples.get("nv_inference_request_success", {})
-        if len(success) + len(index_keys) <= self.limit:
+        if len(success) + len(index_keys) <= self.limit or len(success.keys() | index_keys.keys()) <= self.limit:
+            # Every loaded model version has a success counter; the index has the rest.
             self.allowed.clear()
             return exp.samples, index, 0, 0
         labels = exp.labels
@@ -85,8 +86,25 @@ class ModelCap:
             dropped_series += len(series) - len(kept)
             samples[name] = kept
         if index is not None:
-            index = [v for v in index if LabelSet.of(model=v.model, version=v.version).key in keep]
+            index = [v for v in index if model_key(v.model, v.version) in keep]
         return samples, index, dropped_series, len(entities) - len(keep)
+
+
+def _only_tritons_gpus(got: Collected) -> None:
+    """Keep NVML's view to the GPUs Triton reports, when it reports any.
+
+    In ECS the sidecar sees every GPU of the instance (NVIDIA_VISIBLE_DEVICES=all)
+    while Triton sees only its task's: without this, two tasks on one host would
+    both report each other's GPUs and summed metrics (XID, ECC) would double.
+    """
+    exp = got.samples
+    triton = {exp.labels[k].entity[1] for name, s in exp.samples.items() if name.startswith("nv_gpu_") for k in s}
+    if not triton:
+        return
+    for name in [n for n in exp.samples if n.startswith("nvml_")]:
+        exp.samples[name] = {k: v for k, v in exp.samples[name].items() if exp.labels[k].entity[1] in triton}
+    for uuid in [u for u in got.gpus if u not in triton]:
+        del got.gpus[uuid]
 
 
 def _sort_key(key: str, labels: dict[str, LabelSet], index_keys: dict[str, VersionState]) -> tuple[str, str]:
@@ -147,6 +165,7 @@ class Pipeline:
                 merged.index = got.index
             merged.gpus.update(got.gpus)
             merged.properties.update(got.properties)
+        _only_tritons_gpus(merged)
         return merged, statuses
 
     # --- one cycle ------------------------------------------------------------------------
@@ -160,9 +179,7 @@ class Pipeline:
         if exp.malformed:
             log.warning("skipped %d malformed /metrics lines", exp.malformed,
                         extra={"fields": {"examples": exp.examples}})
-        index_keys = {} if got.index is None else {
-            LabelSet.of(model=v.model, version=v.version).key: v for v in got.index
-        }
+        index_keys = {} if got.index is None else {model_key(v.model, v.version): v for v in got.index}
         samples, index, dropped_series, dropped_models = self.cap.apply(exp, got.index, index_keys)
         self.conditions.set(
             "cardinality cap",
@@ -224,15 +241,11 @@ class Pipeline:
         gpus: dict[str, GpuInfo], samples: dict[str, dict[str, float]], properties: dict[str, object],
     ) -> list[Event]:
         by_entity: dict[tuple[Scope, str], dict[str, float]] = {}
-        for metric in CATALOG:
-            col = columns.get(metric.name)
-            if col:
-                scope = metric.scope
-                for key, value in col.items():
-                    values = by_entity.get((scope, key))
-                    if values is None:
-                        values = by_entity[(scope, key)] = {}
-                    values[metric.name] = value
+        for scope in Scope:
+            cols = [(m.name, c) for m in CATALOG if m.scope is scope and (c := columns.get(m.name))]
+            keys = set().union(*(c.keys() for _, c in cols)) if cols else set()
+            for key in sorted(keys):
+                by_entity[(scope, key)] = {name: c[key] for name, c in cols if key in c}
         common = {"exporter_version": __version__, **properties}
         task_arn = {"ecs_task_arn": properties["ecs_task_arn"]} if "ecs_task_arn" in properties else {}
         gpu_index = self._gpu_indexes(gpus, samples, labels)

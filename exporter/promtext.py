@@ -86,6 +86,11 @@ def _key(pairs: tuple[tuple[str, str], ...]) -> str:
     return "\x1f".join(f"{k}\x1e{v}" for k, v in pairs)
 
 
+def model_key(model: str, version: str) -> str:
+    """The entity key of a model version, as series labelled model/version get it."""
+    return f"model\x1e{model}\x1fversion\x1e{version}"
+
+
 EMPTY = LabelSet(())
 
 
@@ -145,7 +150,11 @@ class Exposition:
     def merge(self, other: Exposition) -> None:
         """Take another source's samples (sources use disjoint series names)."""
         if other.samples:
-            self.labels = {**self.labels, **other.labels}
+            # Keys are content-derived, so sharing one table (the parser's) across sources is safe.
+            if self.labels:
+                self.labels.update(other.labels)
+            else:
+                self.labels = other.labels
             self.samples.update(other.samples)
         self.malformed += other.malformed
         self.duplicates += other.duplicates

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from .catalog import CATALOG, SPLIT_LABELS, Combine, Input, Kind, Metric, Scope
 from .promtext import LabelSet, Series
@@ -28,6 +29,7 @@ SCOPE_OF_ENTITY = {"model": Scope.MODEL, "gpu": Scope.GPU, "task": Scope.TASK}
 _COMBINE: dict[str, Combine] = {}
 _SPLIT_VALUES: dict[str, set[str] | None] = {}  # series -> split values the catalog selects (None: all)
 _GAUGE_SERIES: set[str] = set()
+
 for _m in CATALOG:
     for _i in (*_m.inputs, *_m.denominators):
         if _m.combine is Combine.MAX:
@@ -40,6 +42,54 @@ for _m in CATALOG:
             selected = _SPLIT_VALUES.setdefault(_i.series, set())
             if selected is not None:
                 selected.add(_i.where)
+_TOTAL_UNUSED = {
+    s for s in SPLIT_LABELS
+    if not any(i.series == s and i.where is None for m in CATALOG for i in (*m.inputs, *m.denominators))
+}
+
+
+class _SplitPlan:
+    """How one split family's series map to entities, cached while Triton prints the same series.
+
+    With it, building a family's columns is a few C-level calls instead of a
+    Python loop over every sample (the failure family alone has 4 samples
+    per model).
+    """
+
+    def __init__(self, keys: list[str], parts: dict[str, tuple[list[str], itemgetter]], total_ok: bool) -> None:
+        self.keys = keys
+        self.parts = parts
+        self.total_ok = total_ok  # every entity has every split value once: totals are sums of the parts
+
+
+_PLANS: dict[str, _SplitPlan | None] = {}
+
+
+def _plan(name: str, split: str, values: Series, labels: Mapping[str, LabelSet]) -> _SplitPlan | None:
+    """A plan when each (entity, split value) occurs once; None means use the general loop."""
+    keys = list(values)
+    selected = _SPLIT_VALUES.get(name)
+    want_total = name not in _TOTAL_UNUSED
+    positions: dict[str, tuple[list[str], list[int]]] = {}
+    seen: set[tuple[str, str]] = set()
+    for i, key in enumerate(keys):
+        ls = labels[key]
+        sv = ls.labels.get(split)
+        if sv is None or (ls.entity_key, sv) in seen or (ls.entity_key != ls.key and "gpu_uuid" in ls.labels):
+            return None
+        seen.add((ls.entity_key, sv))
+        if want_total or selected is None or sv in selected:
+            ents, pos = positions.setdefault(sv, ([], []))
+            ents.append(ls.entity_key)
+            pos.append(i)
+    first = next(iter(positions.values()), ([], []))[0]
+    total_ok = all(ents == first for ents, _ in positions.values())
+    if want_total and not total_ok:
+        return None
+    parts = {sv: (ents, itemgetter(*pos)) for sv, (ents, pos) in positions.items() if len(pos) > 1}
+    if len(parts) != len(positions):
+        return None  # single-series groups: the general loop is simpler than itemgetter's scalar case
+    return _SplitPlan(keys, parts, total_ok)
 
 
 def columns(series: Mapping[str, Series], labels: Mapping[str, LabelSet]) -> dict[ColumnKey, Column]:
@@ -50,15 +100,19 @@ def columns(series: Mapping[str, Series], labels: Mapping[str, LabelSet]) -> dic
         if split is None and all(labels[k].entity_key == k for k in values):
             out[(name, None)] = values  # one series per entity already (the common case)
             continue
+        if split is not None and _columns_planned(name, split, values, labels, out):
+            continue
         use_max = _COMBINE.get(name) is Combine.MAX
         selected = _SPLIT_VALUES.get(name)
+        want_total = name not in _TOTAL_UNUSED
         total: Column = {}
         parts: dict[str, Column] = {}
         for key, value in values.items():
             ls = labels[key]
             ent = ls.entity_key
-            old = total.get(ent)
-            total[ent] = value if old is None else (max(old, value) if use_max else old + value)
+            if want_total:
+                old = total.get(ent)
+                total[ent] = value if old is None else (max(old, value) if use_max else old + value)
             if split is not None:
                 sv = ls.labels.get(split)
                 if sv is not None and (selected is None or sv in selected):
@@ -67,10 +121,33 @@ def columns(series: Mapping[str, Series], labels: Mapping[str, LabelSet]) -> dic
                         part = parts[sv] = {}
                     old = part.get(ent)
                     part[ent] = value if old is None else (max(old, value) if use_max else old + value)
-        out[(name, None)] = total
+        if want_total:
+            out[(name, None)] = total
         for sv, col in parts.items():
             out[(name, sv)] = col
     return out
+
+
+def _columns_planned(
+    name: str, split: str, values: Series, labels: Mapping[str, LabelSet], out: dict[ColumnKey, Column]
+) -> bool:
+    plan = _PLANS.get(name)
+    if plan is None or plan.keys != list(values):
+        if len(_PLANS) > 64:
+            _PLANS.clear()
+        plan = _PLANS[name] = _plan(name, split, values, labels)
+    if plan is None:
+        return False
+    vals = list(values.values())
+    selected = _SPLIT_VALUES.get(name)
+    picked = {sv: (ents, get(vals)) for sv, (ents, get) in plan.parts.items()}
+    for sv, (ents, got) in picked.items():
+        if selected is None or sv in selected:
+            out[(name, sv)] = dict(zip(ents, got))
+    if name not in _TOTAL_UNUSED and picked:
+        ents = next(iter(picked.values()))[0]
+        out[(name, None)] = dict(zip(ents, map(sum, zip(*(got for _, got in picked.values())))))
+    return True
 
 
 def finite(col: Column) -> Column:

@@ -56,12 +56,15 @@ class TritonIndexSource:
         self.connect_timeout = connect_timeout
         self.max_bytes = max_bytes
         self.session = session or make_session()
+        self._last: tuple[bytes, list[VersionState]] | None = None  # the index rarely changes
 
     def collect(self, timeout: float) -> Collected:
         resp = fetch(self.session, "POST", self.url, timeout, self.connect_timeout, self.max_bytes, json_body={})
         if resp.status != 200:
             raise SourceError(f"{self.url}: answered HTTP {resp.status}")
-        return Collected(index=parse_index(resp.body, self.url))
+        if self._last is None or self._last[0] != resp.body:
+            self._last = (resp.body, parse_index(resp.body, self.url))
+        return Collected(index=list(self._last[1]))
 
     def close(self) -> None:
         self.session.close()
