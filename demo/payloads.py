@@ -97,7 +97,7 @@ def triton_metrics(
                 out.append(f"{family}_count{{{lab}}} {9 * step}")
                 out.append(f"{family}_sum{{{lab}}} {18000 * step}")
                 for i, q in enumerate(QUANTILES):
-                    out.append(f'{family}{{{lab},quantile="{q}"}} {1800 + 100 * i}')
+                    out.append(f'{family}{{{lab},quantile="{q}"}} {1800 + 100 * i + step % 7}')
     return "\n".join(out) + "\n"
 
 

@@ -90,6 +90,31 @@ class ModelCap:
         return samples, index, dropped_series, len(entities) - len(keep)
 
 
+def _transpose(columns: dict[str, Column]) -> dict[tuple[Scope, str], dict[str, float]]:
+    """Metric columns -> one values dict per entity.
+
+    Columns computed from the same series list share one key order; those are
+    transposed with zip in C, the rest (index-only models, idle models without
+    quantiles) key by key.
+    """
+    by_entity: dict[tuple[Scope, str], dict[str, float]] = {}
+    for scope in Scope:
+        groups: dict[tuple[str, ...], list[tuple[str, Column]]] = {}
+        for m in CATALOG:
+            col = columns.get(m.name)
+            if m.scope is scope and col:
+                groups.setdefault(tuple(col), []).append((m.name, col))
+        for order, cols in sorted(groups.items(), key=lambda g: -len(g[1])):
+            names = [n for n, _ in cols]
+            for key, row in zip(order, zip(*(c.values() for _, c in cols))):
+                values = by_entity.get((scope, key))
+                if values is None:
+                    by_entity[(scope, key)] = dict(zip(names, row))
+                else:
+                    values.update(zip(names, row))
+    return by_entity
+
+
 def _only_tritons_gpus(got: Collected) -> None:
     """Keep NVML's view to the GPUs Triton reports, when it reports any.
 
@@ -240,12 +265,7 @@ class Pipeline:
         self, columns: dict[str, Column], labels: dict[str, LabelSet], index_keys: dict[str, VersionState],
         gpus: dict[str, GpuInfo], samples: dict[str, dict[str, float]], properties: dict[str, object],
     ) -> list[Event]:
-        by_entity: dict[tuple[Scope, str], dict[str, float]] = {}
-        for scope in Scope:
-            cols = [(m.name, c) for m in CATALOG if m.scope is scope and (c := columns.get(m.name))]
-            keys = set().union(*(c.keys() for _, c in cols)) if cols else set()
-            for key in sorted(keys):
-                by_entity[(scope, key)] = {name: c[key] for name, c in cols if key in c}
+        by_entity = _transpose(columns)
         common = {"exporter_version": __version__, **properties}
         task_arn = {"ecs_task_arn": properties["ecs_task_arn"]} if "ecs_task_arn" in properties else {}
         gpu_index = self._gpu_indexes(gpus, samples, labels)
