@@ -164,7 +164,7 @@ CATALOG: tuple[Metric, ...] = (
     _m("ExecutionCount", M, Unit.COUNT, Kind.DELTA, "Model executions in the window (one per batch).",
        "nv_inference_exec_count"),
     _m("RequestsPerSecond", M, Unit.COUNT_PER_SECOND, Kind.RATE,
-       "Successful requests per second over the window's real elapsed time.", _SUCCESS, rollups=SERVICE_ROLLUP),
+       "Successful requests per second over the window's real elapsed time.", _SUCCESS),
     _m("InferencesPerSecond", M, Unit.COUNT_PER_SECOND, Kind.RATE, "Inferences per second over the window.",
        "nv_inference_count"),
     _m("AverageBatchSize", M, Unit.NONE, Kind.RATIO, "Inferences per execution in the window.",
