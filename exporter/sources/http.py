@@ -9,6 +9,8 @@
   to the time left before every read.
 - Bodies are capped (``max_bytes``) while streaming, so a 200 MB answer is
   refused after ``max_bytes`` are read, not after it is all in memory.
+- Credentials in a URL (``http://user:secret@host``) are sent as configured
+  but never written into an error message: :func:`redact` replaces them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ class Response:
     body: bytes
 
 
+_USERINFO = re.compile(r"(?<=//)[^/@\s'\"]*@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the user:password part of every URL in it replaced by ``***``."""
+    return _USERINFO.sub("***@", text) if "@" in text else text
+
+
 def make_session() -> requests.Session:
     session = requests.Session()
     session.trust_env = False
@@ -48,6 +58,21 @@ def fetch(
     json_body: object | None = None,
 ) -> Response:
     """One request with an overall deadline; raises SourceError with a one-line reason."""
+    try:
+        return _fetch(session, method, url, timeout, connect_timeout, max_bytes, json_body)
+    except SourceError as exc:
+        raise SourceError(redact(str(exc))) from None
+
+
+def _fetch(
+    session: requests.Session,
+    method: str,
+    url: str,
+    timeout: float,
+    connect_timeout: float,
+    max_bytes: int,
+    json_body: object | None,
+) -> Response:
     deadline = time.monotonic() + timeout
     try:
         resp = session.request(

@@ -13,7 +13,7 @@ import requests
 
 from ..promtext import Exposition, Parser
 from . import Collected, SourceError, VersionState
-from .http import fetch, make_session
+from .http import fetch, make_session, redact
 
 
 class TritonMetricsSource:
@@ -24,6 +24,7 @@ class TritonMetricsSource:
         session: requests.Session | None = None,
     ) -> None:
         self.url = url
+        self.shown = redact(url)  # for messages: never the credentials
         self.parser = parser
         self.connect_timeout = connect_timeout
         self.max_bytes = max_bytes
@@ -32,13 +33,13 @@ class TritonMetricsSource:
     def collect(self, timeout: float) -> Collected:
         resp = fetch(self.session, "GET", self.url, timeout, self.connect_timeout, self.max_bytes)
         if resp.status != 200:
-            raise SourceError(f"{self.url}: answered HTTP {resp.status}")
+            raise SourceError(f"{self.shown}: answered HTTP {resp.status}")
         head = resp.body[:512].lstrip()
         if "html" in resp.content_type.lower() or head[:1] == b"<":
-            raise SourceError(f"{self.url}: answered an HTML page, not Prometheus text")
+            raise SourceError(f"{self.shown}: answered an HTML page, not Prometheus text")
         text = resp.body.decode("utf-8", errors="replace")
         if b"nv_" not in resp.body:
-            raise SourceError(f"{self.url}: no Triton (nv_*) series in {len(resp.body)} bytes; wrong URL?")
+            raise SourceError(f"{self.shown}: no Triton (nv_*) series in {len(resp.body)} bytes; wrong URL?")
         exposition: Exposition = self.parser.parse(text)
         return Collected(samples=exposition)
 
@@ -53,6 +54,7 @@ class TritonIndexSource:
         self, triton_url: str, connect_timeout: float, max_bytes: int, session: requests.Session | None = None
     ) -> None:
         self.url = triton_url.rstrip("/") + "/v2/repository/index"
+        self.shown = redact(self.url)  # for messages: never the credentials
         self.connect_timeout = connect_timeout
         self.max_bytes = max_bytes
         self.session = session or make_session()
@@ -61,9 +63,9 @@ class TritonIndexSource:
     def collect(self, timeout: float) -> Collected:
         resp = fetch(self.session, "POST", self.url, timeout, self.connect_timeout, self.max_bytes, json_body={})
         if resp.status != 200:
-            raise SourceError(f"{self.url}: answered HTTP {resp.status}")
+            raise SourceError(f"{self.shown}: answered HTTP {resp.status}")
         if self._last is None or self._last[0] != resp.body:
-            self._last = (resp.body, parse_index(resp.body, self.url))
+            self._last = (resp.body, parse_index(resp.body, self.shown))
         return Collected(index=list(self._last[1]))
 
     def close(self) -> None:
