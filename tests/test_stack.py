@@ -25,7 +25,8 @@ from typing import Any
 import botocore.session
 import pytest
 from botocore.validate import validate_parameters
-from cfnlint.api import lint_all
+from cfnlint.api import ManualArgs
+from cfnlint.api import lint as cfn_lint
 from cfnlint.decode.cfn_yaml import load as load_cfn_yaml
 
 from tests.fluentbit_sim import FireLensTask, Pipeline, Record, dockerfile_copies, dockerfile_env
@@ -187,7 +188,10 @@ def lint(text: str) -> list[str]:
     # W3002: the nested stack's TemplateURL is a local path that `aws cloudformation package`
     # uploads; that is the intended use, and test_nested_alarms_stack checks the path.
     # I4010 (informational) only asks for Metadata "Context" descriptions, as in test_render.
-    return [str(m) for m in lint_all(text) if m.rule.id not in ("W3002", "I4010")]
+    # Informational and experimental rules on, like lint_all, in three regions rather than all (10x faster).
+    config = ManualArgs(include_checks=["I"], include_experimental=True, regions=["us-east-1", "eu-west-1",
+                                                                                  "ap-northeast-1"])
+    return [str(m) for m in cfn_lint(text, config=config) if m.rule.id not in ("W3002", "I4010")]
 
 
 def test_stack_passes_cfn_lint() -> None:
