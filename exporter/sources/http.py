@@ -1,8 +1,13 @@
 """The one HTTP client the sources share: bounded in time and size, no surprises.
 
-- One ``requests.Session`` (keep-alive to Triton), ``trust_env`` off so no
-  proxy or netrc from the environment redirects our traffic, redirects not
-  followed (a 3xx is an error: we talk only to the configured URLs).
+- One ``requests.Session``, ``trust_env`` off so no proxy or netrc from the
+  environment redirects our traffic, redirects not followed (a 3xx is an
+  error: we talk only to the configured URLs).
+- No keep-alive (``Connection: close``): an idle connection held between
+  scrapes made Triton's graceful shutdown wait its whole exit timeout
+  ("Found 1 HTTP service connections", 30 s in the task definition) and then
+  exit with "Exit timeout expired". One new connection a cycle costs nothing
+  at a 60 s interval.
 - ``requests``' read timeout applies per socket read, so a server that
   drips one byte per second would never trip it. ``fetch`` enforces one
   overall deadline: it reads with ``read1`` and shrinks the socket timeout
@@ -45,6 +50,7 @@ def make_session() -> requests.Session:
     session.trust_env = False
     session.headers["User-Agent"] = "triton-emf-exporter"
     session.headers["Accept-Encoding"] = "identity"  # the byte cap then bounds what we hold
+    session.headers["Connection"] = "close"  # never hold Triton's shutdown (see above)
     return session
 
 
