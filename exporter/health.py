@@ -761,7 +761,8 @@ def build_parser() -> argparse.ArgumentParser:
         "READY, optional smoke inference. Exit 0 healthy, 1 unhealthy, 2 usage error. "
         "Flags win over the environment variables named in brackets.",
     )
-    p.add_argument("--url", help=f"Triton HTTP endpoint [TRITON_URL] (default {DEFAULT_URL})")
+    p.add_argument("--url", "--triton-url", dest="url",
+                   help=f"Triton HTTP endpoint [TRITON_URL] (default {DEFAULT_URL})")
     p.add_argument(
         "--models",
         action="append",
