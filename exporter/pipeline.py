@@ -201,9 +201,10 @@ class Pipeline:
         got, statuses = self.collect()
         scrape_ms = (self.clock() - started) * 1000.0
         exp = got.samples
-        if exp.malformed:
-            log.warning("skipped %d malformed /metrics lines", exp.malformed,
-                        extra={"fields": {"examples": exp.examples}})
+        # Logged when the count changes, not every cycle; ParseErrors carries it every cycle.
+        self.conditions.set("malformed /metrics lines",
+                            f"skipping {exp.malformed} malformed /metrics lines per scrape" if exp.malformed else None,
+                            examples=exp.examples)
         index_keys = {} if got.index is None else {model_key(v.model, v.version): v for v in got.index}
         samples, index, dropped_series, dropped_models = self.cap.apply(exp, got.index, index_keys)
         self.conditions.set(
