@@ -45,11 +45,11 @@ COMMANDS = {
 
 
 def build_sources(settings: Settings) -> list[Source]:
-    session = make_session()
+    # One session per source: the pipeline reads sources concurrently.
     sources: list[Source] = [
         TritonMetricsSource(settings.metrics_url, Parser(wanted_series()), settings.connect_timeout,
-                            settings.max_body_bytes, session),
-        TritonIndexSource(settings.triton_url, settings.connect_timeout, settings.max_body_bytes, session),
+                            settings.max_body_bytes, make_session()),
+        TritonIndexSource(settings.triton_url, settings.connect_timeout, settings.max_body_bytes, make_session()),
     ]
     if settings.nvml != "off":
         nvml = _nvml_source(settings)

@@ -7,6 +7,7 @@ fixture sources and a fake clock, and the runner drives it on a schedule.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -90,6 +91,29 @@ class ModelCap:
         return samples, index, dropped_series, len(entities) - len(keep)
 
 
+def _run_all(func: Callable[[Source], tuple[Collected | None, SourceStatus]],
+             sources: Sequence[Source]) -> list[tuple[Collected | None, SourceStatus]]:
+    """``func`` on every source in its own daemon thread; results in source order.
+
+    Daemon threads, not a ThreadPoolExecutor: the executor's workers are joined
+    at interpreter exit, so a source stuck in a network call would hold a
+    SIGTERM exit for up to its timeout. Every source call is bounded by its own
+    timeout, so the joins below end.
+    """
+    results: list[tuple[Collected | None, SourceStatus] | None] = [None] * len(sources)
+
+    def run(i: int) -> None:
+        results[i] = func(sources[i])
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"source-{s.name}", daemon=True)
+               for i, s in enumerate(sources)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [r for r in results if r is not None]
+
+
 def _transpose(columns: dict[str, Column]) -> dict[tuple[Scope, str], dict[str, float]]:
     """Metric columns -> one values dict per entity.
 
@@ -123,11 +147,14 @@ def _only_tritons_gpus(got: Collected) -> None:
     both report each other's GPUs and summed metrics (XID, ECC) would double.
     """
     exp = got.samples
-    triton = {exp.labels[k].entity[1] for name, s in exp.samples.items() if name.startswith("nv_gpu_") for k in s}
+    triton = {
+        exp.labels[k].entity[1] for name, s in exp.samples.items() if name.startswith("nv_gpu_") for k in s
+        if exp.labels[k].entity[0] == "gpu"
+    }
     if not triton:
         return
     for name in [n for n in exp.samples if n.startswith("nvml_")]:
-        exp.samples[name] = {k: v for k, v in exp.samples[name].items() if exp.labels[k].entity[1] in triton}
+        exp.samples[name] = {k: v for k, v in exp.samples[name].items() if exp.labels[k].entity[-1] in triton}
     for uuid in [u for u in got.gpus if u not in triton]:
         del got.gpus[uuid]
 
@@ -168,22 +195,18 @@ class Pipeline:
     # --- collection -----------------------------------------------------------------------
 
     def collect(self) -> tuple[Collected, list[SourceStatus]]:
+        """Read every source at once: a cycle costs the slowest source, not the sum of them.
+
+        (Sequentially, a frozen Triton cost two full timeouts, one per Triton
+        source, and at --timeout = interval/2 that skipped scheduled scrapes.)
+        """
+        results = _run_all(self._collect_one, self.sources)
         merged = Collected()
         statuses = []
-        for source in self.sources:
-            start = self.clock()
-            error = ""
-            try:
-                got = source.collect(self.settings.timeout)
-            except SourceError as exc:
-                error = str(exc)
-            except Exception as exc:  # a bug in one source must not stop the others
-                error = f"internal error in source {source.name}: {type(exc).__name__}: {exc}"
-                log.error(error, exc_info=True)
-            duration = (self.clock() - start) * 1000.0
-            statuses.append(SourceStatus(source.name, not error, duration, error))
-            self.conditions.set(f"source {source.name}", error or None, source=source.name)
-            if error:
+        for source, (got, status) in zip(self.sources, results, strict=True):
+            statuses.append(status)
+            self.conditions.set(f"source {source.name}", status.error or None, source=source.name)
+            if got is None:
                 continue
             merged.samples.merge(got.samples)
             if got.index is not None:
@@ -192,6 +215,19 @@ class Pipeline:
             merged.properties.update(got.properties)
         _only_tritons_gpus(merged)
         return merged, statuses
+
+    def _collect_one(self, source: Source) -> tuple[Collected | None, SourceStatus]:
+        start = self.clock()
+        got, error = None, ""
+        try:
+            got = source.collect(self.settings.timeout)
+        except SourceError as exc:
+            error = str(exc)
+        except Exception as exc:  # a bug in one source must not stop the others
+            error = f"internal error in source {source.name}: {type(exc).__name__}: {exc}"
+            log.error(error, exc_info=True)
+        duration = (self.clock() - start) * 1000.0
+        return got, SourceStatus(source.name, not error, duration, error)
 
     # --- one cycle ------------------------------------------------------------------------
 
@@ -271,13 +307,20 @@ class Pipeline:
         task_arn = {"ecs_task_arn": properties["ecs_task_arn"]} if "ecs_task_arn" in properties else {}
         gpu_index = self._gpu_indexes(gpus, samples, labels)
         events = []
+        misplaced = 0
         for (scope, key), values in by_entity.items():
             props: dict[str, object]
+            ls = labels.get(key)
+            kind = ls.entity[0] if ls is not None else None
             if scope is Scope.MODEL:
-                ls = labels.get(key)
                 v = index_keys.get(key)
-                model, version = (ls.entity[1], ls.entity[2]) if ls is not None else (v.model, v.version) if v \
-                    else ("", "")
+                if kind == "model":
+                    model, version = ls.entity[1], ls.entity[2]  # type: ignore[union-attr]
+                elif v is not None:
+                    model, version = v.model, v.version
+                else:  # a per-model series printed without its model label
+                    misplaced += 1
+                    continue
                 props = dict(task_arn)
                 if v is not None:
                     props["state"] = v.state
@@ -285,8 +328,10 @@ class Pipeline:
                         props["reason"] = clip(v.reason)
                 dims = dimensions_for(scope, {"model": model, "version": version}, props)
             elif scope is Scope.GPU:
-                ls = labels.get(key)
-                uuid = ls.entity[1] if ls is not None else key
+                if kind != "gpu":  # a per-GPU series without gpu_uuid
+                    misplaced += 1
+                    continue
+                uuid = ls.entity[1]  # type: ignore[union-attr]
                 info = gpus.get(uuid)
                 props = {**common, "gpu_uuid": uuid, **(info.properties if info else {})}
                 dims = dimensions_for(scope, {"gpu": str(gpu_index.get(uuid, uuid))}, props)
@@ -294,9 +339,17 @@ class Pipeline:
                 props = dict(common)
                 dims = dimensions_for(scope, {"source": key}, props)
             else:
+                if key != "":  # a task-wide series that carries a model or gpu label
+                    misplaced += 1
+                    continue
                 props = dict(common)
                 dims = {}
             events.append(Event(scope, dims, values, props))
+        self.conditions.set(
+            "misplaced series",
+            f"ignoring {misplaced} entities whose series lack the model/gpu_uuid label their metric needs"
+            if misplaced else None,
+        )
         return events
 
     def _gpu_indexes(

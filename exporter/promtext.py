@@ -165,17 +165,21 @@ class Parser:
     """Reads only the given sample names (``x_count``/``x_sum``/``x_bucket`` are names too).
 
     One instance is reused across scrapes so its label cache pays off. The
-    cache is bounded (``max_cache`` blocks) and cleared when full; that costs
-    one re-parse per block, and equal label sets stay equal across the clear.
+    cache is cleared when it holds more than twice the blocks the last body
+    needed (at least ``min_cache``, at most ``max_cache``), so under model
+    churn it tracks the live set; a clear costs one re-parse per block, and
+    equal label sets stay equal across it (keys are content-derived).
     """
 
-    def __init__(self, names: Iterable[str], max_cache: int = 100_000) -> None:
+    def __init__(self, names: Iterable[str], max_cache: int = 100_000, min_cache: int = 10_000) -> None:
         self.names = frozenset(names)
         self._cache: dict[str, str] = {"": EMPTY.key}  # raw label block -> canonical key
         self._interned: dict[str, LabelSet] = {EMPTY.key: EMPTY}
         self._patterns: dict[str, re.Pattern[str]] = {}
         self._fast_patterns: dict[str, re.Pattern[str]] = {}
         self.max_cache = max_cache
+        self.min_cache = min_cache
+        self._bound = max_cache  # shrinks to a few times the live set after the first parse
 
     def _pattern(self, name: str) -> re.Pattern[str]:
         pat = self._patterns.get(name)
@@ -232,7 +236,7 @@ class Parser:
             if len(words) >= 2 and words[0] == "TYPE":
                 if current is not None and words[1] != current:
                     spans.setdefault(current, (start, head, kind))
-                current, start = words[1], line_end + 1
+                current, start = words[1], min(line_end + 1, len(text))
                 kind = words[2] if len(words) > 2 else "untyped"
             pos = text.find("\n# ", line_end)
         if current is not None:
@@ -241,7 +245,8 @@ class Parser:
 
     def parse(self, text: str) -> Exposition:
         out = Exposition()
-        if len(self._cache) > self.max_cache:
+        if len(self._cache) > self._bound:
+            # Blocks of vanished series (model churn) would otherwise stay until max_cache.
             self._cache = {"": EMPTY.key}
             self._interned = {EMPTY.key: EMPTY}
         cache = self._cache
@@ -259,6 +264,7 @@ class Parser:
                 series.update(zip(map(cache.__getitem__, blocks), values))
                 out.duplicates += before + len(blocks) - len(series)
         out.labels = self._interned
+        self._bound = min(self.max_cache, max(self.min_cache, 2 * out.count()))
         return out
 
     def _fast(self, text: str, name: str, start: int, end: int):
@@ -269,7 +275,7 @@ class Parser:
         number, so a timestamp, a malformed line or an odd value spelling
         always takes the strict path.
         """
-        if start == 0 or text[start - 1] != "\n":
+        if start == 0 or start >= len(text) or text[start - 1] != "\n":
             return None
         pat = self._fast_patterns.get(name)
         if pat is None:

@@ -198,18 +198,20 @@ class Gate:
 def test_triton_restart_between_two_scrapes_in_the_loop(triton_factory, tmp_path):
     server = triton_factory(["add"])
     pipe = pipeline_for(server, **FAST)
-    gate = Gate(pipe.sources[0])
-    pipe.sources[0] = gate
+    gates = [Gate(s) for s in pipe.sources]  # the sources are read concurrently: hold both
+    pipe.sources[:] = gates
     with Loop(pipe, FileSink(str(tmp_path / "emf.log")), 0.5) as loop:
         loop.wait(lambda d: add_success(d) == 0, 5)
         server.infer_add(5)
         loop.wait(lambda d: (add_success(d) or 0) > 0, 5)
         loop.wait(lambda d: add_success(d) == 0, 5)  # all 5 were counted
-        gate.armed = True
-        assert gate.waiting.wait(5)  # the loop is between two scrapes of a live Triton ...
+        for gate in gates:
+            gate.armed = True
+        assert all(gate.waiting.wait(5) for gate in gates)  # the loop is between two scrapes of a live Triton ...
         server.restart()  # ... which restarts: every counter starts again at 0
         server.infer_add(2)  # 2 < 5: a reset, neither -3 nor +2
-        gate.release.set()
+        for gate in gates:
+            gate.release.set()
         reset = loop.wait(lambda d: task_doc(d)["CounterResets"] > 0, 5)
         server.infer_add(3)
         after = loop.wait(lambda d: (add_success(d) or 0) > 0, 5)

@@ -1,0 +1,65 @@
+"""Regressions found by the fault suite (docs/reliability.md), fixed in the pipeline."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from demo.payloads import triton_metrics
+from exporter.config import Settings
+from exporter.pipeline import Pipeline
+from exporter.promtext import Parser
+from exporter.sinks import FileSink
+
+from .helpers import IndexSource, TextSource, documents, model_doc, pipeline_for, task_doc
+from .test_faults import Loop, starts
+
+
+@pytest.mark.parametrize("line", [
+    'nv_inference_pending_request_count{version="1"} 0',  # model label missing
+    "nv_inference_pending_request_count 0",  # no labels at all
+    "nv_gpu_utilization 0.5",  # GPU family without gpu_uuid
+])
+def test_series_without_its_entity_label_is_skipped_not_fatal(line):
+    body = triton_metrics(["a"], 1, gpus=["GPU-1"])
+    family = line.split("{")[0].split(" ")[0]
+    body = body.replace(f"# TYPE {family} gauge\n", f"# TYPE {family} gauge\n{line}\n")
+    pipe = Pipeline(Settings(nvml="off"), [TextSource(body), IndexSource()])
+    docs = documents(pipe.cycle())
+    assert model_doc(docs, "a")["PendingRequests"] == 0
+    assert len([d for d in docs if "ExporterHeartbeat" in d]) == 1  # no second "task" event from it
+    assert task_doc(docs)["TritonUp"] == 1  # the cycle is not lost to the odd series
+    assert [d["gpu"] for d in docs if "gpu" in d] == ["0"]
+
+
+def test_body_ending_in_a_type_line_without_newline():
+    exp = Parser(["nv_inference_count"]).parse("# TYPE nv_inference_count counter")
+    assert exp.samples.get("nv_inference_count", {}) == {} and exp.malformed == 0
+    exp = Parser(["nv_inference_count"]).parse('# TYPE nv_inference_count counter\nnv_inference_count{a="b"} 3')
+    assert list(exp.samples["nv_inference_count"].values()) == [3.0]
+
+
+def test_label_cache_tracks_the_live_set_under_churn():
+    parser = Parser(["nv_inference_count"], min_cache=100)
+    for round_ in range(30):
+        names = [f"m{round_}_{i}" for i in range(50)]  # 50 new models every scrape, none repeat
+        parser.parse(triton_metrics(names, 1))
+        assert len(parser._cache) <= 2 * 100 + 2 * 50 + 1  # bounded by the live set, not max_cache
+
+
+@pytest.mark.triton
+def test_frozen_triton_keeps_the_schedule_at_the_default_timeout(triton_factory, tmp_path):
+    """Sources are read concurrently: a frozen Triton costs one timeout per cycle, not one per source."""
+    server = triton_factory(["add"])
+    pipe = pipeline_for(server, timeout=0.5, connect_timeout=1.0)
+    try:
+        with Loop(pipe, FileSink(str(tmp_path / "emf.log")), 1.0) as loop:
+            time.sleep(1.2)
+            server.freeze()
+            time.sleep(4.5)
+        gaps = [round(b - a, 2) for a, b in itertools.pairwise(starts(loop))]
+        assert loop.runner.missed == 0, gaps
+    finally:
+        server.thaw()
