@@ -96,7 +96,11 @@ def validate_main(argv: Sequence[str]) -> int:
                                      description="Check EMF documents, one JSON object per line.")
     parser.add_argument("file", help="path, or - for stdin")
     args = parser.parse_args(list(argv))
-    stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
+    try:
+        stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
+    except OSError as exc:
+        sys.stderr.write(f"error: cannot read {args.file}: {exc.strerror or exc}\n")
+        return 2
     bad = total = 0
     with stream:
         for n, line in enumerate(stream, 1):
@@ -130,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"error: invalid setting: {exc}\n")
         return 2
-    logs.setup(settings.log_level)
+    logs.setup(settings.log_level or ("error" if settings.once else "info"))
     pipeline = Pipeline(settings, build_sources(settings))
     if settings.once:
         try:

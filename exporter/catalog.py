@@ -109,16 +109,28 @@ class Metric:
         return (BASE_DIMENSIONS[self.scope], *self.rollups)
 
     def describe_inputs(self) -> str:
+        """The computation as a formula: ``a | b`` first present, ``a + b`` summed, ``x / y`` a ratio."""
+
         def one(i: Input) -> str:
             s = i.series + (f"{{{SPLIT_LABELS.get(i.series, 'label')}={i.where}}}" if i.where else "")
             return s + (f" x {i.scale:g}" if i.scale != 1 else "")
 
-        parts = [" + ".join(one(i) for i in self.inputs)] if self.inputs else []
-        if self.denominators:
-            parts.append("/ " + " + ".join(one(i) for i in self.denominators))
-        if self.kind in (Kind.GAUGE, Kind.DELTA, Kind.RATE) and len(self.inputs) > 1:
-            parts = [" | ".join(one(i) for i in self.inputs) + " (first present)"]
-        return " ".join(parts) or self.source
+        def group(inputs: tuple[Input, ...], sep: str) -> str:
+            text = sep.join(one(i) for i in inputs)
+            return f"({text})" if len(inputs) > 1 else text
+
+        if self.kind is Kind.RATIO:
+            return f"delta {group(self.inputs, ' + ')} / delta {group(self.denominators, ' + ')}"
+        if self.kind is Kind.GAUGE_RATIO:
+            return f"{group(self.inputs, ' | ')} / {group(self.denominators, ' | ')} (pairwise, first present)"
+        if self.kind is Kind.QUANTILE and self.guard:
+            return f"{group(self.inputs, ' | ')} when delta {one(self.guard)} > 0"
+        if self.kind is Kind.HISTOGRAM_QUANTILE:
+            return f"histogram_quantile({self.quantile:g}, delta {one(self.inputs[0])})"
+        if self.inputs:
+            prefix = {Kind.DELTA: "delta ", Kind.RATE: "rate "}.get(self.kind, "")
+            return prefix + group(self.inputs, " | ")
+        return self.source
 
 
 # The label that splits a family into sub-series a metric can select with Input.where.

@@ -49,7 +49,7 @@ class Settings:
     nvml: str = "auto"
     storage_resolution: int = 60
     ecs_metadata_url: str = ""
-    log_level: str = "info"
+    log_level: str = ""  # empty: info for the loop, error for --once (its table already says what is down)
     once: bool = False
 
 
@@ -141,7 +141,7 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
     ("ecs_metadata_url", "--ecs-metadata-url", ("ECS_CONTAINER_METADATA_URI_V4",), _url,
      "ECS task metadata endpoint (set by ECS); task identity goes into properties"),
     ("log_level", "--log-level", ("EXPORTER_LOG_LEVEL",), _choice("debug", "info", "warning", "error"),
-     "level of the exporter's own JSON log lines on stderr"),
+     "level of the exporter's own JSON log lines on stderr (default: info; error with --once)"),
 ]
 ENV_VARS = tuple(env for _, _, envs, _, _ in OPTIONS for env in envs)
 
@@ -157,7 +157,7 @@ def build_parser(prog: str = "python -m exporter") -> argparse.ArgumentParser:
     )
     for field, flag, envs, _, text in OPTIONS:
         default = getattr(defaults, field)
-        shown = "" if field in ("ecs_metadata_url", "timeout") else f" (default: {default})"
+        shown = "" if field in ("ecs_metadata_url", "timeout", "log_level") else f" (default: {default})"
         parser.add_argument(flag, dest=field, metavar=field.split("_")[-1].upper(),
                             help=f"{text}{shown} [env: {', '.join(envs)}]")
     parser.add_argument("--once", action="store_true",

@@ -304,7 +304,6 @@ class Pipeline:
     ) -> list[Event]:
         by_entity = _transpose(columns)
         common = {"exporter_version": __version__, **properties}
-        task_arn = {"ecs_task_arn": properties["ecs_task_arn"]} if "ecs_task_arn" in properties else {}
         gpu_index = self._gpu_indexes(gpus, samples, labels)
         events = []
         misplaced = 0
@@ -321,7 +320,7 @@ class Pipeline:
                 else:  # a per-model series printed without its model label
                     misplaced += 1
                     continue
-                props = dict(task_arn)
+                props = dict(properties)  # task identity: Logs Insights can tell tasks apart
                 if v is not None:
                     props["state"] = v.state
                     if v.reason:

@@ -48,11 +48,13 @@ class Runner:
         self.cycles = 0
         self.missed = 0
         self.last: CycleResult | None = None
+        self._dropped_carry = 0  # EventsDropped not yet reported (a failed cycle must not lose it)
 
     def _cycle(self) -> CycleResult | None:
         """Run one cycle in a worker; None when stopped before it finished."""
         box: list[CycleResult | BaseException] = []
-        dropped = self.sink.take_dropped()
+        dropped = self._dropped_carry + self.sink.take_dropped()
+        self._dropped_carry = dropped  # kept for the next cycle unless this one reports it
 
         def work() -> None:
             try:
@@ -72,6 +74,7 @@ class Runner:
             return None
         if isinstance(box[0], BaseException):
             raise box[0]
+        self._dropped_carry = 0
         return box[0]
 
     def run(self) -> None:

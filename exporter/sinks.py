@@ -147,6 +147,7 @@ class TcpSink:
         self.dropped = 0
         self.delivered = 0
         self.closing = False
+        self.backing_off = False
         self.sock: socket.socket | None = None
         self.conditions = Conditions(log)
         self.thread = threading.Thread(target=self._run, name="tcp-sink", daemon=True)
@@ -159,7 +160,8 @@ class TcpSink:
                     self.queue.popleft()
                     self.dropped += 1
                 self.queue.append(event)
-            self.cond.notify()
+            if not self.backing_off:  # a sender waiting out a backoff is woken only by close()
+                self.cond.notify()
 
     def pending(self) -> int:
         with self.cond:
@@ -204,7 +206,9 @@ class TcpSink:
                 with self.cond:
                     if self.closing:
                         return
+                    self.backing_off = True
                     self.cond.wait(backoff)  # woken early only by close()
+                    self.backing_off = False
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
             backoff = BACKOFF_START

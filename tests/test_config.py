@@ -88,8 +88,9 @@ def test_catalog_command_lists_every_metric(tmp_path):
 
 def test_validate_command(tmp_path):
     good = tmp_path / "emf.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "exporter", "validate", str(good)], capture_output=True, timeout=30)
-    assert proc.returncode != 0  # missing file
+    proc = subprocess.run([sys.executable, "-m", "exporter", "validate", str(good)], capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: cannot read") and "Traceback" not in proc.stderr
     good.write_text('{"_aws":{"Timestamp":1,"CloudWatchMetrics":[]}}\n')
     proc = subprocess.run([sys.executable, "-m", "exporter", "validate", str(good)], capture_output=True,
                           text=True, timeout=30)

@@ -242,12 +242,14 @@ def test_gpus_not_read_before_the_timeout_are_left_out_of_the_cycle() -> None:
 # --- NVML absent or failing --------------------------------------------------------------------------
 
 
-def test_library_missing_auto_on_a_cpu_host_omits_the_source(tmp_path: Path, caplog) -> None:
+def test_library_missing_auto_on_a_cpu_host_warns_once_and_reports_down(tmp_path: Path, caplog) -> None:
     with caplog.at_level(logging.INFO, logger="exporter.nvml"):
         source = make_nvml_source(Settings(nvml="auto"), fk.library_missing(), {}, dev=tmp_path)
-    assert source is None
-    assert any(r.levelno == logging.INFO and "NVML source off" in r.getMessage() for r in caplog.records)
-    assert not any(r.levelno >= logging.WARNING for r in caplog.records)
+    assert source is not None  # kept: SourceUp{source=nvml}=0 tells the truth every cycle
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "--nvml off" in warnings[0]
+    with pytest.raises(SourceError, match=r"libnvidia-ml\.so\.1"):
+        source.collect(5.0)
 
 
 def test_library_missing_auto_with_gpu_hints_reports_the_source_down(tmp_path: Path) -> None:

@@ -63,3 +63,67 @@ def test_frozen_triton_keeps_the_schedule_at_the_default_timeout(triton_factory,
         assert loop.runner.missed == 0, gaps
     finally:
         server.thaw()
+
+
+def test_tcp_sink_backoff_is_not_cut_short_by_new_events(monkeypatch):
+    """Found in review: send() woke the sender out of its backoff, so it reconnected every cycle."""
+    from exporter import sinks
+
+    attempts: list[float] = []
+
+    def refuse(addr, timeout=None):
+        attempts.append(time.monotonic())
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(sinks.socket, "create_connection", refuse)
+    sink = sinks.TcpSink("127.0.0.1", 9, capacity=1000)
+    try:
+        deadline = time.monotonic() + 1.6
+        while time.monotonic() < deadline:
+            sink.send([b'{"_aws":{}}'])  # a new batch every 20 ms
+            time.sleep(0.02)
+    finally:
+        sink.close(0.1)
+    # Backoff 0.2, 0.4, 0.8 s: 4 attempts in 1.6 s, not one per batch (~80).
+    assert 3 <= len(attempts) <= 5, len(attempts)
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert all(g >= 0.15 for g in gaps), gaps
+
+
+def test_events_dropped_survive_a_failed_cycle():
+    from exporter.runner import Runner
+
+    class FlakyPipeline:
+        def __init__(self) -> None:
+            self.calls: list[int] = []
+
+        def cycle(self, events_dropped: int = 0):
+            self.calls.append(events_dropped)
+            if len(self.calls) == 1:
+                raise RuntimeError("bug in one cycle")
+            return type("R", (), {"events": []})()
+
+        def close(self) -> None:
+            pass
+
+    class CountingSink:
+        def __init__(self) -> None:
+            self.drops = [7, 0, 0]
+
+        def take_dropped(self) -> int:
+            return self.drops.pop(0) if self.drops else 0
+
+        def send(self, events) -> None:
+            pass
+
+        def close(self, timeout: float) -> None:
+            pass
+
+    pipe = FlakyPipeline()
+    runner = Runner(pipe, CountingSink(), interval=0.01)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError):
+        runner._cycle()
+    runner._cycle()
+    assert pipe.calls == [7, 7]  # the 7 drops of the failed cycle are reported by the next one
+    runner._cycle()
+    assert pipe.calls[-1] == 0

@@ -574,13 +574,15 @@ def load_api() -> Any:
 def make_nvml_source(
     settings: Settings, api: Any = None, environ: Mapping[str, str] | None = None, dev: Path = Path("/dev"),
 ) -> NvmlSource | None:
-    """The NVML source for ``settings.nvml``, or None when "auto" finds a host with no GPU at all.
+    """The NVML source for ``settings.nvml`` ("off": None).
 
-    "auto" omits the source (one info line) only when NVML is absent for
-    good reason: no library or no driver, *and* nothing says a GPU was meant
-    to be here (no /dev/nvidiactl, NVIDIA_VISIBLE_DEVICES unset or void).
-    Anything else, and every failure under "on", keeps the source: it
-    reports SourceUp=0 with the reason and retries slowly.
+    When NVML cannot start, the source is kept either way: one warning at
+    start, ``SourceUp{source=nvml}=0`` with the reason every cycle, and a
+    slow retry; Triton's metrics keep flowing. On a host that has no GPU at
+    all (no library or driver and nothing in /dev or NVIDIA_VISIBLE_DEVICES
+    saying one was meant to be there) the warning says so and points at
+    ``--nvml off``: a GPU task whose sidecar was not given the driver looks
+    the same from inside, and that is the case this must not hide.
     """
     if settings.nvml == "off":
         return None
@@ -590,9 +592,9 @@ def make_nvml_source(
     try:
         source.start()
     except NvmlUnavailable as exc:
-        if settings.nvml == "auto" and exc.code in _ABSENT and not gpu_hints(environ, dev):
-            log.info("no NVIDIA driver or GPU on this host (%s): NVML source off; --nvml on reports it as down",
-                     exc.reason)
-            return None
-        # Kept: collect() raises this error, so the pipeline logs it once and reports SourceUp=0.
+        if exc.code in _ABSENT and not gpu_hints(environ, dev):
+            log.warning("NVML unavailable (%s) and no GPU device or NVIDIA_VISIBLE_DEVICES in this container: "
+                        "GPU telemetry from NVML is off until it appears (retrying every %gs); on a CPU-only "
+                        "host, --nvml off (EXPORTER_NVML=off) silences this", exc.reason, RETRY_INTERVAL)
+        # collect() raises this error, so the pipeline reports SourceUp=0 with the reason.
     return source
