@@ -274,3 +274,13 @@ def test_health_check_command_on_real_triton(taskdef, triton_factory, triton):
     proc = run_health_check(taskdef, triton.url)
     assert proc.returncode == 1
     assert "broken" in proc.stdout
+
+
+def test_docs_show_the_health_check_the_task_definition_ships(taskdef):
+    """docs/health.md's healthCheck block is the one deployed, value for value."""
+    import json as _json
+
+    text = (ROOT / "docs" / "health.md").read_text()
+    block = re.search(r'```json\n"healthCheck": (\{.*?\n\})\n```', text, re.S)
+    assert block, "docs/health.md lost its healthCheck block"
+    assert _json.loads(block.group(1)) == containers(taskdef)["triton-server"]["healthCheck"]
