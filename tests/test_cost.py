@@ -116,8 +116,8 @@ def test_alarms_bill_insights_alarms_per_model() -> None:
 
 
 def test_docs_show_the_current_cost_table() -> None:
-    doc = (ROOT / "docs" / "dashboards.md").read_text()
-    assert cost.markdown_table(cost.DOC_ROWS) in doc, "re-run: python -m exporter cost --markdown"
+    for path in (ROOT / "docs" / "dashboards.md", ROOT / "README.md"):
+        assert cost.markdown_table(cost.DOC_ROWS) in path.read_text(), f"{path.name}: re-run exporter cost --markdown"
 
 
 def test_cli(capsys: pytest.CaptureFixture[str]) -> None:

@@ -277,10 +277,11 @@ def test_health_check_command_on_real_triton(taskdef, triton_factory, triton):
 
 
 def test_docs_show_the_health_check_the_task_definition_ships(taskdef):
-    """docs/health.md's healthCheck block is the one deployed, value for value."""
+    """The healthCheck blocks of docs/health.md and the README are the one deployed, value for value."""
     import json as _json
 
-    text = (ROOT / "docs" / "health.md").read_text()
-    block = re.search(r'```json\n"healthCheck": (\{.*?\n\})\n```', text, re.S)
-    assert block, "docs/health.md lost its healthCheck block"
-    assert _json.loads(block.group(1)) == containers(taskdef)["triton-server"]["healthCheck"]
+    for doc in (ROOT / "docs" / "health.md", ROOT / "README.md"):
+        text = doc.read_text()
+        block = re.search(r'```json\n\s*"healthCheck": (\{.*?\n\s*\})\n\s*```', text, re.S)
+        assert block, f"{doc.name} lost its healthCheck block"
+        assert _json.loads(block.group(1)) == containers(taskdef)["triton-server"]["healthCheck"], doc.name

@@ -505,3 +505,22 @@ def test_lost_gpu_in_emf() -> None:
     assert docs[U[1]]["GpuLost"] == 1.0 and docs[U[1]]["gpu"] == "1"
     assert "GpuTemperatureCelsius" not in docs[U[1]]
     assert docs[U[0]]["GpuLost"] == 0.0
+
+
+def test_nvml_is_kept_to_the_gpus_triton_reports() -> None:
+    """In ECS the sidecar sees every GPU of the host (NVIDIA_VISIBLE_DEVICES=all); Triton sees its own.
+
+    Without the filter, two tasks on one host would each report the other's GPU, and summed
+    metrics (XID, ECC) would count twice.
+    """
+    fake = fk.two_healthy()
+    triton = TextSource(*(triton_text(step, [U[1]]) for step in (1, 2)))  # this task's Triton has GPU 1 only
+    nvml = NvmlSource(fake, {}, clock=Clock())
+    results = run([triton, IndexSource(), nvml], 2, between=lambda n: fake.advance(60))
+    docs = gpu_docs(results[1])
+    assert [d["gpu_uuid"] for d in docs] == [U[1]]
+    assert docs[0]["gpu"] == "1" and docs[0]["GpuTemperatureCelsius"] == 41.0  # NVML fields kept for it
+    # Without Triton GPU series there is nothing to filter by: NVML's whole view is reported.
+    cpu_triton = TextSource(*(triton_text(step, []) for step in (1, 2)))
+    results = run([cpu_triton, IndexSource(), NvmlSource(fk.two_healthy(), {}, clock=Clock())], 2)
+    assert sorted(d["gpu_uuid"] for d in gpu_docs(results[1])) == sorted([U[0], U[1]])
