@@ -61,7 +61,7 @@ def safe_dimension_value(raw: str) -> SafeValue:
         cleaned = "".join(c if c.isascii() and c.isprintable() else "_" for c in raw).strip()
         keep = MAX_DIMENSION_VALUE_LENGTH - HASH_CHARS - 1
         result = SafeValue(f"{cleaned[:keep]}~{digest}" if cleaned else f"_~{digest}", True)
-    if len(_SAFE_CACHE) > 100_000:
+    if len(_SAFE_CACHE) > 20_000:  # well above --max-models; churn of new names must not grow it
         _SAFE_CACHE.clear()
     _SAFE_CACHE[raw] = result
     return result

@@ -171,7 +171,7 @@ class Parser:
     equal label sets stay equal across it (keys are content-derived).
     """
 
-    def __init__(self, names: Iterable[str], max_cache: int = 100_000, min_cache: int = 10_000) -> None:
+    def __init__(self, names: Iterable[str], max_cache: int = 100_000, min_cache: int = 1_000) -> None:
         self.names = frozenset(names)
         self._cache: dict[str, str] = {"": EMPTY.key}  # raw label block -> canonical key
         self._interned: dict[str, LabelSet] = {EMPTY.key: EMPTY}
