@@ -11,6 +11,7 @@ briefly, flushes what was produced and leaves.
 from __future__ import annotations
 
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,13 @@ log = get("runner")
 
 STOP_GRACE = 1.5  # seconds a running cycle may still finish after SIGTERM
 SINK_GRACE = 0.4  # seconds left for the sink to deliver its buffer
+
+
+class _Job:
+    def __init__(self, dropped: int) -> None:
+        self.dropped = dropped
+        self.done = threading.Event()
+        self.result: CycleResult | BaseException | None = None
 
 
 class TritonUnreachable(Exception):
@@ -49,33 +57,40 @@ class Runner:
         self.missed = 0
         self.last: CycleResult | None = None
         self._dropped_carry = 0  # EventsDropped not yet reported (a failed cycle must not lose it)
+        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._worker: threading.Thread | None = None
 
     def _cycle(self) -> CycleResult | None:
-        """Run one cycle in a worker; None when stopped before it finished."""
-        box: list[CycleResult | BaseException] = []
+        """Run one cycle on the worker thread; None when stopped before it finished."""
         dropped = self._dropped_carry + self.sink.take_dropped()
         self._dropped_carry = dropped  # kept for the next cycle unless this one reports it
-
-        def work() -> None:
-            try:
-                box.append(self.pipeline.cycle(events_dropped=dropped))
-            except BaseException as exc:  # handed to the main thread
-                box.append(exc)
-
-        worker = threading.Thread(target=work, name="cycle", daemon=True)
-        worker.start()
-        while worker.is_alive():
-            worker.join(0.05)
+        job = _Job(dropped)
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._work, name="cycle", daemon=True)
+            self._worker.start()
+        self._jobs.put(job)
+        while not job.done.wait(0.05):
             if self.stop.is_set():
-                worker.join(STOP_GRACE)
+                job.done.wait(STOP_GRACE)
                 break
-        if not box:
+        if not job.done.is_set():
             log.warning("stopped during a cycle; that cycle's data is dropped")
+            self._worker = None  # abandoned (daemon): a new one would serve a next cycle
             return None
-        if isinstance(box[0], BaseException):
-            raise box[0]
+        if isinstance(job.result, BaseException):
+            raise job.result
         self._dropped_carry = 0
-        return box[0]
+        return job.result
+
+    def _work(self) -> None:
+        """One long-lived worker: a fresh thread per cycle would get a fresh malloc arena each time."""
+        while True:
+            job = self._jobs.get()
+            try:
+                job.result = self.pipeline.cycle(events_dropped=job.dropped)
+            except BaseException as exc:  # handed to the main thread
+                job.result = exc
+            job.done.set()
 
     def run(self) -> None:
         """Loop until ``stop`` is set. Raises SinkClosed if the output goes away for good."""
