@@ -31,6 +31,11 @@ _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\
 _ESCAPES = re.compile(r"\\(.)")
 _UNESCAPE = {"n": "\n", "\\": "\\", '"': '"'}
 _SUFFIXES = ("_count", "_sum", "_bucket")
+
+try:  # the optional C scanner (setup.py builds it when a compiler is there); same results, ~3x faster
+    from . import _scan
+except ImportError:  # pragma: no cover - depends on the build
+    _scan = None  # type: ignore[assignment]
 _PLAIN_CHARS = frozenset("0123456789.eE+-NnAaIiFf")  # anything else takes the strict path
 
 MAX_ERROR_EXAMPLES = 5
@@ -171,9 +176,12 @@ class Parser:
     equal label sets stay equal across it (keys are content-derived).
     """
 
-    def __init__(self, names: Iterable[str], max_cache: int = 100_000, min_cache: int = 1_000) -> None:
+    def __init__(
+        self, names: Iterable[str], max_cache: int = 100_000, min_cache: int = 1_000, native: bool = True
+    ) -> None:
         self.names = frozenset(names)
         self._cache: dict[str, str] = {"": EMPTY.key}  # raw label block -> canonical key
+        self.native = native and _scan is not None
         self._interned: dict[str, LabelSet] = {EMPTY.key: EMPTY}
         self._patterns: dict[str, re.Pattern[str]] = {}
         self._fast_patterns: dict[str, re.Pattern[str]] = {}
@@ -218,27 +226,31 @@ class Parser:
 
     @staticmethod
     def _typed_families(text: str) -> dict[str, tuple[int, int, str]]:
-        """One pass over the comment lines: family -> (first sample line, end of block, type).
+        """One pass over the TYPE lines: family -> (first sample line, end of block, type).
 
         The format keeps a family's samples together after its TYPE line, so
         a block ends at the next TYPE line of another family. HELP lines do
         not end a block: a garbled HELP line must not hide a family's samples.
+        Only the canonical "# TYPE " spelling is looked for (a fast, long
+        needle); a family typed with other spacing is searched as untyped,
+        which finds the same lines.
         """
         spans: dict[str, tuple[int, int, str]] = {}
         current, start, kind = None, 0, ""
-        pos = 0 if text.startswith("# ") else text.find("\n# ")
+        at_start = text.startswith("# TYPE ")
+        pos = 0 if at_start else text.find("\n# TYPE ")
         while pos >= 0:
-            head = pos if pos == 0 and text.startswith("# ") else pos + 1
+            head = 0 if (pos == 0 and at_start) else pos + 1
             line_end = text.find("\n", head)
             if line_end < 0:
                 line_end = len(text)
-            words = text[head + 2 : line_end].split(None, 3)
-            if len(words) >= 2 and words[0] == "TYPE":
-                if current is not None and words[1] != current:
+            words = text[head + 7 : line_end].split(None, 2)
+            if words:
+                if current is not None and words[0] != current:
                     spans.setdefault(current, (start, head, kind))
-                current, start = words[1], min(line_end + 1, len(text))
-                kind = words[2] if len(words) > 2 else "untyped"
-            pos = text.find("\n# ", line_end)
+                current, start = words[0], min(line_end + 1, len(text))
+                kind = words[1] if len(words) > 1 else "untyped"
+            pos = text.find("\n# TYPE ", line_end)
         if current is not None:
             spans.setdefault(current, (start, len(text), kind))
         return spans
@@ -252,6 +264,8 @@ class Parser:
         cache = self._cache
         for (start, end), names in self._blocks(text).items():
             for name in names:
+                if self.native and self._native(out, text, name, start, end):
+                    continue
                 found = self._fast(text, name, start, end)
                 if found is None:
                     found = self._strict(out, text, name, start, end)
@@ -266,6 +280,35 @@ class Parser:
         out.labels = self._interned
         self._bound = min(self.max_cache, max(self.min_cache, 2 * out.count()))
         return out
+
+    def _native(self, out: Exposition, text: str, name: str, start: int, end: int) -> bool:
+        """The plain layout through the C scanner (exporter/_scan.c): False means "use the Python paths".
+
+        Label blocks the scanner has not seen are checked here with the full
+        grammar before they are trusted; a bad one sends the whole block to the
+        strict path, which counts it.
+        """
+        for _ in range(2):
+            found = _scan.scan(text, start, end, name + "{", self._cache)
+            if found is None:
+                return False
+            series, unknown, duplicates = found
+            if not unknown:
+                break
+            for block in unknown:
+                if self._labels(block) is None:
+                    return False
+        else:
+            return False
+        target = out.samples.get(name)
+        if target is None:
+            out.samples[name] = series
+        else:
+            before = len(target) + len(series)
+            target.update(series)
+            duplicates += before - len(target)
+        out.duplicates += duplicates
+        return True
 
     def _fast(self, text: str, name: str, start: int, end: int):
         """The common layout, checked in C: every ``name{...} value`` line, nothing else.

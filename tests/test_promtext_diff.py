@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -140,20 +141,32 @@ def ours(text: str, parser: Parser) -> dict[tuple[str, frozenset], float]:
     }
 
 
+def _same_nan(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(same(dict(a[n]), dict(b[n])) for n in a)
+
+
 def same(a: dict, b: dict) -> bool:
     if a.keys() != b.keys():
         return False
     return all((math.isnan(a[k]) and math.isnan(b[k])) or a[k] == b[k] for k in a)
 
 
-PARSER = Parser(WANTED)  # shared across examples on purpose: the label cache must not leak between bodies
+# Shared across examples on purpose (the label cache must not leak between bodies); the C scanner
+# and the pure-Python paths are both held to the reference.
+PARSERS = {"native": Parser(WANTED), "python": Parser(WANTED, native=False)}
 
 
+def test_the_c_scanner_is_built_here():
+    """CI and the image build it (setup.py); without it the suite would only test the Python paths."""
+    assert PARSERS["native"].native
+
+
+@pytest.mark.parametrize("path", sorted(PARSERS))
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(exposition())
-def test_agrees_with_prometheus_client(text):
+@given(text=exposition())
+def test_agrees_with_prometheus_client(path, text):
     expected = reference(text)
-    got = ours(text, PARSER)
+    got = ours(text, PARSERS[path])
     assert same(got, expected), (text, got, expected)
 
 
@@ -170,7 +183,10 @@ def test_garbage_never_crashes_and_never_invents_samples(text, cut, junk):
     tolerates and this reader, by design, does not.
     """
     corrupted = text[:cut] + junk + text[cut:]
-    exp = Parser(WANTED).parse(corrupted)
+    native, python = Parser(WANTED).parse(corrupted), Parser(WANTED, native=False).parse(corrupted)
+    assert native.samples == python.samples or _same_nan(native.samples, python.samples)
+    assert (native.malformed, native.duplicates) == (python.malformed, python.duplicates)
+    exp = native
     got = {
         (name, frozenset(exp.labels[key].labels.items())): value
         for name, series in exp.samples.items() for key, value in series.items()

@@ -1,0 +1,126 @@
+/* The hot loop of exporter/promtext.py, in C: optional, with a pure-Python twin.
+ *
+ * scan(text, start, end, prefix, blocks) reads the lines of one family block
+ * text[start:end] that begin with `prefix` ("name{") and returns
+ * (series, unknown_blocks, duplicates) where series maps blocks[block] -> float,
+ * block being the label text between the prefix and the line's last "} ".
+ * It returns None, so the caller
+ * takes its strict regex path, on anything that is not the plain layout: a
+ * label-less sample of the name, a line without "} ", a value that is not a
+ * plain number (timestamps, "\r", "Infinity"), or text that is not 1-byte
+ * (latin-1/ASCII) Unicode. Blocks not yet in `blocks` are returned for the
+ * caller to validate with the full label grammar; nothing here guesses.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+static int plain_char(char c) {
+    return (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-' ||
+           c == 'N' || c == 'n' || c == 'A' || c == 'a' || c == 'I' || c == 'i' || c == 'F' || c == 'f';
+}
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    PyObject *text, *prefix, *heads;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "UnnUO!", &text, &start, &end, &prefix, &PyDict_Type, &heads)) {
+        return NULL;
+    }
+    if (PyUnicode_KIND(text) != PyUnicode_1BYTE_KIND || PyUnicode_KIND(prefix) != PyUnicode_1BYTE_KIND) {
+        Py_RETURN_NONE;
+    }
+    const char *s = (const char *)PyUnicode_1BYTE_DATA(text);
+    const char *p = (const char *)PyUnicode_1BYTE_DATA(prefix);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), plen = PyUnicode_GET_LENGTH(prefix);
+    if (start < 0 || end > n || start > end || plen < 2 || p[plen - 1] != '{') {
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyDict_New();
+    PyObject *unknown = PyList_New(0);
+    Py_ssize_t duplicates = 0;
+    if (out == NULL || unknown == NULL) {
+        goto error;
+    }
+    Py_ssize_t i = start;
+    while (i < end) {
+        const char *line = s + i;
+        const char *nl = memchr(line, '\n', (size_t)(end - i));
+        Py_ssize_t len = nl ? nl - line : end - i;
+        i += len + 1;
+        if (len < plen || memcmp(line, p, (size_t)(plen - 1)) != 0) {
+            continue; /* another family's line, a comment, a blank line */
+        }
+        if (line[plen - 1] != '{') {
+            if (line[plen - 1] == ' ' || line[plen - 1] == '\t') {
+                goto fallback; /* a label-less sample of this name */
+            }
+            continue; /* a longer name sharing the prefix (name_count...) */
+        }
+        Py_ssize_t j = len - 1; /* find the last "} " */
+        while (j > plen && !(line[j] == ' ' && line[j - 1] == '}')) {
+            j--;
+        }
+        if (j <= plen) {
+            goto fallback;
+        }
+        const char *v = line + j + 1;
+        Py_ssize_t vlen = len - j - 1;
+        if (vlen <= 0 || vlen > 63) {
+            goto fallback;
+        }
+        char buf[64];
+        for (Py_ssize_t k = 0; k < vlen; k++) {
+            if (!plain_char(v[k])) {
+                goto fallback;
+            }
+            buf[k] = v[k];
+        }
+        buf[vlen] = '\0';
+        char *endp = NULL;
+        double value = PyOS_string_to_double(buf, &endp, NULL);
+        if (endp != buf + vlen || (value == -1.0 && PyErr_Occurred())) {
+            PyErr_Clear();
+            goto fallback;
+        }
+        PyObject *head = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, line + plen, j - 1 - plen);
+        if (head == NULL) {
+            goto error;
+        }
+        PyObject *key = PyDict_GetItemWithError(heads, head); /* borrowed */
+        if (key == NULL) {
+            if (PyErr_Occurred() || PyList_Append(unknown, head) < 0) {
+                Py_DECREF(head);
+                goto error;
+            }
+            Py_DECREF(head);
+            continue;
+        }
+        Py_DECREF(head);
+        int seen = PyDict_Contains(out, key);
+        PyObject *f = PyFloat_FromDouble(value);
+        if (seen < 0 || f == NULL || PyDict_SetItem(out, key, f) < 0) {
+            Py_XDECREF(f);
+            goto error;
+        }
+        Py_DECREF(f);
+        duplicates += seen;
+    }
+    return Py_BuildValue("(NNn)", out, unknown, duplicates);
+fallback:
+    Py_DECREF(out);
+    Py_DECREF(unknown);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(out);
+    Py_XDECREF(unknown);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS, "Read one family block's plain lines (see exporter/promtext.py)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "exporter._scan", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }
