@@ -73,18 +73,8 @@ def raw_calls(fake: fk.FakeNvml, handles: list[fk.FakeHandle], event_set: object
 
 
 def grouped_metrics(step: int, uuids: list[str]) -> str:
-    """triton_metrics with one TYPE block per family, as Triton prints several GPUs."""
-    blocks: dict[str, list[str]] = {}
-    family = ""
-    for line in triton_metrics(10, step, gpus=uuids).splitlines():
-        if line.startswith(("# HELP ", "# TYPE ")):
-            family = line.split()[2]
-            block = blocks.setdefault(family, [])
-            if line not in block:
-                block.append(line)
-        else:
-            blocks.setdefault(family, []).append(line)
-    return "\n".join(line for block in blocks.values() for line in block) + "\n"
+    """Triton-shaped /metrics for 10 models and these GPUs (one TYPE block per family, as Triton prints them)."""
+    return triton_metrics(10, step, gpus=uuids)
 
 
 class Fixed:

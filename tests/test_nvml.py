@@ -374,22 +374,8 @@ def test_xid_counts_survive_reinitialisation() -> None:
 
 
 def triton_text(step: int, gpus: list[str]) -> str:
-    """demo.payloads.triton_metrics with each family's lines grouped under one TYPE line, as Triton prints them.
-
-    triton_metrics(gpus=[a, b]) repeats ``# TYPE nv_gpu_*`` once per GPU; the parser (rightly, the format
-    keeps a family together) reads only the first block, which would hide the second GPU's Triton series.
-    """
-    blocks: dict[str, list[str]] = {}
-    family = ""
-    for line in triton_metrics(["m"], step, gpus=gpus).splitlines():
-        if line.startswith(("# HELP ", "# TYPE ")):
-            family = line.split()[2]
-            block = blocks.setdefault(family, [])
-            if line not in block:
-                block.append(line)
-        else:
-            blocks.setdefault(family, []).append(line)
-    return "\n".join(line for block in blocks.values() for line in block) + "\n"
+    """One model's /metrics with these GPUs' nv_gpu_* series (each family in one block, as Triton prints it)."""
+    return triton_metrics(["m"], step, gpus=gpus)
 
 
 def run(sources, cycles: int, between=None) -> list:
