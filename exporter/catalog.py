@@ -300,9 +300,6 @@ CATALOG: tuple[Metric, ...] = (
 BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOG}
 
 
-def by_scope(scope: Scope) -> tuple[Metric, ...]:
-    return tuple(m for m in CATALOG if m.scope is scope)
-
 
 def wanted_series() -> frozenset[str]:
     """Sample names the /metrics parser must keep (everything else is skipped unread)."""

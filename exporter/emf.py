@@ -94,15 +94,11 @@ class Encoder:
         self.namespace = namespace
         self.metrics = {m.name: m for m in metrics}
         self.resolution = storage_resolution
-        self._directives: dict[tuple[str, ...], list[dict[str, object]]] = {}
-        self._directive_json: dict[tuple[str, ...], bytes] = {}
+        self._directive_json: dict[tuple[str, ...], bytes] = {}  # the directives repeat: serialised once
         self.oversize = 0  # events that had to drop properties or be split to fit MAX_EVENT_BYTES
 
     def directives(self, names: tuple[str, ...]) -> list[dict[str, object]]:
-        """Directive list for an event carrying exactly these metrics (cached: it repeats)."""
-        cached = self._directives.get(names)
-        if cached is not None:
-            return cached
+        """Directive list for an event carrying exactly these metrics (``_join`` caches its JSON)."""
         groups: dict[tuple[tuple[str, ...], ...], list[dict[str, object]]] = {}
         for name in names:
             m = self.metrics[name]
@@ -117,9 +113,6 @@ class Encoder:
                     {"Namespace": self.namespace, "Dimensions": [list(d) for d in dims],
                      "Metrics": specs[i : i + MAX_METRICS_PER_DIRECTIVE]}
                 )
-        if len(self._directives) > 10_000:
-            self._directives.clear()
-        self._directives[names] = out
         return out
 
     def encode(self, event: Event, timestamp_ms: int) -> list[bytes]:

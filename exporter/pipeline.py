@@ -6,11 +6,10 @@ fixture sources and a fake clock, and the runner drives it on a schedule.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import __version__
 from .catalog import CATALOG, Scope, counter_series
@@ -45,7 +44,6 @@ class CycleResult:
     resets: int = 0
     index: list[VersionState] | None = None
     timestamp_ms: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 class ModelCap:
@@ -259,30 +257,31 @@ class Pipeline:
         if window.reset_entities:
             log.info("counters went down for %d entities (restart or reload): new baseline",
                      len(window.reset_entities))
-        up = {s.name: s.up for s in statuses}
-        given = self._given(index, index_keys, statuses, up, scrape_ms, exp, samples, dropped_series,
+        kept = sum(len(s) for s in samples.values())
+        given = self._given(index, index_keys, statuses, scrape_ms, kept, dropped_series, exp.malformed,
                             len(window.reset_entities), events_dropped)
         columns = evaluate(CATALOG, samples, window, exp.labels, given)
         entities = self._events(columns, exp.labels, index_keys, got.gpus, samples, got.properties)
         events = [doc for e in entities for doc in self.encoder.encode(e, timestamp_ms)]
         return CycleResult(
             events=events, entities=entities, statuses=statuses, elapsed=window.elapsed,
-            series_kept=sum(len(s) for s in samples.values()), series_dropped=dropped_series,
+            series_kept=kept, series_dropped=dropped_series,
             parse_errors=exp.malformed, resets=len(window.reset_entities), index=index,
             timestamp_ms=timestamp_ms,
         )
 
     def _given(
         self, index: list[VersionState] | None, index_keys: dict[str, VersionState],
-        statuses: list[SourceStatus], up: dict[str, bool], scrape_ms: float, exp: Exposition,
-        samples: dict[str, dict[str, float]], dropped: int, resets: int, events_dropped: int,
+        statuses: list[SourceStatus], scrape_ms: float, kept: int, dropped: int, malformed: int, resets: int,
+        events_dropped: int,
     ) -> dict[str, Column]:
+        up = {s.name: s.up for s in statuses}
         task: dict[str, float] = {
             "TritonUp": 1.0 if up.get("triton_metrics", False) and up.get("triton_index", False) else 0.0,
             "ScrapeDuration": scrape_ms,
-            "SeriesKept": float(sum(len(s) for s in samples.values())),
+            "SeriesKept": float(kept),
             "SeriesDropped": float(dropped),
-            "ParseErrors": float(exp.malformed),
+            "ParseErrors": float(malformed),
             "CounterResets": float(resets),
             "EventsDropped": float(events_dropped),
             "ExporterHeartbeat": 1.0,
@@ -368,7 +367,3 @@ class Pipeline:
         for uuid, i in self.gpu_order.items():
             out.setdefault(uuid, i)
         return out
-
-
-def level_for(up: bool) -> int:
-    return logging.INFO if up else logging.WARNING

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from operator import itemgetter
 
-from .catalog import CATALOG, SPLIT_LABELS, Combine, Input, Kind, Metric, Scope
+from .catalog import CATALOG, SPLIT_LABELS, Combine, Input, Kind, Metric
 from .promtext import LabelSet, Series
 from .state import Window
 
 Column = dict[str, float]  # entity_key -> value
 ColumnKey = tuple[str, str | None]  # (series, split value or None for the total)
 
-SCOPE_OF_ENTITY = {"model": Scope.MODEL, "gpu": Scope.GPU, "task": Scope.TASK}
 
 _COMBINE: dict[str, Combine] = {}
 _SPLIT_VALUES: dict[str, set[str] | None] = {}  # series -> split values the catalog selects (None: all)
@@ -155,15 +153,6 @@ def finite(col: Column) -> Column:
     if math.isfinite(sum(col.values())):
         return col
     return {k: v for k, v in col.items() if math.isfinite(v)}
-
-
-@dataclass
-class EntityValues:
-    """What one EMF event will carry."""
-
-    scope: Scope
-    key: str
-    values: dict[str, float] = field(default_factory=dict)
 
 
 def _first_present(inputs: Iterable[Input], cols: Mapping[ColumnKey, Column]) -> Column:
