@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import orjson
@@ -79,3 +80,17 @@ class IndexSource:
 
     def close(self) -> None:
         pass
+
+
+class Capture(logging.Handler):
+    """Keeps the exporter's log records for assertions (attach to a logger, remove after)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def messages(self, level: int = logging.DEBUG) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno >= level]

@@ -34,7 +34,7 @@ from exporter.sources import Collected
 from exporter.sources.triton import TritonIndexSource, TritonMetricsSource
 
 from .fakes import LOOPBACK, FakeAgent, FakeHttp, closed_port, drip, respond, silent
-from .helpers import IndexSource, documents, metric_names, model_doc, pipeline_for, task_doc
+from .helpers import Capture, IndexSource, documents, metric_names, model_doc, pipeline_for, task_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = {"timeout": 0.3, "connect_timeout": 0.2}
@@ -59,18 +59,6 @@ class Tap:
 
     def close(self, timeout: float) -> None:
         self.sink.close(timeout)
-
-
-class Capture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def messages(self, level: int = logging.DEBUG) -> list[str]:
-        return [r.getMessage() for r in self.records if r.levelno >= level]
 
 
 class Loop:

@@ -33,7 +33,7 @@ from exporter.promtext import Parser
 from exporter.sources.triton import TritonIndexSource, TritonMetricsSource
 
 from .fakes import FakeHttp, closed_port, huge, redirect, respond, silent
-from .helpers import IndexSource, TextSource, documents, metric_names, model_doc, task_doc
+from .helpers import Capture, IndexSource, TextSource, documents, metric_names, model_doc, task_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = Settings(nvml="off", timeout=2.0, connect_timeout=0.5)
@@ -219,15 +219,6 @@ def test_body_over_a_small_cap_fails_the_source_and_the_cycle_goes_on():
         docs = documents(result)
         assert task_doc(docs)["TritonUp"] == 0
         assert {d["source"]: d["SourceUp"] for d in docs if "SourceUp" in d}["triton_metrics"] == 0
-
-
-class Capture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 
 @pytest.mark.slow
