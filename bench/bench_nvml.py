@@ -29,13 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pynvml
 
 from demo.payloads import triton_metrics
-from exporter.catalog import wanted_series
+from exporter.catalog import build
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
-from exporter.sources import Collected
+from exporter.sources import Collected, SourceKind
 from exporter.sources import nvml_fake as fk
 from exporter.sources.nvml import MEMORY_TEMP_FIELD, MEMORY_V2, NvmlSource
+
+CATALOG = build()  # the built-in catalog, built once by this script
 
 GPUS = 8
 
@@ -82,9 +84,11 @@ class Fixed:
 
     name = "triton_metrics"
 
+    kind = SourceKind.TRITON
+
     def __init__(self, text: str) -> None:
         self.text = text
-        self.parser = Parser(wanted_series())
+        self.parser = Parser(CATALOG.wanted_samples())
 
     def collect(self, timeout: float) -> Collected:
         return Collected(samples=self.parser.parse(self.text))
@@ -114,14 +118,14 @@ def main() -> int:
     raw_us = median_us(lambda: raw_calls(raw, handles, event_set), args.runs)
 
     text = grouped_metrics(1, fk.UUIDS[:GPUS])
-    prom = Parser(wanted_series())
+    prom = Parser(CATALOG.wanted_samples())
     parse_us = median_us(lambda: prom.parse(text), args.runs)
 
     def cycle_us(with_nvml: bool) -> float:
         sources: list = [Fixed(text)]
         if with_nvml:
             sources.append(NvmlSource(fk.FakeNvml(fk.gpus(GPUS)), {}))
-        pipeline = Pipeline(Settings(nvml="on"), sources)
+        pipeline = Pipeline(Settings(nvml="on"), CATALOG, sources)
         return median_us(pipeline.cycle, max(args.runs // 3, 20))
 
     without, with_nvml = cycle_us(False), cycle_us(True)

@@ -28,18 +28,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+from exporter.sources import SourceKind  # noqa: E402
+
+
 class FileSource:
     """Serves /metrics bodies written to disk by the parent, read as bytes and decoded like an HTTP body,
     so this process's peak RSS is the pipeline's, not the payload generator's."""
 
     name = "triton_metrics"
 
-    def __init__(self, paths: list[Path]) -> None:
-        from exporter.catalog import wanted_series
+    kind = SourceKind.TRITON
+
+    def __init__(self, paths: list[Path], wanted: frozenset[str]) -> None:
         from exporter.promtext import Parser
 
         self.paths = paths
-        self.parser = Parser(wanted_series())
+        self.parser = Parser(wanted)
         self.calls = 0
 
     def collect(self, timeout: float):
@@ -54,13 +58,16 @@ class FileSource:
 
 
 def _ours(models: int, repeat: int, workdir: Path) -> dict:
+    from exporter.catalog import build
     from exporter.config import Settings
     from exporter.pipeline import Pipeline
     from tests.helpers import IndexSource
 
-    source = FileSource(sorted(workdir.glob("metrics-*.txt")))
+    catalog = build()
+    source = FileSource(sorted(workdir.glob("metrics-*.txt")), catalog.wanted_samples())
     clock = [0.0]
-    pipe = Pipeline(Settings(max_models=max(models, 1)), [source, IndexSource((workdir / "index.json").read_bytes())],
+    index = IndexSource((workdir / "index.json").read_bytes())
+    pipe = Pipeline(Settings(max_models=max(models, 1)), catalog, [source, index],
                     clock=lambda: clock[0])
     pipe.cycle()  # baseline (and label cache warm-up)
     times, events, size = [], 0, 0

@@ -28,12 +28,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from demo.payloads import triton_metrics
-from exporter.catalog import wanted_series
+from exporter.catalog import build
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
-from exporter.sources import Collected
+from exporter.sources import Collected, SourceKind
 from exporter.sources.triton import TritonIndexSource, TritonMetricsSource
+
+CATALOG = build()  # the built-in catalog, built once by this script
 
 
 def rss_mb() -> float:
@@ -68,10 +70,11 @@ class Churn:
 
 class ChurnSource:
     name = "triton_metrics"
+    kind = SourceKind.TRITON
 
     def __init__(self, churn: Churn) -> None:
         self.churn = churn
-        self.parser = Parser(wanted_series())
+        self.parser = Parser(CATALOG.wanted_samples())
 
     def collect(self, timeout: float) -> Collected:
         return Collected(samples=self.parser.parse(self.churn.next_body()))
@@ -82,6 +85,7 @@ class ChurnSource:
 
 class ChurnIndex:
     name = "triton_index"
+    kind = SourceKind.TRITON
 
     def __init__(self, churn: Churn) -> None:
         self.churn = churn
@@ -137,11 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.http:
         server = serve(churn)
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        sources = [TritonMetricsSource(url + "/metrics", Parser(wanted_series()), 1.0, settings.max_body_bytes),
+        parser = Parser(CATALOG.wanted_samples())
+        sources = [TritonMetricsSource(url + "/metrics", parser, 1.0, settings.max_body_bytes),
                    TritonIndexSource(url, 1.0, settings.max_body_bytes)]
     else:
         sources = [ChurnSource(churn), ChurnIndex(churn)]
-    pipe = Pipeline(settings, sources)
+    pipe = Pipeline(settings, CATALOG, sources)
 
     rss_start = rss_mb()
     rss_warm = rss_start

@@ -21,20 +21,15 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-
-import orjson
+from typing import TYPE_CHECKING
 
 from . import logs
-from .catalog import CATALOG, wanted_series
+from .catalog import Catalog, CatalogError, build
+from .catalog.cli import packs
 from .config import ConfigError, Settings, load
-from .pipeline import Pipeline
-from .promtext import Parser
-from .runner import Runner, TritonUnreachable, run_once
-from .sinks import SinkClosed, StreamSink, make_sink
-from .sources import Source
-from .sources.ecs import EcsMetadataSource
-from .sources.http import make_session
-from .sources.triton import TritonIndexSource, TritonMetricsSource
+
+if TYPE_CHECKING:
+    from .sources import Source
 
 # Commands that live in their own modules, imported only when used.
 COMMANDS = {
@@ -44,10 +39,22 @@ COMMANDS = {
 }
 
 
-def build_sources(settings: Settings) -> list[Source]:
+def build_catalog(settings: Settings) -> Catalog:
+    """The catalog the settings describe, validated once; raises CatalogError (exit 2)."""
+    return build(settings.catalog_files, settings.metrics, packs(settings.llm_metrics))
+
+
+def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
+    # Imported here, not at the top: requests alone is about half of the start-up import time,
+    # and commands like catalog or validate never need it.
+    from .promtext import Parser
+    from .sources.ecs import EcsMetadataSource
+    from .sources.http import make_session
+    from .sources.triton import TritonIndexSource, TritonMetricsSource
+
     # One session per source: the pipeline reads sources concurrently.
     sources: list[Source] = [
-        TritonMetricsSource(settings.metrics_url, Parser(wanted_series()), settings.connect_timeout,
+        TritonMetricsSource(settings.metrics_url, Parser(catalog.wanted_samples()), settings.connect_timeout,
                             settings.max_body_bytes, make_session()),
         TritonIndexSource(settings.triton_url, settings.connect_timeout, settings.max_body_bytes, make_session()),
     ]
@@ -69,23 +76,35 @@ def _nvml_source(settings: Settings) -> Source | None:
 
 
 def catalog_main(argv: Sequence[str]) -> int:
+    import orjson
+
+    from .catalog import cli
+
     parser = argparse.ArgumentParser(prog="python -m exporter catalog",
-                                     description="List every metric the exporter can emit.")
+                                     description="List every metric the exporter emits with this catalog and "
+                                     "selection.")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    cli.add_arguments(parser)
     args = parser.parse_args(list(argv))
+    try:
+        catalog = cli.from_arguments(args)
+    except CatalogError as exc:
+        sys.stderr.write(f"error: invalid catalog: {exc}\n")
+        return 2
     rows = [
         {"name": m.name, "unit": m.unit, "scope": str(m.scope), "kind": str(m.kind),
          "dimensions": [list(d) for d in m.dimension_sets], "source": m.source,
-         "inputs": m.describe_inputs(), "help": m.help}
-        for m in CATALOG
+         "inputs": m.describe_inputs(), "breakdown_of": m.breakdown_of, "origin": m.origin, "help": m.help}
+        for m in catalog.metrics
     ]
     if args.json:
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
-    width = max(len(r["name"]) for r in rows)
+    width = max((len(r["name"]) for r in rows), default=4)
     for r in rows:
         dims = " | ".join(",".join(d) or "(none)" for d in r["dimensions"])
-        sys.stdout.write(f"{r['name']:<{width}}  {r['unit']:<13} {r['kind']:<18} [{dims}]  {r['inputs']}\n")
+        sys.stdout.write(f"{r['name']:<{width}}  {r['unit']:<13} {r['kind']:<13} [{dims}]  {r['inputs']}\n")
+    sys.stdout.write(f"{len(rows)} of {len(catalog.defined)} metrics selected\n")
     return 0
 
 
@@ -134,8 +153,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"error: invalid setting: {exc}\n")
         return 2
+    try:
+        catalog = build_catalog(settings)
+    except CatalogError as exc:
+        sys.stderr.write(f"error: invalid catalog: {exc}\n")
+        return 2
+    from .pipeline import Pipeline
+    from .runner import Runner, TritonUnreachable, run_once
+    from .sinks import SinkClosed, StreamSink, make_sink
+
     logs.setup(settings.log_level or ("error" if settings.once else "info"))
-    pipeline = Pipeline(settings, build_sources(settings))
+    pipeline = Pipeline(settings, catalog, build_sources(settings, catalog))
     if settings.once:
         try:
             run_once(pipeline, StreamSink(), settings.interval, sys.stderr)

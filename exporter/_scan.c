@@ -116,8 +116,62 @@ error:
     return NULL;
 }
 
+/* names(text) -> set of the sample names that start a line (up to '{', blank, '\r' or end of line),
+ * comment and blank lines skipped; None for text that is not 1-byte Unicode. One pass over the body
+ * tells which wanted names without a # TYPE line are present, instead of one search per name. */
+static PyObject *names(PyObject *self, PyObject *args) {
+    PyObject *text;
+    if (!PyArg_ParseTuple(args, "U", &text)) {
+        return NULL;
+    }
+    if (PyUnicode_KIND(text) != PyUnicode_1BYTE_KIND) {
+        Py_RETURN_NONE;
+    }
+    const char *s = (const char *)PyUnicode_1BYTE_DATA(text);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), i = 0;
+    PyObject *out = PySet_New(NULL);
+    if (out == NULL) {
+        return NULL;
+    }
+    const char *last = NULL; /* consecutive lines mostly share a name: compare before allocating */
+    Py_ssize_t last_len = 0;
+    while (i < n) {
+        const char *line = s + i;
+        const char *nl = memchr(line, '\n', (size_t)(n - i));
+        Py_ssize_t len = nl ? nl - line : n - i;
+        i += len + 1;
+        if (len == 0 || line[0] == '#') {
+            continue;
+        }
+        if (last != NULL && len > last_len && memcmp(line, last, (size_t)last_len) == 0) {
+            char c = line[last_len];
+            if (c == '{' || c == ' ' || c == '\t' || c == '\r') {
+                continue; /* the previous line's name again */
+            }
+        }
+        Py_ssize_t k = 0;
+        while (k < len && line[k] != '{' && line[k] != ' ' && line[k] != '\t' && line[k] != '\r') {
+            k++;
+        }
+        if (k == 0) {
+            continue;
+        }
+        last = line;
+        last_len = k;
+        PyObject *name = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, line, k);
+        if (name == NULL || PySet_Add(out, name) < 0) {
+            Py_XDECREF(name);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(name);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Read one family block's plain lines (see exporter/promtext.py)."},
+    {"names", names, METH_VARARGS, "The sample names that start a line (see exporter/promtext.py)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -50,6 +50,10 @@ class Settings:
     storage_resolution: int = 60
     ecs_metadata_url: str = ""
     log_level: str = ""  # empty: info for the loop, error for --once (its table already says what is down)
+    catalog_files: tuple[str, ...] = ()  # user catalog files, read after the built-in packs
+    metrics: str = ""  # --metrics selection over EMF names; empty: every metric of the catalog
+    llm_metrics: str = "on"  # the built-in LLM pack
+    breakdown_zeros: str = "omit"  # omit: a breakdown's zero is left out while its total is zero
     once: bool = False
 
 
@@ -110,6 +114,19 @@ def _resolution(text: str) -> int:
     return int(text)
 
 
+def _paths(text: str) -> tuple[str, ...]:
+    paths = tuple(p for p in text.split(os.pathsep) if p.strip())
+    if not paths:
+        raise ValueError("needs a catalog file path")
+    return paths
+
+
+def _selection(text: str) -> str:
+    if not text.strip():
+        raise ValueError("needs comma-separated patterns, e.g. -RequestFailure*,-Compute*")
+    return text.strip()
+
+
 def _namespace(text: str) -> str:
     if not 1 <= len(text) <= 255 or not text.isascii() or text.startswith("AWS/"):
         raise ValueError("must be 1-255 ASCII characters and not start with AWS/")
@@ -142,7 +159,19 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
      "ECS task metadata endpoint (set by ECS); task identity goes into properties"),
     ("log_level", "--log-level", ("EXPORTER_LOG_LEVEL",), _choice("debug", "info", "warning", "error"),
      "level of the exporter's own JSON log lines on stderr (default: info; error with --once)"),
+    ("catalog_files", "--catalog", ("EXPORTER_CATALOG",), _paths,
+     "a catalog file (TOML, docs/metrics.md) adding, replacing or dropping metrics; repeatable; the variable "
+     f"takes paths separated by {os.pathsep!r}"),
+    ("metrics", "--metrics", ("EXPORTER_METRICS",), _selection,
+     "which metrics to emit: comma-separated globs over EMF names, '-' excludes, left to right "
+     "(e.g. -RequestFailure*,-Compute*)"),
+    ("llm_metrics", "--llm-metrics", ("EXPORTER_LLM_METRICS",), _choice("on", "off"),
+     "the built-in LLM pack (vLLM, TensorRT-LLM families); costs nothing where they are absent"),
+    ("breakdown_zeros", "--breakdown-zeros", ("EXPORTER_BREAKDOWN_ZEROS",), _choice("omit", "emit"),
+     "omit: leave out a breakdown's zeros (failure reasons, an idle LLM's tokens) while its total is zero; "
+     "CloudWatch bills a metric for every hour it receives data"),
 ]
+REPEATABLE = frozenset({"catalog_files"})
 ENV_VARS = tuple(env for _, _, envs, _, _ in OPTIONS for env in envs)
 
 
@@ -157,8 +186,10 @@ def build_parser(prog: str = "python -m exporter") -> argparse.ArgumentParser:
     )
     for field, flag, envs, _, text in OPTIONS:
         default = getattr(defaults, field)
-        shown = "" if field in ("ecs_metadata_url", "timeout", "log_level") else f" (default: {default})"
+        hidden = ("ecs_metadata_url", "timeout", "log_level", "catalog_files", "metrics")
+        shown = "" if field in hidden else f" (default: {default})"
         parser.add_argument(flag, dest=field, metavar=field.split("_")[-1].upper(),
+                            action="append" if field in REPEATABLE else "store",
                             help=f"{text}{shown} [env: {', '.join(envs)}]")
     parser.add_argument("--once", action="store_true",
                         help="debugging view: scrape twice --interval apart, print that window's EMF "
@@ -181,6 +212,11 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
                     raw, origin = environ[env], env
                     break
         if raw is None:
+            continue
+        if isinstance(raw, list):  # a repeatable flag: each value is one path, taken as written
+            if not all(r.strip() for r in raw):
+                raise ConfigError(f"{flag}: needs a catalog file path")
+            values[field] = tuple(raw)
             continue
         try:
             values[field] = convert(raw)

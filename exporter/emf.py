@@ -16,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -73,12 +74,19 @@ def clip(text: str, limit: int = MAX_PROPERTY_LENGTH) -> str:
 
 @dataclass
 class Event:
-    """One entity's event before encoding: dimensions, metric values, properties."""
+    """One entity's event before encoding: dimensions, metric values, properties.
+
+    ``distributions`` holds histogram metrics as EMF value objects
+    (``{"Values", "Counts", "Min", "Max", "Count", "Sum"}``, built by the
+    transform); CloudWatch computes percentile statistics from them across
+    every event it receives.
+    """
 
     scope: Scope
     dimensions: dict[str, str]
     values: dict[str, float]
     properties: dict[str, object]
+    distributions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Encoder:
@@ -117,26 +125,31 @@ class Encoder:
 
     def encode(self, event: Event, timestamp_ms: int) -> list[bytes]:
         """One or more JSON documents for the event (more only if it would exceed MAX_EVENT_BYTES)."""
-        values = event.values
-        if not (values.keys() <= self.metrics.keys() and math.isfinite(sum(values.values()))):
+        values: dict[str, object] = dict(event.values)
+        if not (event.values.keys() <= self.metrics.keys() and math.isfinite(sum(event.values.values()))):
             # Never taken by the pipeline (the transform drops non-finite values); kept as the guard.
-            values = {k: v for k, v in values.items() if k in self.metrics and _finite(v)}
+            values = {k: v for k, v in event.values.items() if k in self.metrics and _finite(v)}
+        values.update((k, d) for k, d in event.distributions.items() if k in self.metrics)
+        return self._encode(event, values, timestamp_ms, split=False)
+
+    def _encode(self, event: Event, values: dict[str, object], timestamp_ms: int, split: bool) -> list[bytes]:
         if not values:
             return []
         names = tuple(values)
-        data = self._join(names, {**event.properties, **event.dimensions, **values}, timestamp_ms)
-        if len(data) <= MAX_EVENT_BYTES:
-            return [data]
-        self.oversize += 1
+        if not split:
+            data = self._join(names, {**event.properties, **event.dimensions, **values}, timestamp_ms)
+            if len(data) <= MAX_EVENT_BYTES:
+                return [data]
+            self.oversize += 1
         data = self._join(names, {"truncated": True, **event.dimensions, **values}, timestamp_ms)
         if len(data) <= MAX_EVENT_BYTES:
             return [data]
         half = len(names) // 2  # only reachable with absurd dimension sets; split until it fits
         if half == 0:
             return []
-        first = Event(event.scope, event.dimensions, {k: values[k] for k in names[:half]}, {"truncated": True})
-        rest = Event(event.scope, event.dimensions, {k: values[k] for k in names[half:]}, {"truncated": True})
-        return self.encode(first, timestamp_ms) + self.encode(rest, timestamp_ms)
+        first = {k: values[k] for k in names[:half]}
+        rest = {k: values[k] for k in names[half:]}
+        return self._encode(event, first, timestamp_ms, True) + self._encode(event, rest, timestamp_ms, True)
 
     def _join(self, names: tuple[str, ...], root: dict[str, object], ts: int) -> bytes:
         """``{"_aws":{...}, **root}``: the directive JSON repeats across events, so it is serialised once.

@@ -133,6 +133,8 @@ def _metric(doc: dict[str, Any], m: Any, where: str, seen: set[str], resolution:
     elif resolution.setdefault(name, res) != res:
         errors.append(f"{where}: {name} has two storage resolutions in one event")
     value = doc.get(name)
+    if isinstance(value, dict):
+        return errors + _distribution(value, f"{where}: {name}")
     values: Iterable[Any] = value if isinstance(value, list) else [value]
     if isinstance(value, list) and not 1 <= len(value) <= MAX_VALUES_PER_METRIC:
         errors.append(f"{where}: {name} array must hold 1-{MAX_VALUES_PER_METRIC} values")
@@ -140,4 +142,46 @@ def _metric(doc: dict[str, Any], m: Any, where: str, seen: set[str], resolution:
         if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
             errors.append(f"{where}: {name} value {v!r} is not a finite number")
             break
+    return errors
+
+
+DISTRIBUTION_KEYS = frozenset({"Values", "Counts", "Max", "Min", "Count", "Sum"})
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _distribution(value: dict[str, Any], where: str) -> list[str]:
+    """A distribution value object: ``{"Values", "Counts", "Max", "Min", "Count", "Sum"}``.
+
+    CloudWatch treats it as a set of samples (sample count = sum of Counts)
+    and computes percentiles from it; the rules are those of the shape the
+    OpenTelemetry awsemf exporter sends for histograms.
+    """
+    missing = sorted(DISTRIBUTION_KEYS - value.keys())
+    extra = sorted(value.keys() - DISTRIBUTION_KEYS)
+    if missing or extra:
+        return [f"{where}: distribution needs exactly {sorted(DISTRIBUTION_KEYS)}"
+                + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else "")]
+    values, counts = value["Values"], value["Counts"]
+    if not isinstance(values, list) or not isinstance(counts, list):
+        return [f"{where}: Values and Counts must be arrays"]
+    errors = []
+    if len(values) != len(counts):
+        errors.append(f"{where}: {len(values)} Values but {len(counts)} Counts")
+    if not 1 <= len(values) <= MAX_VALUES_PER_METRIC:
+        errors.append(f"{where}: distribution must hold 1-{MAX_VALUES_PER_METRIC} value/count pairs")
+    if not all(_number(v) for v in values):
+        errors.append(f"{where}: Values must be finite numbers")
+    if not all(_number(c) and c > 0 for c in counts):
+        errors.append(f"{where}: Counts must be finite numbers > 0")
+    stats = {k: value[k] for k in ("Max", "Min", "Count", "Sum")}
+    bad = [k for k, v in stats.items() if not _number(v)]
+    if bad:
+        return [*errors, f"{where}: {', '.join(bad)} must be finite numbers"]
+    if stats["Min"] > stats["Max"]:
+        errors.append(f"{where}: Min {stats['Min']} > Max {stats['Max']}")
+    if all(_number(c) for c in counts) and not math.isclose(stats["Count"], sum(counts), rel_tol=1e-9, abs_tol=1e-9):
+        errors.append(f"{where}: Count {stats['Count']} is not the sum of Counts ({sum(counts)})")
     return errors

@@ -207,6 +207,7 @@ class Parser:
         families = self._typed_families(text)
         blocks: dict[tuple[int, int], set[str]] = {}
         n = len(text)
+        present: set[str] | None = None  # names that start a line, found in one pass (C) when needed
         for name in self.names:
             found = families.get(name)
             span = found[:2] if found else None
@@ -218,8 +219,13 @@ class Parser:
                         span = parent[:2]
                         break
             if span is None:
-                if not (text.startswith(name) or f"\n{name}" in text):
-                    continue  # absent: the common case for optional families
+                if present is None and self.native:
+                    present = _scan.names(text)
+                if present is not None:
+                    if name not in present:
+                        continue  # absent: the common case for optional families (the LLM ones)
+                elif not (text.startswith(name) or f"\n{name}" in text):
+                    continue
                 span = (0, n)  # untyped: search the whole body
             blocks.setdefault(span, set()).add(name)
         return blocks

@@ -20,6 +20,7 @@ from typing import TextIO
 from .logs import get
 from .pipeline import CycleResult, Pipeline
 from .sinks import Sink, SinkClosed
+from .sources import SourceKind
 from .summary import render_summary
 
 log = get("runner")
@@ -144,6 +145,6 @@ def run_once(pipeline: Pipeline, sink: Sink, interval: float, stderr: TextIO,
 
 
 def _require_triton(result: CycleResult) -> None:
-    failed = [s for s in result.statuses if s.name.startswith("triton") and not s.up]
+    failed = [s for s in result.statuses if s.kind is SourceKind.TRITON and not s.up]
     if failed:
         raise TritonUnreachable("; ".join(s.error for s in failed))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .catalog import Scope
+from .emf import Event
 from .pipeline import CycleResult
 
 MODEL_COLUMNS = (
@@ -15,6 +18,15 @@ MODEL_COLUMNS = (
     ("batch", "AverageBatchSize", "{:.2f}"),
     ("pending", "PendingRequests", "{:.0f}"),
 )
+LLM_COLUMNS = (  # (header, metric, format, scale); a distribution's column shows its p95 (see _cell)
+    ("TTFT p95 ms", "TimeToFirstToken", "{:.1f}"),
+    ("ITL p95 ms", "InterTokenLatency", "{:.1f}"),
+    ("gen tok/s", "GenerationTokensPerSecond", "{:.1f}"),
+    ("prompt tok/s", "PromptTokensPerSecond", "{:.1f}"),
+    ("KV %", "KvCacheUtilization", "{:.1f}"),
+    ("waiting", "RequestsWaiting", "{:.0f}"),
+    ("active", "RequestsActive", "{:.0f}"),
+)
 GPU_COLUMNS = (
     ("util %", "GpuUtilization", "{:.0f}"),
     ("mem %", "GpuMemoryUsedPercent", "{:.0f}"),
@@ -24,10 +36,30 @@ GPU_COLUMNS = (
 )
 
 
-def _cell(values: dict[str, float], spec: tuple) -> str:
+def _cell(event: Event, spec: tuple) -> str:
     name, fmt = spec[1], spec[2]
     scale = spec[3] if len(spec) > 3 else 1.0
-    return fmt.format(values[name] * scale) if name in values else "-"
+    if name in event.values:
+        return fmt.format(event.values[name] * scale)
+    dist = event.distributions.get(name)
+    if dist is not None:
+        return fmt.format(nearest_rank(dist, 0.95) * scale)
+    return "-"
+
+
+def nearest_rank(dist: dict[str, Any], q: float) -> float:
+    """A percentile of an EMF distribution (nearest rank over its representative values).
+
+    What CloudWatch computes from the same object across tasks; here for one
+    task's window, to read it in the table.
+    """
+    pairs = sorted(zip(dist["Values"], dist["Counts"], strict=True))
+    rank, seen = q * sum(c for _, c in pairs), 0.0
+    for value, count in pairs:
+        seen += count
+        if seen >= rank:
+            return float(value)
+    return float(pairs[-1][0])
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -51,11 +83,16 @@ def render_summary(result: CycleResult) -> str:
             state = str(e.properties.get("state", "-"))
             reason = str(e.properties.get("reason", "")).splitlines()[0][:60] if e.properties.get("reason") else ""
             rows.append([e.dimensions["model"], e.dimensions["version"], state,
-                         *(_cell(e.values, c) for c in MODEL_COLUMNS), reason])
+                         *(_cell(e, c) for c in MODEL_COLUMNS), reason])
         out.append("\n" + _table(["model", "ver", "state", *(c[0] for c in MODEL_COLUMNS), "reason"], rows))
+    llm = [e for e in models if any(c[1] in e.values or c[1] in e.distributions for c in LLM_COLUMNS)]
+    if llm:
+        rows = [[e.dimensions["model"], e.dimensions["version"], *(_cell(e, c) for c in LLM_COLUMNS)] for e in llm]
+        out.append("\nLLM serving (p95 of this task's window)\n"
+                   + _table(["model", "ver", *(c[0] for c in LLM_COLUMNS)], rows))
     gpus = sorted((e for e in result.entities if e.scope is Scope.GPU), key=lambda e: e.dimensions.get("gpu", ""))
     if gpus:
-        rows = [[e.dimensions["gpu"], str(e.properties.get("gpu_uuid", "")), *(_cell(e.values, c) for c in GPU_COLUMNS)]
+        rows = [[e.dimensions["gpu"], str(e.properties.get("gpu_uuid", "")), *(_cell(e, c) for c in GPU_COLUMNS)]
                 for e in gpus]
         out.append("\n" + _table(["gpu", "uuid", *(c[0] for c in GPU_COLUMNS)], rows))
     else:

@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
 import orjson
 
 from exporter.__main__ import build_sources
-from exporter.catalog import wanted_series
+from exporter.catalog import build
 from exporter.config import Settings
 from exporter.emf_validate import validate
 from exporter.pipeline import CycleResult, Pipeline
 from exporter.promtext import Parser
-from exporter.sources import Collected
+from exporter.sources import Collected, SourceKind
 from exporter.sources.triton import parse_index
+
+CATALOG = build()  # the built-in catalog, as the sidecar builds it with default settings
 
 
 def pipeline_for(server, **overrides) -> Pipeline:
     """A Pipeline with the real Triton sources pointed at a demo.triton.TritonServer."""
     settings = replace(Settings(triton_url=server.url, metrics_url=server.metrics_url, nvml="off", timeout=5.0),
                        **overrides)
-    return Pipeline(settings, build_sources(settings))
+    return Pipeline(settings, CATALOG, build_sources(settings, CATALOG))
 
 
 def documents(result: CycleResult) -> list[dict]:
@@ -55,9 +58,11 @@ class TextSource:
 
     name = "triton_metrics"
 
+    kind = SourceKind.TRITON
+
     def __init__(self, *texts: str) -> None:
         self.texts = list(texts)
-        self.parser = Parser(wanted_series())
+        self.parser = Parser(CATALOG.wanted_samples())
         self.calls = 0
 
     def collect(self, timeout: float) -> Collected:
@@ -71,12 +76,29 @@ class TextSource:
 
 class IndexSource:
     name = "triton_index"
+    kind = SourceKind.TRITON
 
     def __init__(self, body: bytes = b"[]") -> None:
         self.body = body
 
     def collect(self, timeout: float) -> Collected:
         return Collected(index=parse_index(self.body))
+
+    def close(self) -> None:
+        pass
+
+
+class FixedSource:
+    """A Triton source answering from a callable: any object with name, kind, collect(timeout), close()."""
+
+    kind = SourceKind.TRITON
+
+    def __init__(self, name: str, collect: Callable[[], Collected]) -> None:
+        self.name = name
+        self._collect = collect
+
+    def collect(self, timeout: float) -> Collected:
+        return self._collect()
 
     def close(self) -> None:
         pass

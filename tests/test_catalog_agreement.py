@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.payloads import triton_metrics
-from exporter.catalog import wanted_series
+from demo.payloads import first_response_metrics, llm_metrics, triton_metrics
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
@@ -27,40 +26,35 @@ from exporter.sources import Collected, VersionState
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.nvml_fake import FakeNvml, gpus
 
+from .helpers import CATALOG, FixedSource
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["add", "m@x.v2+b", "modèle-ü", "slow"]
+VLLM, TRT = ["vllm_model"], ["tensorrt_llm"]  # served by the LLM backends (their own families too)
 
 
-class FixedSource:
-    """A source answering from fixed text: any object with name, collect(timeout) and close() will do."""
-
-    def __init__(self, name: str, collect):  # type: ignore[no-untyped-def]
-        self.name = name
-        self._collect = collect
-
-    def collect(self, timeout: float) -> Collected:
-        return self._collect()
-
-    def close(self) -> None:
-        pass
+def _body(step: int, uuids: list[str]) -> str:
+    """A GPU host's /metrics: plain models, a vLLM and a TensorRT-LLM model, histogram_latencies on."""
+    return (triton_metrics(MODELS + VLLM + TRT, step, gpus=uuids) + first_response_metrics(TRT, step)
+            + llm_metrics(VLLM, step, "vllm") + llm_metrics(TRT, step, "tensorrt_llm"))
 
 
 def run_exporter(namespace: str = "Triton") -> list[bytes]:
-    """Two cycles of the real pipeline: the second has deltas, rates and quantiles."""
+    """Two cycles of the real pipeline: the second has deltas, rates, quantiles and distributions."""
     step = [1]
     fake_gpus = gpus(2)
     fake_gpus[0].temp_mem = 61  # HBM board: memory temperature present
     nvml = FakeNvml(fake_gpus)
     uuids = [g.uuid for g in fake_gpus]
-    parser = Parser(wanted_series())
-    metrics = FixedSource("triton_metrics",
-                          lambda: Collected(samples=parser.parse(triton_metrics(MODELS, step[0], gpus=uuids))))
+    parser = Parser(CATALOG.wanted_samples())
+    metrics = FixedSource("triton_metrics", lambda: Collected(samples=parser.parse(_body(step[0], uuids))))
     index = FixedSource("triton_index", lambda: Collected(index=[
-        *(VersionState(m, "1", "READY") for m in MODELS), VersionState("broken", "1", "UNAVAILABLE", "boom")]))
+        *(VersionState(m, "1", "READY") for m in MODELS + VLLM + TRT),
+        VersionState("broken", "1", "UNAVAILABLE", "boom")]))
     source = NvmlSource(nvml, environ={})
     source.start()
     clock = [0.0]
-    pipeline = Pipeline(Settings(namespace=namespace), [metrics, index, source], clock=lambda: clock[0],
+    pipeline = Pipeline(Settings(namespace=namespace), CATALOG, [metrics, index, source], clock=lambda: clock[0],
                         wall=lambda: 1_700_000_000.0)
     pipeline.cycle()
     step[0] += 1
@@ -87,6 +81,9 @@ def test_fixture_run_emits_the_nvml_and_model_metrics_the_dashboards_need(emitte
             "RequestLatencyP95", "RequestFailureBackend", "ModelLoadSuccessRate", "ExporterHeartbeat"} <= names
     assert ("Triton", "RequestFailure", frozenset({"model"})) in emitted_refs
     assert ("Triton", "GpuUtilization", frozenset()) in emitted_refs
+    # ...and for the LLM section: distributions and TensorRT-LLM gauges.
+    assert {"TimeToFirstToken", "InterTokenLatency", "GenerationTokens", "KvCacheUtilization",
+            "RequestsWaiting", "EndToEndLatency"} <= names
 
 
 def test_committed_dashboard_reads_only_emitted_metrics(emitted_refs) -> None:
@@ -102,7 +99,7 @@ def test_committed_dashboard_reads_only_emitted_metrics(emitted_refs) -> None:
 
 def test_committed_alarms_read_only_emitted_metrics(emitted_refs) -> None:
     files = _committed_alarm_files()
-    assert len(files) == 7
+    assert len(files) == 9
     for alarm in files:
         refs = alarm_refs(alarm)
         assert refs, alarm["AlarmName"]
@@ -125,12 +122,12 @@ def test_template_alarms_read_only_emitted_metrics(emitted_refs) -> None:
                 q["Expression"] = q["Expression"]["Fn::Sub"]
         assert [r for r in alarm_refs(props) if r not in emitted_refs] == []
         seen += 1
-    assert seen == 7
+    assert seen == 9
 
 
 def test_named_model_alarms_use_the_dimension_value_the_exporter_writes(emitted_refs) -> None:
     """A model name the exporter must clean (non-ASCII) gets an alarm on the cleaned value, found in the EMF."""
-    opts = Options(models=tuple(MODELS))
+    opts = Options(catalog=CATALOG, models=tuple(MODELS))
     docs = [json.loads(d) for d in run_exporter()]
     values = {d["model"] for d in docs if "model" in d}
     for spec in alarms.alarm_specs(opts):
@@ -143,7 +140,7 @@ def test_named_model_alarms_use_the_dimension_value_the_exporter_writes(emitted_
 
 def test_custom_namespace_renders_agree_with_an_exporter_on_that_namespace() -> None:
     refs = emitted(run_exporter("Prod/Triton-A"))
-    opts = Options(namespace="Prod/Triton-A", models=("add",))
+    opts = Options(catalog=CATALOG, namespace="Prod/Triton-A", models=("add",))
     files = render(opts)
     body = json.loads(files["dashboards/triton.json"])
     assert [r for r in dashboard_refs(body) if r not in refs] == []
@@ -151,7 +148,7 @@ def test_custom_namespace_renders_agree_with_an_exporter_on_that_namespace() -> 
         if "/alarm-" in rel:
             assert [r for r in alarm_refs(json.loads(text)) if r not in refs] == [], rel
     # ...and the default namespace's references would all be missing there: the check is not vacuous.
-    assert all(r not in refs for r in dashboard_refs(dashboard.build(Options())))
+    assert all(r not in refs for r in dashboard_refs(dashboard.build(Options(catalog=CATALOG))))
 
 
 def test_checker_catches_a_metric_nobody_sends(emitted_refs) -> None:
@@ -163,4 +160,4 @@ def test_checker_catches_a_metric_nobody_sends(emitted_refs) -> None:
     # Right name, wrong dimension set: RequestLatencyP99 has no model-only rollup.
     assert ("Triton", "RequestLatencyP99", frozenset({"model"})) not in emitted_refs
     with pytest.raises(KeyError):
-        dashboard.search(Options(), "RequestLatencyP99", ("model",), "Maximum")
+        dashboard.search(Options(catalog=CATALOG), "RequestLatencyP99", ("model",), "Maximum")

@@ -2,35 +2,38 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
 import pytest
 
-from demo.payloads import triton_metrics
-from exporter.catalog import wanted_series
+from demo.payloads import first_response_metrics, llm_metrics, triton_metrics
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
 from exporter.render import cost
+from exporter.render.options import Options
 from exporter.sources import Collected, VersionState
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.nvml_fake import FakeNvml, gpus
 
+from .helpers import CATALOG, FixedSource
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class FixedSource:
-    def __init__(self, name: str, collect) -> None:  # type: ignore[no-untyped-def]
-        self.name = name
-        self.collect = lambda timeout: collect()
 
-    def close(self) -> None:
-        pass
+OPTS = Options(catalog=CATALOG)
 
 
-def pipeline_events(models: int, versions: int, n_gpus: int) -> list[bytes]:
-    """The second cycle of the real pipeline: models x versions, n_gpus on NVML (HBM boards) and DCGM series."""
+def pipeline_events(models: int, versions: int, n_gpus: int, llm: int = 0, backend: str = "vllm",
+                    histograms: bool = False) -> list[bytes]:
+    """The second cycle of the real pipeline: models x versions, n_gpus on NVML (HBM boards) and DCGM series.
+
+    The first ``llm`` models also publish ``backend``'s families; ``histograms``: every model has Triton's
+    first-response histogram (histogram_latencies=true on Triton 25.12+).
+    """
     step = [1]
     fake = gpus(n_gpus)
     for g in fake:
@@ -38,12 +41,19 @@ def pipeline_events(models: int, versions: int, n_gpus: int) -> list[bytes]:
     nvml = FakeNvml(fake)
     uuids = [g.uuid for g in fake]
     names = [f"model_{i:05d}" for i in range(models)]
-    parser = Parser(wanted_series())
+    parser = Parser(CATALOG.wanted_samples())
+
+    def one_version(v: int) -> str:
+        text = triton_metrics(names, step[0], gpus=uuids if v == 0 else (), version=str(v + 1))
+        if llm:
+            text += llm_metrics(names[:llm], step[0], backend, version=str(v + 1))
+        if histograms:
+            text += first_response_metrics(names, step[0], version=str(v + 1))
+        return text
 
     def metrics() -> Collected:
         # One body per version, concatenated without HELP/TYPE lines (the parser then reads the whole body).
-        text = "".join(triton_metrics(names, step[0], gpus=uuids if v == 0 else (), version=str(v + 1))
-                       for v in range(versions))
+        text = "".join(one_version(v) for v in range(versions))
         return Collected(samples=parser.parse("".join(ln + "\n" for ln in text.splitlines() if ln[:1] != "#")))
 
     index = [VersionState(m, str(v + 1), "READY") for m in names for v in range(versions)]
@@ -53,7 +63,7 @@ def pipeline_events(models: int, versions: int, n_gpus: int) -> list[bytes]:
         nv.start()
         srcs.append(nv)
     clock = [0.0]
-    p = Pipeline(Settings(), srcs,
+    p = Pipeline(Settings(), CATALOG, srcs,
                  clock=lambda: clock[0], wall=lambda: 1_700_000_000.0)
     p.cycle()
     step[0] += 1
@@ -75,16 +85,35 @@ def distinct_metrics(events: list[bytes]) -> set[tuple[str, str, tuple[tuple[str
     return out
 
 
-@pytest.mark.parametrize(("models", "versions", "n_gpus"), [(5, 1, 1), (7, 2, 2), (3, 1, 0)])
-def test_metric_count_equals_what_the_pipeline_emits(models: int, versions: int, n_gpus: int) -> None:
-    events = pipeline_events(models, versions, n_gpus)
-    d = cost.Deployment(models=models, versions=versions, gpus=n_gpus, load_duration=False, ecs_metadata=False)
-    assert cost.metric_count(d) == len(distinct_metrics(events))
+# The fixture fails one request per model and window: the failure reasons' total is busy every hour.
+BUSY = frozenset({"RequestSuccess", "RequestFailure"})
+
+
+@pytest.mark.parametrize(("models", "versions", "n_gpus", "llm", "backend", "histograms"),
+                         [(5, 1, 1, 0, "vllm", False), (7, 2, 2, 0, "vllm", False), (3, 1, 0, 0, "vllm", False),
+                          (5, 1, 1, 2, "vllm", False), (6, 2, 1, 3, "tensorrt_llm", True),
+                          (4, 1, 1, 2, "vllm", True)])
+def test_metric_count_equals_what_the_pipeline_emits(models: int, versions: int, n_gpus: int, llm: int,
+                                                     backend: str, histograms: bool) -> None:
+    events = pipeline_events(models, versions, n_gpus, llm, backend, histograms)
+    d = cost.Deployment(models=models, versions=versions, gpus=n_gpus, load_duration=False, ecs_metadata=False,
+                        llm_models=llm, llm_backend=backend, histograms=histograms, busy_totals=BUSY)
+    assert cost.metric_count(CATALOG, d) == len(distinct_metrics(events))
+
+
+def test_omitted_breakdown_zeros_are_the_difference_the_pipeline_shows() -> None:
+    """With no failures, the pipeline leaves out exactly the four reason metrics per model the estimate drops."""
+    events = pipeline_events(4, 1, 0)
+    no_failures = [e for e in events if b'"RequestFailure":0' in e or b'"version"' not in e]
+    assert len(no_failures) < len(events)  # the fixture fails one request per model: reasons are emitted
+    d = cost.Deployment(models=4, gpus=0, load_duration=False, ecs_metadata=False)
+    emitting = cost.metric_count(CATALOG, replace(d, breakdown_zeros="emit"))
+    assert emitting - cost.metric_count(CATALOG, d) == 4 * 4  # four reasons per model, never billed when idle
 
 
 def test_metric_count_is_the_same_for_many_tasks() -> None:
     """Tasks share every dimension value (no task id): more tasks add bytes, not metrics."""
-    one, four = cost.estimate(cost.Deployment(5, tasks=1)), cost.estimate(cost.Deployment(5, tasks=4))
+    one, four = cost.estimate(cost.Deployment(5, tasks=1), OPTS), cost.estimate(cost.Deployment(5, tasks=4), OPTS)
     assert one.metrics == four.metrics
     assert four.bytes_per_cycle == 4 * one.bytes_per_cycle
 
@@ -94,7 +123,7 @@ def test_event_bytes_match_the_pipeline_within_ten_percent() -> None:
     model_docs = [e for e in events if b'"version"' in e]
     gpu_docs = [e for e in events if b'"gpu_uuid"' in e]
     d = cost.Deployment(5, gpus=1, load_duration=False, ecs_metadata=False, model_name_length=len("model_00000"))
-    sizes = cost.event_bytes(d)
+    sizes = cost.event_bytes(CATALOG, replace(d, busy_totals=BUSY))
     real_model = sum(len(e) for e in model_docs) / len(model_docs) + cost.PUTLOGEVENTS_OVERHEAD
     real_gpu = sum(len(e) for e in gpu_docs) / len(gpu_docs) + cost.PUTLOGEVENTS_OVERHEAD
     assert abs(sizes[cost.Scope.MODEL] - real_model) / real_model < 0.10
@@ -109,20 +138,24 @@ def test_metric_tiers() -> None:
 
 
 def test_alarms_bill_insights_alarms_per_model() -> None:
-    e = cost.estimate(cost.Deployment(200, gpus=8))
-    assert e.alarms == 7
-    assert e.alarm_metrics == 5 + 2 * 200
-    assert e.alarms_usd == pytest.approx(40.5)
+    e = cost.estimate(cost.Deployment(200, gpus=8), OPTS)
+    assert e.alarms == 9
+    # 6 classic alarms (the TTFT one included: billed without data too) + 2 GROUP BY model alarms x 200 models;
+    # the KV-cache GROUP BY alarm analyzes nothing without TensorRT-LLM models.
+    assert e.alarm_metrics == 6 + 2 * 200
+    trt = cost.estimate(cost.Deployment(200, gpus=8, llm_models=20, llm_backend="tensorrt_llm"), OPTS)
+    assert trt.alarm_metrics == 6 + 2 * 200 + 20
 
 
 def test_docs_show_the_current_cost_table() -> None:
+    table = cost.markdown_table(cost.DOC_ROWS, OPTS)
     for path in (ROOT / "docs" / "dashboards.md", ROOT / "README.md"):
-        assert cost.markdown_table(cost.DOC_ROWS) in path.read_text(), f"{path.name}: re-run exporter cost --markdown"
+        assert table in path.read_text(), f"{path.name}: re-run exporter cost --markdown"
 
 
 def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert cost.main(["--models", "5", "--versions", "1", "--gpus", "1", "--tasks", "2"]) == 0
     out = capsys.readouterr().out
-    e = cost.estimate(cost.Deployment(5, 1, 1, 2))
+    e = cost.estimate(cost.Deployment(5, 1, 1, 2), OPTS)
     assert f"{e.metrics:>10,}" in out and f"${e.total_usd:>10,.2f}/month" in out and "Assumptions:" in out
     assert cost.main(["--models", "-1"]) == 2

@@ -19,7 +19,7 @@ from exporter.pipeline import Pipeline
 from exporter.sources import SourceError
 from exporter.sources.ecs import EcsMetadataSource
 
-from .helpers import documents, model_doc, task_doc
+from .helpers import CATALOG, documents, model_doc, task_doc
 
 TASK = {
     "Cluster": "arn:aws:ecs:us-east-1:111122223333:cluster/inference",
@@ -77,7 +77,7 @@ def test_task_identity_is_a_property_on_events_not_a_dimension(triton, metadata_
     url, _ = metadata_server
     settings = replace(Settings(triton_url=triton.url, metrics_url=triton.metrics_url, nvml="off"),
                        ecs_metadata_url=url)
-    docs = documents(Pipeline(settings, build_sources(settings)).cycle())
+    docs = documents(Pipeline(settings, CATALOG, build_sources(settings, CATALOG)).cycle())
     task = task_doc(docs)
     assert task["ecs_task_arn"] == TASK["TaskARN"] and task["availability_zone"] == "us-east-1b"
     assert model_doc(docs, "add")["ecs_task_arn"] == TASK["TaskARN"]

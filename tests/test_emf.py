@@ -15,16 +15,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter import emf
-from exporter.catalog import CATALOG, CLOUDWATCH_UNITS, Input, Kind, Metric, Scope
+from exporter.catalog import CLOUDWATCH_UNITS, Input, Kind, Metric, Scope
 from exporter.emf import Encoder, Event, dimensions_for, safe_dimension_value
 from exporter.emf_validate import validate
+
+from .helpers import CATALOG
 
 NOW = int(time.time() * 1000)
 
 
 def test_our_units_are_the_libraries_units():
     assert set(CLOUDWATCH_UNITS) == {u.value for u in AemUnit}
-    assert {m.unit for m in CATALOG} <= set(CLOUDWATCH_UNITS)
+    assert {m.unit for m in CATALOG.metrics} <= set(CLOUDWATCH_UNITS)
 
 
 def test_named_limits_match_the_library_constants():
@@ -36,9 +38,9 @@ def test_named_limits_match_the_library_constants():
 
 
 def test_catalog_respects_emf_rules():
-    names = [m.name for m in CATALOG]
+    names = [m.name for m in CATALOG.metrics]
     assert len(names) == len(set(names))
-    for m in CATALOG:
+    for m in CATALOG.metrics:
         aem_validator.validate_metric(m.name, 1.0, m.unit, StorageResolution.STANDARD, {})
         for dims in m.dimension_sets:
             assert len(dims) <= emf.MAX_DIMENSIONS_PER_SET
@@ -46,7 +48,7 @@ def test_catalog_respects_emf_rules():
 
 
 def _event(n_metrics: int, **dims: str) -> tuple[Encoder, Event]:
-    metrics = [Metric(f"M{i}", Scope.MODEL, "Count", Kind.GAUGE, "x", (Input("s"),)) for i in range(n_metrics)]
+    metrics = [Metric(f"M{i}", Scope.MODEL, "Count", Kind.GAUGE, "x", (Input("s", "s"),)) for i in range(n_metrics)]
     enc = Encoder("Triton", metrics)
     props: dict[str, object] = {}
     dims = dimensions_for(Scope.MODEL, {"model": "m", "version": "1", **dims}, props)
@@ -89,7 +91,7 @@ def test_aws_is_the_first_key_for_fluent_bit_routing():
 def test_encoder_refuses_bad_namespaces():
     for bad in ("", "AWS/Triton", "x" * 256, "Tritön"):
         with pytest.raises(ValueError):
-            Encoder(bad, CATALOG)
+            Encoder(bad, CATALOG.metrics)
 
 
 @settings(max_examples=300, deadline=None)

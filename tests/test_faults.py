@@ -24,17 +24,16 @@ import orjson
 import pytest
 
 from demo.payloads import triton_metrics
-from exporter.catalog import wanted_series
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
 from exporter.runner import Runner
 from exporter.sinks import FileSink, Sink, TcpSink
-from exporter.sources import Collected
+from exporter.sources import Collected, SourceKind
 from exporter.sources.triton import TritonIndexSource, TritonMetricsSource
 
 from .fakes import LOOPBACK, FakeAgent, FakeHttp, closed_port, drip, respond, silent
-from .helpers import Capture, IndexSource, documents, metric_names, model_doc, pipeline_for, task_doc
+from .helpers import CATALOG, Capture, IndexSource, documents, metric_names, model_doc, pipeline_for, task_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = {"timeout": 0.3, "connect_timeout": 0.2}
@@ -167,6 +166,7 @@ class Gate:
     def __init__(self, source) -> None:
         self.source = source
         self.name = source.name
+        self.kind = source.kind
         self.armed = False
         self.waiting = threading.Event()
         self.release = threading.Event()
@@ -242,10 +242,12 @@ class StepSource:
 
     name = "triton_metrics"
 
+    kind = SourceKind.TRITON
+
     def __init__(self, models: Callable[[int], list[str]], summaries: bool = True) -> None:
         self.models = models
         self.summaries = summaries
-        self.parser = Parser(wanted_series())
+        self.parser = Parser(CATALOG.wanted_samples())
         self.calls = 0
 
     def collect(self, timeout: float) -> Collected:
@@ -262,7 +264,7 @@ def test_synthetic_churn_over_many_cycles_keeps_state_bounded():
     def live(k: int) -> list[str]:
         return [f"m{i}" for i in range(5 * k, 5 * k + 40)]
 
-    pipe = Pipeline(Settings(nvml="off"), [StepSource(live, summaries=False), IndexSource()])
+    pipe = Pipeline(Settings(nvml="off"), CATALOG, [StepSource(live, summaries=False), IndexSource()])
     sizes = []
     for _ in range(200):
         result = pipe.cycle()
@@ -280,11 +282,11 @@ def hung_pipeline(behaviour, **overrides) -> tuple[Pipeline, FakeHttp, FakeHttp]
     index = FakeHttp(respond(b'[{"name":"a","version":"1","state":"READY"}]', content_type="application/json"))
     settings = replace(Settings(nvml="off", metrics_url=metrics.url + "/metrics", triton_url=index.url), **overrides)
     sources = [
-        TritonMetricsSource(settings.metrics_url, Parser(wanted_series()), settings.connect_timeout,
+        TritonMetricsSource(settings.metrics_url, Parser(CATALOG.wanted_samples()), settings.connect_timeout,
                             settings.max_body_bytes),
         TritonIndexSource(settings.triton_url, settings.connect_timeout, settings.max_body_bytes),
     ]
-    return Pipeline(settings, sources), metrics, index
+    return Pipeline(settings, CATALOG, sources), metrics, index
 
 
 @pytest.mark.parametrize("behaviour, reason", [
@@ -345,7 +347,7 @@ def test_agent_outage_of_12_cycles_loses_no_interval_and_delivers_in_order():
     """Stands in for a 60 s outage at interval 60 (see docs/reliability.md for the arithmetic)."""
     names = [f"model_{i:03d}" for i in range(100)]
     settings = Settings(nvml="off")  # default --buffer-events
-    pipe = Pipeline(settings, [StepSource(lambda k: names), IndexSource()])
+    pipe = Pipeline(settings, CATALOG, [StepSource(lambda k: names), IndexSource()])
     port = closed_port()
     sink = TcpSink(LOOPBACK, port, settings.buffer_events, connect_timeout=0.2)
     agent = None
@@ -381,7 +383,7 @@ def test_agent_outage_of_12_cycles_loses_no_interval_and_delivers_in_order():
 
 
 def test_agent_refusing_with_a_small_buffer_counts_drops_in_the_task_event(tmp_path):
-    pipe = Pipeline(Settings(nvml="off"), [StepSource(lambda k: [f"m{i}" for i in range(20)]), IndexSource()])
+    pipe = Pipeline(Settings(nvml="off"), CATALOG, [StepSource(lambda k: [f"m{i}" for i in range(20)]), IndexSource()])
     sink = TcpSink(LOOPBACK, closed_port(), capacity=10, connect_timeout=0.1)
     with Loop(pipe, sink, 0.2) as loop:
         time.sleep(1.1)
@@ -472,7 +474,7 @@ def test_wall_clock_jumps_change_timestamps_but_not_windows():
     def wall() -> float:
         return now_wall[0]
 
-    pipe = Pipeline(Settings(nvml="off"), [StepSource(lambda k: ["a"]), IndexSource()], clock=clock, wall=wall)
+    pipe = Pipeline(Settings(nvml="off"), CATALOG, [StepSource(lambda k: ["a"]), IndexSource()], clock=clock, wall=wall)
     results = []
     for _ in range(4):
         now_mono[0], now_wall[0] = float(next(mono)), next(walls)
@@ -509,7 +511,7 @@ def test_wall_clock_jumps_during_a_real_loop(tmp_path):
             current[0] = next(offsets)  # NTP steps the clock between two cycles
             return super().collect(timeout)
 
-    pipe = Pipeline(Settings(nvml="off"), [Jumping(lambda k: ["a"]), IndexSource()], wall=wall)
+    pipe = Pipeline(Settings(nvml="off"), CATALOG, [Jumping(lambda k: ["a"]), IndexSource()], wall=wall)
     results = []
     original = pipe.cycle
 

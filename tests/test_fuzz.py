@@ -20,7 +20,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from demo.payloads import triton_metrics
-from exporter.catalog import wanted_series
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
@@ -28,13 +27,13 @@ from exporter.sources import SourceError
 from exporter.sources.http import Response
 from exporter.sources.triton import TritonMetricsSource, parse_index
 
-from .helpers import IndexSource, documents, task_doc
+from .helpers import CATALOG, IndexSource, documents, task_doc
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 SEED = triton_metrics(["add", 'q"uo\\te', "modèle"], 3, gpus=["GPU-0000"])
 SEED_LINES = SEED.splitlines(keepends=True)
-PARSER = Parser(wanted_series())
+PARSER = Parser(CATALOG.wanted_samples())
 
 TOKENS = ["{", "}", '"', "\\", "\n", "\r\n", " ", "\t", ",", "=", "#", "# TYPE ", "# HELP ", "NaN", "+Inf", "-Inf",
           "1e309", "nv_inference_request_success", "_count", "_sum", "quantile=", 'model="', "\x00", "\ufffd",
@@ -108,7 +107,7 @@ class BodySource(TritonMetricsSource):
     """The real /metrics source, with the HTTP answer replaced by the fuzzed bytes."""
 
     def __init__(self, bodies: list[bytes]) -> None:
-        super().__init__("http://127.0.0.1:1/metrics", Parser(wanted_series()), 0.1, 1 << 20)
+        super().__init__("http://127.0.0.1:1/metrics", Parser(CATALOG.wanted_samples()), 0.1, 1 << 20)
         self.bodies = bodies
 
     def collect(self, timeout: float):
@@ -122,7 +121,7 @@ class BodySource(TritonMetricsSource):
 def test_pipeline_never_raises_and_emits_only_valid_emf(first, second, seed_first):
     if seed_first:
         first = SEED.encode()
-    pipe = Pipeline(Settings(nvml="off", max_models=50), [BodySource([first, second]), IndexSource()])
+    pipe = Pipeline(Settings(nvml="off", max_models=50), CATALOG, [BodySource([first, second]), IndexSource()])
     for _ in range(2):
         result = pipe.cycle()
         errors = [s.error for s in result.statuses if s.error]

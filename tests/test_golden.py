@@ -22,7 +22,7 @@ from exporter.config import Settings
 from exporter.emf_validate import validate
 from exporter.pipeline import Pipeline
 
-from .helpers import IndexSource, TextSource
+from .helpers import CATALOG, IndexSource, TextSource
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir())
@@ -33,7 +33,7 @@ def run_case(case: Path) -> list[bytes]:
     texts = [(case / f"metrics-{i}.txt").read_text() for i in (1, 2)]
     clock = [100.0]
     pipe = Pipeline(
-        Settings(namespace="Triton", nvml="off"),
+        Settings(namespace="Triton", nvml="off"), CATALOG,
         [TextSource(*texts), IndexSource((case / "index.json").read_bytes())],
         clock=lambda: clock[0],
         wall=lambda: T0_WALL + clock[0],
@@ -73,9 +73,10 @@ def test_golden_values_are_the_arithmetic_of_the_fixture():
     assert resnet["QueueLatencyAvg"] == pytest.approx(90_000 / 90)
     assert resnet["PendingRequests"] == 4
     assert resnet["ModelLoadDuration"] == 12.5
-    # bucket deltas: <=100: 10, <=500: 50, <=2000: 90, <=5000: 90, +Inf: 90 -> p50 rank 45 in (100, 500]
-    assert resnet["FirstResponseLatencyP50"] == pytest.approx(100 + 400 * (45 - 10) / 40)
-    assert resnet["FirstResponseLatencyP95"] == pytest.approx(500 + 1500 * (85.5 - 50) / 40)
+    # bucket deltas: <=100: 10, <=500: 50, <=2000: 90, <=5000: 90, +Inf: 90 -> per bucket 10, 40, 40 at the
+    # midpoints 50, 300, 1250; Min/Max are the edges of the lowest and highest non-empty buckets; Sum is _sum's delta
+    assert resnet["TimeToFirstToken"] == {"Values": [50.0, 300.0, 1250.0], "Counts": [10.0, 40.0, 40.0],
+                                          "Max": 2000.0, "Min": 0.0, "Count": 90.0, "Sum": 161399 - 99999}
     gpus = {d["gpu"]: d for d in docs if "gpu" in d}
     assert gpus["0"]["gpu_uuid"] == "GPU-aaaa" and gpus["0"]["GpuUtilization"] == pytest.approx(91)
     assert gpus["0"]["GpuMemoryUsedPercent"] == pytest.approx(100 * 23 / 24)

@@ -25,7 +25,6 @@ import orjson
 import pytest
 
 from demo.payloads import triton_metrics
-from exporter.catalog import wanted_series
 from exporter.config import Settings
 from exporter.emf import MAX_DIMENSION_VALUE_LENGTH, MAX_EVENT_BYTES
 from exporter.pipeline import Pipeline
@@ -33,7 +32,7 @@ from exporter.promtext import Parser
 from exporter.sources.triton import TritonIndexSource, TritonMetricsSource
 
 from .fakes import FakeHttp, closed_port, huge, redirect, respond, silent
-from .helpers import Capture, IndexSource, TextSource, documents, metric_names, model_doc, task_doc
+from .helpers import CATALOG, Capture, IndexSource, TextSource, documents, metric_names, model_doc, task_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = Settings(nvml="off", timeout=2.0, connect_timeout=0.5)
@@ -42,14 +41,15 @@ INDEX_AB = orjson.dumps([{"name": m, "version": "1", "state": "READY"} for m in 
 
 def run(*texts: str, index: bytes = INDEX_AB, **overrides) -> list[list[dict]]:
     """Each text is one scrape; returns every cycle's validated documents."""
-    pipe = Pipeline(replace(SETTINGS, **overrides), [TextSource(*texts), IndexSource(index)])
+    pipe = Pipeline(replace(SETTINGS, **overrides), CATALOG, [TextSource(*texts), IndexSource(index)])
     return [documents(pipe.cycle()) for _ in texts]
 
 
 def http_pipeline(metrics_url: str, triton_url: str, **overrides) -> Pipeline:
     settings = replace(SETTINGS, metrics_url=metrics_url, triton_url=triton_url, **overrides)
-    return Pipeline(settings, [
-        TritonMetricsSource(metrics_url, Parser(wanted_series()), settings.connect_timeout, settings.max_body_bytes),
+    return Pipeline(settings, CATALOG, [
+        TritonMetricsSource(metrics_url, Parser(CATALOG.wanted_samples()), settings.connect_timeout,
+                            settings.max_body_bytes),
         TritonIndexSource(triton_url, settings.connect_timeout, settings.max_body_bytes),
     ])
 
@@ -170,12 +170,12 @@ def test_hostile_label_values_become_safe_distinct_dimensions_with_the_original_
 
 RSS_PROBE = textwrap.dedent("""
     import sys, time
-    from exporter.catalog import wanted_series
+    from exporter.catalog import build
     from exporter.config import Settings
     from exporter.promtext import Parser
     from exporter.sources import SourceError
     from exporter.sources.triton import TritonMetricsSource
-    src = TritonMetricsSource(sys.argv[1], Parser(wanted_series()), 1.0, Settings().max_body_bytes)
+    src = TritonMetricsSource(sys.argv[1], Parser(build().wanted_samples()), 1.0, Settings().max_body_bytes)
     t = time.monotonic()
     try:
         src.collect(30.0)
@@ -228,7 +228,7 @@ def test_ten_thousand_models_are_capped_with_a_warning_and_a_dropped_count():
     logger = logging.getLogger("exporter.pipeline")
     logger.addHandler(capture)
     try:
-        pipe = Pipeline(SETTINGS, [TextSource(triton_metrics(names, 1, summaries=False),
+        pipe = Pipeline(SETTINGS, CATALOG, [TextSource(triton_metrics(names, 1, summaries=False),
                                               triton_metrics(names, 2, summaries=False)), IndexSource()])
         pipe.cycle()
         result = pipe.cycle()

@@ -17,6 +17,8 @@ from exporter.sources import nvml_fake as fk
 from exporter.sources.nvml import NVML_CALLS, NvmlSource, make_nvml_source, select
 from tests.helpers import IndexSource, TextSource, documents
 
+from .helpers import CATALOG
+
 U = fk.UUIDS
 
 
@@ -380,7 +382,7 @@ def triton_text(step: int, gpus: list[str]) -> str:
 
 def run(sources, cycles: int, between=None) -> list:
     clock = Clock()
-    pipeline = Pipeline(Settings(nvml="on"), sources, clock=clock)
+    pipeline = Pipeline(Settings(nvml="on"), CATALOG, sources, clock=clock)
     results = []
     for n in range(cycles):
         if between:

@@ -13,7 +13,7 @@ from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
 from exporter.sinks import FileSink
 
-from .helpers import IndexSource, TextSource, documents, model_doc, pipeline_for, task_doc
+from .helpers import CATALOG, IndexSource, TextSource, documents, model_doc, pipeline_for, task_doc
 from .test_faults import Loop, starts
 
 
@@ -26,7 +26,7 @@ def test_series_without_its_entity_label_is_skipped_not_fatal(line):
     body = triton_metrics(["a"], 1, gpus=["GPU-1"])
     family = line.split("{")[0].split(" ")[0]
     body = body.replace(f"# TYPE {family} gauge\n", f"# TYPE {family} gauge\n{line}\n")
-    pipe = Pipeline(Settings(nvml="off"), [TextSource(body), IndexSource()])
+    pipe = Pipeline(Settings(nvml="off"), CATALOG, [TextSource(body), IndexSource()])
     docs = documents(pipe.cycle())
     assert model_doc(docs, "a")["PendingRequests"] == 0
     assert len([d for d in docs if "ExporterHeartbeat" in d]) == 1  # no second "task" event from it

@@ -17,11 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.catalog import wanted_series
 from exporter.promtext import Parser
 
+from .helpers import CATALOG
+
 EXAMPLES = int(os.environ.get("PROMTEXT_EXAMPLES", "300"))
-WANTED = wanted_series()
+WANTED = CATALOG.wanted_samples()
 
 # Families we want (with their real types) and decoys that share prefixes with them.
 FAMILIES = [

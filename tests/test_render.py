@@ -28,12 +28,15 @@ from exporter.render.options import Options, model_log_group
 from exporter.render.refs import metric_rows
 from exporter.render.template import build as build_template
 
+from .helpers import CATALOG
+
 ROOT = Path(__file__).resolve().parent.parent
 SESSION = botocore.session.get_session()
 CLOUDWATCH = SESSION.get_service_model("cloudwatch")
 AUTOSCALING = SESSION.get_service_model("application-autoscaling")
 WIDGET_TYPES = {"metric", "text", "log", "alarm"}
-RICH = Options(models=("add", "m@x.v2+b", "modèle-ü"), sns_topic_arn="arn:aws:sns:eu-west-1:111122223333:ops",
+RICH = Options(catalog=CATALOG, models=("add", "m@x.v2+b", "modèle-ü"),
+               sns_topic_arn="arn:aws:sns:eu-west-1:111122223333:ops",
                namespace="Prod/Triton", region="eu-west-1", account_id="111122223333")
 
 
@@ -43,7 +46,7 @@ def _validate(model: Any, operation: str, params: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def default_files() -> dict[str, str]:
-    return render(Options())
+    return render(Options(catalog=CATALOG))
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +82,8 @@ def test_bad_thresholds_are_usage_errors(tmp_path: Path) -> None:
 
 
 def test_metrics_doc_lists_every_catalog_metric_and_dimension_set(default_files) -> None:
-    from exporter.catalog import CATALOG
-
     doc = default_files["docs/metrics.md"]
-    for m in CATALOG:
+    for m in CATALOG.metrics:
         row = next(line for line in doc.splitlines() if line.startswith(f"| `{m.name}` |"))
         for dims in m.dimension_sets:
             assert (", ".join(f"`{d}`" for d in dims) or "(none)") in row
@@ -176,7 +177,7 @@ def test_log_widgets_use_the_fluent_bit_group_names() -> None:
     conf = (ROOT / "fluentbit" / "triton.conf").read_text()
     dockerfile = (ROOT / "fluentbit" / "Dockerfile").read_text()
     prefix = re.search(r"TRITON_LOG_GROUP_PREFIX=(\S+)", dockerfile).group(1).strip("\"'")
-    assert prefix == Options().log_group_prefix
+    assert prefix == Options(catalog=CATALOG).log_group_prefix
     assert "log_group_name      ${TRITON_LOG_GROUP_PREFIX}/errors" in conf
     assert "log_group_template  ${TRITON_LOG_GROUP_PREFIX}/model/$TAG[3].$TAG[4]" in conf
     assert model_log_group(prefix, "m@x.v2+b") == "/ecs/triton/model/m.x.v2.b"  # docs/logs.md's examples
@@ -207,7 +208,7 @@ def _alarms(files: dict[str, str]) -> dict[str, dict[str, Any]]:
 def test_cli_files_pass_botocore_validation(which: str, request: pytest.FixtureRequest) -> None:
     files = request.getfixturevalue(which)
     alarms = _alarms(files)
-    assert len(alarms) == (7 if which == "default_files" else 13)
+    assert len(alarms) == (9 if which == "default_files" else 18)
     for body in alarms.values():
         _validate(CLOUDWATCH, "PutMetricAlarm", body)
     _validate(AUTOSCALING, "RegisterScalableTarget",

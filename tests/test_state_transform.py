@@ -6,10 +6,12 @@ import math
 
 import pytest
 
-from exporter.catalog import BY_NAME, CATALOG, Scope, counter_series
+from exporter.catalog import Scope
 from exporter.promtext import LabelSet
 from exporter.state import DeltaState
-from exporter.transform import evaluate, histogram_quantile
+from exporter.transform import Transform, histogram_quantile
+
+from .helpers import CATALOG
 
 
 def series(**values: float) -> tuple[dict[str, float], dict[str, LabelSet]]:
@@ -24,7 +26,7 @@ def series(**values: float) -> tuple[dict[str, float], dict[str, LabelSet]]:
 
 
 def test_first_scrape_is_a_baseline_then_deltas():
-    state = DeltaState(counter_series())
+    state = DeltaState(CATALOG.counter_samples())
     s, labels = series(a=10, b=5)
     w = state.update({"nv_inference_request_success": s}, labels, 0.0)
     assert w.elapsed is None and w.deltas == {}
@@ -35,7 +37,7 @@ def test_first_scrape_is_a_baseline_then_deltas():
 
 
 def test_counter_going_down_resets_the_whole_entity():
-    state = DeltaState(counter_series())
+    state = DeltaState(CATALOG.counter_samples())
     s, labels = series(a=10, b=5)
     d, _ = series(a=100, b=100)
     state.update({"nv_inference_request_success": s, "nv_inference_request_duration_us": d}, labels, 0.0)
@@ -51,7 +53,7 @@ def test_counter_going_down_resets_the_whole_entity():
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_nan_or_inf_counter_is_a_reset_not_a_value(bad):
-    state = DeltaState(counter_series())
+    state = DeltaState(CATALOG.counter_samples())
     s, labels = series(a=1)
     state.update({"nv_inference_count": s}, labels, 0.0)
     s2, _ = series(a=bad)
@@ -65,7 +67,7 @@ def test_nan_or_inf_counter_is_a_reset_not_a_value(bad):
 
 
 def test_vanished_series_leave_the_state():
-    state = DeltaState(counter_series())
+    state = DeltaState(CATALOG.counter_samples())
     many, labels = series(**{f"m{i}": 1.0 for i in range(500)})
     state.update({"nv_inference_count": many}, labels, 0.0)
     assert state.size() == 500
@@ -75,17 +77,17 @@ def test_vanished_series_leave_the_state():
 
 
 def test_gauges_are_not_held_in_the_state():
-    state = DeltaState(counter_series())
+    state = DeltaState(CATALOG.counter_samples())
     s, labels = series(a=3)
     state.update({"nv_inference_pending_request_count": s}, labels, 0.0)
     assert state.size() == 0
 
 
 def run(metrics_at_0: dict, metrics_at_t: dict, labels: dict, elapsed: float = 60.0):
-    state = DeltaState(counter_series())
+    state = DeltaState(CATALOG.counter_samples())
     state.update(metrics_at_0, labels, 0.0)
     window = state.update(metrics_at_t, labels, elapsed)
-    return evaluate(CATALOG, metrics_at_t, window, labels, {})
+    return Transform(CATALOG).evaluate(metrics_at_t, window, labels, {}).values
 
 
 def test_ratios_only_with_a_positive_denominator():
@@ -146,10 +148,10 @@ def test_series_split_by_gpu_are_summed_per_model():
 
 
 def test_every_catalog_metric_has_a_computation():
-    for m in CATALOG:
+    for m in CATALOG.metrics:
         if m.kind.value in ("state", "self"):
             assert not m.inputs
         else:
             assert m.inputs, m.name
-    assert BY_NAME["GpuPowerWatts"].unit == "None" and "Watts" in "GpuPowerWatts"
-    assert {m.scope for m in CATALOG} == set(Scope)
+    assert CATALOG.get("GpuPowerWatts").unit == "None"
+    assert {m.scope for m in CATALOG.metrics} == set(Scope)

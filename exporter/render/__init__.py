@@ -11,8 +11,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
+from types import SimpleNamespace
 
+from ..catalog import cli
 from . import alarms, dashboard, docsgen, template
 from .options import Options
 
@@ -24,7 +27,7 @@ def render(opts: Options) -> dict[str, str]:
     files: dict[str, str] = {
         "dashboards/triton.json": json.dumps(dashboard.build(opts), indent=2) + "\n",
         "alarms/triton-alarms.template.json": json.dumps(template.build(opts), indent=2) + "\n",
-        "docs/metrics.md": docsgen.metrics_markdown(opts.namespace),
+        "docs/metrics.md": docsgen.metrics_markdown(opts.catalog, opts.namespace),
     }
     for rel, text in alarms.cli_files(opts).items():
         files[f"alarms/cli/{rel}"] = text
@@ -42,9 +45,10 @@ def stale_files(root: Path, files: dict[str, str]) -> list[Path]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    d = Options()
+    d = SimpleNamespace(**{f.name: f.default for f in fields(Options) if f.name != "catalog"})  # the defaults
     p = argparse.ArgumentParser(prog="python -m exporter render",
-                                description="Write dashboards/, alarms/ and docs/metrics.md from the metric catalog.")
+                                description="Write dashboards/, alarms/ and docs/metrics.md from the metric catalog "
+                                "(with --catalog files and the --metrics selection: only emitted metrics are used).")
     p.add_argument("--out", default=".", help="directory to write into (default: current directory)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ from a render")
     p.add_argument("--namespace", default=d.namespace, help=f"CloudWatch namespace (default: {d.namespace})")
@@ -73,15 +77,22 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"GPU memory used %% that alarms and adds a task after 10 min (default: {d.gpu_memory:g})")
     p.add_argument("--load-success-rate", type=float, default=d.load_success_rate,
                    help=f"alarm below this model load success %% (default: {d.load_success_rate:g})")
+    p.add_argument("--ttft-p95-ms", type=float, default=d.ttft_p95_ms,
+                   help=f"time to first token p95 alarm, ms (default: {d.ttft_p95_ms:g})")
+    p.add_argument("--kv-cache-utilization", type=float, default=d.kv_cache_utilization,
+                   help=f"KV-cache utilization %% alarm per model (default: {d.kv_cache_utilization:g})")
     p.add_argument("--min-capacity", type=int, default=d.min_capacity, help=f"(default: {d.min_capacity})")
     p.add_argument("--max-capacity", type=int, default=d.max_capacity, help=f"(default: {d.max_capacity})")
+    cli.add_arguments(p)
     return p
 
 
 def options_from(args: argparse.Namespace) -> Options:
-    fields = {k: v for k, v in vars(args).items() if k not in ("out", "check")}
+    """Options from the flags, with the catalog they describe (raises CatalogError, ValueError)."""
+    catalog = cli.from_arguments(args)
+    fields = {k: v for k, v in vars(args).items() if k not in ("out", "check", "catalog", "metrics", "llm_metrics")}
     fields["models"] = tuple(dict.fromkeys(fields["models"]))
-    opts = Options(**fields)
+    opts = Options(catalog=catalog, **fields)
     if not 0 < opts.gpu_scale_in < opts.gpu_scale_out <= 100:
         raise ValueError("need 0 < --gpu-scale-in < --gpu-scale-out <= 100")
     if not 0 <= opts.min_capacity <= opts.max_capacity or opts.max_capacity < 1:
@@ -94,7 +105,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         opts = options_from(args)
         files = render(opts)
-    except (ValueError, KeyError) as exc:
+    except (ValueError, KeyError) as exc:  # CatalogError is a ValueError
         sys.stderr.write(f"error: {exc}\n")
         return 2
     root = Path(args.out)

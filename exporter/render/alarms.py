@@ -23,7 +23,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..catalog import BY_NAME
 from ..emf import safe_dimension_value
 from .options import Options
 
@@ -70,6 +69,10 @@ PARAMETERS: dict[str, Param] = {
                                     0, 100),
     "GpuScaleInUtilization": Param("Number", "Service GPU utilization percent that removes a task (15 minutes)",
                                    0, 100),
+    "TtftP95Milliseconds": Param("Number", "Alarm when time to first token p95 (all tasks) stays above this, ms "
+                                 "(5 minutes)", 0),
+    "KvCacheUtilizationThreshold": Param("Number", "Alarm when a model's KV-cache utilization stays above this "
+                                         "percent (5 minutes)", 0, 100),
     "MinCapacity": Param("Number", "Fewest tasks scaling may leave", 0),
     "MaxCapacity": Param("Number", "Most tasks scaling may start", 1),
 }
@@ -83,35 +86,51 @@ def parameter_values(opts: Options) -> dict[str, Any]:
         "FailureThreshold": opts.failure_threshold, "LatencySloMicroseconds": opts.latency_slo_us,
         "LoadSuccessRateThreshold": opts.load_success_rate, "GpuMemoryThreshold": opts.gpu_memory,
         "GpuScaleOutUtilization": opts.gpu_scale_out, "GpuScaleInUtilization": opts.gpu_scale_in,
+        "TtftP95Milliseconds": opts.ttft_p95_ms, "KvCacheUtilizationThreshold": opts.kv_cache_utilization,
         "MinCapacity": opts.min_capacity, "MaxCapacity": opts.max_capacity,
     }
 
 
-def _check(name: str, dims: tuple[str, ...]) -> str:
-    metric = BY_NAME[name]
+def _check(opts: Options, name: str, dims: tuple[str, ...]) -> str | None:
+    """The metric name if the exporter emits it with these dimensions; None if the selection leaves it out."""
+    metric = opts.catalog.definition(name)
+    if metric is None:
+        raise KeyError(f"an alarm references {name!r}, which is not in the catalog")
     if dims not in metric.dimension_sets:
         raise KeyError(f"{name} is not emitted with dimensions {list(dims)}")
-    return name
+    return name if opts.catalog.emits(name) else None
 
 
-def _classic(suffix: str, description: str, name: str, dims: dict[str, str], stat: str, period: int,
-             points: int, threshold: Ref | float, op: str, missing: str, actions: tuple[str, ...]) -> dict[str, Any]:
+Spec = dict[str, Any]
+
+
+def _classic(opts: Options, suffix: str, description: str, name: str, dims: dict[str, str], stat: str,
+             period: int, points: int, threshold: Ref | float, op: str, missing: str,
+             actions: tuple[str, ...]) -> Spec | None:
+    """A single-metric alarm; ``stat`` ``pNN`` is an extended statistic (a percentile of a distribution)."""
+    metric = _check(opts, name, tuple(dims))
+    if metric is None:
+        return None
+    statistic = {"ExtendedStatistic": stat} if re.fullmatch(r"p\d+(\.\d+)?", stat) else {"Statistic": stat}
     return {
-        "_file": suffix, "_actions": actions,
+        "_file": suffix, "_actions": actions, "_metric": metric,
         "AlarmName": f"${{AlarmNamePrefix}}-{suffix}", "AlarmDescription": description,
-        "Namespace": "${Namespace}", "MetricName": _check(name, tuple(dims)),
+        "Namespace": "${Namespace}", "MetricName": metric,
         "Dimensions": [{"Name": k, "Value": v} for k, v in dims.items()],
-        "Statistic": stat, "Period": period, "EvaluationPeriods": points, "DatapointsToAlarm": points,
+        **statistic, "Period": period, "EvaluationPeriods": points, "DatapointsToAlarm": points,
         "Threshold": threshold, "ComparisonOperator": op, "TreatMissingData": missing,
     }
 
 
-def _insights(suffix: str, description: str, func: str, name: str, period: int, points: int,
-              threshold: Ref, label: str) -> dict[str, Any]:
-    query = (f'SELECT {func}({_check(name, ("model",))}) FROM SCHEMA("${{Namespace}}", model) '
+def _insights(opts: Options, suffix: str, description: str, func: str, name: str, period: int, points: int,
+              threshold: Ref, label: str) -> Spec | None:
+    metric = _check(opts, name, ("model",))
+    if metric is None:
+        return None
+    query = (f'SELECT {func}({metric}) FROM SCHEMA("${{Namespace}}", model) '
              f"GROUP BY model ORDER BY {func}() DESC")
     return {
-        "_file": suffix, "_actions": ("notify",),
+        "_file": suffix, "_actions": ("notify",), "_metric": metric,
         "AlarmName": f"${{AlarmNamePrefix}}-{suffix}", "AlarmDescription": description,
         "Metrics": [{"Id": "q1", "Expression": query, "Period": period, "Label": label, "ReturnData": True}],
         "EvaluationPeriods": points, "DatapointsToAlarm": points, "Threshold": threshold,
@@ -125,46 +144,63 @@ def model_slug(model: str) -> str:
     return slug if slug == model else f"{slug}-{hashlib.sha256(model.encode()).hexdigest()[:6]}".lstrip("-")
 
 
-def alarm_specs(opts: Options) -> list[dict[str, Any]]:
-    """Every alarm, fleet-wide first. Keys starting with ``_`` are render metadata, not API fields."""
+def alarm_specs(opts: Options) -> list[Spec]:
+    """Every alarm on a metric the exporter emits, fleet-wide first.
+
+    Keys starting with ``_`` are render metadata, not API fields.
+    """
+    o = opts
     specs = [
-        _insights("model-failures",
+        _insights(o, "model-failures",
                   "A model had more failed inference requests than FailureThreshold in 5 minutes "
                   "(each model is its own contributor; Metrics Insights GROUP BY model).",
                   "SUM", "RequestFailure", FAILURE_PERIOD, 1, Ref("FailureThreshold"), "failed requests"),
-        _insights("model-latency-p95",
+        _insights(o, "model-latency-p95",
                   "A model's p95 request latency (worst task) stayed above LatencySloMicroseconds for 5 minutes.",
                   "MAX", "RequestLatencyP95", LATENCY_PERIOD, LATENCY_POINTS, Ref("LatencySloMicroseconds"),
                   "p95 latency (us)"),
-        _classic("model-load-failed", "A model version failed to load: load success rate below "
+        _classic(o, "model-load-failed", "A model version failed to load: load success rate below "
                  "LoadSuccessRateThreshold percent on some task for 3 minutes.",
                  "ModelLoadSuccessRate", {}, "Minimum", 60, 3, Ref("LoadSuccessRateThreshold"),
                  "LessThanThreshold", "notBreaching", ("notify",)),
-        _classic("exporter-heartbeat-missing", "No exporter heartbeat for 5 minutes: the exporter, its log route "
+        _classic(o, "exporter-heartbeat-missing", "No exporter heartbeat for 5 minutes: the exporter, its log route "
                  "or the whole service is down. Missing data is breaching: silence is a failure.",
                  "ExporterHeartbeat", {}, "Sum", 60, 5, 1.0, "LessThanThreshold", "breaching", ("notify",)),
-        _classic("gpu-memory-high", "GPU memory above GpuMemoryThreshold percent on some GPU for 10 minutes; "
+        _classic(o, "gpu-memory-high", "GPU memory above GpuMemoryThreshold percent on some GPU for 10 minutes; "
                  "also adds a task when scaling is enabled.",
                  "GpuMemoryUsedPercent", {}, "Maximum", 60, 10, Ref("GpuMemoryThreshold"),
                  "GreaterThanThreshold", "notBreaching", ("notify", "scale_out_memory")),
-        _classic("gpu-utilization-high", "Service GPU utilization above GpuScaleOutUtilization for 5 minutes: "
+        _classic(o, "gpu-utilization-high", "Service GPU utilization above GpuScaleOutUtilization for 5 minutes: "
                  "add a task.", "GpuUtilization", {}, "Average", 60, 5, Ref("GpuScaleOutUtilization"),
                  "GreaterThanThreshold", "notBreaching", ("scale_out",)),
-        _classic("gpu-utilization-low", "Service GPU utilization below GpuScaleInUtilization for 15 minutes: "
+        _classic(o, "gpu-utilization-low", "Service GPU utilization below GpuScaleInUtilization for 15 minutes: "
                  "remove a task.", "GpuUtilization", {}, "Average", 60, 15, Ref("GpuScaleInUtilization"),
                  "LessThanThreshold", "notBreaching", ("scale_in",)),
+        _classic(o, "llm-ttft-p95", "Time to first token p95 over every task and model stayed above "
+                 "TtftP95Milliseconds for 5 minutes (CloudWatch's percentile of the exporter's distributions).",
+                 "TimeToFirstToken", {}, "p95", LATENCY_PERIOD, LATENCY_POINTS, Ref("TtftP95Milliseconds"),
+                 "GreaterThanThreshold", "notBreaching", ("notify",)),
+        _insights(o, "llm-kv-cache-high",
+                  "A model's KV-cache utilization (worst task) stayed above KvCacheUtilizationThreshold percent "
+                  "for 5 minutes: requests will queue (Metrics Insights GROUP BY model).",
+                  "MAX", "KvCacheUtilization", LATENCY_PERIOD, LATENCY_POINTS, Ref("KvCacheUtilizationThreshold"),
+                  "KV-cache utilization (%)"),
     ]
     for model in opts.models:
         dim = {"model": safe_dimension_value(model).value}
         slug = model_slug(model)
-        specs.append(_classic(f"model-{slug}-failures", f"Model {model}: failed requests above FailureThreshold "
+        specs.append(_classic(o, f"model-{slug}-failures", f"Model {model}: failed requests above FailureThreshold "
                               "in 5 minutes.", "RequestFailure", dim, "Sum", FAILURE_PERIOD, 1,
                               Ref("FailureThreshold"), "GreaterThanThreshold", "notBreaching", ("notify",)))
-        specs.append(_classic(f"model-{slug}-latency-p95", f"Model {model}: p95 latency above "
+        specs.append(_classic(o, f"model-{slug}-latency-p95", f"Model {model}: p95 latency above "
                               "LatencySloMicroseconds for 5 minutes.", "RequestLatencyP95", dim, "Maximum",
                               LATENCY_PERIOD, LATENCY_POINTS, Ref("LatencySloMicroseconds"),
                               "GreaterThanThreshold", "notBreaching", ("notify",)))
-    return specs
+        specs.append(_classic(o, f"model-{slug}-ttft-p95", f"Model {model}: time to first token p95 (all tasks) "
+                              "above TtftP95Milliseconds for 5 minutes.", "TimeToFirstToken", dim, "p95",
+                              LATENCY_PERIOD, LATENCY_POINTS, Ref("TtftP95Milliseconds"),
+                              "GreaterThanThreshold", "notBreaching", ("notify",)))
+    return [s for s in specs if s is not None]
 
 
 SCALING_ACTIONS = ("scale_out", "scale_in", "scale_out_memory")
@@ -240,18 +276,26 @@ def cli_alarm(spec: dict[str, Any], opts: Options) -> dict[str, Any]:
     return body
 
 
+def has_scaling(specs: list[Spec]) -> bool:
+    """Scaling needs its three alarms: a selection without the GPU metrics renders none of it."""
+    return set(SCALING_ACTIONS) <= {a for s in specs for a in s["_actions"]}
+
+
 def cli_files(opts: Options) -> dict[str, str]:
     """Relative path -> file text, under ``alarms/cli``."""
     values = parameter_values(opts)
     out: dict[str, str] = {}
-    scaling = scaling_specs()
-    out["scaling/register-scalable-target.json"] = _dump(resolve(scaling["target"], values))
-    for key in SCALING_ACTIONS:
-        out[f"scaling/policy-{key.replace('_', '-')}.json"] = _dump(resolve(scaling[key], values))
-    for spec in alarm_specs(opts):
-        sub = "scaling/" if set(spec["_actions"]) & set(SCALING_ACTIONS) else ""
+    specs = alarm_specs(opts)
+    scaling = has_scaling(specs)
+    if scaling:
+        policies = scaling_specs()
+        out["scaling/register-scalable-target.json"] = _dump(resolve(policies["target"], values))
+        for key in SCALING_ACTIONS:
+            out[f"scaling/policy-{key.replace('_', '-')}.json"] = _dump(resolve(policies[key], values))
+    for spec in specs:
+        sub = "scaling/" if scaling and set(spec["_actions"]) & set(SCALING_ACTIONS) else ""
         out[f"{sub}alarm-{spec['_file']}.json"] = _dump(cli_alarm(spec, opts))
-    out["apply.sh"] = _apply_script(opts)
+    out["apply.sh"] = _apply_script(opts, scaling)
     return out
 
 
@@ -259,8 +303,23 @@ def _dump(obj: Any) -> str:
     return json.dumps(obj, indent=2) + "\n"
 
 
-def _apply_script(opts: Options) -> str:
+def _apply_script(opts: Options, scaling: bool) -> str:
     topic = opts.sns_topic_arn
+    head = [
+        "#!/bin/sh",
+        "# Generated by `python -m exporter render`: do not edit, re-render.",
+        "# Creates the alarms of docs/dashboards.md with the AWS CLI (this selection of metrics has no "
+        "GPU scaling).",
+        "# Usage: alarms/cli/apply.sh   (region: AWS_REGION, else " + opts.region + ")",
+        "set -eu",
+        'cd "$(dirname "$0")"',
+        f'export AWS_REGION="${{AWS_REGION:-{opts.region}}}"',
+        "for f in alarm-*.json; do",
+        '  aws cloudwatch put-metric-alarm --cli-input-json "file://$f"',
+        "done",
+    ]
+    if not scaling:
+        return "\n".join(head) + "\n"
     lines = [
         "#!/bin/sh",
         "# Generated by `python -m exporter render`: do not edit, re-render.",

@@ -1,11 +1,13 @@
 """``python -m exporter cost``: custom metrics, alarms and monthly list price of a deployment.
 
-Counted from the catalog, not guessed: every dimension set of every metric
-the deployment emits is a billed metric per distinct set of values (the
-empty set is one metric across all tasks). EMF log bytes come from encoding
-representative events with the exporter's own Encoder.
-tests/test_cost.py checks the count against the distinct metrics the real
-pipeline emits for the same deployment.
+Counted from the catalog (with the same ``--catalog``/``--metrics``
+selection the sidecar runs with), not guessed: every dimension set of every
+metric the deployment emits is a billed metric per distinct set of values
+(the empty set is one metric across all tasks). Whether a metric exists in a
+deployment follows from its families' ``requires`` (a Triton flag, an LLM
+backend) and source. EMF log bytes come from encoding representative events
+with the exporter's own Encoder. tests/test_cost.py checks the count against
+the distinct metrics the real pipeline emits for the same deployment.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
-from ..catalog import CATALOG, Kind, Metric, Scope
+from .. import __version__
+from ..catalog import Catalog, CatalogError, Kind, Metric, Scope, cli
 from ..emf import Encoder, Event
 from .alarms import alarm_specs
 from .options import Options
@@ -27,17 +30,17 @@ ALARM_METRIC_MONTH = 0.10  # standard resolution, per alarm metric (a Metrics In
 LOG_INGESTION_PER_GB = 0.50
 DASHBOARD_MONTH = 3.00  # the account's first 3 dashboards are free
 PUTLOGEVENTS_OVERHEAD = 26  # bytes per event, as CloudWatch Logs counts a batch
-SOURCES = ("triton_metrics", "triton_index", "ecs_metadata")
+LLM_BACKENDS = ("vllm", "tensorrt_llm")  # family `requires` values that mark an LLM backend's families
 
 TASK_ARN = "arn:aws:ecs:us-east-1:123456789012:task/triton/0123456789abcdef0123456789abcdef"
-COMMON = {"exporter_version": "0.1.0", "ecs_cluster": "arn:aws:ecs:us-east-1:123456789012:cluster/triton",
+COMMON = {"exporter_version": __version__, "ecs_cluster": "arn:aws:ecs:us-east-1:123456789012:cluster/triton",
           "ecs_task_arn": TASK_ARN, "ecs_task_family": "triton", "ecs_task_revision": "12",
           "availability_zone": "us-east-1a", "ecs_launch_type": "EC2", "ecs_service": "triton"}
 
 
 @dataclass(frozen=True)
 class Deployment:
-    models: int
+    models: int  # model versions per task = models x versions; LLM models are among them
     versions: int = 1
     gpus: int = 1  # per task; the gpu dimension is the index, so tasks share these metrics
     tasks: int = 1
@@ -45,21 +48,45 @@ class Deployment:
     summaries: bool = True  # --metrics-config summary_latencies=true (deploy/ sets it)
     histograms: bool = False  # --metrics-config histogram_latencies=true
     load_duration: bool = True  # nv_model_load_duration_secs, Triton 24.11+
+    llm_models: int = 0  # of the models, how many serve through an LLM backend
+    llm_backend: str = "vllm"  # vllm | tensorrt_llm
     ecs_metadata: bool = True
     interval: float = 60.0
     model_name_length: int = 16
+    breakdown_zeros: str = "omit"  # as the sidecar's --breakdown-zeros
+    # Totals assumed non-zero in every hour (models serve traffic all day; failures happen in no hour):
+    # with breakdown_zeros=omit, a breakdown of any other total is billed in no hour.
+    busy_totals: frozenset[str] = field(default_factory=lambda: frozenset({"RequestSuccess"}))
+
+    def features(self) -> set[str]:
+        on = {"summary_latencies": self.summaries, "histogram_latencies": self.histograms,
+              "load_duration": self.load_duration, self.llm_backend: self.llm_models > 0}
+        return {k for k, v in on.items() if v}
 
 
-def emitted_metrics(d: Deployment) -> list[Metric]:
+def _requires(catalog: Catalog, metric: Metric) -> list[str]:
+    return [catalog.families[i.family].requires for i in metric.inputs]
+
+
+def is_llm_only(catalog: Catalog, metric: Metric, d: Deployment) -> bool:
+    """Every input this deployment serves comes from an LLM backend: only its LLM models emit the metric."""
+    features = d.features()
+    available = [r for r in _requires(catalog, metric) if r == "" or r in features]
+    return bool(available) and all(r in LLM_BACKENDS for r in available)
+
+
+def emitted_metrics(catalog: Catalog, d: Deployment) -> list[Metric]:
+    """The selected metrics this deployment emits, and that CloudWatch bills every hour."""
+    features = d.features()
     out = []
-    for m in CATALOG:
-        if m.scope is Scope.GPU and (d.gpus == 0 or (m.source == "nvml" and not d.nvml)):
+    for m in catalog.metrics:
+        if m.scope is Scope.GPU and d.gpus == 0:
             continue
-        if m.kind is Kind.QUANTILE and not d.summaries:
+        if m.inputs and all(catalog.families[i.family].source == "nvml" for i in m.inputs) and not d.nvml:
             continue
-        if m.kind is Kind.HISTOGRAM_QUANTILE and not d.histograms:
+        if m.inputs and not any(r == "" or r in features for r in _requires(catalog, m)):
             continue
-        if m.name == "ModelLoadDuration" and not d.load_duration:
+        if d.breakdown_zeros == "omit" and m.breakdown_of and m.breakdown_of not in d.busy_totals:
             continue
         out.append(m)
     return out
@@ -69,17 +96,22 @@ def sources(d: Deployment) -> int:
     return 2 + d.ecs_metadata + (d.nvml and d.gpus > 0)
 
 
-def values_of(dims: tuple[str, ...], d: Deployment) -> int:
+def values_of(dims: tuple[str, ...], d: Deployment, models: int) -> int:
     """Distinct value combinations one dimension set takes."""
-    sizes = {"model": d.models, "version": d.versions, "gpu": d.gpus, "source": sources(d)}
+    sizes = {"model": models, "version": d.versions, "gpu": d.gpus, "source": sources(d)}
     n = 1
     for name in dims:
         n *= sizes[name]
     return n
 
 
-def metric_count(d: Deployment) -> int:
-    return sum(values_of(dims, d) for m in emitted_metrics(d) for dims in m.dimension_sets)
+def _models_emitting(catalog: Catalog, m: Metric, d: Deployment) -> int:
+    return min(d.llm_models, d.models) if is_llm_only(catalog, m, d) else d.models
+
+
+def metric_count(catalog: Catalog, d: Deployment) -> int:
+    return sum(values_of(dims, d, _models_emitting(catalog, m, d))
+               for m in emitted_metrics(catalog, d) for dims in m.dimension_sets)
 
 
 def metric_cost(count: int) -> float:
@@ -95,15 +127,21 @@ def metric_cost(count: int) -> float:
 
 _VALUE_BY_KIND = {  # shapes of real values: rates and ratios print with many digits
     Kind.RATE: 16.666666666666668, Kind.RATIO: 2222.222222222222, Kind.GAUGE_RATIO: 25.0,
-    Kind.QUANTILE: 1900.0, Kind.HISTOGRAM_QUANTILE: 412.5, Kind.DELTA: 540.0, Kind.GAUGE: 55.0,
+    Kind.QUANTILE: 1900.0, Kind.PERCENTILE: 412.5, Kind.DELTA: 540.0, Kind.GAUGE: 55.0,
     Kind.STATE: 1.0, Kind.SELF: 3.2518,
 }
+# A distribution with observations in five buckets, as a busy model's window has them.
+_DISTRIBUTION = {"Values": [3.0, 7.5, 15.0, 30.0, 50.0], "Counts": [12.0, 40.0, 25.0, 9.0, 2.0],
+                 "Max": 60.0, "Min": 1.0, "Count": 88.0, "Sum": 1312.5}
 
 
-def event_bytes(d: Deployment, namespace: str = "Triton") -> dict[Scope, int]:
-    """Encoded size of one representative event per scope, with the exporter's own Encoder."""
-    metrics = emitted_metrics(d)
-    enc = Encoder(namespace, CATALOG)
+def event_bytes(catalog: Catalog, d: Deployment, namespace: str = "Triton", llm: bool = False) -> dict[Scope, int]:
+    """Encoded size of one representative event per scope, with the exporter's own Encoder.
+
+    ``llm``: the model event of an LLM model (core and LLM metrics), else of a plain one.
+    """
+    metrics = [m for m in emitted_metrics(catalog, d) if llm or not is_llm_only(catalog, m, d)]
+    enc = Encoder(namespace, catalog.metrics)
     name = ("m" * d.model_name_length)[: d.model_name_length]
     shapes: dict[Scope, tuple[dict[str, str], dict[str, object]]] = {
         Scope.MODEL: ({"model": name, "version": "1"},
@@ -115,9 +153,11 @@ def event_bytes(d: Deployment, namespace: str = "Triton") -> dict[Scope, int]:
     }
     out: dict[Scope, int] = {}
     for scope, (dims, props) in shapes.items():
-        values = {m.name: _VALUE_BY_KIND[m.kind] for m in metrics if m.scope is scope}
-        if values:
-            docs = enc.encode(Event(scope, dims, values, props), 1_700_000_000_000)
+        mine = [m for m in metrics if m.scope is scope]
+        values = {m.name: _VALUE_BY_KIND[m.kind] for m in mine if m.kind is not Kind.DISTRIBUTION}
+        dists = {m.name: dict(_DISTRIBUTION) for m in mine if m.kind is Kind.DISTRIBUTION}
+        if values or dists:
+            docs = enc.encode(Event(scope, dims, values, props, dists), 1_700_000_000_000)
             out[scope] = sum(len(doc) + PUTLOGEVENTS_OVERHEAD for doc in docs)
     return out
 
@@ -140,17 +180,25 @@ class Estimate:
         return self.metrics_usd + self.alarms_usd + self.logs_usd + self.dashboard_usd
 
 
-def estimate(d: Deployment, opts: Options | None = None) -> Estimate:
-    opts = opts or Options()
+def estimate(d: Deployment, opts: Options) -> Estimate:
+    catalog = opts.catalog
     specs = alarm_specs(opts)
-    insights = sum(1 for s in specs if "Metrics" in s)
-    alarm_metrics = (len(specs) - insights) + insights * d.models  # GROUP BY model: one metric per model
-    sizes = event_bytes(d, opts.namespace)
-    per_task = (d.models * d.versions * sizes.get(Scope.MODEL, 0) + d.gpus * sizes.get(Scope.GPU, 0)
-                + sizes[Scope.TASK] + sources(d) * sizes[Scope.SOURCE])
+    emitted = {m.name: m for m in emitted_metrics(catalog, d)}
+    alarm_metrics = 0
+    for s in specs:
+        if "MetricName" in s:
+            alarm_metrics += 1  # a classic alarm is billed whether its metric has data or not
+        elif s["_metric"] in emitted:
+            # A Metrics Insights GROUP BY model alarm is billed per metric it analyzes: one per model emitting it.
+            alarm_metrics += _models_emitting(catalog, emitted[s["_metric"]], d)
+    plain, llm = event_bytes(catalog, d, opts.namespace), event_bytes(catalog, d, opts.namespace, llm=True)
+    llm_models = min(d.llm_models, d.models)
+    model_bytes = (d.models - llm_models) * plain.get(Scope.MODEL, 0) + llm_models * llm.get(Scope.MODEL, 0)
+    per_task = (d.versions * model_bytes
+                + d.gpus * plain.get(Scope.GPU, 0) + plain.get(Scope.TASK, 0) + sources(d) * plain.get(Scope.SOURCE, 0))
     per_cycle = per_task * d.tasks
     gb = per_cycle * HOURS_PER_MONTH * 3600 / d.interval / 1e9
-    count = metric_count(d)
+    count = metric_count(catalog, d)
     return Estimate(d, count, len(specs), alarm_metrics, per_cycle, gb, metric_cost(count),
                     alarm_metrics * ALARM_METRIC_MONTH, gb * LOG_INGESTION_PER_GB, DASHBOARD_MONTH)
 
@@ -162,31 +210,44 @@ ASSUMPTIONS = (
     "first 3; a 730-hour month; no free tier.",
     "Every metric reports all month. Model metrics exist per model x version; the gpu dimension is the GPU "
     "index, so tasks share GPU metrics; the empty dimension set is one metric across all tasks.",
+    "Breakdowns (failure reasons, an LLM's token counters) whose total is zero are not emitted "
+    "(--breakdown-zeros omit, the default): models serve traffic every hour and fail in none, so the four "
+    "failure-reason metrics per model are billed in no hour; with --breakdown-zeros emit they are billed "
+    "every hour.",
     "Triton runs with summary_latencies (deploy/ sets it), not histogram_latencies, and is 24.11+ "
     "(ModelLoadDuration); NVML is on with every field supported (an upper bound: boards without HBM or ECC "
-    "emit fewer).",
+    "emit fewer). LLM models (--llm-models) emit the LLM pack's metrics of their backend; families of a user "
+    "catalog with no `requires` are assumed served by every model.",
     "EMF bytes: one event per model version, GPU, source and task per interval, as the exporter's Encoder "
-    "writes them with ECS metadata properties and 16-character model names, plus 26 bytes per event.",
+    "writes them with ECS metadata properties and 16-character model names, plus 26 bytes per event; "
+    "distributions with five buckets.",
     "Not included: log storage after ingestion, Logs Insights queries of the dashboard ($0.005/GB scanned), "
     "GetMetricData calls, the other log groups (Triton's own logs), data transfer.",
 )
 
 
-def markdown_table(rows: Sequence[tuple[str, Deployment]]) -> str:
+def markdown_table(rows: Sequence[tuple[str, Deployment]], opts: Options) -> str:
     lines = ["| Deployment | Custom metrics | Alarms (alarm metrics) | EMF GB/month | Metrics | Alarms | "
              "EMF ingestion | Dashboard | Total/month |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for label, d in rows:
-        e = estimate(d)
+        e = estimate(d, opts)
         lines.append(f"| {label} | {e.metrics:,} | {e.alarms} ({e.alarm_metrics:,}) | {e.gb_per_month:.2f} | "
                      f"${e.metrics_usd:,.2f} | ${e.alarms_usd:,.2f} | ${e.logs_usd:,.2f} | ${e.dashboard_usd:,.2f} | "
                      f"${e.total_usd:,.2f} |")
     return "\n".join(lines) + "\n"
 
 
+_SMALL = Deployment(models=5, versions=1, gpus=1, tasks=2)
+_LARGE = Deployment(models=200, versions=1, gpus=8, tasks=4)
 DOC_ROWS = (
-    ("small: 5 models, 1 version, 1 GPU, 2 tasks", Deployment(models=5, versions=1, gpus=1, tasks=2)),
-    ("large: 200 models, 1 version, 8 GPUs, 4 tasks", Deployment(models=200, versions=1, gpus=8, tasks=4)),
+    ("small: 5 models, 1 version, 1 GPU, 2 tasks", _SMALL),
+    ("small, breakdown zeros emitted", replace(_SMALL, breakdown_zeros="emit")),
+    ("small, 2 of them vLLM LLMs", replace(_SMALL, llm_models=2)),
+    ("large: 200 models, 1 version, 8 GPUs, 4 tasks", _LARGE),
+    ("large, breakdown zeros emitted", replace(_LARGE, breakdown_zeros="emit")),
+    ("large, 20 of them TensorRT-LLM LLMs", replace(_LARGE, llm_models=20, llm_backend="tensorrt_llm",
+                                                     histograms=True)),
 )
 
 
@@ -198,26 +259,39 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--gpus", type=int, default=1, help="GPUs per task (default: 1)")
     p.add_argument("--tasks", type=int, default=1, help="tasks of the service (default: 1)")
     p.add_argument("--interval", type=float, default=60.0, help="exporter interval, seconds (default: 60)")
+    p.add_argument("--llm-models", type=int, default=0, help="of the models, how many are LLMs (default: 0)")
+    p.add_argument("--llm-backend", choices=LLM_BACKENDS, default="vllm", help="their backend (default: vllm)")
     p.add_argument("--no-nvml", action="store_true", help="NVML source off (EXPORTER_NVML=off)")
     p.add_argument("--no-summaries", action="store_true", help="Triton without summary_latencies")
     p.add_argument("--histograms", action="store_true", help="Triton with histogram_latencies")
+    p.add_argument("--breakdown-zeros", choices=("omit", "emit"), default="omit",
+                   help="as the sidecar's setting (default: omit)")
     p.add_argument("--markdown", action="store_true", help="print the docs table for the small and large cases")
+    cli.add_arguments(p)
     args = p.parse_args(list(argv))
+    try:
+        opts = Options(catalog=cli.from_arguments(args))
+    except CatalogError as exc:
+        sys.stderr.write(f"error: invalid catalog: {exc}\n")
+        return 2
     if args.markdown:
-        sys.stdout.write(markdown_table(DOC_ROWS))
+        sys.stdout.write(markdown_table(DOC_ROWS, opts))
         return 0
     if args.models is None:
         p.error("--models is required")
-    if args.models < 0 or args.versions < 1 or args.gpus < 0 or args.tasks < 1 or args.interval <= 0:
-        sys.stderr.write("error: need --models >= 0, --versions >= 1, --gpus >= 0, --tasks >= 1, --interval > 0\n")
+    if (args.models < 0 or args.versions < 1 or args.gpus < 0 or args.tasks < 1 or args.interval <= 0
+            or not 0 <= args.llm_models <= args.models):
+        sys.stderr.write("error: need --models >= 0, --versions >= 1, --gpus >= 0, --tasks >= 1, --interval > 0, "
+                         "0 <= --llm-models <= --models\n")
         return 2
     d = Deployment(models=args.models, versions=args.versions, gpus=args.gpus, tasks=args.tasks,
                    nvml=not args.no_nvml, summaries=not args.no_summaries, histograms=args.histograms,
-                   interval=args.interval)
-    e = estimate(d)
+                   llm_models=args.llm_models, llm_backend=args.llm_backend, interval=args.interval,
+                   breakdown_zeros=args.breakdown_zeros)
+    e = estimate(d, opts)
     w = sys.stdout.write
-    w(f"deployment: {d.models} models x {d.versions} versions, {d.gpus} GPUs/task, {d.tasks} tasks, "
-      f"interval {d.interval:g}s\n")
+    w(f"deployment: {d.models} models x {d.versions} versions ({d.llm_models} LLM, {d.llm_backend}), "
+      f"{d.gpus} GPUs/task, {d.tasks} tasks, interval {d.interval:g}s; {len(opts.catalog.metrics)} metrics selected\n")
     w(f"custom metrics:        {e.metrics:>10,}   ${e.metrics_usd:>10,.2f}/month\n")
     w(f"alarms:                {e.alarms:>10,}   ${e.alarms_usd:>10,.2f}/month ({e.alarm_metrics:,} alarm metrics)\n")
     w(f"EMF log ingestion:     {e.gb_per_month:>10.2f} GB ${e.logs_usd:>7,.2f}/month "

@@ -2,19 +2,23 @@
 
 Every metric name goes through :func:`_metric`, which refuses a name or a
 dimension set the catalog does not define, so a renamed metric breaks the
-render instead of leaving a widget that silently shows nothing.
+render instead of leaving a widget that silently shows nothing. A metric the
+``--metrics`` selection leaves out is not drawn: its row is dropped (``None``
+flows through the row helpers), and a widget left with no rows is dropped.
 Per-model and per-GPU graphs use SEARCH on the dimension schema, so models
-and GPUs that appear later show up without editing the dashboard;
-fleet totals use Metrics Insights (one aggregated series, up to 10,000
-metrics scanned) or the catalog's rollup dimension sets.
+and GPUs that appear later show up without editing the dashboard; fleet
+totals use Metrics Insights (one aggregated series, up to 10,000 metrics
+scanned) or the catalog's rollup dimension sets. Histogram metrics are
+CloudWatch distributions: their graphs use percentile statistics (p50, p95,
+p99) that CloudWatch computes over the events of every task.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..catalog import BY_NAME, FAILURE_REASONS
 from .alarms import alarm_names
 from .options import MAX_LOG_GROUPS_PER_QUERY, Options, model_log_group
 
@@ -25,26 +29,37 @@ MAX_ALARMS_PER_WIDGET = 100
 PERIOD = 60  # the exporter's default interval; one datapoint per entity and minute
 
 Widget = dict[str, Any]
+Row = list[Any]
 
 
-def _metric(name: str, dims: tuple[str, ...]) -> str:
-    """The metric name, after checking the catalog emits it with exactly these dimension names."""
-    metric = BY_NAME.get(name)
+def _metric(opts: Options, name: str, dims: tuple[str, ...]) -> str | None:
+    """The metric name, after checking the catalog defines it with exactly these dimension names.
+
+    None when the selection leaves it out (the caller drops the row); an
+    error when no catalog file defines it at all.
+    """
+    metric = opts.catalog.definition(name)
     if metric is None:
         raise KeyError(f"dashboard references {name!r}, which is not in the catalog")
     if tuple(dims) not in metric.dimension_sets:
         raise KeyError(f"{name} is not emitted with dimensions {list(dims)}; catalog has {metric.dimension_sets}")
-    return name
+    return name if opts.catalog.emits(name) else None
 
 
-def search(opts: Options, name: str, dims: tuple[str, ...], stat: str) -> str:
+def search(opts: Options, name: str, dims: tuple[str, ...], stat: str) -> str | None:
+    metric = _metric(opts, name, dims)
+    if metric is None:
+        return None
     schema = ",".join([f'"{opts.namespace}"', *dims])
-    return f"SEARCH('{{{schema}}} MetricName=\"{_metric(name, dims)}\"', '{stat}', {PERIOD})"
+    return f"SEARCH('{{{schema}}} MetricName=\"{metric}\"', '{stat}', {PERIOD})"
 
 
-def insights(opts: Options, func: str, name: str, dims: tuple[str, ...]) -> str:
+def insights(opts: Options, func: str, name: str, dims: tuple[str, ...]) -> str | None:
+    metric = _metric(opts, name, dims)
+    if metric is None:
+        return None
     schema = ", ".join([f'"{opts.namespace}"', *dims])
-    return f"SELECT {func}({_metric(name, dims)}) FROM SCHEMA({schema})"
+    return f"SELECT {func}({metric}) FROM SCHEMA({schema})"
 
 
 @dataclass
@@ -56,7 +71,9 @@ class Layout:
     y: int = 0
     row_height: int = 0
 
-    def add(self, widget: Widget, width: int, height: int) -> None:
+    def add(self, widget: Widget | None, width: int, height: int) -> None:
+        if widget is None:  # everything it would show is left out by the selection
+            return
         if self.x + width > GRID_WIDTH:
             self.newline()
         self.widgets.append({**widget, "x": self.x, "y": self.y, "width": width, "height": height})
@@ -74,12 +91,21 @@ class Layout:
         self.newline()
 
 
-def _graph(opts: Options, title: str, metrics: list[list[Any]], *, stat: str = "Average",
+def _graph(opts: Options, title: str, metrics: list[Row | None], *, stat: str = "Average",
            view: str = "timeSeries", unit_label: str = "", annotations: list[dict[str, Any]] | None = None,
-           ) -> Widget:
+           ) -> Widget | None:
+    """A metric widget of the rows the selection keeps; None when it keeps none.
+
+    An expression row that refers to the id of a dropped row is dropped too.
+    """
+    rows = [r for r in metrics if r is not None]
+    ids = {o["id"] for r in rows for o in r if isinstance(o, dict) and "id" in o}
+    rows = [r for r in rows if not _refs(r) - ids]
+    if not [r for r in rows if not _hidden(r)]:
+        return None
     props: dict[str, Any] = {
         "title": title, "region": opts.region, "view": view, "stacked": False,
-        "period": PERIOD, "stat": stat, "metrics": metrics,
+        "period": PERIOD, "stat": stat, "metrics": rows,
     }
     if unit_label:
         props["yAxis"] = {"left": {"label": unit_label, "showUnits": False}}
@@ -88,14 +114,33 @@ def _graph(opts: Options, title: str, metrics: list[list[Any]], *, stat: str = "
     return {"type": "metric", "properties": props}
 
 
-def _expr(expression: str, label: str, id_: str, **extra: Any) -> list[Any]:
+_ID = re.compile(r"\b([a-z][a-zA-Z0-9_]*)\b")
+
+
+def _refs(row: Row) -> set[str]:
+    """Row ids an expression row uses (``ok/PERIOD(ok)`` uses ``ok``); SEARCH and SELECT use none."""
+    opt = row[-1] if row and isinstance(row[-1], dict) else {}
+    expr = opt.get("expression", "")
+    if not expr or "SEARCH(" in expr or "SELECT " in expr:
+        return set()
+    return set(_ID.findall(expr.replace("PERIOD", "")))
+
+
+def _hidden(row: Row) -> bool:
+    return bool(row) and isinstance(row[-1], dict) and row[-1].get("visible") is False
+
+
+def _expr(expression: str | None, label: str, id_: str, **extra: Any) -> Row | None:
     """An expression row; no label lets SEARCH name each series by its dimension values."""
+    if expression is None:
+        return None
     return [{"expression": expression, **({"label": label} if label else {}), "id": id_, **extra}]
 
 
-def _row(opts: Options, name: str, options: dict[str, Any]) -> list[Any]:
+def _row(opts: Options, name: str, options: dict[str, Any]) -> Row | None:
     """A task-level metric row (empty dimension set: one series across all tasks)."""
-    return [opts.namespace, _metric(name, ()), options]
+    metric = _metric(opts, name, ())
+    return None if metric is None else [opts.namespace, metric, options]
 
 
 def _logs(opts: Options, title: str, groups: list[str], query: str) -> Widget:
@@ -113,6 +158,9 @@ SECTIONS = {
               "time, batch size and queue depth; new models appear by themselves (SEARCH on the model dimension).",
     "gpu": "**GPU**: utilization and memory (the scaling signals, with their thresholds), power, and the NVML "
            "health fields (temperature, throttling, XID, ECC, row remapping) when the NVML source is on.",
+    "llm": "**LLM serving**: time to first token and inter-token latency as percentiles over every task "
+           "(CloudWatch distributions), generated tokens per second, KV-cache use and waiting requests (vLLM and "
+           "TensorRT-LLM backends; shown when their metrics are emitted).",
     "logs": "**Logs**: Logs Insights over the Fluent Bit log groups: recent errors and failed model loads "
             "(errors group), and load/unload history of the models named at render time (per-model groups).",
 }
@@ -121,7 +169,8 @@ SECTIONS = {
 def build(opts: Options) -> dict[str, Any]:
     """The dashboard body: the JSON ``aws cloudwatch put-dashboard --dashboard-body`` takes."""
     lay = Layout()
-    intro = "\n".join(f"- {text}" for text in SECTIONS.values())
+    llm = _llm_widgets(opts)
+    intro = "\n".join(f"- {text}" for key, text in SECTIONS.items() if key != "llm" or llm)
     lay.add({"type": "text", "properties": {"markdown": f"# Triton Inference Server ({opts.namespace})\n{intro}\n"
              f"\nMetrics are one series across all tasks of the service (no task id dimension): "
              f"one CloudWatch namespace per ECS service."}}, GRID_WIDTH, 4)
@@ -129,6 +178,10 @@ def build(opts: Options) -> dict[str, Any]:
     _overview(opts, lay)
     _models(opts, lay)
     _gpu(opts, lay)
+    if llm:
+        lay.section(SECTIONS["llm"])
+        for widget in llm:
+            lay.add(widget, 8, 6)
     _logs_section(opts, lay)
     if len(lay.widgets) > MAX_WIDGETS:
         raise ValueError(f"{len(lay.widgets)} widgets: CloudWatch allows {MAX_WIDGETS}")
@@ -146,17 +199,20 @@ def _overview(opts: Options, lay: Layout) -> None:
     ], view="singleValue"), 12, 4)
     arn = f"arn:{opts.partition}:cloudwatch:{opts.region}:{opts.account_id}:alarm:"
     alarms = [arn + name for name in alarm_names(opts)][:MAX_ALARMS_PER_WIDGET]  # fleet-wide alarms come first
-    lay.add({"type": "alarm", "properties": {"title": "Alarms", "alarms": alarms,
-                                             "sortBy": "stateUpdatedTimestamp"}}, 12, 4)
+    if alarms:
+        lay.add({"type": "alarm", "properties": {"title": "Alarms", "alarms": alarms,
+                                                 "sortBy": "stateUpdatedTimestamp"}}, 12, 4)
     lay.add(_graph(opts, "Requests per second (all models, all tasks)", [
         _row(opts, "RequestSuccess", {"id": "ok", "stat": "Sum", "visible": False}),
         _row(opts, "RequestFailure", {"id": "ko", "stat": "Sum", "visible": False}),
         _expr("ok/PERIOD(ok)", "success/s", "okrate"),
         _expr("ko/PERIOD(ko)", "failure/s", "korate"),
     ], unit_label="requests/s"), 8, 6)
+    reasons = [m for m in opts.catalog.defined if m.breakdown_of == "RequestFailure"]
     lay.add(_graph(opts, "Failures by reason (all models)", [
-        _expr(insights(opts, "SUM", f"RequestFailure{r.title()}", ("model", "version")), r, f"r{i}")
-        for i, r in enumerate(FAILURE_REASONS)
+        _expr(insights(opts, "SUM", m.name, ("model", "version")), m.inputs[0].where[1] if m.inputs[0].where
+              else m.name, f"r{i}")
+        for i, m in enumerate(reasons)
     ], stat="Sum", unit_label="failed requests"), 8, 6)
     lay.add(_graph(opts, "Model versions ready / not ready, load success %", [
         _row(opts, "ModelsReady", {"stat": "Minimum", "label": "ready (min over tasks)"}),
@@ -256,3 +312,39 @@ def _logs_section(opts: Options, lay: Layout) -> None:
                  "**Model load/unload history**: render with `--model NAME` (repeatable) to add a Logs Insights "
                  f"widget over the per-model groups `{opts.log_group_prefix}/model/<name>`; failed loads of every "
                  "model are in the errors group on the left."}}, 12, 6)
+
+
+def _llm_widgets(opts: Options) -> list[Widget]:
+    """The LLM section's graphs, only those whose metrics the selection emits."""
+    m = ("model",)
+    percentiles = [("p50", "p50"), ("p95", "p95"), ("p99", "p99")]
+    graphs = [
+        _graph(opts, "Time to first token per model (ms, percentiles over all tasks)", [
+            _expr(search(opts, "TimeToFirstToken", m, stat), label, f"t{i}")
+            for i, (stat, label) in enumerate(percentiles)
+        ], stat="p95", unit_label="milliseconds", annotations=[{"value": opts.ttft_p95_ms, "label": "p95 alarm"}]),
+        _graph(opts, "Inter-token latency per model (ms, percentiles over all tasks)", [
+            _expr(search(opts, "InterTokenLatency", m, stat), label, f"i{i}")
+            for i, (stat, label) in enumerate(percentiles)
+        ], stat="p95", unit_label="milliseconds"),
+        _graph(opts, "Generated tokens per second per model (all tasks)", [
+            _expr(_per_second(search(opts, "GenerationTokens", m, "Sum")), "", "g"),
+        ], stat="Sum", unit_label="tokens/s"),
+        _graph(opts, "KV-cache utilization per model (%, worst task)", [
+            _expr(search(opts, "KvCacheUtilization", m, "Maximum"), "", "k"),
+        ], stat="Maximum", unit_label="percent",
+            annotations=[{"value": opts.kv_cache_utilization, "label": "alarm"}]),
+        _graph(opts, "Requests waiting per model (worst task)", [
+            _expr(search(opts, "RequestsWaiting", m, "Maximum"), "", "w"),
+        ], stat="Maximum", unit_label="requests"),
+        _graph(opts, "End-to-end request latency per model (s, percentiles over all tasks)", [
+            _expr(search(opts, "EndToEndLatency", m, stat), label, f"e{i}")
+            for i, (stat, label) in enumerate(percentiles)
+        ], stat="p95", unit_label="seconds"),
+    ]
+    return [g for g in graphs if g is not None]
+
+
+def _per_second(expression: str | None) -> str | None:
+    """A per-period Sum as a per-second rate (the period is the graph's, PERIOD seconds)."""
+    return None if expression is None else f"{expression}/{PERIOD}"

@@ -1,13 +1,17 @@
 """Render settings: one dataclass shared by the dashboard, alarm and docs generators.
 
 Defaults match deploy/ (namespace ``Triton``, log prefix ``/ecs/triton``) so the
-committed files work for the reference deployment; every value is a flag.
+committed files work for the reference deployment; every value is a flag. The
+catalog (with its ``--metrics`` selection) comes with them: a widget or an
+alarm is rendered only for metrics the exporter emits.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from ..catalog import Catalog
 
 LOG_PARTS = re.compile(r"[A-Za-z0-9_-]+")
 MAX_LOG_GROUPS_PER_QUERY = 50  # Logs Insights: at most 50 log groups in one query
@@ -32,8 +36,12 @@ class Options:
     gpu_scale_in: float = 40.0
     gpu_memory: float = 95.0
     load_success_rate: float = 100.0
+    ttft_p95_ms: float = 2000.0  # time to first token p95, service-wide and per named model
+    kv_cache_utilization: float = 90.0  # KV-cache blocks in use, percent, per model
     min_capacity: int = 1
     max_capacity: int = 4
+    # What the exporter emits (definitions and --metrics selection): only those metrics are drawn and alarmed on.
+    catalog: Catalog = field(kw_only=True, compare=False)
 
     @property
     def latency_slo_us(self) -> float:

@@ -14,7 +14,16 @@ from dataclasses import replace
 from typing import Any
 
 from . import dashboard
-from .alarms import PARAMETERS, SCALING_ACTIONS, Ref, alarm_specs, api_fields, parameter_values, scaling_specs
+from .alarms import (
+    PARAMETERS,
+    SCALING_ACTIONS,
+    Ref,
+    alarm_specs,
+    api_fields,
+    has_scaling,
+    parameter_values,
+    scaling_specs,
+)
 from .options import Options
 
 _TOKEN = re.compile(r"\$\{[A-Za-z0-9:]+\}")
@@ -35,6 +44,8 @@ _NUMBER_STANDINS = {  # distinctive values no real threshold has; json.dumps pri
     "gpu_memory": (3.3e+300, "GpuMemoryThreshold"),
     "gpu_scale_out": (4.4e+300, "GpuScaleOutUtilization"),
     "gpu_scale_in": (5.5e+300, "GpuScaleInUtilization"),
+    "kv_cache_utilization": (7.7e+300, "KvCacheUtilizationThreshold"),
+    "ttft_p95_ms": (8.8e+300, "TtftP95Milliseconds"),
 }
 _LATENCY_STANDIN = (6.6e+297, "LatencySloMicroseconds")  # x1000 in Options.latency_slo_us
 
@@ -114,19 +125,21 @@ def build(opts: Options) -> dict[str, Any]:
         params[name] = entry
 
     resources: dict[str, Any] = {}
-    scaling = scaling_specs()
-    target = {k: v for k, v in scaling["target"].items()}
-    resources["ScalableTarget"] = {"Type": "AWS::ApplicationAutoScaling::ScalableTarget",
-                                   "Condition": "ScalingEnabled", "Properties": _cfn(target)}
-    for key, logical in POLICY_IDS.items():
-        pol = scaling[key]
-        resources[logical] = {
-            "Type": "AWS::ApplicationAutoScaling::ScalingPolicy", "Condition": "ScalingEnabled",
-            "Properties": _cfn({"PolicyName": pol["PolicyName"], "PolicyType": pol["PolicyType"],
-                                "ScalingTargetId": Ref("ScalableTarget"),
-                                "StepScalingPolicyConfiguration": pol["StepScalingPolicyConfiguration"]}),
-        }
-    for spec in alarm_specs(opts):
+    specs = alarm_specs(opts)
+    if has_scaling(specs):
+        scaling = scaling_specs()
+        target = {k: v for k, v in scaling["target"].items()}
+        resources["ScalableTarget"] = {"Type": "AWS::ApplicationAutoScaling::ScalableTarget",
+                                       "Condition": "ScalingEnabled", "Properties": _cfn(target)}
+        for key, logical in POLICY_IDS.items():
+            pol = scaling[key]
+            resources[logical] = {
+                "Type": "AWS::ApplicationAutoScaling::ScalingPolicy", "Condition": "ScalingEnabled",
+                "Properties": _cfn({"PolicyName": pol["PolicyName"], "PolicyType": pol["PolicyType"],
+                                    "ScalingTargetId": Ref("ScalableTarget"),
+                                    "StepScalingPolicyConfiguration": pol["StepScalingPolicyConfiguration"]}),
+            }
+    for spec in specs:
         res: dict[str, Any] = {"Type": "AWS::CloudWatch::Alarm",
                                "Properties": {**_cfn(api_fields(spec)), **_actions(spec["_actions"])}}
         if spec["_actions"] and all(a in SCALING_ACTIONS for a in spec["_actions"]):
@@ -149,8 +162,10 @@ def build(opts: Options) -> dict[str, Any]:
         },
         "Resources": resources,
         "Outputs": {
-            "HeartbeatAlarmName": {"Value": {"Ref": "AlarmExporterHeartbeatMissing"}},
-            "ScalableTargetId": {"Condition": "ScalingEnabled", "Value": {"Ref": "ScalableTarget"}},
+            **({"HeartbeatAlarmName": {"Value": {"Ref": "AlarmExporterHeartbeatMissing"}}}
+               if "AlarmExporterHeartbeatMissing" in resources else {}),
+            **({"ScalableTargetId": {"Condition": "ScalingEnabled", "Value": {"Ref": "ScalableTarget"}}}
+               if "ScalableTarget" in resources else {}),
             "DashboardName": {"Condition": "DashboardEnabled", "Value": {"Ref": "Dashboard"}},
         },
     }

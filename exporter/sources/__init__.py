@@ -9,6 +9,7 @@ failing source never stops the others (node_exporter's pattern).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 from ..promtext import Exposition
@@ -51,8 +52,17 @@ class Collected:
     properties: dict[str, object] = field(default_factory=dict)
 
 
+class SourceKind(StrEnum):
+    """What a source is, for the decisions that depend on it (not its name)."""
+
+    TRITON = "triton"  # Triton itself: TritonUp, and --once needs it
+    GPU = "gpu"  # GPU telemetry beside Triton's own (NVML): kept to the GPUs Triton reports
+    METADATA = "metadata"  # task identity: properties only
+
+
 class Source(Protocol):
-    name: str
+    name: str  # the ``source`` dimension of SourceUp/SourceDuration
+    kind: SourceKind
 
     def collect(self, timeout: float) -> Collected:
         """Read the source within ``timeout`` seconds or raise SourceError."""

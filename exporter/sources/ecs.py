@@ -10,7 +10,7 @@ from __future__ import annotations
 import orjson
 import requests
 
-from . import Collected, SourceError
+from . import Collected, SourceError, SourceKind
 from .http import fetch, make_session
 
 _FIELDS = {
@@ -26,6 +26,7 @@ _FIELDS = {
 
 class EcsMetadataSource:
     name = "ecs_metadata"
+    kind = SourceKind.METADATA
 
     def __init__(self, base_url: str, connect_timeout: float, session: requests.Session | None = None) -> None:
         self.url = base_url.rstrip("/") + "/task"

@@ -34,7 +34,7 @@ from typing import Any
 from ..config import Settings
 from ..logs import get
 from ..promtext import Exposition, LabelSet
-from . import Collected, GpuInfo, SourceError
+from . import Collected, GpuInfo, SourceError, SourceKind
 
 log = get("nvml")
 
@@ -186,6 +186,7 @@ class NvmlSource:
     """Per-GPU NVML series, initialised once and shut down by :meth:`close`."""
 
     name = "nvml"
+    kind = SourceKind.GPU
 
     def __init__(
         self, api: Any, environ: Mapping[str, str] | None = None, retry_interval: float = RETRY_INTERVAL,

@@ -12,12 +12,13 @@ import orjson
 import requests
 
 from ..promtext import Exposition, Parser
-from . import Collected, SourceError, VersionState
+from . import Collected, SourceError, SourceKind, VersionState
 from .http import fetch, make_session, redact
 
 
 class TritonMetricsSource:
     name = "triton_metrics"
+    kind = SourceKind.TRITON
 
     def __init__(
         self, url: str, parser: Parser, connect_timeout: float, max_bytes: int,
@@ -49,6 +50,7 @@ class TritonMetricsSource:
 
 class TritonIndexSource:
     name = "triton_index"
+    kind = SourceKind.TRITON
 
     def __init__(
         self, triton_url: str, connect_timeout: float, max_bytes: int, session: requests.Session | None = None

@@ -1,0 +1,376 @@
+"""Catalog files (TOML) in, validated :class:`Metric` and :class:`Family` objects out.
+
+One schema for the built-in packs and the user's ``--catalog`` files
+(documented in docs/metrics.md). Files are read in order: families of every
+file first (so a user file may use a built-in family and vice versa), then
+metrics file by file, where a later file may replace an earlier metric
+(``override = true``) or remove it (``drop = [...]``).
+
+Every problem is a :class:`CatalogError` whose one-line message names the
+file, the entry and what is wrong; the entry point turns it into exit 2.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .model import (
+    BASE_DIMENSIONS,
+    CLOUDWATCH_UNITS,
+    FAMILY_TYPES,
+    HISTOGRAM_KINDS,
+    MAX_METRIC_NAME_LENGTH,
+    Combine,
+    Family,
+    Input,
+    Kind,
+    Metric,
+    Scope,
+)
+
+
+class CatalogError(ValueError):
+    """A catalog file is invalid; the message is one line naming the file, the entry and the problem."""
+
+
+FAMILY_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# Upper-case first: dimension and property keys share the EMF root with metric names and are lower case.
+METRIC_NAME = re.compile(r"[A-Z][A-Za-z0-9_.\-]*")
+
+STATE_METRICS = frozenset({"ModelReady", "ModelsReady", "ModelsNotReady", "ModelLoadSuccessRate"})
+"""Metrics the pipeline computes from the repository index (kind ``state``)."""
+SELF_METRICS = frozenset({
+    "TritonUp", "ScrapeDuration", "SeriesKept", "SeriesDropped", "ParseErrors", "DuplicateSeries",
+    "CounterResets", "EventsDropped", "EventsOversize", "ExporterHeartbeat", "SourceUp", "SourceDuration",
+})  # fmt: skip
+"""The exporter's own metrics (kind ``self``); the pipeline provides exactly these."""
+
+FAMILY_KEYS = {"type", "labels", "source", "help", "requires", "override"}
+METRIC_KEYS = {"name", "scope", "unit", "kind", "help", "inputs", "denominators", "guard", "quantile",
+               "combine", "rollups", "breakdown_of", "override"}
+INPUT_KEYS = {"family", "sample", "split", "select", "scale"}
+SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+@dataclass
+class _Where:
+    """Where an entry came from, for messages."""
+
+    file: str
+    entry: str
+
+    def error(self, problem: str) -> CatalogError:
+        return CatalogError(f"{self.file}: {self.entry}: {problem}")
+
+
+@dataclass
+class Loaded:
+    """The result of reading catalog files: every definition after overrides and drops, in order."""
+
+    metrics: dict[str, Metric] = field(default_factory=dict)
+    families: dict[str, Family] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+
+
+def read(files: Sequence[tuple[str, str]]) -> Loaded:
+    """Build the catalog from (display name, TOML text) pairs, in order."""
+    docs = [(name, _parse(name, text)) for name, text in files]
+    out = Loaded(files=[name for name, _ in files])
+    for name, doc in docs:
+        for fam_name, raw in _table(doc.get("families", {}), _Where(name, "[families]")).items():
+            _add_family(out.families, name, fam_name, raw)
+    for name, doc in docs:
+        entries = doc.get("metric", [])
+        if not isinstance(entries, list):
+            raise CatalogError(f"{name}: 'metric' must be an array of tables ([[metric]])")
+        seen: set[str] = set()
+        for n, raw in enumerate(entries, 1):
+            where = _Where(name, f"metric #{n}")
+            raw = _table(raw, where)
+            metric_name = raw.get("name")
+            if isinstance(metric_name, str):
+                where.entry = f"metric {metric_name!r}"
+            metric = _metric(raw, out.families, where)
+            if metric.name in seen:
+                raise where.error("duplicate EMF name in this file")
+            seen.add(metric.name)
+            earlier = out.metrics.get(metric.name)
+            if raw.get("override") is True:
+                if earlier is None:
+                    raise where.error("override = true, but no earlier file defines this metric")
+            elif earlier is not None:
+                raise where.error(f"duplicate EMF name (already defined in {earlier.origin}); "
+                                  "set override = true to replace it")
+            out.metrics[metric.name] = metric
+        drop = doc.get("drop", [])
+        if not isinstance(drop, list) or not all(isinstance(d, str) for d in drop):
+            raise CatalogError(f"{name}: drop must be a list of metric names")
+        for d in drop:
+            if out.metrics.pop(d, None) is None:
+                raise CatalogError(f"{name}: drop: no metric named {d!r} to drop")
+    _check_references(out)
+    return out
+
+
+def read_paths(paths: Sequence[Path | str]) -> list[tuple[str, str]]:
+    out = []
+    for p in paths:
+        try:
+            out.append((str(p), Path(p).read_text(encoding="utf-8")))
+        except OSError as exc:
+            raise CatalogError(f"{p}: cannot read catalog file: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise CatalogError(f"{p}: catalog file is not UTF-8: {exc.reason}") from None
+    return out
+
+
+# --- pieces -----------------------------------------------------------------------------------
+
+
+def _parse(name: str, text: str) -> dict[str, Any]:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{name}: not valid TOML: {exc}") from None
+    unknown = set(doc) - {"families", "metric", "drop"}
+    if unknown:
+        raise CatalogError(f"{name}: unknown top-level key(s) {sorted(unknown)}; expected families, metric, drop")
+    return doc
+
+
+def _table(value: Any, where: _Where) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise where.error("must be a table")
+    return value
+
+
+def _add_family(families: dict[str, Family], file: str, name: str, raw: Any) -> None:
+    where = _Where(file, f"family {name!r}")
+    raw = _table(raw, where)
+    _no_unknown(raw, FAMILY_KEYS, where)
+    if not FAMILY_NAME.fullmatch(name):
+        raise where.error("not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)")
+    ftype = raw.get("type")
+    if ftype not in FAMILY_TYPES:
+        raise where.error(f"type must be one of {', '.join(FAMILY_TYPES)}, got {ftype!r}")
+    labels = raw.get("labels", [])
+    if not isinstance(labels, list) or not all(isinstance(x, str) and LABEL_NAME.fullmatch(x) for x in labels):
+        raise where.error("labels must be a list of label names")
+    if len(set(labels)) != len(labels):
+        raise where.error("labels repeat a name")
+    reserved = {"histogram": "le", "summary": "quantile"}.get(ftype)
+    if reserved in labels:
+        raise where.error(f"a {ftype} carries {reserved!r} by itself; do not list it")
+    source = raw.get("source", "triton")
+    if source not in ("triton", "nvml"):
+        raise where.error(f"source must be triton or nvml, got {source!r}")
+    help_text = raw.get("help", "")
+    if not isinstance(help_text, str):
+        raise where.error("help must be a string")
+    requires = raw.get("requires", "")
+    if not isinstance(requires, str) or not re.fullmatch(r"[a-z0-9_]*", requires):
+        raise where.error("requires must be a lower-case word (a feature such as summary_latencies or vllm)")
+    family = Family(name, ftype, tuple(labels), source, help_text, requires)
+    earlier = families.get(name)
+    if earlier is not None and earlier != family and raw.get("override") is not True:
+        raise where.error("declared differently in an earlier file; set override = true to replace it")
+    families[name] = family
+
+
+def _no_unknown(raw: Mapping[str, Any], allowed: set[str], where: _Where) -> None:
+    unknown = set(raw) - allowed
+    if unknown:
+        raise where.error(f"unknown key(s) {sorted(unknown)}; expected {', '.join(sorted(allowed))}")
+
+
+def _enum(raw: Mapping[str, Any], key: str, enum: type[Any], where: _Where, default: Any = None) -> Any:
+    value = raw.get(key, default)
+    try:
+        return enum(value)
+    except ValueError:
+        choices = ", ".join(e.value for e in enum)
+        raise where.error(f"unknown {key} {value!r}; one of {choices}") from None
+
+
+def _metric(raw: dict[str, Any], families: Mapping[str, Family], where: _Where) -> Metric:
+    _no_unknown(raw, METRIC_KEYS, where)
+    for key in ("name", "scope", "unit", "kind", "help"):
+        if key not in raw:
+            raise where.error(f"missing {key}")
+    name = raw["name"]
+    if not isinstance(name, str) or not name:
+        raise where.error("name must be a non-empty string")
+    if len(name) > MAX_METRIC_NAME_LENGTH:
+        raise where.error(f"name is {len(name)} characters; CloudWatch allows {MAX_METRIC_NAME_LENGTH}")
+    if not METRIC_NAME.fullmatch(name):
+        raise where.error("name must start with an upper-case letter and hold only letters, digits, _ . - "
+                          "(dimension and property keys are lower case and share the EMF root)")
+    scope = _enum(raw, "scope", Scope, where)
+    kind = _enum(raw, "kind", Kind, where)
+    unit = raw["unit"]
+    if unit not in CLOUDWATCH_UNITS:
+        raise where.error(f"unit {unit!r} is not a CloudWatch unit (one of {', '.join(CLOUDWATCH_UNITS)})")
+    help_text = raw["help"]
+    if not isinstance(help_text, str) or not help_text.strip():
+        raise where.error("help must be a non-empty string")
+    combine = _enum(raw, "combine", Combine, where, "sum")
+    inputs = _inputs(raw.get("inputs", []), "inputs", kind, scope, families, where)
+    denominators = _inputs(raw.get("denominators", []), "denominators", kind, scope, families, where)
+    guard = None
+    if "guard" in raw:
+        if kind is not Kind.QUANTILE:
+            raise where.error("guard is only for kind quantile")
+        guard = _inputs([raw["guard"]], "guard", Kind.DELTA, scope, families, where)[0]
+    if kind in (Kind.STATE, Kind.SELF):
+        if inputs or denominators:
+            raise where.error(f"kind {kind} takes no inputs (the exporter computes it)")
+        known = STATE_METRICS if kind is Kind.STATE else SELF_METRICS
+        if name not in known:
+            raise where.error(f"kind {kind} is only for the exporter's own metrics ({', '.join(sorted(known))})")
+    elif not inputs:
+        raise where.error("needs inputs")
+    if scope is Scope.SOURCE and kind is not Kind.SELF:
+        raise where.error("scope source is only for the exporter's own per-source metrics")
+    if kind in (Kind.RATIO, Kind.GAUGE_RATIO):
+        if not denominators:
+            raise where.error(f"a {kind} needs denominators")
+        if kind is Kind.GAUGE_RATIO and len(denominators) != len(inputs):
+            raise where.error("a gauge_ratio pairs inputs with denominators: give as many of each")
+    elif denominators:
+        raise where.error(f"denominators are only for ratio and gauge_ratio, not {kind}")
+    if kind is Kind.QUANTILE and guard is None:
+        raise where.error("a quantile needs a guard counter (emitted only when it grew in the window)")
+    quantile = raw.get("quantile")
+    if kind is Kind.PERCENTILE:
+        if not isinstance(quantile, int | float) or isinstance(quantile, bool) or not 0 < quantile < 1:
+            raise where.error("a percentile needs quantile, a number between 0 and 1 (0.95 for p95)")
+        quantile = float(quantile)
+    elif quantile is not None:
+        raise where.error("quantile is only for kind percentile (a summary quantile is selected with split)")
+    if kind in HISTOGRAM_KINDS and combine is not Combine.SUM:
+        raise where.error("histogram buckets add up across GPU instances: combine must be sum")
+    rollups = _rollups(raw.get("rollups", []), scope, where)
+    breakdown = raw.get("breakdown_of")
+    if breakdown is not None and (not isinstance(breakdown, str) or breakdown == name):
+        raise where.error("breakdown_of must name another metric (its total)")
+    source = {Kind.STATE: "index", Kind.SELF: "exporter"}.get(kind) or families[inputs[0].family].source
+    return Metric(name, scope, unit, kind, help_text.strip(), inputs, denominators, guard, quantile, combine,
+                  rollups, breakdown, where.file, source)
+
+
+def _inputs(raw: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str, Family],
+            where: _Where) -> tuple[Input, ...]:
+    if not isinstance(raw, list):
+        raise where.error(f"{key} must be a list")
+    return tuple(_input(item, key, kind, scope, families, where) for item in raw)
+
+
+def _input(item: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str, Family],
+           where: _Where) -> Input:
+    spec: dict[str, Any] = {"family": item} if isinstance(item, str) else _table(item, where)
+    _no_unknown(spec, INPUT_KEYS, _Where(where.file, f"{where.entry}: {key}"))
+    name = spec.get("family")
+    if not isinstance(name, str):
+        raise where.error(f"{key}: each input needs family = \"name\"")
+    sample = spec.get("sample")
+    family = families.get(name)
+    if family is None and sample is None:
+        for suffix in SUFFIXES:  # "x_sum" written as one name
+            parent = families.get(name.removesuffix(suffix)) if name.endswith(suffix) else None
+            if parent is not None and parent.type in ("histogram", "summary"):
+                family, sample = parent, suffix[1:]
+                break
+    if family is None:
+        raise where.error(f"{key}: unknown family {name!r} (declare it under [families] with its type and labels)")
+    if sample is not None:
+        if sample not in ("sum", "count") or family.type not in ("histogram", "summary"):
+            raise where.error(f"{key}: sample {sample!r}: only 'sum' or 'count' of a histogram or summary")
+        sample_name = f"{family.name}_{sample}"
+        ftype = "counter"  # _sum and _count are cumulative
+    else:
+        sample_name, ftype = family.name, family.type
+    allowed = _TYPES_FOR.get(kind, ())
+    if ftype not in allowed:
+        hint = " (use sample = \"sum\" or \"count\", or kind distribution/percentile)" if ftype == "histogram" else ""
+        raise where.error(f"{key}: kind {kind} cannot read {ftype} family {family.name!r}{hint}")
+    _check_scope(scope, family, where)
+    where_label = None
+    if ("split" in spec) != ("select" in spec):
+        raise where.error(f"{key}: split and select go together (split = \"label\", select = \"value\")")
+    if "split" in spec:
+        label, value = spec["split"], spec["select"]
+        if not isinstance(label, str) or not isinstance(value, str):
+            raise where.error(f"{key}: split and select must be strings")
+        labels = (*family.labels, *(("quantile",) if family.type == "summary" else ()))
+        if label not in labels:
+            raise where.error(f"{key}: family {family.name!r} has no label {label!r} to split on "
+                              f"(its labels: {', '.join(labels) or 'none'})")
+        where_label = (label, value)
+    elif kind is Kind.QUANTILE and key == "inputs":
+        raise where.error(f"{key}: a quantile selects one: split = \"quantile\", select = \"0.95\"")
+    scale = spec.get("scale", 1.0)
+    if not isinstance(scale, int | float) or isinstance(scale, bool) or not math.isfinite(scale) or scale <= 0:
+        raise where.error(f"{key}: scale must be a positive number")
+    return Input(sample_name, family.name, float(scale), where_label)
+
+
+_GAUGES = ("gauge", "untyped")
+_COUNTERS = ("counter", "untyped")
+_TYPES_FOR: dict[Kind, tuple[str, ...]] = {
+    Kind.GAUGE: _GAUGES, Kind.GAUGE_RATIO: _GAUGES, Kind.DELTA: _COUNTERS, Kind.RATE: _COUNTERS,
+    Kind.RATIO: _COUNTERS, Kind.QUANTILE: ("summary",), Kind.DISTRIBUTION: ("histogram",),
+    Kind.PERCENTILE: ("histogram",),
+}
+
+
+
+def _check_scope(scope: Scope, family: Family, where: _Where) -> None:
+    labels = set(family.labels)
+    if scope is Scope.MODEL and not {"model", "version"} <= labels:
+        raise where.error(f"scope model needs a family labelled model and version; {family.name!r} has "
+                          f"{sorted(labels) or 'no labels'} (use scope task for a family without them)")
+    if scope is Scope.GPU and "gpu_uuid" not in labels:
+        raise where.error(f"scope gpu needs a family labelled gpu_uuid; {family.name!r} is not")
+    if scope is Scope.TASK and labels & {"model", "gpu_uuid"}:
+        raise where.error(f"scope task cannot read {family.name!r}: it is labelled per model or GPU")
+
+
+def _rollups(raw: Any, scope: Scope, where: _Where) -> tuple[tuple[str, ...], ...]:
+    base = BASE_DIMENSIONS[scope]
+    if not isinstance(raw, list) or not all(isinstance(r, list) and all(isinstance(d, str) for d in r) for r in raw):
+        raise where.error("rollups must be a list of dimension lists, e.g. [[\"model\"], []]")
+    out: list[tuple[str, ...]] = []
+    for r in raw:
+        dims = tuple(r)
+        if not set(dims) <= set(base) or len(set(dims)) != len(dims):
+            raise where.error(f"rollup {list(dims)} must be a subset of the scope's dimensions {list(base)}")
+        if dims == base or dims in out:
+            raise where.error(f"rollup {list(dims)} repeats a dimension set")
+        out.append(dims)
+    return tuple(out)
+
+
+def _check_references(out: Loaded) -> None:
+    combine: dict[tuple[str, tuple[str, str] | None], tuple[Combine, str]] = {}
+    for m in out.metrics.values():
+        where = _Where(m.origin, f"metric {m.name!r}")
+        if m.breakdown_of is not None:
+            total = out.metrics.get(m.breakdown_of)
+            if total is None:
+                raise where.error(f"breakdown_of {m.breakdown_of!r}: no such metric")
+            if total.scope is not m.scope:
+                raise where.error(f"breakdown_of {m.breakdown_of!r}: a total of another scope ({total.scope})")
+        for i in (*m.inputs, *m.denominators):  # a guard only asks "did it grow?"
+            sample = i.sample if m.kind not in HISTOGRAM_KINDS else f"{i.sample}_bucket"
+            other = combine.setdefault((sample, i.where), (m.combine, m.name))
+            if other[0] is not m.combine:
+                shown = i.describe().split(" x ")[0]
+                raise where.error(f"combines {shown!r} by {m.combine} but {other[1]!r} combines it by {other[0]}; "
+                                  "one series is merged across GPU instances one way")

@@ -1,0 +1,165 @@
+"""What a catalog is made of: families (what a source serves) and metrics (what the exporter emits).
+
+Plain frozen data. :mod:`exporter.catalog.load` builds these from the TOML
+files and validates them; :class:`exporter.catalog.Catalog` holds the result
+and answers the questions the rest of the exporter asks of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+# CloudWatch's units, as the aws-embedded-metrics library's Unit enum lists them. Importing that
+# library costs ~23 MB of RSS (its package __init__ pulls in its whole logger stack), so the list is
+# kept here and tests/test_emf.py proves it equals the library's enum, which stays the reference.
+CLOUDWATCH_UNITS = (
+    "Seconds", "Microseconds", "Milliseconds", "Bytes", "Kilobytes", "Megabytes", "Gigabytes", "Terabytes",
+    "Bits", "Kilobits", "Megabits", "Gigabits", "Terabits", "Percent", "Count", "Bytes/Second",
+    "Kilobytes/Second", "Megabytes/Second", "Gigabytes/Second", "Terabytes/Second", "Bits/Second",
+    "Kilobits/Second", "Megabits/Second", "Gigabits/Second", "Terabits/Second", "Count/Second", "None",
+)  # fmt: skip
+
+MAX_METRIC_NAME_LENGTH = 255  # CloudWatch's limit for a metric name
+
+
+class Scope(StrEnum):
+    """What one EMF event describes; fixes the event's base dimensions."""
+
+    MODEL = "model"  # one model version: dimensions model, version
+    GPU = "gpu"  # one GPU: dimension gpu (index); uuid is a property
+    TASK = "task"  # the Triton server of this task: no dimensions
+    SOURCE = "source"  # one scrape source: dimension source
+
+
+BASE_DIMENSIONS: dict[Scope, tuple[str, ...]] = {
+    Scope.MODEL: ("model", "version"),
+    Scope.GPU: ("gpu",),
+    Scope.TASK: (),
+    Scope.SOURCE: ("source",),
+}
+
+
+class Kind(StrEnum):
+    """How a value is computed from its inputs over one window."""
+
+    GAUGE = "gauge"  # last value (combined across GPU instances)
+    DELTA = "delta"  # counter increase over the window
+    RATE = "rate"  # counter increase / elapsed seconds (monotonic clock)
+    RATIO = "ratio"  # delta(numerators) / delta(denominators), only when the denominator > 0
+    GAUGE_RATIO = "gauge_ratio"  # gauge / gauge, only when the denominator > 0
+    QUANTILE = "quantile"  # a summary quantile, only when the summary's guard counter grew in the window
+    DISTRIBUTION = "distribution"  # a histogram's bucket deltas as one EMF Values/Counts object
+    PERCENTILE = "percentile"  # a per-task percentile interpolated from the window's bucket deltas
+    STATE = "state"  # from the repository index
+    SELF = "self"  # the exporter's own bookkeeping
+
+
+COUNTER_KINDS = frozenset({Kind.DELTA, Kind.RATE, Kind.RATIO, Kind.DISTRIBUTION, Kind.PERCENTILE})
+HISTOGRAM_KINDS = frozenset({Kind.DISTRIBUTION, Kind.PERCENTILE})
+
+
+class Combine(StrEnum):
+    """How series of one entity are merged (a model on several GPUs has one series per gpu_uuid)."""
+
+    SUM = "sum"
+    MAX = "max"
+
+
+FAMILY_TYPES = ("counter", "gauge", "summary", "histogram", "untyped")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family a source serves: its Prometheus type and the labels it carries.
+
+    ``labels`` lists what the family is known to carry (Triton may add more:
+    ``gpu_uuid`` on per-model series of GPU instances, ``namespace``, metric
+    tags); it is what a metric's ``split`` is checked against. Histograms and
+    summaries carry ``le`` / ``quantile`` on top.
+    """
+
+    name: str
+    type: str
+    labels: tuple[str, ...] = ()
+    source: str = "triton"  # "triton": read from /metrics; "nvml": produced by the NVML source
+    help: str = ""
+    requires: str = ""  # what must be on for Triton to serve it (a Triton flag, a backend); cost reads it
+
+    def samples(self) -> tuple[str, ...]:
+        """The sample names this family prints."""
+        if self.type == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
+        if self.type == "summary":
+            return (self.name, f"{self.name}_sum", f"{self.name}_count")
+        return (self.name,)
+
+
+@dataclass(frozen=True)
+class Input:
+    """One source series a metric reads.
+
+    ``sample`` is the sample name (``x``, ``x_sum``, ``x_count``); for the
+    histogram kinds it is the histogram family, whose ``_bucket`` and ``_sum``
+    samples are read. ``where`` selects one value of a splitting label
+    (``("reason", "BACKEND")``). ``scale`` multiplies values (and bucket
+    bounds and sums of histograms).
+    """
+
+    sample: str
+    family: str
+    scale: float = 1.0
+    where: tuple[str, str] | None = None
+
+    def describe(self) -> str:
+        s = self.sample + (f"{{{self.where[0]}={self.where[1]}}}" if self.where else "")
+        return s + (f" x {self.scale:g}" if self.scale != 1 else "")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One emitted metric: its EMF name, unit, dimensions and computation."""
+
+    name: str
+    scope: Scope
+    unit: str
+    kind: Kind
+    help: str
+    inputs: tuple[Input, ...] = ()
+    denominators: tuple[Input, ...] = ()
+    guard: Input | None = None  # QUANTILE: emitted only when this counter grew in the window
+    quantile: float | None = None  # PERCENTILE
+    combine: Combine = Combine.SUM
+    rollups: tuple[tuple[str, ...], ...] = ()  # extra dimension sets, each a billed metric
+    breakdown_of: str | None = None  # zeros left out while this total is zero (cost)
+    origin: str = ""  # the catalog file that defined it (for errors and docs)
+    source: str = "triton"  # where the value comes from: triton, nvml, index, exporter
+
+    @property
+    def dimension_sets(self) -> tuple[tuple[str, ...], ...]:
+        return (BASE_DIMENSIONS[self.scope], *self.rollups)
+
+    def all_inputs(self) -> tuple[Input, ...]:
+        return (*self.inputs, *self.denominators, *((self.guard,) if self.guard else ()))
+
+    def describe_inputs(self) -> str:
+        """The computation as a formula: ``a | b`` first present, ``a + b`` summed, ``x / y`` a ratio."""
+
+        def group(inputs: tuple[Input, ...], sep: str) -> str:
+            text = sep.join(i.describe() for i in inputs)
+            return f"({text})" if len(inputs) > 1 else text
+
+        if self.kind is Kind.RATIO:
+            return f"delta {group(self.inputs, ' + ')} / delta {group(self.denominators, ' + ')}"
+        if self.kind is Kind.GAUGE_RATIO:
+            return f"{group(self.inputs, ' | ')} / {group(self.denominators, ' | ')} (pairwise, first present)"
+        if self.kind is Kind.QUANTILE and self.guard:
+            return f"{group(self.inputs, ' | ')} when delta {self.guard.describe()} > 0"
+        if self.kind is Kind.PERCENTILE:
+            return f"histogram_quantile({self.quantile:g}, delta {group(self.inputs, ' | ')})"
+        if self.kind is Kind.DISTRIBUTION:
+            return f"bucket deltas of {group(self.inputs, ' | ')}"
+        if self.inputs:
+            prefix = {Kind.DELTA: "delta ", Kind.RATE: "rate "}.get(self.kind, "")
+            return prefix + group(self.inputs, " | ")
+        return self.source
