@@ -38,7 +38,7 @@ from .sources.triton import TritonIndexSource, TritonMetricsSource
 
 # Commands that live in their own modules, imported only when used.
 COMMANDS = {
-    "health": "exporter.health:main",
+    "health": "triton_side.probe:main",  # the Triton-side probe, shipped in the wheel too
     "render": "exporter.render:main",
     "cost": "exporter.render.cost:main",
 }

@@ -7,27 +7,39 @@ synthetic inference per model, then exits 0 (healthy), 1 (unhealthy) or 2
 (usage error) with one line per problem.
 
 It runs inside the stock Triton image, which has ``python3`` but none of the
-sidecar's packages: standard library only, one file, Python 3.8+ (Ubuntu 20.04
-images), runnable as ``python3 health.py`` from anywhere or as
+sidecar's packages: standard library only, Python 3.8+ (Ubuntu 20.04 images),
+started as ``python3 health.py`` (the few lines next to this file) or as
 ``python -m exporter health``. Every request shares one deadline (default 4 s,
 under ECS's 5 s timeout) so a server that accepts connections and never
 answers cannot hang the check. See docs/health.md.
+
+ECS starts it as a new process every 30 s in every task, so its start-up is
+kept small: no argparse unless the command line needs it (``_cli``), no
+dataclasses, logging or concurrent.futures, plain threads for the per-model
+checks, and ``random`` and ``ssl`` only when a check uses them.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import _socket
+import _thread
 import math
 import os
-import random
-import socket
-import sys
 import time
-import urllib.parse
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+
+if __package__:
+    from . import _cli
+else:  # imported as a top-level module by health.py, from the folder it was copied to
+    import _cli
+
+try:
+    from _json import make_scanner as _make_scanner
+except ImportError:  # not CPython: json.loads below
+    _make_scanner = None
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing takes milliseconds to import; type checkers know the name
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
 
 DEFAULT_URL = "http://localhost:8000"
 DEFAULT_DEADLINE = 4.0
@@ -54,6 +66,114 @@ DTYPE_SIZES = {
 _UNSENDABLE = frozenset(" ?#/\\\x7f") | frozenset(chr(c) for c in range(32))
 
 
+# --- start-up cost ------------------------------------------------------------------------
+#
+# ECS starts the probe as a new process every 30 s in every task. The json, socket,
+# urllib.parse and threading packages each import re, enum or functools (and socket turns
+# hundreds of constants into enums; a str host name makes getaddrinfo load the idna codec,
+# which imports re and unicodedata): together some 40 ms, ten times the probe's own requests.
+# The probe uses the C modules those packages are built on instead: _json's scanner (what
+# json.loads runs), _socket (what socket.socket subclasses) and _thread (what threading
+# wraps), plus a URL reader for the plain ``http://host:port/path`` form. Anything else
+# falls back to the package, so the results are the same; tests/test_triton_side.py
+# compares each with its package.
+
+
+class _JsonContext:
+    """The settings json.JSONDecoder hands to _json's scanner: json.loads's defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": -math.inf, "Infinity": math.inf, "NaN": math.nan}.__getitem__
+
+
+_scan_json = _make_scanner(_JsonContext()) if _make_scanner is not None else None
+
+
+def loads(data: str | bytes) -> object:
+    """``json.loads`` on the C scanner json.loads itself runs; ValueError when malformed."""
+    unusual = isinstance(data, bytes) and (data[:1] in (b"\xef", b"\xfe", b"\xff") or b"\0" in data[:4])
+    if _scan_json is None or unusual:
+        import json  # no C scanner, or a byte-order mark or UTF-16/32 for json.loads to detect
+
+        return json.loads(data)
+    text = data.decode("utf-8", "surrogatepass") if isinstance(data, bytes) else data  # as json.loads decodes
+    start, n = 0, len(text)
+    while start < n and text[start] in " \t\n\r":
+        start += 1
+    try:
+        value, end = _scan_json(text, start)
+    except StopIteration:
+        raise ValueError(f"no JSON value at character {start}") from None
+    while end < n and text[end] in " \t\n\r":
+        end += 1
+    if end != n:
+        raise ValueError(f"extra data after the JSON value at character {end}")
+    return value
+
+
+_SCHEMES = ("http", "https")
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_")
+_PATH_CHARS = frozenset(chr(c) for c in range(0x21, 0x7F)) - frozenset("?#\\[]@%")
+
+
+def split_url(url: str) -> tuple[str, str | None, int | None, str]:
+    """(scheme, host name, port, path) as ``urllib.parse.urlsplit`` reads them; ValueError for a bad port.
+
+    Reads ``scheme://host[:port][/path]`` with a plain host name or IPv4
+    address itself and hands anything else (IPv6 brackets, user info, a query,
+    percent signs, non-ASCII, spaces) to urlsplit.
+    """
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    host, _, port = netloc.partition(":")
+    if (
+        sep
+        and scheme.lower() in _SCHEMES
+        and host
+        and set(host) <= _HOST_CHARS
+        and (not port or (port.isdigit() and port.isascii()))
+        and set(path) <= _PATH_CHARS
+    ):
+        number = int(port) if port else None
+        if number is not None and number > 65535:
+            raise ValueError("Port out of range 0-65535")
+        return scheme.lower(), host.lower(), number, slash + path
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # unbalanced IPv6 brackets and the like: no host to read
+        return "", None, None, ""
+    return parts.scheme, parts.hostname, parts.port, parts.path
+
+
+def open_tcp(host: str, port: int, deadline: Deadline) -> _socket.socket:
+    """``socket.create_connection`` on _socket: each address in turn, each try bounded by the deadline."""
+    # getaddrinfo runs the idna codec on every str host; an ASCII name needs none of it.
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
+    last: OSError = OSError(f"no address for {host}")
+    for family, kind, proto, _, address in _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(deadline.left())
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            if isinstance(exc, (_socket.timeout, TimeoutError)):
+                raise  # the deadline is spent: no time for the next address
+            last = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    raise last
+
+
 # --- errors -------------------------------------------------------------------------------
 
 
@@ -61,7 +181,7 @@ class HealthError(Exception):
     """Base class for the probe's own errors."""
 
 
-class UsageError(HealthError):
+class UsageError(HealthError, _cli.UsageError):
     """Bad flag or environment value: exit code 2."""
 
 
@@ -79,14 +199,6 @@ class ProtocolError(HealthError):
 
 class Unsynthesisable(HealthError):
     """The model's inputs cannot be filled in automatically (e.g. a shape tensor)."""
-
-
-class _ParserExit(Exception):
-    """argparse wanted to exit (``--help`` or an error); carries the exit status."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(status)
-        self.status = status
 
 
 # --- deadline and a tiny HTTP/1.1 client ----------------------------------------------------
@@ -110,23 +222,27 @@ class Deadline:
         return rem
 
 
-@dataclass
 class Response:
-    status: int
-    headers: dict[str, str]
-    body: bytes
+    """One HTTP answer, read whole."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
 
     def json(self) -> object:
         try:
-            return json.loads(self.body.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
+            return loads(self.body.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError included
             raise ProtocolError(f"HTTP {self.status} with a body that is not JSON: {self.body[:80]!r}") from exc
 
     def error_text(self) -> str:
         """Triton's ``{"error": ...}`` message, or the raw body."""
         text = self.body.decode("utf-8", "replace").strip()
         try:
-            obj = json.loads(text)
+            obj = loads(text)
         except ValueError:
             return text
         if isinstance(obj, dict) and isinstance(obj.get("error"), str):
@@ -145,19 +261,19 @@ class Client:
     """
 
     def __init__(self, url: str, deadline: Deadline) -> None:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"Triton URL must look like http://host:port, got {url!r}")
-        self.url = url.rstrip("/")
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname
         try:
-            self.port = parts.port or (443 if self.https else 80)
+            scheme, hostname, port, path = split_url(url)
         except ValueError as exc:
             raise UsageError(f"bad port in Triton URL {url!r}") from exc
-        self.prefix = parts.path.rstrip("/")
+        if scheme not in _SCHEMES or not hostname:
+            raise UsageError(f"Triton URL must look like http://host:port, got {url!r}")
+        self.url = url.rstrip("/")
+        self.https = scheme == "https"
+        self.host = hostname
+        self.port = port or (443 if self.https else 80)
+        self.prefix = path.rstrip("/")
         host = f"[{self.host}]" if ":" in self.host else self.host
-        self.host_header = host if parts.port is None else f"{host}:{self.port}"
+        self.host_header = host if port is None else f"{host}:{self.port}"
         self.deadline = deadline
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None):
@@ -175,8 +291,8 @@ class Client:
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + (body or b"")
         what = f"{self.host}:{self.port}"
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=self.deadline.left())
-        except (socket.timeout, TimeoutError) as exc:  # noqa: UP041 - distinct classes before 3.10
+            sock = open_tcp(self.host, self.port, self.deadline)
+        except (_socket.timeout, TimeoutError) as exc:  # distinct classes before Python 3.10
             raise DeadlineExceeded(f"no TCP connection to {what} within {self.deadline.seconds:g} s") from exc
         except OSError as exc:
             raise ConnectError(f"cannot connect to {what}: {exc.strerror or exc}") from exc
@@ -189,14 +305,14 @@ class Client:
             sock.settimeout(self.deadline.left())
             sock.sendall(data)  # the timeout bounds the whole sendall since Python 3.5
             return self._read(sock)
-        except (socket.timeout, TimeoutError) as exc:  # noqa: UP041
+        except (_socket.timeout, TimeoutError) as exc:
             raise DeadlineExceeded(f"no answer from {what} within {self.deadline.seconds:g} s") from exc
         except OSError as exc:
             raise ConnectError(f"connection to {what} failed: {exc.strerror or exc}") from exc
         finally:
             sock.close()
 
-    def _read(self, sock: socket.socket) -> Response:
+    def _read(self, sock: _socket.socket) -> Response:
         buf = bytearray()
         head: tuple[int, dict[str, str], int] | None = None
         while True:
@@ -274,31 +390,49 @@ def _dechunk(data: bytes) -> bytes | None:
 # --- results ----------------------------------------------------------------------------------
 
 
-@dataclass
 class Check:
     """One check's outcome; ``status`` is ok, fail or skip."""
 
-    check: str
-    status: str
-    duration_s: float = 0.0
-    detail: str = ""
-    model: str | None = None
-    version: str | None = None
-    state: str | None = None
-    reason: str | None = None
+    FIELDS = ("check", "status", "duration_s", "detail", "model", "version", "state", "reason")  # --json's keys
+    __slots__ = FIELDS
+
+    def __init__(
+        self,
+        check: str,
+        status: str,
+        duration_s: float = 0.0,
+        detail: str = "",
+        model: str | None = None,
+        version: str | None = None,
+        state: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self.check = check
+        self.status = status
+        self.duration_s = duration_s
+        self.detail = detail
+        self.model = model
+        self.version = version
+        self.state = state
+        self.reason = reason
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.FIELDS}
 
     @property
     def label(self) -> str:
         return f"{self.model}/{self.version}" if self.version else str(self.model)
 
 
-@dataclass
 class Report:
-    url: str
-    deadline_s: float
-    checks: list[Check] = field(default_factory=list)
-    duration_s: float = 0.0
-    required: list[str] = field(default_factory=list)
+    """Every check of one probe run, in order, and the versions it required."""
+
+    def __init__(self, url: str, deadline_s: float) -> None:
+        self.url = url
+        self.deadline_s = deadline_s
+        self.checks: list[Check] = []
+        self.duration_s = 0.0
+        self.required: list[str] = []
 
     @property
     def healthy(self) -> bool:
@@ -309,16 +443,18 @@ class Report:
         return check
 
 
-@dataclass
 class Options:
-    url: str = DEFAULT_URL
-    models: list[tuple[str, str | None]] | None = None  # None: every version in the index
-    ignore: list[tuple[str, str | None]] = field(default_factory=list)
-    smoke: list[tuple[str, str | None]] | None = None  # None: off; []: every required model
-    deadline: float = DEFAULT_DEADLINE
-    jobs: int = DEFAULT_JOBS
-    json: bool = False
-    quiet: bool = False
+    """The probe's settings, from flags and environment (see :func:`options`)."""
+
+    def __init__(self, json: bool = False, quiet: bool = False) -> None:
+        self.url = DEFAULT_URL
+        self.models: list[tuple[str, str | None]] | None = None  # None: every version in the index
+        self.ignore: list[tuple[str, str | None]] = []
+        self.smoke: list[tuple[str, str | None]] | None = None  # None: off; []: every required model
+        self.deadline = DEFAULT_DEADLINE
+        self.jobs = DEFAULT_JOBS
+        self.json = json
+        self.quiet = quiet
 
 
 def first_line(text: object, limit: int = REASON_MAX) -> str:
@@ -529,7 +665,11 @@ def build_infer(meta: dict, config: dict | None) -> tuple[bytes, int]:
         raise Unsynthesisable(f"inputs would need {total} bytes (limit {MAX_SMOKE_BYTES})")
     params: dict[str, object] = {"binary_data_output": True}
     if config.get("sequence_batching"):
+        import random  # only sequence models need it
+
         params.update(sequence_id=random.randint(1 << 40, 1 << 48), sequence_start=True, sequence_end=True)
+    import json  # only a smoke inference writes JSON
+
     header = json.dumps({"id": "triton-health", "inputs": inputs, "parameters": params}).encode()
     return header + bytes(total), len(header)
 
@@ -568,7 +708,7 @@ def _smoke(client: Client, name: str, version: str, explicit: bool) -> tuple[str
         )
     n = resp.headers.get("inference-header-content-length")
     try:
-        out = json.loads(resp.body[: int(n)] if n else resp.body)
+        out = loads(resp.body[: int(n)] if n else resp.body)
     except ValueError as exc:
         raise ProtocolError("inference answered 200 with an unreadable body") from exc
     outputs = out.get("outputs") if isinstance(out, dict) else None
@@ -599,6 +739,46 @@ def _version_checks(client: Client, e: dict, smoke: bool, explicit: bool) -> lis
             status, detail = "fail", str(exc)
         out.append(Check("smoke", status, time.monotonic() - t0, detail, name, version, "READY"))
     return out
+
+
+def run_parallel(calls: Sequence[Callable[[], list[Check]]], jobs: int) -> list[list[Check]]:
+    """Every call's result in order, at most ``jobs`` at a time; a call's exception is raised here.
+
+    What ``ThreadPoolExecutor.map`` does (every call runs, the first failing
+    one in order raises), on _thread: see "start-up cost" above.
+    """
+    if jobs <= 1 or len(calls) <= 1:
+        return [call() for call in calls]
+    results: list[list[Check]] = [[] for _ in calls]
+    errors: dict[int, BaseException] = {}
+    todo = iter(range(len(calls)))
+    lock = _thread.allocate_lock()
+
+    def work(done: _thread.LockType) -> None:
+        try:
+            while True:
+                with lock:
+                    i = next(todo, None)
+                if i is None:
+                    return
+                try:
+                    results[i] = calls[i]()
+                except BaseException as exc:  # handed to the caller below, as pool.map would
+                    errors[i] = exc
+        finally:
+            done.release()
+
+    workers = []
+    for _ in range(min(jobs, len(calls))):
+        done = _thread.allocate_lock()
+        done.acquire()
+        _thread.start_new_thread(work, (done,))
+        workers.append(done)
+    for done in workers:
+        done.acquire()  # released when that worker has finished
+    if errors:
+        raise errors[min(errors)]
+    return results
 
 
 def probe(opts: Options, start: float | None = None) -> Report:
@@ -646,9 +826,7 @@ def probe(opts: Options, start: float | None = None) -> Report:
         for e in ready:
             wanted = smoke_all or _matches(smoke_specs, e["name"], e["version"])
             jobs.append((e, opts.smoke is not None and wanted, not smoke_all and wanted))
-        workers = max(1, min(opts.jobs, len(jobs)))
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(lambda j: _version_checks(client, *j), jobs))
+        results = run_parallel([lambda j=j: _version_checks(client, *j) for j in jobs], opts.jobs)
         flat = [c for r in results for c in r]
         report.checks += [c for c in flat if c.check == "ready"] + [c for c in flat if c.check == "smoke"]
         return report
@@ -709,6 +887,8 @@ def render_text(report: Report) -> str:
 
 
 def render_json(report: Report) -> str:
+    import json  # only --json needs it
+
     doc = {
         "healthy": report.healthy,
         "url": report.url,
@@ -716,25 +896,13 @@ def render_json(report: Report) -> str:
         "duration_s": round(report.duration_s, 4),
         "required": report.required,
         "failed": sum(c.status == "fail" for c in report.checks),
-        "checks": [dict(asdict(c), duration_s=round(c.duration_s, 4)) for c in report.checks],
+        "checks": [dict(c.as_dict(), duration_s=round(c.duration_s, 4)) for c in report.checks],
         "summary": render_text(report).splitlines()[-1],
     }
     return json.dumps(doc, ensure_ascii=False)
 
 
 # --- command line -----------------------------------------------------------------------------
-
-
-class _Parser(argparse.ArgumentParser):
-    def exit(self, status: int = 0, message: str | None = None):  # type: ignore[override]
-        if message:
-            sys.stderr.write(message)
-        raise _ParserExit(status)
-
-    def error(self, message: str):  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
-        raise _ParserExit(2)
 
 
 def parse_specs(text: str, what: str) -> list[tuple[str, str | None]]:
@@ -754,69 +922,62 @@ def parse_specs(text: str, what: str) -> list[tuple[str, str | None]]:
     return specs
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="health.py",
-        description="Deep health check for a Triton container: liveness, every required model version "
-        "READY, optional smoke inference. Exit 0 healthy, 1 unhealthy, 2 usage error. "
-        "Flags win over the environment variables named in brackets.",
-    )
-    p.add_argument("--url", "--triton-url", dest="url",
-                   help=f"Triton HTTP endpoint [TRITON_URL] (default {DEFAULT_URL})")
-    p.add_argument(
+PROG = "health.py"
+DESCRIPTION = (
+    "Deep health check for a Triton container: liveness, every required model version "
+    "READY, optional smoke inference. Exit 0 healthy, 1 unhealthy, 2 usage error. "
+    "Flags win over the environment variables named in brackets."
+)
+FLAGS = (
+    _cli.Flag("--url", "--triton-url", help=f"Triton HTTP endpoint [TRITON_URL] (default {DEFAULT_URL})"),
+    _cli.Flag(
         "--models",
-        action="append",
+        kind=_cli.APPEND,
         metavar="M[,M/V...]",
         help="models that must be ready, MODEL or MODEL/VERSION, comma-separated [HEALTH_MODELS] "
         "(default: every version in the repository index except those unloaded on purpose)",
-    )
-    p.add_argument(
-        "--ignore",
-        action="append",
-        metavar="M[,M/V...]",
-        help="models or versions never checked [HEALTH_IGNORE]",
-    )
-    p.add_argument(
+    ),
+    _cli.Flag(
+        "--ignore", kind=_cli.APPEND, metavar="M[,M/V...]", help="models or versions never checked [HEALTH_IGNORE]"
+    ),
+    _cli.Flag(
         "--smoke",
-        nargs="?",
+        kind=_cli.OPTIONAL,
         const="all",
         metavar="all|M[,M/V...]",
         help="send one synthetic inference to every required model (no value or 'all') or to "
         "the named ones [HEALTH_SMOKE]",
-    )
-    p.add_argument("--no-smoke", action="store_true", help="no smoke inference, whatever HEALTH_SMOKE says")
-    p.add_argument(
+    ),
+    _cli.Flag("--no-smoke", kind=_cli.SWITCH, help="no smoke inference, whatever HEALTH_SMOKE says"),
+    _cli.Flag(
         "--deadline",
         metavar="SECONDS",
         help=f"overall time limit [HEALTH_DEADLINE] (default {DEFAULT_DEADLINE:g}, under ECS's 5 s)",
-    )
-    p.add_argument("--jobs", metavar="N", help=f"concurrent per-model checks [HEALTH_JOBS] (default {DEFAULT_JOBS})")
-    p.add_argument("--json", action="store_true", help="print one JSON document with every check")
-    p.add_argument("--quiet", action="store_true", help="print nothing when healthy")
-    return p
+    ),
+    _cli.Flag("--jobs", metavar="N", help=f"concurrent per-model checks [HEALTH_JOBS] (default {DEFAULT_JOBS})"),
+    _cli.Flag("--json", kind=_cli.SWITCH, help="print one JSON document with every check"),
+    _cli.Flag("--quiet", kind=_cli.SWITCH, help="print nothing when healthy"),
+)
 
 
-def options(argv: list[str] | None, env: Mapping[str, str] | None = None) -> Options:
-    """Merge flags and environment variables (flags win); UsageError on bad values."""
+def options(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) -> Options:
+    """Merge flags and environment variables (flags win); UsageError on bad values, _cli.Exit after --help."""
     env = os.environ if env is None else env
-    ns = build_parser().parse_args(argv)
+    ns = _cli.parse(FLAGS, argv, PROG, DESCRIPTION)
 
     def pick(flag: object, var: str) -> str | None:
-        if flag is not None:
-            return ",".join(flag) if isinstance(flag, list) else str(flag)
-        value = env.get(var)
-        return value if value is not None and value.strip() != "" else None
+        return _cli.pick(flag, var, env)
 
-    opts = Options(json=ns.json, quiet=ns.quiet)
-    opts.url = (pick(ns.url, "TRITON_URL") or DEFAULT_URL).strip()
-    models = pick(ns.models, "HEALTH_MODELS")
+    opts = Options(json=bool(ns["json"]), quiet=bool(ns["quiet"]))
+    opts.url = (pick(ns["url"], "TRITON_URL") or DEFAULT_URL).strip()
+    models = pick(ns["models"], "HEALTH_MODELS")
     if models is not None:
         opts.models = parse_specs(models, "--models/HEALTH_MODELS")
         if not opts.models:
             raise UsageError("--models/HEALTH_MODELS names no model")
-    ignore = pick(ns.ignore, "HEALTH_IGNORE")
+    ignore = pick(ns["ignore"], "HEALTH_IGNORE")
     opts.ignore = parse_specs(ignore, "--ignore/HEALTH_IGNORE") if ignore else []
-    smoke = None if ns.no_smoke else pick(ns.smoke, "HEALTH_SMOKE")
+    smoke = None if ns["no_smoke"] else pick(ns["smoke"], "HEALTH_SMOKE")
     if smoke is not None:
         low = smoke.strip().lower()
         if low in ("all", "*", "1", "true", "yes", "on"):
@@ -824,8 +985,8 @@ def options(argv: list[str] | None, env: Mapping[str, str] | None = None) -> Opt
         elif low not in ("0", "false", "no", "off", "none"):
             opts.smoke = parse_specs(smoke, "--smoke/HEALTH_SMOKE")
     for attr, var, flag, conv, lo, hi in (
-        ("deadline", "HEALTH_DEADLINE", ns.deadline, float, 0.0, 3600.0),
-        ("jobs", "HEALTH_JOBS", ns.jobs, int, 1, 64),
+        ("deadline", "HEALTH_DEADLINE", ns["deadline"], float, 0.0, 3600.0),
+        ("jobs", "HEALTH_JOBS", ns["jobs"], int, 1, 64),
     ):
         raw = pick(flag, var)
         if raw is None:
@@ -841,16 +1002,15 @@ def options(argv: list[str] | None, env: Mapping[str, str] | None = None) -> Opt
     return opts
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point for ``python3 health.py`` and ``python -m exporter health``; returns the exit code."""
     start = time.monotonic()
     try:
         opts = options(argv)
-    except _ParserExit as exc:
+    except _cli.Exit as exc:
         return exc.status
-    except UsageError as exc:
-        sys.stderr.write(f"health.py: error: {exc}\n")
-        return 2
+    except _cli.UsageError as exc:
+        return _cli.usage_error(PROG, exc)
     try:
         report = probe(opts, start)
     except Exception as exc:  # a probe bug must still give ECS a clear "unhealthy" line
@@ -859,7 +1019,3 @@ def main(argv: list[str] | None = None) -> int:
     if not (opts.quiet and report.healthy):
         print(render_json(report) if opts.json else render_text(report), flush=True)
     return 0 if report.healthy else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
