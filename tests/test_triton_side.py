@@ -460,28 +460,25 @@ def test_run_parallel_keeps_order_limits_concurrency_and_raises_the_first_error(
     active = [0, 0]  # now, most seen
     ran: list[int] = []
 
-    def call(i: int):
-        def run() -> list:
-            with lock:
-                active[0] += 1
-                active[1] = max(active[1], active[0])
-            time.sleep(0.03)
-            with lock:
-                active[0] -= 1
-                ran.append(i)
-            if i in (3, 1):
-                raise RuntimeError(f"call {i}")
-            return [i]
+    def call(i: int) -> list[int]:
+        with lock:
+            active[0] += 1
+            active[1] = max(active[1], active[0])
+        time.sleep(0.03)
+        with lock:
+            active[0] -= 1
+            ran.append(i)
+        if i in (3, 1):
+            raise RuntimeError(f"call {i}")
+        return [i]
 
-        return run
-
-    assert probe.run_parallel([call(i) for i in (0, 2, 4, 5, 6)], 2) == [[0], [2], [4], [5], [6]]
+    assert probe.run_parallel(call, [0, 2, 4, 5, 6], 2) == [[0], [2], [4], [5], [6]]
     assert active[1] == 2
     ran.clear()
     with pytest.raises(RuntimeError, match="call 1"):
-        probe.run_parallel([call(i) for i in range(6)], 3)
+        probe.run_parallel(call, list(range(6)), 3)
     assert sorted(ran) == list(range(6))  # every call ran, as ThreadPoolExecutor.map does
-    assert probe.run_parallel([call(0)], 4) == [[0]]
+    assert probe.run_parallel(call, [0], 4) == [[0]]
 
 
 # --- https ------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing takes milliseconds to 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Iterable, Mapping, Sequence
+    from typing import NoReturn
 
 VALUE = "value"  # --flag VALUE; the last one wins
 APPEND = "append"  # --flag VALUE, repeatable; the values are joined with commas
@@ -123,12 +124,12 @@ def argparse_parser(flags: Sequence[Flag], prog: str, description: str) -> argpa
     import argparse  # only for --help and the command lines read_plain leaves to it
 
     class Parser(argparse.ArgumentParser):
-        def exit(self, status: int = 0, message: str | None = None):  # type: ignore[override]
+        def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
             if message:
                 sys.stderr.write(message)
             raise Exit(status)
 
-        def error(self, message: str):  # type: ignore[override]
+        def error(self, message: str) -> NoReturn:
             raise UsageError(message, usage=self.format_usage())
 
     parser = Parser(prog=prog, description=description)

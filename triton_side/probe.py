@@ -27,19 +27,18 @@ import math
 import os
 import time
 
-if __package__:
-    from . import _cli
-else:  # imported as a top-level module by health.py, from the folder it was copied to
-    import _cli
-
-try:
-    from _json import make_scanner as _make_scanner
-except ImportError:  # not CPython: json.loads below
-    _make_scanner = None
-
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing takes milliseconds to import; type checkers know the name
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
+    R = TypeVar("R")
+
+if TYPE_CHECKING or __package__:  # type checkers see the package import
+    from . import _cli
+else:  # imported as a top-level module by health.py, from the folder it was copied to
+    import _cli
 
 DEFAULT_URL = "http://localhost:8000"
 DEFAULT_DEADLINE = 4.0
@@ -71,7 +70,7 @@ _UNSENDABLE = frozenset(" ?#/\\\x7f") | frozenset(chr(c) for c in range(32))
 # ECS starts the probe as a new process every 30 s in every task. The json, socket,
 # urllib.parse and threading packages each import re, enum or functools (and socket turns
 # hundreds of constants into enums; a str host name makes getaddrinfo load the idna codec,
-# which imports re and unicodedata): together some 40 ms, ten times the probe's own requests.
+# which imports re and unicodedata): together some 40 ms, many times the probe's own requests.
 # The probe uses the C modules those packages are built on instead: _json's scanner (what
 # json.loads runs), _socket (what socket.socket subclasses) and _thread (what threading
 # wraps), plus a URL reader for the plain ``http://host:port/path`` form. Anything else
@@ -90,7 +89,15 @@ class _JsonContext:
     parse_constant = {"-Infinity": -math.inf, "Infinity": math.inf, "NaN": math.nan}.__getitem__
 
 
-_scan_json = _make_scanner(_JsonContext()) if _make_scanner is not None else None
+def _json_scanner() -> Callable[[str, int], tuple[object, int]] | None:
+    try:
+        from _json import make_scanner
+    except ImportError:  # not CPython: loads() uses json.loads
+        return None
+    return make_scanner(_JsonContext())  # type: ignore[arg-type]  # typeshed wants a JSONDecoder; these are its fields
+
+
+_scan_json = _json_scanner()
 
 
 def loads(data: str | bytes) -> object:
@@ -245,9 +252,8 @@ class Response:
             obj = loads(text)
         except ValueError:
             return text
-        if isinstance(obj, dict) and isinstance(obj.get("error"), str):
-            return obj["error"]
-        return text
+        error = obj.get("error") if isinstance(obj, dict) else None
+        return error if isinstance(error, str) else text
 
 
 class Client:
@@ -276,7 +282,9 @@ class Client:
         self.host_header = host if port is None else f"{host}:{self.port}"
         self.deadline = deadline
 
-    def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None):
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> Response:
         """Send one request with ``Connection: close`` and return the whole Response."""
         lines = [
             f"{method} {self.prefix}{path} HTTP/1.1",
@@ -298,8 +306,10 @@ class Client:
             raise ConnectError(f"cannot connect to {what}: {exc.strerror or exc}") from exc
         try:
             if self.https:
-                import ssl  # only needed for https URLs
+                import socket  # https only: ssl wraps a socket.socket (and imports socket anyway)
+                import ssl
 
+                sock = socket.socket(fileno=sock.detach())
                 sock.settimeout(self.deadline.left())
                 sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
             sock.settimeout(self.deadline.left())
@@ -484,14 +494,15 @@ def _matches(specs: list[tuple[str, str | None]], name: str, version: str) -> bo
 # --- the checks -------------------------------------------------------------------------------
 
 
-def _timed(report: Report, check: str, fn, **ids: str):
+def _timed(report: Report, check: str, fn: Callable[[], tuple[T, str]]) -> tuple[T | None, Check]:
     """Run ``fn`` and turn the probe's errors into a failed Check; returns (value, Check)."""
     t0 = time.monotonic()
+    value: T | None
     try:
         value, detail = fn()
-        result = Check(check, "ok", time.monotonic() - t0, detail, **ids)
+        result = Check(check, "ok", time.monotonic() - t0, detail)
     except HealthError as exc:
-        value, result = None, Check(check, "fail", time.monotonic() - t0, str(exc), **ids)
+        value, result = None, Check(check, "fail", time.monotonic() - t0, str(exc))
     report.add(result)
     return value, result
 
@@ -512,7 +523,7 @@ def _live(client: Client) -> tuple[None, str]:
     return None, "HTTP 200"
 
 
-def _index(client: Client) -> tuple[list[dict], str]:
+def _index(client: Client) -> tuple[list[dict[str, Any]], str]:
     resp = client.request("POST", "/v2/repository/index", b"{}", {"Content-Type": "application/json"})
     if resp.status != 200:
         raise ProtocolError(f"POST /v2/repository/index answered HTTP {resp.status}: {first_line(resp.error_text())}")
@@ -524,7 +535,7 @@ def _index(client: Client) -> tuple[list[dict], str]:
     return body, f"{len(body)} model versions listed"
 
 
-def select(index: list[dict], opts: Options, report: Report) -> list[dict]:
+def select(index: list[dict[str, Any]], opts: Options, report: Report) -> list[dict[str, Any]]:
     """Required versions from the index; records a state check for each and returns the READY ones."""
     # Unloaded on purpose (reason "unloaded"), or never loaded: in explicit model-control mode
     # Triton lists such a repository model as {"name": ...} with no version and no state.
@@ -533,7 +544,7 @@ def select(index: list[dict], opts: Options, report: Report) -> list[dict]:
         for e in index
         if (e.get("state") == "UNAVAILABLE" and str(e.get("reason", "")).strip() == "unloaded") or "state" not in e
     }
-    required: list[dict] = []
+    required: list[dict[str, Any]] = []
     if opts.models is None:
         for e in index:
             if (e["name"], e["version"]) in unloaded:
@@ -627,7 +638,7 @@ def _ready(client: Client, name: str, version: str) -> tuple[None, str]:
     return None, "HTTP 200"
 
 
-def build_infer(meta: dict, config: dict | None) -> tuple[bytes, int]:
+def build_infer(meta: dict[str, Any], config: dict[str, Any] | None) -> tuple[bytes, int]:
     """Request body (JSON header + zero tensors) and the JSON header length.
 
     Inputs come from the model's metadata: every input that the config does not
@@ -717,7 +728,7 @@ def _smoke(client: Client, name: str, version: str, explicit: bool) -> tuple[str
     return "ok", f"HTTP 200 with {len(outputs)} output(s) in {ms:.0f} ms"
 
 
-def _version_checks(client: Client, e: dict, smoke: bool, explicit: bool) -> list[Check]:
+def _version_checks(client: Client, e: dict[str, Any], smoke: bool, explicit: bool) -> list[Check]:
     name, version = e["name"], e["version"]
     out: list[Check] = []
     t0 = time.monotonic()
@@ -741,17 +752,17 @@ def _version_checks(client: Client, e: dict, smoke: bool, explicit: bool) -> lis
     return out
 
 
-def run_parallel(calls: Sequence[Callable[[], list[Check]]], jobs: int) -> list[list[Check]]:
-    """Every call's result in order, at most ``jobs`` at a time; a call's exception is raised here.
+def run_parallel(fn: Callable[[T], R], items: Sequence[T], jobs: int) -> list[R]:
+    """``fn`` of every item, results in order, at most ``jobs`` at a time; a call's exception is raised here.
 
     What ``ThreadPoolExecutor.map`` does (every call runs, the first failing
     one in order raises), on _thread: see "start-up cost" above.
     """
-    if jobs <= 1 or len(calls) <= 1:
-        return [call() for call in calls]
-    results: list[list[Check]] = [[] for _ in calls]
+    if jobs <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    results: dict[int, R] = {}
     errors: dict[int, BaseException] = {}
-    todo = iter(range(len(calls)))
+    todo = iter(range(len(items)))
     lock = _thread.allocate_lock()
 
     def work(done: _thread.LockType) -> None:
@@ -762,14 +773,14 @@ def run_parallel(calls: Sequence[Callable[[], list[Check]]], jobs: int) -> list[
                 if i is None:
                     return
                 try:
-                    results[i] = calls[i]()
+                    results[i] = fn(items[i])
                 except BaseException as exc:  # handed to the caller below, as pool.map would
                     errors[i] = exc
         finally:
             done.release()
 
     workers = []
-    for _ in range(min(jobs, len(calls))):
+    for _ in range(min(jobs, len(items))):
         done = _thread.allocate_lock()
         done.acquire()
         _thread.start_new_thread(work, (done,))
@@ -778,7 +789,7 @@ def run_parallel(calls: Sequence[Callable[[], list[Check]]], jobs: int) -> list[
         done.acquire()  # released when that worker has finished
     if errors:
         raise errors[min(errors)]
-    return results
+    return [results[i] for i in range(len(items))]
 
 
 def probe(opts: Options, start: float | None = None) -> Report:
@@ -826,7 +837,7 @@ def probe(opts: Options, start: float | None = None) -> Report:
         for e in ready:
             wanted = smoke_all or _matches(smoke_specs, e["name"], e["version"])
             jobs.append((e, opts.smoke is not None and wanted, not smoke_all and wanted))
-        results = run_parallel([lambda j=j: _version_checks(client, *j) for j in jobs], opts.jobs)
+        results = run_parallel(lambda job: _version_checks(client, *job), jobs, opts.jobs)
         flat = [c for r in results for c in r]
         report.checks += [c for c in flat if c.check == "ready"] + [c for c in flat if c.check == "smoke"]
         return report
@@ -907,7 +918,7 @@ def render_json(report: Report) -> str:
 
 def parse_specs(text: str, what: str) -> list[tuple[str, str | None]]:
     """``add,text/2`` → [("add", None), ("text", "2")]; a version follows the last slash."""
-    specs = []
+    specs: list[tuple[str, str | None]] = []
     for item in text.split(","):
         item = item.strip()
         if not item:

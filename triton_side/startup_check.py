@@ -36,17 +36,17 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-if __package__:
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING, which costs an import; type checkers know the name
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+if TYPE_CHECKING or __package__:  # type checkers see the package import
     from . import _cli
 else:  # a script: Python 3.11+ with -I leaves the script's folder out of sys.path
     _HERE = os.path.dirname(os.path.abspath(__file__))
     if sys.path[:1] != [_HERE]:
         sys.path.insert(0, _HERE)
     import _cli
-
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING, which costs an import; type checkers know the name
-if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
 
 PROG = "startup_check"
 
