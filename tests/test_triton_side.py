@@ -95,7 +95,7 @@ NEW_ATTRIBUTES = {
     "asyncio": {"to_thread", "TaskGroup", "timeout", "Runner"},
 }  # fmt: skip
 # Methods of built-in types added after 3.8: flagged on any object.
-NEW_METHODS = {"removeprefix", "removesuffix", "bit_count", "is_relative_to", "with_stem", "hardlink_to", "is_integer"}
+NEW_METHODS = {"removeprefix", "removesuffix", "bit_count", "is_relative_to", "with_stem", "hardlink_to"}
 # Keyword arguments added after 3.8, by the function they belong to.
 NEW_KEYWORDS = {
     "zip": {"strict"},
@@ -215,7 +215,7 @@ def py38_violations(source: str, name: str = "<source>") -> list[str]:
 
 def test_the_py38_check_catches_what_it_is_for() -> None:
     """Each kind of construct it looks for, in a file that ruff's py38 target lets through."""
-    bad = '''
+    bad = """
 from __future__ import annotations
 import math, zoneinfo
 from itertools import pairwise
@@ -227,18 +227,30 @@ def f(a: list[int], b: dict | None = None) -> tuple[int, ...]:
     isinstance(a, int | None)
     osp.splitroot("/x")
     return "xab".removeprefix("x"), math.lcm(2, 3), zip(a, a, strict=True), alias
-'''
+"""
     found = "\n".join(py38_violations(bad))
-    for needle in ("zoneinfo", "itertools.pairwise", "os.path.splitroot", "dict | dict", "dict |=",
-                   "list[...] outside", "X | Y of types", ".removeprefix()", "math.lcm", "zip(strict"):
+    for needle in (
+        "zoneinfo",
+        "itertools.pairwise",
+        "os.path.splitroot",
+        "dict | dict",
+        "dict |=",
+        "list[...] outside",
+        "X | Y of types",
+        ".removeprefix()",
+        "math.lcm",
+        "zip(strict",
+    ):
         assert needle in found, (needle, found)
     assert len(py38_violations(bad)) == 10, found  # and nothing in the annotations
     assert "not Python 3.8 syntax" in py38_violations("match x:\n    case 1: pass\n")[0]
     assert "__future__" in py38_violations("x: int = 1\n")[0]
     assert py38_violations("x = 1\n") == []
     # allowed in 3.8: the walrus, positional-only parameters, f-string "=", math.prod
-    ok = "from __future__ import annotations\nimport math\ndef g(a, /):\n    if (n := math.prod(a)) > 1:\n" \
-         "        return f'{n=}'\n"
+    ok = (
+        "from __future__ import annotations\nimport math\ndef g(a, /):\n    if (n := math.prod(a)) > 1:\n"
+        "        return f'{n=}'\n"
+    )
     assert py38_violations(ok) == []
 
 
@@ -521,11 +533,12 @@ def test_https_url_is_verified_and_read(tmp_path: Path) -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"https://localhost:{server.server_address[1]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HEALTH_", "TRITON_URL", "SSL_CERT"))}
-    try:
-        def run(extra: dict[str, str]) -> subprocess.CompletedProcess:
-            command = [sys.executable, "-I", "-S", str(FOLDER / "health.py"), "--url", url]
-            return subprocess.run(command, capture_output=True, text=True, env={**env, **extra}, timeout=30)
 
+    def run(extra: dict[str, str]) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-I", "-S", str(FOLDER / "health.py"), "--url", url]
+        return subprocess.run(command, capture_output=True, text=True, env={**env, **extra}, timeout=30)
+
+    try:
         untrusted = run({})
         assert untrusted.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stdout, untrusted.stdout
         trusted = run({"SSL_CERT_FILE": str(cert)})

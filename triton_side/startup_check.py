@@ -158,9 +158,7 @@ def options(argv: Sequence[str] | None, env: Mapping[str, str]) -> Options:
             try:
                 opts.min_cuda = parse_version(min_cuda)
             except ValueError:
-                raise UsageError(
-                    f"--min-cuda must look like 12 or 12.4 or 'none', got {min_cuda!r}"
-                ) from None
+                raise UsageError(f"--min-cuda must look like 12 or 12.4 or 'none', got {min_cuda!r}") from None
             opts.min_cuda_source = "--min-cuda/STARTUP_MIN_CUDA"
     elif env.get("CUDA_VERSION", "").strip():
         # Minor-version compatibility: any driver of the image's CUDA major version works.
@@ -248,9 +246,7 @@ def run_smi(smi: str, args: list[str], timeout: float) -> str:
         proc = subprocess.run(cmd, capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         raise SmiError(
-            Failure(
-                EXIT_DRIVER, "driver", f"`{shown}` did not answer within {timeout:g} s: the driver is hung"
-            )
+            Failure(EXIT_DRIVER, "driver", f"`{shown}` did not answer within {timeout:g} s: the driver is hung")
         ) from None
     except OSError as exc:
         raise SmiError(Failure(EXIT_DRIVER, "driver", f"cannot run {smi}: {exc.strerror or exc}")) from None
@@ -303,9 +299,7 @@ def run_checks(opts: Options, env: Mapping[str, str]) -> tuple[list[Failure], st
         )
         return failures, ""
     try:
-        gpus = parse_query(
-            run_smi(smi, [f"--query-gpu={QUERY_FIELDS}", "--format=csv,noheader,nounits"], opts.timeout)
-        )
+        gpus = parse_query(run_smi(smi, [f"--query-gpu={QUERY_FIELDS}", "--format=csv,noheader,nounits"], opts.timeout))
     except SmiError as exc:
         return [*failures, exc.failure], ""
     if len(gpus) < opts.min_gpus:
@@ -318,9 +312,7 @@ def run_checks(opts: Options, env: Mapping[str, str]) -> tuple[list[Failure], st
         wrong = [g for g in gpus if not model_matches(opts.expect_gpu, g.name)]
         if wrong:
             listed = ", ".join(f"GPU {g.index} is {g.name!r}" for g in wrong)
-            failures.append(
-                Failure(EXIT_GPU_MODEL, "gpu-model", f"{listed}; expected /{opts.expect_gpu.pattern}/")
-            )
+            failures.append(Failure(EXIT_GPU_MODEL, "gpu-model", f"{listed}; expected /{opts.expect_gpu.pattern}/"))
 
     cuda = None
     if opts.min_cuda is not None:
