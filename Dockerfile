@@ -7,8 +7,8 @@
 #
 # Two stages: "build" has pip, setuptools, a C compiler and the project source; the
 # final stage gets only the finished virtual environment (locked dependencies + our
-# wheel, no pip, no setuptools, no caches, no compilers) and the two stdlib-only scripts the
-# Triton container uses, under /opt/triton-health/. No port is exposed: the
+# wheel, no pip, no setuptools, no caches, no compilers) and the stdlib-only triton_side/
+# folder the Triton container uses, under /opt/triton-health/. No port is exposed: the
 # sidecar only sends.
 #
 # tests/test_image_install.py replays this file's "build" stage (ENV, WORKDIR,
@@ -28,6 +28,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /src
 COPY requirements.lock pyproject.toml setup.py README.md ./
 COPY exporter/ ./exporter/
+COPY triton_side/ ./triton_side/
 
 # A C compiler for the optional /metrics scanner (exporter/_scan.c, ~2x faster parsing);
 # it stays in this stage. OS packages only: the replay test skips this step.
@@ -70,7 +71,7 @@ RUN groupadd --system --gid 10001 exporter \
 
 COPY --from=build /opt/venv /opt/venv
 # Published for the Triton image: COPY --from=<this image> /opt/triton-health/ /opt/triton-health/
-COPY exporter/health.py exporter/startup_check.py /opt/triton-health/
+COPY triton_side/ /opt/triton-health/
 
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

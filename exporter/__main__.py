@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 # Commands that live in their own modules, imported only when used.
 COMMANDS = {
-    "health": "exporter.health:main",
+    "health": "triton_side.probe:main",  # the Triton-side probe, shipped in the wheel too
     "render": "exporter.render:main",
     "cost": "exporter.render.cost:main",
 }

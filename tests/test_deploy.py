@@ -124,9 +124,10 @@ def test_triton_container(taskdef):
 
 def triton_dockerfile_dest() -> str:
     text = (ROOT / "deploy" / "triton.Dockerfile").read_text()
-    copy = next(line for line in text.splitlines() if line.startswith("COPY "))
-    words = shlex.split(copy)[1:]
-    assert "exporter/health.py" in words and "exporter/startup_check.py" in words
+    copies = [line for line in text.splitlines() if line.startswith("COPY ")]
+    assert len(copies) == 1, "the Triton-side folder goes in with one COPY"
+    words = shlex.split(copies[0])[1:]
+    assert words[:-1] == ["triton_side/"], words
     return words[-1]
 
 
@@ -230,7 +231,7 @@ def run_triton_command(taskdef: dict, tmp: Path, query: str, table: str) -> tupl
     server.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{marker}"\n')
     server.chmod(0o755)
     dest = triton_dockerfile_dest().rstrip("/")
-    script = triton["command"][-1].replace(dest + "/", str(ROOT / "exporter") + "/")
+    script = triton["command"][-1].replace(dest + "/", str(ROOT / "triton_side") + "/")
     env = {
         **env_of(triton),
         "PATH": f"{tmp / 'bin'}{os.pathsep}/usr/bin{os.pathsep}/bin",
@@ -260,7 +261,7 @@ def test_triton_command_stops_with_one_line_on_the_wrong_gpu(taskdef, tmp_path):
 def run_health_check(taskdef: dict, url: str) -> subprocess.CompletedProcess:
     hc = containers(taskdef)["triton-server"]["healthCheck"]
     dest = triton_dockerfile_dest().rstrip("/")
-    cmd = [w.replace(dest + "/", str(ROOT / "exporter") + "/") for w in hc["command"][1:]]
+    cmd = [w.replace(dest + "/", str(ROOT / "triton_side") + "/") for w in hc["command"][1:]]
     env = {"PATH": os.environ["PATH"], "TRITON_URL": url}
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=hc["timeout"])
 

@@ -1,7 +1,9 @@
 """The deep health probe against real Triton servers (issue 4).
 
-The probe file is also run as a copied script under ``python -I -S`` to prove
-it needs nothing beyond the standard library, as in the stock Triton image.
+The probe runs as the script ECS runs (``triton_side/health.py``) under
+``python -I -S`` to prove it needs nothing beyond the standard library, as in
+the stock Triton image; the folder-level checks (Python 3.8, start-up cost)
+are in test_triton_side.py.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from demo.triton import TritonServer, copy_models
-from exporter import health
+from tests.test_triton_side import install_copy, python38
+from triton_side import probe as health
 
-HEALTH_PY = Path(health.__file__)
-OLDEST_PYTHON = Path("/root/.pyenv/versions/3.8.18/bin/python3.8")  # Ubuntu 20.04 Triton images
+HEALTH_PY = Path(health.__file__).with_name("health.py")  # the command; its code is probe.py
 
 
 def run_probe(*args: str, python: str = sys.executable, script: Path = HEALTH_PY, env: dict | None = None):
@@ -205,12 +207,11 @@ def test_model_whose_inference_fails_is_unhealthy(triton: TritonServer) -> None:
 
 @pytest.mark.triton
 def test_stdlib_only_copy_runs_isolated(triton: TritonServer, tmp_path: Path) -> None:
-    script = tmp_path / "opt" / "triton-health" / "health.py"
-    script.parent.mkdir(parents=True)
-    shutil.copy(HEALTH_PY, script)
+    script = install_copy(tmp_path) / "health.py"
     isolated = subprocess.run([sys.executable, "-I", "-S", "-c", "import requests"], capture_output=True)
     assert isolated.returncode != 0  # -I -S really hides the venv's packages
-    pythons = [sys.executable] + ([str(OLDEST_PYTHON)] if OLDEST_PYTHON.exists() else [])
+    oldest = python38()  # Ubuntu 20.04 Triton images; test_triton_side.py checks 3.8 statically everywhere
+    pythons = [sys.executable] + ([oldest] if oldest else [])
     for python in pythons:
         code, out, _ = run_probe("--url", triton.url, "--ignore", "broken,fails", "--smoke",
                                  python=python, script=script)  # fmt: skip

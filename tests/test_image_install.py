@@ -255,7 +255,7 @@ def test_dockerignore_lets_every_copied_file_through():
     ]
     assert not dockerignore_included(".venv/bin/python", patterns)
     assert not dockerignore_included("tests/conftest.py", patterns)
-    assert not dockerignore_included("exporter/__pycache__/health.cpython-311.pyc", patterns)
+    assert not dockerignore_included("triton_side/__pycache__/probe.cpython-311.pyc", patterns)
     # A C scanner built on the host must not reach the image: the build stage compiles its own.
     assert not dockerignore_included("exporter/_scan.cpython-311-x86_64-linux-gnu.so", patterns)
     for dockerfile in (DOCKERFILE, TRITON_DOCKERFILE):
@@ -315,10 +315,16 @@ def test_replayed_image_has_only_the_lock_and_runs_help(image):
     for name in ("TRITON_URL", "TRITON_METRICS_URL", "EXPORTER_OUTPUT", "EXPORTER_INTERVAL", "EXPORTER_NVML"):
         assert name in proc.stdout
 
-    for script in ("health.py", "startup_check.py"):  # the copies published for the Triton image
-        published = root / "opt" / "triton-health" / script
+    # the wheel carries triton_side/ for ``python -m exporter health``
+    proc = subprocess.run([*entrypoint(final, root), "health", "--help"], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0 and "HEALTH_DEADLINE" in proc.stdout, proc.stderr
+
+    published = root / "opt" / "triton-health"  # the folder published for the Triton image
+    assert sorted(p.name for p in published.iterdir()) == sorted(p.name for p in (ROOT / "triton_side").glob("*.py"))
+    for script in ("health.py", "startup_check.py"):
         proc = subprocess.run(
-            ["python3", "-I", str(published), "--help"], cwd=cwd, capture_output=True, text=True, timeout=30
+            ["python3", "-I", str(published / script), "--help"], cwd=cwd, capture_output=True, text=True, timeout=30
         )
         assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr
 

@@ -1,4 +1,4 @@
-"""exporter/startup_check.py against fake ``nvidia-smi`` binaries and fake /dev folders.
+"""triton_side/startup_check.py against fake ``nvidia-smi`` binaries and fake /dev folders.
 
 The fakes print output in the layout real drivers print (535 and 550 branches, as seen
 on g5 and g6 instances), fail the way a container without a driver fails, or hang.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import startup_check
-from exporter.startup_check import main
+from triton_side import startup_check
+from triton_side.startup_check import main
 
 SCRIPT = Path(startup_check.__file__)
 

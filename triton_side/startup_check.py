@@ -22,12 +22,12 @@ Exit codes (ECS shows them as the container's exit code): 0 all good, 2 usage er
 model, 6 driver too old for the image's CUDA, 1 a bug in this script.
 
 It runs inside the stock Triton image with its system ``python3``: standard library
-only, one file, Python 3.8+. Tests point ``--nvidia-smi`` and ``--dev-dir`` at fakes.
+only, Python 3.8+, with ``_cli.py`` from the same folder. Tests point
+``--nvidia-smi`` and ``--dev-dir`` at fakes.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import re
@@ -35,7 +35,18 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Mapping, Sequence  # noqa: UP035 - Python 3.8 in older Triton images
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING, which costs an import; type checkers know the name
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+if TYPE_CHECKING or __package__:  # type checkers see the package import
+    from . import _cli
+else:  # a script: Python 3.11+ with -I leaves the script's folder out of sys.path
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    if sys.path[:1] != [_HERE]:
+        sys.path.insert(0, _HERE)
+    import _cli
 
 PROG = "startup_check"
 
@@ -74,48 +85,36 @@ class Failure:
         return f"{PROG}: FAIL {self.check}: {self.message}"
 
 
-class UsageError(Exception):
-    """Bad flag or environment value: exit code 2."""
+UsageError = _cli.UsageError
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="startup_check.py",
-        description="Check the GPU, NVIDIA driver and CUDA version before tritonserver starts. "
-        "Exit 0 ok, 2 usage, 3 driver/devices, 4 too few GPUs, 5 wrong GPU model, 6 driver too old. "
-        "Flags win over the environment variables named in brackets.",
-    )
-    p.add_argument(
+DESCRIPTION = (
+    "Check the GPU, NVIDIA driver and CUDA version before tritonserver starts. "
+    "Exit 0 ok, 2 usage, 3 driver/devices, 4 too few GPUs, 5 wrong GPU model, 6 driver too old. "
+    "Flags win over the environment variables named in brackets."
+)
+FLAGS = (
+    _cli.Flag(
         "--expect-gpu",
         metavar="REGEX",
         help="every GPU's name must fully match, with or without its leading 'NVIDIA', "
         "case-insensitive, e.g. 'A10G|L4' or 'H100.*' [STARTUP_EXPECT_GPU] (default: any)",
-    )
-    p.add_argument(
+    ),
+    _cli.Flag(
         "--min-cuda",
         metavar="X.Y|none",
         help="lowest CUDA version the driver must support [STARTUP_MIN_CUDA] "
         "(default: the major version of $CUDA_VERSION, as the image sets it; 'none' skips the check)",
-    )
-    p.add_argument("--min-gpus", metavar="N", help="GPUs that must be visible [STARTUP_MIN_GPUS] (default 1)")
-    p.add_argument(
-        "--nvidia-smi", metavar="PATH", help="nvidia-smi to run [STARTUP_NVIDIA_SMI] (default: from PATH)"
-    )
-    p.add_argument(
-        "--dev-dir", metavar="DIR", help="where the device nodes are [STARTUP_DEV_DIR] (default /dev)"
-    )
-    p.add_argument(
+    ),
+    _cli.Flag("--min-gpus", metavar="N", help="GPUs that must be visible [STARTUP_MIN_GPUS] (default 1)"),
+    _cli.Flag("--nvidia-smi", metavar="PATH", help="nvidia-smi to run [STARTUP_NVIDIA_SMI] (default: from PATH)"),
+    _cli.Flag("--dev-dir", metavar="DIR", help="where the device nodes are [STARTUP_DEV_DIR] (default /dev)"),
+    _cli.Flag(
         "--timeout",
         metavar="SECONDS",
         help=f"limit for each nvidia-smi call [STARTUP_TIMEOUT] (default {DEFAULT_TIMEOUT:g})",
-    )
-    p.add_argument("--quiet", action="store_true", help="print nothing when every check passes")
-    return p
+    ),
+    _cli.Flag("--quiet", kind=_cli.SWITCH, help="print nothing when every check passes"),
+)
 
 
 @dataclass
@@ -140,31 +139,26 @@ def parse_version(text: str) -> tuple[int, int]:
 
 def options(argv: Sequence[str] | None, env: Mapping[str, str]) -> Options:
     """Merge flags and environment (flags win); UsageError on bad values."""
-    ns = build_parser().parse_args(argv)
+    ns = _cli.parse(FLAGS, argv, f"{PROG}.py", DESCRIPTION)
 
-    def pick(flag: str | None, var: str) -> str | None:
-        if flag is not None:
-            return flag
-        value = env.get(var, "")
-        return value if value.strip() else None
+    def pick(flag: object, var: str) -> str | None:
+        return _cli.pick(flag, var, env)
 
-    opts = Options(quiet=ns.quiet)
-    pattern = pick(ns.expect_gpu, "STARTUP_EXPECT_GPU")
+    opts = Options(quiet=bool(ns["quiet"]))
+    pattern = pick(ns["expect_gpu"], "STARTUP_EXPECT_GPU")
     if pattern is not None:
         try:
             opts.expect_gpu = re.compile(pattern, re.IGNORECASE)
         except re.error as exc:
             raise UsageError(f"--expect-gpu {pattern!r} is not a regular expression: {exc}") from None
 
-    min_cuda = pick(ns.min_cuda, "STARTUP_MIN_CUDA")
+    min_cuda = pick(ns["min_cuda"], "STARTUP_MIN_CUDA")
     if min_cuda is not None:
         if min_cuda.strip().lower() not in ("none", "off", "0"):
             try:
                 opts.min_cuda = parse_version(min_cuda)
             except ValueError:
-                raise UsageError(
-                    f"--min-cuda must look like 12 or 12.4 or 'none', got {min_cuda!r}"
-                ) from None
+                raise UsageError(f"--min-cuda must look like 12 or 12.4 or 'none', got {min_cuda!r}") from None
             opts.min_cuda_source = "--min-cuda/STARTUP_MIN_CUDA"
     elif env.get("CUDA_VERSION", "").strip():
         # Minor-version compatibility: any driver of the image's CUDA major version works.
@@ -175,7 +169,7 @@ def options(argv: Sequence[str] | None, env: Mapping[str, str]) -> Options:
         opts.min_cuda = (major, 0)
         opts.min_cuda_source = f"image CUDA_VERSION={env['CUDA_VERSION'].strip()}"
 
-    raw = pick(ns.min_gpus, "STARTUP_MIN_GPUS")
+    raw = pick(ns["min_gpus"], "STARTUP_MIN_GPUS")
     if raw is not None:
         try:
             opts.min_gpus = int(raw)
@@ -184,7 +178,7 @@ def options(argv: Sequence[str] | None, env: Mapping[str, str]) -> Options:
         if not 1 <= opts.min_gpus <= 64:
             raise UsageError(f"--min-gpus must be between 1 and 64, got {raw!r}")
 
-    raw = pick(ns.timeout, "STARTUP_TIMEOUT")
+    raw = pick(ns["timeout"], "STARTUP_TIMEOUT")
     if raw is not None:
         try:
             opts.timeout = float(raw)
@@ -193,8 +187,8 @@ def options(argv: Sequence[str] | None, env: Mapping[str, str]) -> Options:
         if not 0 < opts.timeout <= 600:
             raise UsageError(f"--timeout must be above 0 and at most 600, got {raw!r}")
 
-    opts.nvidia_smi = pick(ns.nvidia_smi, "STARTUP_NVIDIA_SMI") or "nvidia-smi"
-    opts.dev_dir = pick(ns.dev_dir, "STARTUP_DEV_DIR") or "/dev"
+    opts.nvidia_smi = pick(ns["nvidia_smi"], "STARTUP_NVIDIA_SMI") or "nvidia-smi"
+    opts.dev_dir = pick(ns["dev_dir"], "STARTUP_DEV_DIR") or "/dev"
     return opts
 
 
@@ -252,9 +246,7 @@ def run_smi(smi: str, args: list[str], timeout: float) -> str:
         proc = subprocess.run(cmd, capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         raise SmiError(
-            Failure(
-                EXIT_DRIVER, "driver", f"`{shown}` did not answer within {timeout:g} s: the driver is hung"
-            )
+            Failure(EXIT_DRIVER, "driver", f"`{shown}` did not answer within {timeout:g} s: the driver is hung")
         ) from None
     except OSError as exc:
         raise SmiError(Failure(EXIT_DRIVER, "driver", f"cannot run {smi}: {exc.strerror or exc}")) from None
@@ -307,9 +299,7 @@ def run_checks(opts: Options, env: Mapping[str, str]) -> tuple[list[Failure], st
         )
         return failures, ""
     try:
-        gpus = parse_query(
-            run_smi(smi, [f"--query-gpu={QUERY_FIELDS}", "--format=csv,noheader,nounits"], opts.timeout)
-        )
+        gpus = parse_query(run_smi(smi, [f"--query-gpu={QUERY_FIELDS}", "--format=csv,noheader,nounits"], opts.timeout))
     except SmiError as exc:
         return [*failures, exc.failure], ""
     if len(gpus) < opts.min_gpus:
@@ -322,9 +312,7 @@ def run_checks(opts: Options, env: Mapping[str, str]) -> tuple[list[Failure], st
         wrong = [g for g in gpus if not model_matches(opts.expect_gpu, g.name)]
         if wrong:
             listed = ", ".join(f"GPU {g.index} is {g.name!r}" for g in wrong)
-            failures.append(
-                Failure(EXIT_GPU_MODEL, "gpu-model", f"{listed}; expected /{opts.expect_gpu.pattern}/")
-            )
+            failures.append(Failure(EXIT_GPU_MODEL, "gpu-model", f"{listed}; expected /{opts.expect_gpu.pattern}/"))
 
     cuda = None
     if opts.min_cuda is not None:
@@ -373,11 +361,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     try:
         opts = options(argv, env)
+    except _cli.Exit as exc:  # --help
+        return exc.status
     except UsageError as exc:
-        sys.stderr.write(f"startup_check.py: error: {exc}\n")
-        return EXIT_USAGE
-    except SystemExit as exc:  # --help
-        return int(exc.code or 0)
+        return _cli.usage_error(f"{PROG}.py", exc, show_usage=False)  # one line, as every failure here
     try:
         failures, summary = run_checks(opts, env)
     except Exception as exc:  # a bug here must still leave one readable line

@@ -7,27 +7,38 @@ synthetic inference per model, then exits 0 (healthy), 1 (unhealthy) or 2
 (usage error) with one line per problem.
 
 It runs inside the stock Triton image, which has ``python3`` but none of the
-sidecar's packages: standard library only, one file, Python 3.8+ (Ubuntu 20.04
-images), runnable as ``python3 health.py`` from anywhere or as
+sidecar's packages: standard library only, Python 3.8+ (Ubuntu 20.04 images),
+started as ``python3 health.py`` (the few lines next to this file) or as
 ``python -m exporter health``. Every request shares one deadline (default 4 s,
 under ECS's 5 s timeout) so a server that accepts connections and never
 answers cannot hang the check. See docs/health.md.
+
+ECS starts it as a new process every 30 s in every task, so its start-up is
+kept small: no argparse unless the command line needs it (``_cli``), no
+dataclasses, logging or concurrent.futures, plain threads for the per-model
+checks, and ``random`` and ``ssl`` only when a check uses them.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import _socket
+import _thread
 import math
 import os
-import random
-import socket
-import sys
 import time
-import urllib.parse
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing takes milliseconds to import; type checkers know the name
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
+    R = TypeVar("R")
+
+if TYPE_CHECKING or __package__:  # type checkers see the package import
+    from . import _cli
+else:  # imported as a top-level module by health.py, from the folder it was copied to
+    import _cli
 
 DEFAULT_URL = "http://localhost:8000"
 DEFAULT_DEADLINE = 4.0
@@ -54,6 +65,122 @@ DTYPE_SIZES = {
 _UNSENDABLE = frozenset(" ?#/\\\x7f") | frozenset(chr(c) for c in range(32))
 
 
+# --- start-up cost ------------------------------------------------------------------------
+#
+# ECS starts the probe as a new process every 30 s in every task. The json, socket,
+# urllib.parse and threading packages each import re, enum or functools (and socket turns
+# hundreds of constants into enums; a str host name makes getaddrinfo load the idna codec,
+# which imports re and unicodedata): together some 40 ms, many times the probe's own requests.
+# The probe uses the C modules those packages are built on instead: _json's scanner (what
+# json.loads runs), _socket (what socket.socket subclasses) and _thread (what threading
+# wraps), plus a URL reader for the plain ``http://host:port/path`` form. Anything else
+# falls back to the package, so the results are the same; tests/test_triton_side.py
+# compares each with its package.
+
+
+class _JsonContext:
+    """The settings json.JSONDecoder hands to _json's scanner: json.loads's defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": -math.inf, "Infinity": math.inf, "NaN": math.nan}.__getitem__
+
+
+def _json_scanner() -> Callable[[str, int], tuple[object, int]] | None:
+    try:
+        from _json import make_scanner
+    except ImportError:  # not CPython: loads() uses json.loads
+        return None
+    return make_scanner(_JsonContext())  # type: ignore[arg-type]  # typeshed wants a JSONDecoder; these are its fields
+
+
+_scan_json = _json_scanner()
+
+
+def loads(data: str | bytes) -> object:
+    """``json.loads`` on the C scanner json.loads itself runs; ValueError when malformed."""
+    unusual = isinstance(data, bytes) and (data[:1] in (b"\xef", b"\xfe", b"\xff") or b"\0" in data[:4])
+    if _scan_json is None or unusual:
+        import json  # no C scanner, or a byte-order mark or UTF-16/32 for json.loads to detect
+
+        return json.loads(data)
+    text = data.decode("utf-8", "surrogatepass") if isinstance(data, bytes) else data  # as json.loads decodes
+    start, n = 0, len(text)
+    while start < n and text[start] in " \t\n\r":
+        start += 1
+    try:
+        value, end = _scan_json(text, start)
+    except StopIteration:
+        raise ValueError(f"no JSON value at character {start}") from None
+    while end < n and text[end] in " \t\n\r":
+        end += 1
+    if end != n:
+        raise ValueError(f"extra data after the JSON value at character {end}")
+    return value
+
+
+_SCHEMES = ("http", "https")
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_")
+_PATH_CHARS = frozenset(chr(c) for c in range(0x21, 0x7F)) - frozenset("?#\\[]@%")
+
+
+def split_url(url: str) -> tuple[str, str | None, int | None, str]:
+    """(scheme, host name, port, path) as ``urllib.parse.urlsplit`` reads them; ValueError for a bad port.
+
+    Reads ``scheme://host[:port][/path]`` with a plain host name or IPv4
+    address itself and hands anything else (IPv6 brackets, user info, a query,
+    percent signs, non-ASCII, spaces) to urlsplit.
+    """
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    host, _, port = netloc.partition(":")
+    if (
+        sep
+        and scheme.lower() in _SCHEMES
+        and host
+        and set(host) <= _HOST_CHARS
+        and (not port or (port.isdigit() and port.isascii()))
+        and set(path) <= _PATH_CHARS
+    ):
+        number = int(port) if port else None
+        if number is not None and number > 65535:
+            raise ValueError("Port out of range 0-65535")
+        return scheme.lower(), host.lower(), number, slash + path
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # unbalanced IPv6 brackets and the like: no host to read
+        return "", None, None, ""
+    return parts.scheme, parts.hostname, parts.port, parts.path
+
+
+def open_tcp(host: str, port: int, deadline: Deadline) -> _socket.socket:
+    """``socket.create_connection`` on _socket: each address in turn, each try bounded by the deadline."""
+    # getaddrinfo runs the idna codec on every str host; an ASCII name needs none of it.
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
+    last: OSError = OSError(f"no address for {host}")
+    for family, kind, proto, _, address in _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(deadline.left())
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            if isinstance(exc, (_socket.timeout, TimeoutError)):
+                raise  # the deadline is spent: no time for the next address
+            last = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    raise last
+
+
 # --- errors -------------------------------------------------------------------------------
 
 
@@ -61,7 +188,7 @@ class HealthError(Exception):
     """Base class for the probe's own errors."""
 
 
-class UsageError(HealthError):
+class UsageError(HealthError, _cli.UsageError):
     """Bad flag or environment value: exit code 2."""
 
 
@@ -79,14 +206,6 @@ class ProtocolError(HealthError):
 
 class Unsynthesisable(HealthError):
     """The model's inputs cannot be filled in automatically (e.g. a shape tensor)."""
-
-
-class _ParserExit(Exception):
-    """argparse wanted to exit (``--help`` or an error); carries the exit status."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(status)
-        self.status = status
 
 
 # --- deadline and a tiny HTTP/1.1 client ----------------------------------------------------
@@ -110,28 +229,31 @@ class Deadline:
         return rem
 
 
-@dataclass
 class Response:
-    status: int
-    headers: dict[str, str]
-    body: bytes
+    """One HTTP answer, read whole."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
 
     def json(self) -> object:
         try:
-            return json.loads(self.body.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
+            return loads(self.body.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError included
             raise ProtocolError(f"HTTP {self.status} with a body that is not JSON: {self.body[:80]!r}") from exc
 
     def error_text(self) -> str:
         """Triton's ``{"error": ...}`` message, or the raw body."""
         text = self.body.decode("utf-8", "replace").strip()
         try:
-            obj = json.loads(text)
+            obj = loads(text)
         except ValueError:
             return text
-        if isinstance(obj, dict) and isinstance(obj.get("error"), str):
-            return obj["error"]
-        return text
+        error = obj.get("error") if isinstance(obj, dict) else None
+        return error if isinstance(error, str) else text
 
 
 class Client:
@@ -145,22 +267,24 @@ class Client:
     """
 
     def __init__(self, url: str, deadline: Deadline) -> None:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"Triton URL must look like http://host:port, got {url!r}")
-        self.url = url.rstrip("/")
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname
         try:
-            self.port = parts.port or (443 if self.https else 80)
+            scheme, hostname, port, path = split_url(url)
         except ValueError as exc:
             raise UsageError(f"bad port in Triton URL {url!r}") from exc
-        self.prefix = parts.path.rstrip("/")
+        if scheme not in _SCHEMES or not hostname:
+            raise UsageError(f"Triton URL must look like http://host:port, got {url!r}")
+        self.url = url.rstrip("/")
+        self.https = scheme == "https"
+        self.host = hostname
+        self.port = port or (443 if self.https else 80)
+        self.prefix = path.rstrip("/")
         host = f"[{self.host}]" if ":" in self.host else self.host
-        self.host_header = host if parts.port is None else f"{host}:{self.port}"
+        self.host_header = host if port is None else f"{host}:{self.port}"
         self.deadline = deadline
 
-    def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None):
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> Response:
         """Send one request with ``Connection: close`` and return the whole Response."""
         lines = [
             f"{method} {self.prefix}{path} HTTP/1.1",
@@ -175,28 +299,30 @@ class Client:
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + (body or b"")
         what = f"{self.host}:{self.port}"
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=self.deadline.left())
-        except (socket.timeout, TimeoutError) as exc:  # noqa: UP041 - distinct classes before 3.10
+            sock = open_tcp(self.host, self.port, self.deadline)
+        except (_socket.timeout, TimeoutError) as exc:  # distinct classes before Python 3.10
             raise DeadlineExceeded(f"no TCP connection to {what} within {self.deadline.seconds:g} s") from exc
         except OSError as exc:
             raise ConnectError(f"cannot connect to {what}: {exc.strerror or exc}") from exc
         try:
             if self.https:
-                import ssl  # only needed for https URLs
+                import socket  # https only: ssl wraps a socket.socket (and imports socket anyway)
+                import ssl
 
+                sock = socket.socket(fileno=sock.detach())
                 sock.settimeout(self.deadline.left())
                 sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
             sock.settimeout(self.deadline.left())
             sock.sendall(data)  # the timeout bounds the whole sendall since Python 3.5
             return self._read(sock)
-        except (socket.timeout, TimeoutError) as exc:  # noqa: UP041
+        except (_socket.timeout, TimeoutError) as exc:
             raise DeadlineExceeded(f"no answer from {what} within {self.deadline.seconds:g} s") from exc
         except OSError as exc:
             raise ConnectError(f"connection to {what} failed: {exc.strerror or exc}") from exc
         finally:
             sock.close()
 
-    def _read(self, sock: socket.socket) -> Response:
+    def _read(self, sock: _socket.socket) -> Response:
         buf = bytearray()
         head: tuple[int, dict[str, str], int] | None = None
         while True:
@@ -274,31 +400,49 @@ def _dechunk(data: bytes) -> bytes | None:
 # --- results ----------------------------------------------------------------------------------
 
 
-@dataclass
 class Check:
     """One check's outcome; ``status`` is ok, fail or skip."""
 
-    check: str
-    status: str
-    duration_s: float = 0.0
-    detail: str = ""
-    model: str | None = None
-    version: str | None = None
-    state: str | None = None
-    reason: str | None = None
+    FIELDS = ("check", "status", "duration_s", "detail", "model", "version", "state", "reason")  # --json's keys
+    __slots__ = FIELDS
+
+    def __init__(
+        self,
+        check: str,
+        status: str,
+        duration_s: float = 0.0,
+        detail: str = "",
+        model: str | None = None,
+        version: str | None = None,
+        state: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self.check = check
+        self.status = status
+        self.duration_s = duration_s
+        self.detail = detail
+        self.model = model
+        self.version = version
+        self.state = state
+        self.reason = reason
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.FIELDS}
 
     @property
     def label(self) -> str:
         return f"{self.model}/{self.version}" if self.version else str(self.model)
 
 
-@dataclass
 class Report:
-    url: str
-    deadline_s: float
-    checks: list[Check] = field(default_factory=list)
-    duration_s: float = 0.0
-    required: list[str] = field(default_factory=list)
+    """Every check of one probe run, in order, and the versions it required."""
+
+    def __init__(self, url: str, deadline_s: float) -> None:
+        self.url = url
+        self.deadline_s = deadline_s
+        self.checks: list[Check] = []
+        self.duration_s = 0.0
+        self.required: list[str] = []
 
     @property
     def healthy(self) -> bool:
@@ -309,16 +453,18 @@ class Report:
         return check
 
 
-@dataclass
 class Options:
-    url: str = DEFAULT_URL
-    models: list[tuple[str, str | None]] | None = None  # None: every version in the index
-    ignore: list[tuple[str, str | None]] = field(default_factory=list)
-    smoke: list[tuple[str, str | None]] | None = None  # None: off; []: every required model
-    deadline: float = DEFAULT_DEADLINE
-    jobs: int = DEFAULT_JOBS
-    json: bool = False
-    quiet: bool = False
+    """The probe's settings, from flags and environment (see :func:`options`)."""
+
+    def __init__(self, json: bool = False, quiet: bool = False) -> None:
+        self.url = DEFAULT_URL
+        self.models: list[tuple[str, str | None]] | None = None  # None: every version in the index
+        self.ignore: list[tuple[str, str | None]] = []
+        self.smoke: list[tuple[str, str | None]] | None = None  # None: off; []: every required model
+        self.deadline = DEFAULT_DEADLINE
+        self.jobs = DEFAULT_JOBS
+        self.json = json
+        self.quiet = quiet
 
 
 def first_line(text: object, limit: int = REASON_MAX) -> str:
@@ -348,14 +494,15 @@ def _matches(specs: list[tuple[str, str | None]], name: str, version: str) -> bo
 # --- the checks -------------------------------------------------------------------------------
 
 
-def _timed(report: Report, check: str, fn, **ids: str):
+def _timed(report: Report, check: str, fn: Callable[[], tuple[T, str]]) -> tuple[T | None, Check]:
     """Run ``fn`` and turn the probe's errors into a failed Check; returns (value, Check)."""
     t0 = time.monotonic()
+    value: T | None
     try:
         value, detail = fn()
-        result = Check(check, "ok", time.monotonic() - t0, detail, **ids)
+        result = Check(check, "ok", time.monotonic() - t0, detail)
     except HealthError as exc:
-        value, result = None, Check(check, "fail", time.monotonic() - t0, str(exc), **ids)
+        value, result = None, Check(check, "fail", time.monotonic() - t0, str(exc))
     report.add(result)
     return value, result
 
@@ -376,7 +523,7 @@ def _live(client: Client) -> tuple[None, str]:
     return None, "HTTP 200"
 
 
-def _index(client: Client) -> tuple[list[dict], str]:
+def _index(client: Client) -> tuple[list[dict[str, Any]], str]:
     resp = client.request("POST", "/v2/repository/index", b"{}", {"Content-Type": "application/json"})
     if resp.status != 200:
         raise ProtocolError(f"POST /v2/repository/index answered HTTP {resp.status}: {first_line(resp.error_text())}")
@@ -388,7 +535,7 @@ def _index(client: Client) -> tuple[list[dict], str]:
     return body, f"{len(body)} model versions listed"
 
 
-def select(index: list[dict], opts: Options, report: Report) -> list[dict]:
+def select(index: list[dict[str, Any]], opts: Options, report: Report) -> list[dict[str, Any]]:
     """Required versions from the index; records a state check for each and returns the READY ones."""
     # Unloaded on purpose (reason "unloaded"), or never loaded: in explicit model-control mode
     # Triton lists such a repository model as {"name": ...} with no version and no state.
@@ -397,7 +544,7 @@ def select(index: list[dict], opts: Options, report: Report) -> list[dict]:
         for e in index
         if (e.get("state") == "UNAVAILABLE" and str(e.get("reason", "")).strip() == "unloaded") or "state" not in e
     }
-    required: list[dict] = []
+    required: list[dict[str, Any]] = []
     if opts.models is None:
         for e in index:
             if (e["name"], e["version"]) in unloaded:
@@ -491,7 +638,7 @@ def _ready(client: Client, name: str, version: str) -> tuple[None, str]:
     return None, "HTTP 200"
 
 
-def build_infer(meta: dict, config: dict | None) -> tuple[bytes, int]:
+def build_infer(meta: dict[str, Any], config: dict[str, Any] | None) -> tuple[bytes, int]:
     """Request body (JSON header + zero tensors) and the JSON header length.
 
     Inputs come from the model's metadata: every input that the config does not
@@ -529,7 +676,11 @@ def build_infer(meta: dict, config: dict | None) -> tuple[bytes, int]:
         raise Unsynthesisable(f"inputs would need {total} bytes (limit {MAX_SMOKE_BYTES})")
     params: dict[str, object] = {"binary_data_output": True}
     if config.get("sequence_batching"):
+        import random  # only sequence models need it
+
         params.update(sequence_id=random.randint(1 << 40, 1 << 48), sequence_start=True, sequence_end=True)
+    import json  # only a smoke inference writes JSON
+
     header = json.dumps({"id": "triton-health", "inputs": inputs, "parameters": params}).encode()
     return header + bytes(total), len(header)
 
@@ -568,7 +719,7 @@ def _smoke(client: Client, name: str, version: str, explicit: bool) -> tuple[str
         )
     n = resp.headers.get("inference-header-content-length")
     try:
-        out = json.loads(resp.body[: int(n)] if n else resp.body)
+        out = loads(resp.body[: int(n)] if n else resp.body)
     except ValueError as exc:
         raise ProtocolError("inference answered 200 with an unreadable body") from exc
     outputs = out.get("outputs") if isinstance(out, dict) else None
@@ -577,7 +728,7 @@ def _smoke(client: Client, name: str, version: str, explicit: bool) -> tuple[str
     return "ok", f"HTTP 200 with {len(outputs)} output(s) in {ms:.0f} ms"
 
 
-def _version_checks(client: Client, e: dict, smoke: bool, explicit: bool) -> list[Check]:
+def _version_checks(client: Client, e: dict[str, Any], smoke: bool, explicit: bool) -> list[Check]:
     name, version = e["name"], e["version"]
     out: list[Check] = []
     t0 = time.monotonic()
@@ -599,6 +750,46 @@ def _version_checks(client: Client, e: dict, smoke: bool, explicit: bool) -> lis
             status, detail = "fail", str(exc)
         out.append(Check("smoke", status, time.monotonic() - t0, detail, name, version, "READY"))
     return out
+
+
+def run_parallel(fn: Callable[[T], R], items: Sequence[T], jobs: int) -> list[R]:
+    """``fn`` of every item, results in order, at most ``jobs`` at a time; a call's exception is raised here.
+
+    What ``ThreadPoolExecutor.map`` does (every call runs, the first failing
+    one in order raises), on _thread: see "start-up cost" above.
+    """
+    if jobs <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    results: dict[int, R] = {}
+    errors: dict[int, BaseException] = {}
+    todo = iter(range(len(items)))
+    lock = _thread.allocate_lock()
+
+    def work(done: _thread.LockType) -> None:
+        try:
+            while True:
+                with lock:
+                    i = next(todo, None)
+                if i is None:
+                    return
+                try:
+                    results[i] = fn(items[i])
+                except BaseException as exc:  # handed to the caller below, as pool.map would
+                    errors[i] = exc
+        finally:
+            done.release()
+
+    workers = []
+    for _ in range(min(jobs, len(items))):
+        done = _thread.allocate_lock()
+        done.acquire()
+        _thread.start_new_thread(work, (done,))
+        workers.append(done)
+    for done in workers:
+        done.acquire()  # released when that worker has finished
+    if errors:
+        raise errors[min(errors)]
+    return [results[i] for i in range(len(items))]
 
 
 def probe(opts: Options, start: float | None = None) -> Report:
@@ -646,9 +837,7 @@ def probe(opts: Options, start: float | None = None) -> Report:
         for e in ready:
             wanted = smoke_all or _matches(smoke_specs, e["name"], e["version"])
             jobs.append((e, opts.smoke is not None and wanted, not smoke_all and wanted))
-        workers = max(1, min(opts.jobs, len(jobs)))
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(lambda j: _version_checks(client, *j), jobs))
+        results = run_parallel(lambda job: _version_checks(client, *job), jobs, opts.jobs)
         flat = [c for r in results for c in r]
         report.checks += [c for c in flat if c.check == "ready"] + [c for c in flat if c.check == "smoke"]
         return report
@@ -709,6 +898,8 @@ def render_text(report: Report) -> str:
 
 
 def render_json(report: Report) -> str:
+    import json  # only --json needs it
+
     doc = {
         "healthy": report.healthy,
         "url": report.url,
@@ -716,7 +907,7 @@ def render_json(report: Report) -> str:
         "duration_s": round(report.duration_s, 4),
         "required": report.required,
         "failed": sum(c.status == "fail" for c in report.checks),
-        "checks": [dict(asdict(c), duration_s=round(c.duration_s, 4)) for c in report.checks],
+        "checks": [dict(c.as_dict(), duration_s=round(c.duration_s, 4)) for c in report.checks],
         "summary": render_text(report).splitlines()[-1],
     }
     return json.dumps(doc, ensure_ascii=False)
@@ -725,21 +916,9 @@ def render_json(report: Report) -> str:
 # --- command line -----------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    def exit(self, status: int = 0, message: str | None = None):  # type: ignore[override]
-        if message:
-            sys.stderr.write(message)
-        raise _ParserExit(status)
-
-    def error(self, message: str):  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
-        raise _ParserExit(2)
-
-
 def parse_specs(text: str, what: str) -> list[tuple[str, str | None]]:
     """``add,text/2`` → [("add", None), ("text", "2")]; a version follows the last slash."""
-    specs = []
+    specs: list[tuple[str, str | None]] = []
     for item in text.split(","):
         item = item.strip()
         if not item:
@@ -754,69 +933,62 @@ def parse_specs(text: str, what: str) -> list[tuple[str, str | None]]:
     return specs
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="health.py",
-        description="Deep health check for a Triton container: liveness, every required model version "
-        "READY, optional smoke inference. Exit 0 healthy, 1 unhealthy, 2 usage error. "
-        "Flags win over the environment variables named in brackets.",
-    )
-    p.add_argument("--url", "--triton-url", dest="url",
-                   help=f"Triton HTTP endpoint [TRITON_URL] (default {DEFAULT_URL})")
-    p.add_argument(
+PROG = "health.py"
+DESCRIPTION = (
+    "Deep health check for a Triton container: liveness, every required model version "
+    "READY, optional smoke inference. Exit 0 healthy, 1 unhealthy, 2 usage error. "
+    "Flags win over the environment variables named in brackets."
+)
+FLAGS = (
+    _cli.Flag("--url", "--triton-url", help=f"Triton HTTP endpoint [TRITON_URL] (default {DEFAULT_URL})"),
+    _cli.Flag(
         "--models",
-        action="append",
+        kind=_cli.APPEND,
         metavar="M[,M/V...]",
         help="models that must be ready, MODEL or MODEL/VERSION, comma-separated [HEALTH_MODELS] "
         "(default: every version in the repository index except those unloaded on purpose)",
-    )
-    p.add_argument(
-        "--ignore",
-        action="append",
-        metavar="M[,M/V...]",
-        help="models or versions never checked [HEALTH_IGNORE]",
-    )
-    p.add_argument(
+    ),
+    _cli.Flag(
+        "--ignore", kind=_cli.APPEND, metavar="M[,M/V...]", help="models or versions never checked [HEALTH_IGNORE]"
+    ),
+    _cli.Flag(
         "--smoke",
-        nargs="?",
+        kind=_cli.OPTIONAL,
         const="all",
         metavar="all|M[,M/V...]",
         help="send one synthetic inference to every required model (no value or 'all') or to "
         "the named ones [HEALTH_SMOKE]",
-    )
-    p.add_argument("--no-smoke", action="store_true", help="no smoke inference, whatever HEALTH_SMOKE says")
-    p.add_argument(
+    ),
+    _cli.Flag("--no-smoke", kind=_cli.SWITCH, help="no smoke inference, whatever HEALTH_SMOKE says"),
+    _cli.Flag(
         "--deadline",
         metavar="SECONDS",
         help=f"overall time limit [HEALTH_DEADLINE] (default {DEFAULT_DEADLINE:g}, under ECS's 5 s)",
-    )
-    p.add_argument("--jobs", metavar="N", help=f"concurrent per-model checks [HEALTH_JOBS] (default {DEFAULT_JOBS})")
-    p.add_argument("--json", action="store_true", help="print one JSON document with every check")
-    p.add_argument("--quiet", action="store_true", help="print nothing when healthy")
-    return p
+    ),
+    _cli.Flag("--jobs", metavar="N", help=f"concurrent per-model checks [HEALTH_JOBS] (default {DEFAULT_JOBS})"),
+    _cli.Flag("--json", kind=_cli.SWITCH, help="print one JSON document with every check"),
+    _cli.Flag("--quiet", kind=_cli.SWITCH, help="print nothing when healthy"),
+)
 
 
-def options(argv: list[str] | None, env: Mapping[str, str] | None = None) -> Options:
-    """Merge flags and environment variables (flags win); UsageError on bad values."""
+def options(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) -> Options:
+    """Merge flags and environment variables (flags win); UsageError on bad values, _cli.Exit after --help."""
     env = os.environ if env is None else env
-    ns = build_parser().parse_args(argv)
+    ns = _cli.parse(FLAGS, argv, PROG, DESCRIPTION)
 
     def pick(flag: object, var: str) -> str | None:
-        if flag is not None:
-            return ",".join(flag) if isinstance(flag, list) else str(flag)
-        value = env.get(var)
-        return value if value is not None and value.strip() != "" else None
+        return _cli.pick(flag, var, env)
 
-    opts = Options(json=ns.json, quiet=ns.quiet)
-    opts.url = (pick(ns.url, "TRITON_URL") or DEFAULT_URL).strip()
-    models = pick(ns.models, "HEALTH_MODELS")
+    opts = Options(json=bool(ns["json"]), quiet=bool(ns["quiet"]))
+    opts.url = (pick(ns["url"], "TRITON_URL") or DEFAULT_URL).strip()
+    models = pick(ns["models"], "HEALTH_MODELS")
     if models is not None:
         opts.models = parse_specs(models, "--models/HEALTH_MODELS")
         if not opts.models:
             raise UsageError("--models/HEALTH_MODELS names no model")
-    ignore = pick(ns.ignore, "HEALTH_IGNORE")
+    ignore = pick(ns["ignore"], "HEALTH_IGNORE")
     opts.ignore = parse_specs(ignore, "--ignore/HEALTH_IGNORE") if ignore else []
-    smoke = None if ns.no_smoke else pick(ns.smoke, "HEALTH_SMOKE")
+    smoke = None if ns["no_smoke"] else pick(ns["smoke"], "HEALTH_SMOKE")
     if smoke is not None:
         low = smoke.strip().lower()
         if low in ("all", "*", "1", "true", "yes", "on"):
@@ -824,8 +996,8 @@ def options(argv: list[str] | None, env: Mapping[str, str] | None = None) -> Opt
         elif low not in ("0", "false", "no", "off", "none"):
             opts.smoke = parse_specs(smoke, "--smoke/HEALTH_SMOKE")
     for attr, var, flag, conv, lo, hi in (
-        ("deadline", "HEALTH_DEADLINE", ns.deadline, float, 0.0, 3600.0),
-        ("jobs", "HEALTH_JOBS", ns.jobs, int, 1, 64),
+        ("deadline", "HEALTH_DEADLINE", ns["deadline"], float, 0.0, 3600.0),
+        ("jobs", "HEALTH_JOBS", ns["jobs"], int, 1, 64),
     ):
         raw = pick(flag, var)
         if raw is None:
@@ -841,16 +1013,15 @@ def options(argv: list[str] | None, env: Mapping[str, str] | None = None) -> Opt
     return opts
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point for ``python3 health.py`` and ``python -m exporter health``; returns the exit code."""
     start = time.monotonic()
     try:
         opts = options(argv)
-    except _ParserExit as exc:
+    except _cli.Exit as exc:
         return exc.status
-    except UsageError as exc:
-        sys.stderr.write(f"health.py: error: {exc}\n")
-        return 2
+    except _cli.UsageError as exc:
+        return _cli.usage_error(PROG, exc)
     try:
         report = probe(opts, start)
     except Exception as exc:  # a probe bug must still give ECS a clear "unhealthy" line
@@ -859,7 +1030,3 @@ def main(argv: list[str] | None = None) -> int:
     if not (opts.quiet and report.healthy):
         print(render_json(report) if opts.json else render_text(report), flush=True)
     return 0 if report.healthy else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
