@@ -221,6 +221,8 @@ def _metric(raw: dict[str, Any], families: Mapping[str, Family], where: _Where) 
     if not isinstance(help_text, str) or not help_text.strip():
         raise where.error("help must be a non-empty string")
     combine = _enum(raw, "combine", Combine, where, "sum")
+    if kind in (Kind.STATE, Kind.SELF) and (raw.get("inputs") or raw.get("denominators")):
+        raise where.error(f"kind {kind} takes no inputs (the exporter computes it)")
     inputs = _inputs(raw.get("inputs", []), "inputs", kind, scope, families, where)
     denominators = _inputs(raw.get("denominators", []), "denominators", kind, scope, families, where)
     guard = None
@@ -229,8 +231,6 @@ def _metric(raw: dict[str, Any], families: Mapping[str, Family], where: _Where) 
             raise where.error("guard is only for kind quantile")
         guard = _inputs([raw["guard"]], "guard", Kind.DELTA, scope, families, where)[0]
     if kind in (Kind.STATE, Kind.SELF):
-        if inputs or denominators:
-            raise where.error(f"kind {kind} takes no inputs (the exporter computes it)")
         known = STATE_METRICS if kind is Kind.STATE else SELF_METRICS
         if name not in known:
             raise where.error(f"kind {kind} is only for the exporter's own metrics ({', '.join(sorted(known))})")

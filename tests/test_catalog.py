@@ -1,0 +1,253 @@
+"""The catalog as data: the built-in packs, user files, overrides, drops, selection, and every refusal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from exporter.catalog import BUILTIN_PACKS, Catalog, CatalogError, Kind, Scope, build, parse_selection
+from exporter.catalog.load import FAMILY_KEYS, METRIC_KEYS, SELF_METRICS, STATE_METRICS
+from exporter.render.docsgen import FAMILY_KEYS_DOC, METRIC_KEYS_DOC, example_catalog
+
+from .helpers import CATALOG
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CUSTOM = """
+[families]
+"app:queue_depth" = { type = "gauge", labels = ["model", "version", "queue"] }
+"app:jobs_total" = { type = "counter", labels = ["model", "version"] }
+
+[[metric]]
+name = "AppQueueDepthHigh"
+scope = "model"
+unit = "Count"
+kind = "gauge"
+inputs = [{ family = "app:queue_depth", split = "queue", select = "high" }]
+help = "Jobs waiting in the high-priority queue."
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "user.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_builtin_packs_hold_the_core_and_llm_metrics() -> None:
+    names = [m.name for m in CATALOG.metrics]
+    assert len(names) == len(set(names))
+    assert {"RequestSuccess", "GpuUtilization", "ExporterHeartbeat", "TimeToFirstToken", "KvCacheUtilization",
+            "GenerationTokensPerSecond", "InterTokenLatency", "RequestsWaiting"} <= set(names)
+    core = build(packs=("core",))
+    assert "KvCacheUtilization" not in [m.name for m in core.metrics]
+    # The LLM pack replaces the core time to first token: vLLM's histogram first, Triton's second.
+    assert [i.family for i in core.get("TimeToFirstToken").inputs] == ["nv_inference_first_response_histogram_ms"]
+    ttft = CATALOG.get("TimeToFirstToken")
+    assert [i.family for i in ttft.inputs] == ["vllm:time_to_first_token_seconds",
+                                               "nv_inference_first_response_histogram_ms"]
+    assert ttft.inputs[0].scale == 1000.0 and ttft.kind is Kind.DISTRIBUTION and ttft.origin.startswith("llm.toml")
+    assert CATALOG.files == tuple(f"{p}.toml (built in)" for p in BUILTIN_PACKS)
+
+
+def test_state_and_self_metrics_are_exactly_what_the_pipeline_provides() -> None:
+    from exporter.selfmetrics import Bookkeeping, SourceStatus, exporter_values, index_values
+    from exporter.sources import SourceKind, VersionState
+
+    given = exporter_values(Bookkeeping(1.0, 2, 3, 4, 5, 6, 7), [SourceStatus("s", SourceKind.TRITON, True, 1.0)])
+    given |= index_values([VersionState("a", "1", "READY"), VersionState("b", "1", "UNAVAILABLE", "x")],
+                          {"k": VersionState("a", "1", "READY")})
+    assert set(given) == SELF_METRICS | STATE_METRICS
+    assert {m.name for m in CATALOG.metrics if m.kind in (Kind.STATE, Kind.SELF)} == SELF_METRICS | STATE_METRICS
+
+
+def test_wanted_and_counter_samples_follow_the_catalog() -> None:
+    wanted = CATALOG.wanted_samples()
+    assert "vllm:time_to_first_token_seconds_bucket" in wanted and "vllm:time_to_first_token_seconds_sum" in wanted
+    assert "nv_llm_output_token_len_sum" in wanted and "nv_trt_llm_kv_cache_block_metrics" in wanted
+    assert not any(s.startswith("nvml_") for s in wanted)  # NVML's series come from its own source
+    assert "nvml_gpu_utilization_percent" in CATALOG.wanted_samples("nvml")
+    counters = CATALOG.counter_samples()
+    assert "vllm:time_to_first_token_seconds_bucket" in counters and "nv_inference_request_success" in counters
+    assert "nv_trt_llm_kv_cache_block_metrics" not in counters and "nv_inference_pending_request_count" not in counters
+    # vllm:request_params_n is declared but no metric reads it: the reader skips it.
+    assert not any(s.startswith("vllm:request_params_n") for s in wanted)
+
+
+def test_a_user_file_adds_a_metric_for_a_custom_family(tmp_path: Path) -> None:
+    catalog = build([write(tmp_path, CUSTOM)])
+    m = catalog.get("AppQueueDepthHigh")
+    assert m is not None and m.scope is Scope.MODEL and m.inputs[0].where == ("queue", "high")
+    assert m.origin == str(tmp_path / "user.toml") and m.source == "triton"
+    assert "app:queue_depth" in catalog.wanted_samples()
+    assert len(catalog.metrics) == len(CATALOG.metrics) + 1
+
+
+def test_the_shipped_example_file_loads_and_is_the_documented_one() -> None:
+    path = ROOT / "exporter" / "catalog" / "example.toml"
+    catalog = build([path])
+    assert {"PromptCacheHits", "PromptCacheHitsPerSecond", "ToolCallTime"} <= {m.name for m in catalog.metrics}
+    assert catalog.get("ToolCallTime").kind is Kind.DISTRIBUTION
+    assert example_catalog() == path.read_text()
+    assert example_catalog() in (ROOT / "docs" / "metrics.md").read_text()
+
+
+def test_override_replaces_and_drop_removes(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        drop = ["RequestFailureCanceled", "GpuLost"]
+
+        [[metric]]
+        name = "PendingRequests"
+        override = true
+        scope = "model"
+        unit = "Count"
+        kind = "gauge"
+        combine = "max"
+        inputs = ["nv_inference_pending_request_count"]
+        help = "Worst GPU instance's queue."
+    """)
+    catalog = build([path])
+    names = [m.name for m in catalog.metrics]
+    assert "RequestFailureCanceled" not in names and "GpuLost" not in names
+    assert catalog.get("PendingRequests").combine.value == "max"
+    before = [m.name for m in CATALOG.metrics if m.name not in ("RequestFailureCanceled", "GpuLost")]
+    assert names == before  # replaced in place: the order (and so the EMF directives) stays
+
+
+# --- refusals: one line naming the file, the entry and the problem -----------------------------
+
+BASE = """
+[[metric]]
+name = "X"
+scope = "model"
+unit = "Count"
+kind = "delta"
+inputs = ["nv_inference_count"]
+help = "x"
+"""
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({"kind": '"sum_of_squares"'}, "unknown kind 'sum_of_squares'"),
+    ({"unit": '"Watts"'}, "unit 'Watts' is not a CloudWatch unit"),
+    ({"name": '"RequestSuccess"'}, "duplicate EMF name (already defined in core.toml (built in))"),
+    ({"kind": '"ratio"'}, "a ratio needs denominators"),
+    ({"name": '"' + "N" * 256 + '"'}, "name is 256 characters; CloudWatch allows 255"),
+    ({"name": '"model"'}, "name must start with an upper-case letter"),
+    ({"inputs": '[{ family = "nv_inference_count", split = "reason", select = "BACKEND" }]'},
+     "family 'nv_inference_count' has no label 'reason' to split on"),
+    ({"inputs": '["nv_no_such_family"]'}, "unknown family 'nv_no_such_family'"),
+    ({"inputs": '["nv_inference_pending_request_count"]'}, "kind delta cannot read gauge family"),
+    ({"inputs": '["vllm:time_to_first_token_seconds"]'}, "use sample = \"sum\" or \"count\""),
+    ({"scope": '"gpu"'}, "scope gpu needs a family labelled gpu_uuid"),
+    ({"scope": '"task"'}, "scope task cannot read 'nv_inference_count'"),
+    ({"scope": '"pod"'}, "unknown scope 'pod'"),
+    ({"rollups": '[["gpu"]]'}, "must be a subset of the scope's dimensions"),
+    ({"colour": '"red"'}, "unknown key(s) ['colour']"),
+    ({"kind": '"percentile"', "inputs": '["vllm:time_to_first_token_seconds"]'}, "a percentile needs quantile"),
+    ({"kind": '"self"'}, "kind self takes no inputs"),
+    ({"breakdown_of": '"NoSuchTotal"'}, "breakdown_of 'NoSuchTotal': no such metric"),
+    ({"combine": '"max"', "name": '"ExecutionsMax"', "inputs": '["nv_inference_exec_count"]'},
+     "combines 'nv_inference_exec_count' by max but 'ExecutionCount' combines it by sum"),
+    ({"help": '""'}, "help must be a non-empty string"),
+])
+def test_invalid_user_files_are_refused_naming_file_entry_and_problem(tmp_path: Path, change: dict[str, str],
+                                                                       problem: str) -> None:
+    fields = {"name": '"X"', "scope": '"model"', "unit": '"Count"', "kind": '"delta"',
+              "inputs": '["nv_inference_count"]', "help": '"x"', **change}
+    path = write(tmp_path, "[[metric]]\n" + "\n".join(f"{k} = {v}" for k, v in fields.items()) + "\n")
+    with pytest.raises(CatalogError) as err:
+        build([path])
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: metric "), message
+    assert problem in message, message
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("[[metric]\nname = 1", "not valid TOML"),
+    ("colour = 1", "unknown top-level key(s) ['colour']"),
+    ('drop = ["NoSuchMetric"]', "drop: no metric named 'NoSuchMetric'"),
+    ('[families]\n"bad name" = { type = "gauge" }', "family 'bad name': not a Prometheus metric name"),
+    ('[families]\nx = { type = "enum" }', "type must be one of"),
+    ('[families]\nx = { type = "histogram", labels = ["le"] }', "a histogram carries 'le' by itself"),
+    ('[families]\nnv_inference_count = { type = "gauge", labels = ["model", "version"] }',
+     "declared differently in an earlier file"),
+    (BASE.replace('name = "X"', 'name = "X"\noverride = true'), "override = true, but no earlier file"),
+    (BASE + BASE, "duplicate EMF name in this file"),
+])
+def test_invalid_file_shapes_are_refused(tmp_path: Path, text: str, problem: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(CatalogError) as err:
+        build([path])
+    assert str(err.value).startswith(f"{path}: ") and problem in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unreadable_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match=r"cannot read catalog file"):
+        build([tmp_path / "missing.toml"])
+
+
+def test_bad_catalog_stops_the_sidecar_at_start_with_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE.replace('unit = "Count"', 'unit = "Watts"'))
+    proc = subprocess.run([sys.executable, "-m", "exporter", "--once", "--catalog", str(path),
+                           "--triton-url", "http://127.0.0.1:9", "--metrics-url", "http://127.0.0.1:9/metrics"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error: invalid catalog: {path}: metric 'X': unit 'Watts'")
+    # the variable works the same way
+    proc = subprocess.run([sys.executable, "-m", "exporter", "--once"], capture_output=True, text=True, timeout=60,
+                          env={"EXPORTER_CATALOG": str(path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2 and "unit 'Watts'" in proc.stderr
+
+
+# --- selection -----------------------------------------------------------------------------------
+
+
+def test_selection_patterns_apply_left_to_right() -> None:
+    names = ["RequestSuccess", "RequestFailure", "RequestFailureBackend", "ComputeLatencyAvg", "GpuUtilization"]
+    assert parse_selection("-RequestFailure*,-Compute*", names) == ["RequestSuccess", "GpuUtilization"]
+    assert parse_selection("Gpu*,RequestSuccess", names) == ["RequestSuccess", "GpuUtilization"]
+    assert parse_selection("Request*,-RequestFailure?*", names) == ["RequestSuccess", "RequestFailure"]
+    assert parse_selection("-RequestFailure*,RequestFailure", names) == [
+        "RequestSuccess", "RequestFailure", "ComputeLatencyAvg", "GpuUtilization"]
+    with pytest.raises(CatalogError, match="pattern 'Gpus\\*' matches no metric"):
+        parse_selection("-Gpus*", names)
+    with pytest.raises(CatalogError, match="empty pattern"):
+        parse_selection("Gpu*,,RequestSuccess", names)
+
+
+def test_selection_keeps_breakdown_totals_computed_but_not_emitted() -> None:
+    catalog = CATALOG.select("-RequestFailure")
+    assert catalog.get("RequestFailure") is None and catalog.definition("RequestFailure") is not None
+    assert catalog.emits("RequestFailureBackend")
+    assert "RequestFailure" in [m.name for m in catalog.computed]  # the reasons' zeros still need their total
+    assert len(catalog.defined) == len(CATALOG.defined)
+
+
+def test_catalog_command_honours_catalog_and_selection(tmp_path: Path) -> None:
+    path = write(tmp_path, CUSTOM)
+    proc = subprocess.run([sys.executable, "-m", "exporter", "catalog", "--catalog", str(path), "--metrics",
+                           "App*,RequestSuccess"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines[:-1]] == ["RequestSuccess", "AppQueueDepthHigh"]
+    assert lines[-1] == f"2 of {len(CATALOG.defined) + 1} metrics selected"
+    proc = subprocess.run([sys.executable, "-m", "exporter", "catalog", "--metrics", "Nope*"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "matches no metric" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_docs_describe_every_schema_key() -> None:
+    assert {k for k, _ in FAMILY_KEYS_DOC} == FAMILY_KEYS
+    assert {k for k, _ in METRIC_KEYS_DOC} == METRIC_KEYS
+
+
+def test_an_empty_catalog_is_a_catalog() -> None:
+    empty = Catalog((), {})
+    assert len(empty) == 0 and empty.wanted_samples() == frozenset() and empty.get("X") is None
