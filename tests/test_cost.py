@@ -15,7 +15,7 @@ from exporter.promtext import Parser
 from exporter.render import cost
 from exporter.sources import Collected, VersionState
 from exporter.sources.nvml import NvmlSource
-from exporter.sources.nvml_fake import FakeNvml, gpus
+from tests.nvml_fake import FakeNvml, gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 

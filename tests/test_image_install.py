@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -321,6 +322,43 @@ def test_replayed_image_has_only_the_lock_and_runs_help(image):
             ["python3", "-I", str(published), "--help"], cwd=cwd, capture_output=True, text=True, timeout=30
         )
         assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr
+
+
+# Test-only code by its name: fakes, mocks, test modules, the dashboard/alarm reference reader.
+TEST_ONLY = re.compile(r"(^|_)(tests?|fakes?|mocks?|conftest|refs)(_|$)")
+
+
+def is_test_only(path: str) -> bool:
+    """A module path that names test-only code, or that imports the tests' package."""
+    stem = path.rsplit("/", 1)[-1].split(".", 1)[0]
+    return bool(TEST_ONLY.search(stem)) or any(part in ("tests", "test") for part in path.split("/")[:-1])
+
+
+def test_test_only_rule_catches_what_used_to_ship():
+    assert is_test_only("exporter/sources/nvml_fake.py") and is_test_only("exporter/render/refs.py")
+    assert is_test_only("tests/helpers.py") and is_test_only("exporter/test_x.py")
+    assert not is_test_only("exporter/sources/nvml.py") and not is_test_only("exporter/render/dashboard.py")
+
+
+@pytest.mark.slow
+def test_wheel_and_image_hold_only_what_runs(image):
+    """The wheel the image build made (and the image's installed copy) has no fake or test-only module."""
+    root, _ = image
+    wheels = list((root / "opt" / "build" / "dist").glob("*.whl"))
+    assert len(wheels) == 1, wheels
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    modules = [n for n in names if n.endswith((".py", ".c", ".so"))]
+    assert {"exporter/__main__.py", "exporter/sources/nvml.py", "exporter/render/dashboard.py"} <= set(modules)
+    others = {n.split("/")[0] for n in names if not n.startswith("exporter/")}
+    assert len(others) == 1 and others.pop().endswith(".dist-info"), "the wheel holds only the exporter package"
+    assert [n for n in modules if is_test_only(n)] == []
+    importers = re.compile(r"^\s*(from|import)\s+tests\b", re.MULTILINE)
+    with zipfile.ZipFile(wheels[0]) as whl:
+        assert [n for n in modules if n.endswith(".py") and importers.search(whl.read(n).decode())] == []
+    site = next((root / "opt" / "venv" / "lib").glob("python3*/site-packages"))
+    installed = sorted(p.relative_to(site).as_posix() for p in (site / "exporter").rglob("*")
+                       if p.is_file() and "__pycache__" not in p.parts)
+    assert installed == sorted(n for n in names if n.startswith("exporter/") and not n.endswith("/"))
 
 
 @pytest.mark.slow

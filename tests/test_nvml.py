@@ -13,8 +13,8 @@ from demo.payloads import triton_metrics
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.sources import SourceError
-from exporter.sources import nvml_fake as fk
 from exporter.sources.nvml import NVML_CALLS, NvmlSource, make_nvml_source, select
+from tests import nvml_fake as fk
 from tests.helpers import IndexSource, TextSource, documents
 
 U = fk.UUIDS
