@@ -9,7 +9,8 @@
     python -m exporter validate FILE         check EMF documents (one per line)
 
 Exit codes: 0 done, 1 runtime failure (Triton unreachable in --once, output
-closed), 2 invalid settings or usage.
+closed), 2 invalid settings or usage, or a required source that cannot start
+(``--nvml on`` without NVML).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .pipeline import Pipeline
 from .promtext import Parser
 from .runner import Runner, TritonUnreachable, run_once
 from .sinks import SinkClosed, StreamSink, make_sink
-from .sources import Source
+from .sources import Source, SourceRequired
 from .sources.ecs import EcsMetadataSource
 from .sources.http import make_session
 from .sources.triton import TritonIndexSource, TritonMetricsSource
@@ -61,9 +62,13 @@ def build_sources(settings: Settings) -> list[Source]:
 
 
 def _nvml_source(settings: Settings) -> Source | None:
+    """The NVML source; raises SourceRequired under ``--nvml on`` when NVML cannot start."""
     try:
         from .sources.nvml import make_nvml_source
-    except ImportError:
+    except ImportError as exc:
+        if settings.nvml == "on":
+            raise SourceRequired(f"--nvml on (EXPORTER_NVML=on) needs the NVML source, which cannot load: {exc}") \
+                from None
         return None
     return make_nvml_source(settings)
 
@@ -135,7 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"error: invalid setting: {exc}\n")
         return 2
     logs.setup(settings.log_level or ("error" if settings.once else "info"))
-    pipeline = Pipeline(settings, build_sources(settings))
+    try:
+        sources = build_sources(settings)
+    except SourceRequired as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    pipeline = Pipeline(settings, sources)
     if settings.once:
         try:
             run_once(pipeline, StreamSink(), settings.interval, sys.stderr)

@@ -135,7 +135,8 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
     ("buffer_events", "--buffer-events", ("EXPORTER_BUFFER_EVENTS",), _positive(int),
      "tcp/udp sink: events held while the agent is away; oldest dropped (and counted) beyond"),
     ("nvml", "--nvml", ("EXPORTER_NVML",), _choice("auto", "on", "off"),
-     "GPU telemetry from NVML: auto (use if present), on (warn when missing), off"),
+     "GPU telemetry from NVML: auto (use if present; if not, report it down and retry every 300 s), "
+     "on (required: exit 2 at start when NVML cannot initialise), off"),
     ("storage_resolution", "--storage-resolution", ("EXPORTER_STORAGE_RESOLUTION",), _resolution,
      "60 (standard) or 1 (high-resolution metrics, billed higher)"),
     ("ecs_metadata_url", "--ecs-metadata-url", ("ECS_CONTAINER_METADATA_URI_V4",), _url,

@@ -34,7 +34,7 @@ from typing import Any
 from ..config import Settings
 from ..logs import get
 from ..promtext import Exposition, LabelSet
-from . import Collected, GpuInfo, SourceError
+from . import Collected, GpuInfo, SourceError, SourceRequired
 
 log = get("nvml")
 
@@ -576,7 +576,12 @@ def make_nvml_source(
 ) -> NvmlSource | None:
     """The NVML source for ``settings.nvml`` ("off": None).
 
-    When NVML cannot start, the source is kept either way: one warning at
+    ``on``: NVML is required; when it cannot start, :class:`SourceRequired`
+    names the cause and the sidecar does not run (a GPU task deployed without
+    the driver mounted is a deployment error to see at once, not a gap on a
+    dashboard). Once started, a later NVML failure is handled as under ``auto``.
+
+    ``auto``: when NVML cannot start, the source is kept: one warning at
     start, ``SourceUp{source=nvml}=0`` with the reason every cycle, and a
     slow retry; Triton's metrics keep flowing. On a host that has no GPU at
     all (no library or driver and nothing in /dev or NVIDIA_VISIBLE_DEVICES
@@ -592,6 +597,9 @@ def make_nvml_source(
     try:
         source.start()
     except NvmlUnavailable as exc:
+        if settings.nvml == "on":
+            raise SourceRequired(f"--nvml on (EXPORTER_NVML=on) needs NVML, which is unavailable: {exc.reason}; "
+                                 "--nvml auto runs without it and retries") from None
         if exc.code in _ABSENT and not gpu_hints(environ, dev):
             log.warning("NVML unavailable (%s) and no GPU device or NVIDIA_VISIBLE_DEVICES in this container: "
                         "GPU telemetry from NVML is off until it appears (retrying every %gs); on a CPU-only "
