@@ -18,7 +18,7 @@ import pytest
 from demo.payloads import triton_metrics
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
-from exporter.sources import SourceError, SourceRequired
+from exporter.sources import SourceError, SourceRequired, nvml
 from exporter.sources.nvml import NVML_CALLS, NvmlSource, make_nvml_source, select
 from tests import nvml_fake as fk
 from tests.fakes import closed_port
@@ -165,6 +165,86 @@ def test_old_driver_uses_older_entry_points_once_found() -> None:
     before = healthy.calls
     new.collect(5.0)
     assert fake.calls - calls == healthy.calls - before  # no FunctionNotFound round trip per cycle
+
+
+def test_error_numbers_and_constants_are_pynvmls() -> None:
+    for name in ("NOT_SUPPORTED", "NO_PERMISSION", "NOT_FOUND", "DRIVER_NOT_LOADED", "TIMEOUT", "UNINITIALIZED",
+                 "LIBRARY_NOT_FOUND", "FUNCTION_NOT_FOUND", "GPU_IS_LOST", "LIB_RM_VERSION_MISMATCH",
+                 "INVALID_ARGUMENT", "ARGUMENT_VERSION_MISMATCH"):
+        assert getattr(nvml, name) == getattr(pynvml, f"NVML_ERROR_{name}"), name
+    assert pynvml.nvmlMemory_v2 == nvml.MEMORY_V2
+    assert nvml.MEMORY_TEMP_FIELD == pynvml.NVML_FI_DEV_MEMORY_TEMP
+    assert pynvml.nvmlEventTypeXidCriticalError == nvml.XID_EVENT
+
+
+# field -> (newer entry point, older entry point, a series it yields, GPU 0's value through the older call)
+FALLBACKS = {
+    "temperature": ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature", "nvml_temperature_gpu_celsius", 40.0),
+    "memory": ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo", "nvml_memory_used_bytes",
+               float(6 * 1024**3 + 300 * 1024**2)),  # v1: used includes the driver's reservation
+    "throttle": ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
+                 "nvml_throttle_thermal", 1.0),
+}
+NEWER_ERRORS = {"FUNCTION_NOT_FOUND": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                "ARGUMENT_VERSION_MISMATCH": pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+                "NOT_SUPPORTED": pynvml.NVML_ERROR_NOT_SUPPORTED}
+
+
+def _fallback_fake() -> fk.FakeNvml:
+    fake = fk.FakeNvml(fk.gpus(2))
+    fake.gpus[0].clock_reasons = pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    return fake
+
+
+@pytest.mark.parametrize("error", NEWER_ERRORS)
+@pytest.mark.parametrize("reader", FALLBACKS)
+def test_newer_entry_point_refusing_falls_back_to_the_older_one_on_that_gpu(reader: str, error: str) -> None:
+    newer, older, series, expected = FALLBACKS[reader]
+    fake = _fallback_fake()
+    fake.gpus[0].failing[newer] = NEWER_ERRORS[error]
+    source = started(fake)
+    got = source.collect(5.0)
+    assert values(got, series)[U[0]] == expected  # the field is not lost
+    assert fake.called[older] == 1  # only GPU 0 needed the older call
+    if reader == "memory":  # GPU 1 keeps v2 (reserved reported apart); GPU 0 has no such field in v1
+        assert set(values(got, "nvml_memory_reserved_bytes")) == {U[1]}
+    newer_calls = fake.called[newer]
+    got = source.collect(5.0)
+    assert values(got, series)[U[0]] == expected
+    assert fake.called[newer] - newer_calls == 1  # GPU 1 only: GPU 0 is not asked the newer call again
+    assert fake.called[older] == 2
+
+
+@pytest.mark.parametrize("error", NEWER_ERRORS)
+@pytest.mark.parametrize("reader", FALLBACKS)
+def test_field_left_out_only_when_both_entry_points_fail(reader: str, error: str) -> None:
+    newer, older, series, _ = FALLBACKS[reader]
+    fake = _fallback_fake()
+    fake.gpus[0].failing[newer] = NEWER_ERRORS[error]
+    fake.gpus[0].failing[older] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    source = started(fake)
+    assert set(values(source.collect(5.0), series)) == {U[1]}
+    asked = fake.called[newer] + fake.called[older]
+    assert set(values(source.collect(5.0), series)) == {U[1]}
+    assert fake.called[newer] + fake.called[older] - asked == 1  # unsupported on GPU 0: neither asked again
+
+
+def test_older_entry_point_failing_transiently_is_retried_next_cycle() -> None:
+    fake = _fallback_fake()
+    fake.gpus[0].failing["nvmlDeviceGetTemperatureV"] = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    fake.gpus[0].failing["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_UNKNOWN
+    source = started(fake)
+    assert set(values(source.collect(5.0), "nvml_temperature_gpu_celsius")) == {U[1]}
+    del fake.gpus[0].failing["nvmlDeviceGetTemperature"]
+    assert values(source.collect(5.0), "nvml_temperature_gpu_celsius") == {U[0]: 40.0, U[1]: 41.0}
+
+
+@pytest.mark.parametrize("error", ["ARGUMENT_VERSION_MISMATCH", "NOT_SUPPORTED"])
+def test_driver_refusing_every_newer_entry_point_keeps_every_field(error: str) -> None:
+    fake = fk.FakeNvml(fk.gpus(2), newer_error=NEWER_ERRORS[error])
+    healthy = started(fk.FakeNvml(fk.gpus(2))).collect(5.0).samples.samples
+    got = started(fake).collect(5.0).samples.samples
+    assert set(got) == set(healthy) - {"nvml_memory_reserved_bytes"}  # v1 memory has no reserved field
 
 
 def test_memory_temperature_from_field_values_on_hbm_boards() -> None:

@@ -13,7 +13,10 @@ Degrade, never crash:
   pipeline reports ``SourceUp{source=nvml}=0`` and logs the reason once);
   initialisation is retried every ``retry_interval`` seconds, not every cycle.
 - One field a device does not support is left out for that device (and not
-  asked again); one failing field never drops the device.
+  asked again); one failing field never drops the device. Where NVML has a
+  newer and an older entry point for a field, a newer one that answers
+  FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH or NOT_SUPPORTED hands over to
+  the older one (:meth:`NvmlSource._fallback`).
 - A GPU that fell off the bus (NVML_ERROR_GPU_IS_LOST) is emitted as
   ``nvml_gpu_lost=1`` and nothing else.
 
@@ -58,12 +61,16 @@ RETRY_INTERVAL = 300.0
 MAX_EVENTS_PER_CYCLE = 10_000
 """Bound on XID events drained in one cycle, so an event storm cannot stall the loop."""
 
-# NVML error codes (pynvml.NVML_ERROR_*; numbers are part of NVML's ABI).
+# NVML error codes (pynvml.NVML_ERROR_*; numbers are part of NVML's ABI, tests/test_nvml.py checks them).
 NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, DRIVER_NOT_LOADED, TIMEOUT = 3, 4, 6, 9, 10
 UNINITIALIZED, LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND, GPU_IS_LOST, LIB_RM_VERSION_MISMATCH = 1, 12, 13, 15, 18
-INVALID_ARGUMENT = 2
+INVALID_ARGUMENT, ARGUMENT_VERSION_MISMATCH = 2, 25
 _WHOLE_NVML = {UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH}
-_PERMANENT = {NOT_SUPPORTED, FUNCTION_NOT_FOUND}
+_PERMANENT = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH}
+# Answers from a newer entry point that say "not this call" rather than "not this field": the library
+# lacks the symbol, or has it but not the structure version pynvml passes, or the driver does not
+# serve the versioned call on this device. The older entry point may still work.
+_TRY_OLDER = {FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH, NOT_SUPPORTED}
 _ABSENT = {LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED}
 
 # Clock event ("throttle") reason bits, grouped as operators act on them.
@@ -203,7 +210,7 @@ class NvmlSource:
         self.last_xid: dict[str, int] = {}
         self._event_set: Any = None
         self._by_handle: dict[Any, Device] = {}
-        self._variant: dict[str, int] = {}  # reader -> which entry point works with this driver
+        self._variant: dict[tuple[str, Any], int] = {}  # (reader, device) -> which entry point works there
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -343,6 +350,7 @@ class NvmlSource:
         self.ready = False
         self.devices = []
         self._by_handle = {}
+        self._variant = {}  # handles are not valid after nvmlShutdown
 
     def close(self) -> None:
         if self.ready:
@@ -431,17 +439,24 @@ class NvmlSource:
         except self.api.NVMLError:
             return None
 
-    def _fallback(self, key: str, *calls: Callable[[], Any]) -> Any:
-        """Call the first entry point this driver has; remember which one worked."""
-        start = self._variant.get(key, 0)
+    def _fallback(self, handle: Any, key: str, *calls: Callable[[], Any]) -> Any:
+        """Call the newest entry point that works on this device (newest first); remember which one did.
+
+        A newer call that answers FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH or
+        NOT_SUPPORTED hands over to the next older one; only the oldest one's
+        error reaches the caller (and NOT_SUPPORTED there marks the field
+        unsupported). Remembered per device, so the newer call is not asked again.
+        """
+        where = (key, _handle_key(handle))
+        start = self._variant.get(where, 0)
         for n in range(start, len(calls)):
             try:
                 result = calls[n]()
             except self.api.NVMLError as exc:
-                if _code(exc) == FUNCTION_NOT_FOUND and n + 1 < len(calls):
+                if _code(exc) in _TRY_OLDER and n + 1 < len(calls):
                     continue
                 raise
-            self._variant[key] = n
+            self._variant[where] = n
             return result
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -459,7 +474,7 @@ def _utilization(s: NvmlSource, h: Any) -> Pairs:
 
 def _memory(s: NvmlSource, h: Any) -> Pairs:
     api = s.api
-    m = s._fallback("memory", lambda: api.nvmlDeviceGetMemoryInfo(h, version=MEMORY_V2),
+    m = s._fallback(h, "memory", lambda: api.nvmlDeviceGetMemoryInfo(h, version=MEMORY_V2),
                     lambda: api.nvmlDeviceGetMemoryInfo(h))
     yield "nvml_memory_total_bytes", float(m.total)
     yield "nvml_memory_used_bytes", float(m.used)
@@ -483,7 +498,7 @@ def _temperature(s: NvmlSource, h: Any) -> Pairs:
     api = s.api
     gpu = 0  # NVML_TEMPERATURE_GPU
     yield "nvml_temperature_gpu_celsius", float(s._fallback(
-        "temperature", lambda: api.nvmlDeviceGetTemperatureV(h, gpu), lambda: api.nvmlDeviceGetTemperature(h, gpu)))
+        h, "temperature", lambda: api.nvmlDeviceGetTemperatureV(h, gpu), lambda: api.nvmlDeviceGetTemperature(h, gpu)))
 
 
 def _memory_temperature(s: NvmlSource, h: Any) -> Pairs:
@@ -502,7 +517,7 @@ def _clocks(s: NvmlSource, h: Any) -> Pairs:
 
 def _throttle(s: NvmlSource, h: Any) -> Pairs:
     api = s.api
-    reasons = s._fallback("throttle", lambda: api.nvmlDeviceGetCurrentClocksEventReasons(h),
+    reasons = s._fallback(h, "throttle", lambda: api.nvmlDeviceGetCurrentClocksEventReasons(h),
                           lambda: api.nvmlDeviceGetCurrentClocksThrottleReasons(h))
     yield "nvml_throttle_thermal", 1.0 if reasons & THERMAL else 0.0
     yield "nvml_throttle_power_cap", 1.0 if reasons & POWER_CAP else 0.0
