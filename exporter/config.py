@@ -14,8 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from . import __version__
-
 
 class ConfigError(ValueError):
     """A setting is invalid; the message names the flag, the variable and the value."""
@@ -148,6 +146,8 @@ ENV_VARS = tuple(env for _, _, envs, _, _ in OPTIONS for env in envs)
 
 
 def build_parser(prog: str = "python -m exporter") -> argparse.ArgumentParser:
+    from . import __version__  # the package metadata, read when first needed (see exporter/__init__.py)
+
     defaults = Settings()
     parser = argparse.ArgumentParser(
         prog=prog,

@@ -232,6 +232,31 @@ def test_dockerfile_shape():
         assert f"org.opencontainers.image.{key}=" in labels
 
 
+def test_one_version_source():
+    """pyproject.toml's [project].version, read from the package metadata; no copy of it anywhere that ships."""
+    import importlib.metadata
+
+    import exporter
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert exporter.__version__ == importlib.metadata.version("triton-emf-exporter") == version
+    literal = re.compile(r"(?<![\w.])" + re.escape(version) + r"(?![\w.])")
+    shipped = [*sorted((ROOT / "exporter").rglob("*.py")), ROOT / "setup.py", DOCKERFILE]
+    assert [p.relative_to(ROOT).as_posix() for p in shipped if literal.search(p.read_text())] == []
+    _, stages = parse_dockerfile(DOCKERFILE.read_text())
+    final_args = [s.args for s in stages[-1].steps if s.op == "ARG" and s.args.startswith("VERSION")]
+    assert final_args == ["VERSION=unknown"], "the image label's version comes from --build-arg VERSION only"
+
+
+def test_license_is_the_apache_2_text_pyproject_declares():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+    text = (ROOT / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
+    assert "END OF TERMS AND CONDITIONS" in text and "9. Accepting Warranty or Additional Liability." in text
+    assert 'org.opencontainers.image.licenses="Apache-2.0"' in DOCKERFILE.read_text()
+
+
 def dockerignore_included(path: str, patterns: list[str]) -> bool:
     """Docker's rule: the last pattern matching the path or one of its parents decides."""
     included = True
@@ -305,7 +330,7 @@ def test_replayed_image_has_only_the_lock_and_runs_help(image):
     assert native.returncode == 0, "the image must carry the C scanner: " + native.stderr
     installed = {canonicalize_name(d.split("==")[0]): d.split("==")[1] for d in dists}
     expected = {name: version for name, (version, _) in lock_entries().items()}
-    expected["triton-emf-exporter"] = installed.get("triton-emf-exporter", "?")
+    expected["triton-emf-exporter"] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert installed == expected
     assert "setuptools" not in installed
 

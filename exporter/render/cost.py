@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .. import __version__
 from ..catalog import CATALOG, Kind, Metric, Scope
 from ..emf import Encoder, Event
 from .alarms import alarm_specs
@@ -30,7 +31,7 @@ PUTLOGEVENTS_OVERHEAD = 26  # bytes per event, as CloudWatch Logs counts a batch
 SOURCES = ("triton_metrics", "triton_index", "ecs_metadata")
 
 TASK_ARN = "arn:aws:ecs:us-east-1:123456789012:task/triton/0123456789abcdef0123456789abcdef"
-COMMON = {"exporter_version": "0.1.0", "ecs_cluster": "arn:aws:ecs:us-east-1:123456789012:cluster/triton",
+COMMON = {"exporter_version": __version__, "ecs_cluster": "arn:aws:ecs:us-east-1:123456789012:cluster/triton",
           "ecs_task_arn": TASK_ARN, "ecs_task_family": "triton", "ecs_task_revision": "12",
           "availability_zone": "us-east-1a", "ecs_launch_type": "EC2", "ecs_service": "triton"}
 
