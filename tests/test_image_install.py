@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 TRITON_DOCKERFILE = ROOT / "deploy" / "triton.Dockerfile"
 LOCK = ROOT / "requirements.lock"
+DEV_LOCK = ROOT / "requirements-dev.lock"
 
 
 # --- a small Dockerfile reader ------------------------------------------------------------
@@ -179,8 +180,8 @@ def entrypoint(final: Stage, root: Path) -> list[str]:
 # --- fast checks of the build inputs -------------------------------------------------------
 
 
-def lock_entries() -> dict[str, tuple[str, list[str]]]:
-    text = LOCK.read_text().replace("\\\n", " ")
+def lock_entries(lock: Path = LOCK) -> dict[str, tuple[str, list[str]]]:
+    text = lock.read_text().replace("\\\n", " ")
     entries = {}
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
@@ -193,20 +194,81 @@ def lock_entries() -> dict[str, tuple[str, list[str]]]:
     return entries
 
 
-def test_lock_pins_every_runtime_dependency_with_hashes():
-    entries = lock_entries()
-    assert entries, "requirements.lock is empty"
+def assert_pinned_with_hashes(entries: dict[str, tuple[str, list[str]]], lock: str) -> None:
+    assert entries, f"{lock} is empty"
     for name, (version, hashes) in entries.items():
-        assert re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version), f"{name} is not pinned with =="
-        assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), f"{name} has no sha256"
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for dep in project["dependencies"]:
+        assert re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version), f"{name} is not pinned with == in {lock}"
+        assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), f"{name} has no sha256 in {lock}"
+
+
+def assert_covers(entries: dict[str, tuple[str, list[str]]], requirements: list[str], lock: str) -> None:
+    for dep in requirements:
         req = Requirement(dep)
         name = canonicalize_name(req.name)
-        assert name in entries, f"pyproject dependency {dep!r} is missing from requirements.lock"
+        assert name in entries, f"{dep!r} is missing from {lock}"
         assert req.specifier.contains(entries[name][0], prereleases=True), (
-            f"requirements.lock pins {name}=={entries[name][0]}, outside pyproject's {dep!r}"
+            f"{lock} pins {name}=={entries[name][0]}, outside {dep!r}"
         )
+
+
+def closure(names: list[str]) -> set[str]:
+    """The installed distributions ``names`` need, transitively (markers evaluated here, no extras)."""
+    import importlib.metadata
+
+    seen: set[str] = set()
+    todo = [canonicalize_name(n) for n in names]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for text in importlib.metadata.distribution(name).requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(canonicalize_name(req.name))
+    return seen
+
+
+def test_lock_pins_exactly_the_runtime_closure_with_hashes():
+    entries = lock_entries()
+    assert_pinned_with_hashes(entries, "requirements.lock")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert_covers(entries, project["dependencies"], "requirements.lock")
+    runtime = closure([Requirement(d).name for d in project["dependencies"]])
+    assert set(entries) == runtime, "requirements.lock is not the closure of the runtime dependencies"
+
+
+def test_runtime_dependencies_are_what_the_shipped_code_imports():
+    """A library only the tests use (aws-embedded-metrics) belongs in the dev extra, not in the image."""
+    import ast
+    import importlib.metadata
+
+    imported: set[str] = set()
+    for path in (ROOT / "exporter").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    providers = importlib.metadata.packages_distributions()
+    used = {canonicalize_name(d) for module in imported for d in providers.get(module, [])}
+    used.discard("triton-emf-exporter")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {canonicalize_name(Requirement(d).name) for d in project["dependencies"]}
+    assert declared == used
+
+
+def test_dev_lock_pins_everything_setup_installs_with_the_runtime_pins():
+    dev = lock_entries(DEV_LOCK)
+    assert_pinned_with_hashes(dev, "requirements-dev.lock")
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    tools = [line.split("#", 1)[0].strip() for line in (ROOT / "requirements-test.txt").read_text().splitlines()]
+    assert_covers(dev, [*pyproject["project"]["dependencies"], *pyproject["project"]["optional-dependencies"]["dev"],
+                        *[t for t in tools if t], *pyproject["build-system"]["requires"]], "requirements-dev.lock")
+    for name, pinned in lock_entries().items():
+        assert dev.get(name) == pinned, f"{name}: requirements-dev.lock and requirements.lock disagree"
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "--require-hashes -r requirements-dev.lock" in setup and "--no-deps --no-build-isolation -e ." in setup
 
 
 def test_dockerfile_shape():
