@@ -2,8 +2,12 @@
 #
 # triton-emf-exporter: the observability sidecar for a Triton task on ECS.
 #
-#   docker build -t triton-emf-exporter:0.1.0 \
+#   VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+#   docker build -t triton-emf-exporter:$VERSION --build-arg VERSION=$VERSION \
 #     --build-arg REVISION=$(git rev-parse HEAD) --build-arg CREATED=$(date -u +%FT%TZ) .
+#
+# The version has one source, pyproject.toml: the package inside reports it from its
+# metadata; VERSION only fills the image label.
 #
 # Two stages: "build" has pip, setuptools, a C compiler and the project source; the
 # final stage gets only the finished virtual environment (locked dependencies + our
@@ -26,7 +30,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_NO_INPUT=1
 WORKDIR /src
-COPY requirements.lock pyproject.toml setup.py README.md ./
+COPY requirements.lock pyproject.toml setup.py README.md LICENSE ./
 COPY exporter/ ./exporter/
 COPY triton_side/ ./triton_side/
 
@@ -53,7 +57,7 @@ RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation --no-index --wheel-d
 
 
 FROM ${PYTHON_IMAGE}
-ARG VERSION=0.1.0
+ARG VERSION=unknown
 ARG REVISION=unknown
 ARG CREATED=unknown
 LABEL org.opencontainers.image.title="triton-emf-exporter" \

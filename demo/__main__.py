@@ -23,12 +23,15 @@ from .triton import TritonServer, copy_models
 
 def traffic(server: TritonServer, stop: threading.Event) -> None:
     x = [{"name": "X", "datatype": "FP32", "shape": [1], "data": [1.0]}]
+    bad = [{"name": "X", "datatype": "FP32", "shape": [1], "data": [-1.0]}]
     text = [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["hello"]}]
+    n = 0
     while not stop.is_set():
         server.infer_add(1, values=(1.0, 2.0, 3.0))
         server.infer("slow", x)
         server.infer("text", text)
-        server.infer("fails", x)
+        server.infer("fails", bad if n % 2 else x)  # every other request raises in the model: a counted failure
+        n += 1
         time.sleep(0.05)
 
 

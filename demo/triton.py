@@ -1,10 +1,11 @@
 """Start a real Triton server on this machine, without a GPU or Docker.
 
 The ``nvidia-pytriton`` wheel ships a complete ``tritonserver`` binary and the
-Python backend. This module wires them together the way
-``shared/TRITON_FACTS.md`` describes (backend folder copied next to the
-per-Python-version stub, the wheel's libraries on ``LD_LIBRARY_PATH``, the
-running interpreter's ``bin/`` first on ``PATH`` so the stub finds numpy) and
+Python backend. This module wires them together as that server needs (the
+backend folder copied somewhere writable with the per-Python-version stub put
+inside it, since Triton only looks for the stub there; the wheel's libraries on
+``LD_LIBRARY_PATH``; the running interpreter's ``bin/`` first on ``PATH``, since
+the stub finds its packages such as numpy through the first ``python3`` there) and
 gives tests and the demo one object to start, stop, restart, freeze and query
 the server. Standard library only, so the health-probe tests can use it too.
 """

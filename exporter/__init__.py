@@ -6,6 +6,25 @@ Pipeline, one module per concern:
 
 ``python -m exporter`` runs the loop, ``--once`` prints one window,
 ``health`` is the stdlib-only probe for the Triton container.
+
+``__version__`` has one source, the package metadata (``[project].version``
+in pyproject.toml), read on first use so that importing the package stays
+cheap.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+DISTRIBUTION = "triton-emf-exporter"
+
+
+def __getattr__(name: str) -> str:
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version(DISTRIBUTION)
+        except PackageNotFoundError:  # a source tree that was never installed (pip install -e . fixes it)
+            value = "0+unknown"
+        globals()["__version__"] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

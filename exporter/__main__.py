@@ -9,7 +9,8 @@
     python -m exporter validate FILE         check EMF documents (one per line)
 
 Exit codes: 0 done, 1 runtime failure (Triton unreachable in --once, output
-closed), 2 invalid settings or usage.
+closed), 2 invalid settings or usage, or a required source that cannot start
+(``--nvml on`` without NVML).
 """
 
 from __future__ import annotations
@@ -21,15 +22,12 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from . import logs
 from .catalog import Catalog, CatalogError, build
 from .catalog.cli import packs
 from .config import ConfigError, Settings, load
-
-if TYPE_CHECKING:
-    from .sources import Source
+from .sources import Source, SourceRequired
 
 # Commands that live in their own modules, imported only when used.
 COMMANDS = {
@@ -68,9 +66,13 @@ def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
 
 
 def _nvml_source(settings: Settings) -> Source | None:
+    """The NVML source; raises SourceRequired under ``--nvml on`` when NVML cannot start."""
     try:
         from .sources.nvml import make_nvml_source
-    except ImportError:
+    except ImportError as exc:
+        if settings.nvml == "on":
+            raise SourceRequired(f"--nvml on (EXPORTER_NVML=on) needs the NVML source, which cannot load: {exc}") \
+                from None
         return None
     return make_nvml_source(settings)
 
@@ -163,7 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .sinks import SinkClosed, StreamSink, make_sink
 
     logs.setup(settings.log_level or ("error" if settings.once else "info"))
-    pipeline = Pipeline(settings, catalog, build_sources(settings, catalog))
+    try:
+        sources = build_sources(settings, catalog)
+    except SourceRequired as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    pipeline = Pipeline(settings, catalog, sources)
     if settings.once:
         try:
             run_once(pipeline, StreamSink(), settings.interval, sys.stderr)

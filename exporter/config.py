@@ -14,8 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from . import __version__
-
 
 class ConfigError(ValueError):
     """A setting is invalid; the message names the flag, the variable and the value."""
@@ -152,7 +150,8 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
     ("buffer_events", "--buffer-events", ("EXPORTER_BUFFER_EVENTS",), _positive(int),
      "tcp/udp sink: events held while the agent is away; oldest dropped (and counted) beyond"),
     ("nvml", "--nvml", ("EXPORTER_NVML",), _choice("auto", "on", "off"),
-     "GPU telemetry from NVML: auto (use if present), on (warn when missing), off"),
+     "GPU telemetry from NVML: auto (use if present; if not, report it down and retry every 300 s), "
+     "on (required: exit 2 at start when NVML cannot initialise), off"),
     ("storage_resolution", "--storage-resolution", ("EXPORTER_STORAGE_RESOLUTION",), _resolution,
      "60 (standard) or 1 (high-resolution metrics, billed higher)"),
     ("ecs_metadata_url", "--ecs-metadata-url", ("ECS_CONTAINER_METADATA_URI_V4",), _url,
@@ -176,6 +175,8 @@ ENV_VARS = tuple(env for _, _, envs, _, _ in OPTIONS for env in envs)
 
 
 def build_parser(prog: str = "python -m exporter") -> argparse.ArgumentParser:
+    from . import __version__  # the package metadata, read when first needed (see exporter/__init__.py)
+
     defaults = Settings()
     parser = argparse.ArgumentParser(
         prog=prog,

@@ -6,8 +6,8 @@ event. Every limit of the format is a named constant here and enforced on
 the way out; ``exporter.emf_validate`` checks the result independently and
 the tests run every emitted document through it.
 
-Serialised with orjson: the aws-embedded-metrics library was ~7x slower for
-the same documents (shared/AWS_FACTS.md) and its agent sink blocks. Its
+Serialised with orjson: the aws-embedded-metrics library (3.5) was ~7x slower for
+the same documents (1000 model events: 112 ms against 16 ms) and its agent sink blocks. Its
 ``Unit`` enum is the reference list of units (see catalog).
 """
 

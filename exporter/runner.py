@@ -6,6 +6,13 @@ clock jump (NTP) changes neither the schedule nor the windows. A cycle runs
 in a worker thread so that SIGTERM is honoured within 2 s even while a
 source is stuck in a network call: the main thread waits for the worker
 briefly, flushes what was produced and leaves.
+
+Pipeline state is not thread-safe, so one worker thread, started once,
+is the only thread that runs ``Pipeline.cycle``, and the main thread hands it
+the next cycle only after the previous one finished. A cycle still running
+at shutdown is abandoned, never joined by a second worker: the runner then
+runs no further cycle, and the pipeline is closed by that same worker once
+the cycle returns (or by the process exit).
 """
 
 from __future__ import annotations
@@ -40,6 +47,11 @@ class TritonUnreachable(Exception):
     """``--once`` could not read Triton; the message names the URL and the error."""
 
 
+class RunnerStopped(RuntimeError):
+    """This runner runs no further cycle: its run ended (sink and pipeline closed), or a cycle it
+    abandoned at shutdown may still be running on its worker."""
+
+
 class Runner:
     def __init__(
         self,
@@ -56,17 +68,20 @@ class Runner:
         self.clock = clock
         self.cycles = 0
         self.missed = 0
-        self.last: CycleResult | None = None
         self._dropped_carry = 0  # EventsDropped not yet reported (a failed cycle must not lose it)
-        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()  # None: no more cycles, the worker ends
         self._worker: threading.Thread | None = None
+        self._abandoned = False  # a cycle was left running at shutdown
+        self._ran = False
 
     def _cycle(self) -> CycleResult | None:
-        """Run one cycle on the worker thread; None when stopped before it finished."""
+        """Run one cycle on the worker thread; None when stopped before it finished (the cycle is abandoned)."""
+        if self._abandoned:
+            raise RunnerStopped("a cycle abandoned at shutdown may still be running; this runner runs no other")
         dropped = self._dropped_carry + self.sink.take_dropped()
         self._dropped_carry = dropped  # kept for the next cycle unless this one reports it
         job = _Job(dropped)
-        if self._worker is None or not self._worker.is_alive():
+        if self._worker is None:  # the worker never ends on its own: it hands every exception over
             self._worker = threading.Thread(target=self._work, name="cycle", daemon=True)
             self._worker.start()
         self._jobs.put(job)
@@ -76,7 +91,7 @@ class Runner:
                 break
         if not job.done.is_set():
             log.warning("stopped during a cycle; that cycle's data is dropped")
-            self._worker = None  # abandoned (daemon): a new one would serve a next cycle
+            self._abandoned = True  # the worker is still in it (daemon): no second worker, no further cycle
             return None
         if isinstance(job.result, BaseException):
             raise job.result
@@ -87,6 +102,10 @@ class Runner:
         """One long-lived worker: a fresh thread per cycle would get a fresh malloc arena each time."""
         while True:
             job = self._jobs.get()
+            if job is None:
+                if self._abandoned:  # the abandoned cycle has returned: close on this thread, never beside it
+                    self.pipeline.close()
+                return
             try:
                 job.result = self.pipeline.cycle(events_dropped=job.dropped)
             except BaseException as exc:  # handed to the main thread
@@ -94,7 +113,13 @@ class Runner:
             job.done.set()
 
     def run(self) -> None:
-        """Loop until ``stop`` is set. Raises SinkClosed if the output goes away for good."""
+        """Loop until ``stop`` is set. Raises SinkClosed if the output goes away for good.
+
+        A runner runs once: a second call raises RunnerStopped.
+        """
+        if self._ran:
+            raise RunnerStopped("this runner already ran: its sink and pipeline are closed")
+        self._ran = True
         start = self.clock()
         slot = 0  # index of the scheduled start of the current cycle
         log.info("exporter started", extra={"fields": {"interval_s": self.interval}})
@@ -108,10 +133,9 @@ class Runner:
                     log.exception("cycle failed; continuing on schedule")
                     result = None
                 if result is not None:
-                    self.last = result
                     self.cycles += 1
                     self.sink.send(result.events)
-                if self.stop.is_set():
+                if self.stop.is_set() or self._abandoned:
                     break
                 now = self.clock()
                 due = max(slot + 1, math.ceil((now - start) / self.interval))
@@ -122,7 +146,10 @@ class Runner:
                 self.stop.wait(max(0.0, start + slot * self.interval - self.clock()))
         finally:
             self.sink.close(SINK_GRACE)
-            self.pipeline.close()
+            if not self._abandoned:
+                self.pipeline.close()
+            if self._worker is not None:
+                self._jobs.put(None)  # the worker ends; after an abandoned cycle, once it returns, closing the pipeline
             log.info("exporter stopped", extra={"fields": {"cycles": self.cycles}})
 
 

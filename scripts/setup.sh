@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install the package with everything the demo and tests need
-# (the real Triton binary comes from the nvidia-pytriton wheel). Idempotent.
+# Create .venv and install everything the demo and tests need, at the pins of
+# requirements-dev.lock (hash-checked; the real Triton binary comes from the
+# nvidia-pytriton wheel), then the package itself, editable. Idempotent.
+# To change a dependency: edit pyproject.toml or requirements-test.txt, then bash scripts/lock.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -8,5 +10,8 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' -r requirements-test.txt
+PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+"${PIP[@]}" --upgrade pip >/dev/null
+"${PIP[@]}" --require-hashes -r requirements-dev.lock
+# The lock holds the build backend: no isolated build env to download, no dependency resolved twice.
+PYTHONWARNINGS=ignore "${PIP[@]}" --no-deps --no-build-isolation -e .

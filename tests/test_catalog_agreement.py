@@ -21,10 +21,10 @@ from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
 from exporter.render import alarms, dashboard, render
 from exporter.render.options import Options
-from exporter.render.refs import alarm_refs, dashboard_refs, emitted, expression_refs
 from exporter.sources import Collected, VersionState
 from exporter.sources.nvml import NvmlSource
-from exporter.sources.nvml_fake import FakeNvml, gpus
+from tests.nvml_fake import FakeNvml, gpus
+from tests.render_refs import alarm_refs, dashboard_refs, emitted, expression_refs
 
 from .helpers import CATALOG, FixedSource
 

@@ -16,7 +16,7 @@ from exporter.render import cost
 from exporter.render.options import Options
 from exporter.sources import Collected, VersionState
 from exporter.sources.nvml import NvmlSource
-from exporter.sources.nvml_fake import FakeNvml, gpus
+from tests.nvml_fake import FakeNvml, gpus
 
 from .helpers import CATALOG, FixedSource
 

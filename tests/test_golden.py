@@ -7,7 +7,9 @@ from the real server with known traffic. After an intended output change:
 
     UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py
 
-and review the diff of expected.jsonl like code.
+and review the diff of expected.jsonl like code. The ``exporter_version``
+property is written as ``"<version>"`` so that a version bump changes no
+golden file (test_golden_files_survive_a_version_bump).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+import exporter
+from exporter import pipeline as pipeline_module
 from exporter.config import Settings
 from exporter.emf_validate import validate
 from exporter.pipeline import Pipeline
@@ -43,6 +47,20 @@ def run_case(case: Path) -> list[bytes]:
     return pipe.cycle().events
 
 
+VERSION_PLACEHOLDER = b'"exporter_version":"<version>"'
+
+
+def without_version(events: list[bytes], version: str) -> list[bytes]:
+    """The events with their exporter_version property (task, source and GPU events) set to the placeholder."""
+    written = b'"exporter_version":' + orjson.dumps(version)
+    assert sum(e.count(written) for e in events) >= 2, "no event carries the exporter's version"
+    out = []
+    for e in events:
+        assert e.count(b'"exporter_version":') == e.count(written) <= 1, e[:300]
+        out.append(e.replace(written, VERSION_PLACEHOLDER))
+    return out
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_golden(case):
     events = run_case(GOLDEN / case)
@@ -50,7 +68,7 @@ def test_golden(case):
     for e in events:
         assert validate(e, now_ms=now_ms) == [], e[:300]
     expected_file = GOLDEN / case / "expected.jsonl"
-    actual = b"\n".join(events) + b"\n"
+    actual = b"\n".join(without_version(events, exporter.__version__)) + b"\n"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         expected_file.write_bytes(actual)
     assert expected_file.exists(), f"no golden file for {case}: run with UPDATE_GOLDEN=1"
@@ -58,6 +76,16 @@ def test_golden(case):
     if actual != expected:  # compare parsed, for a readable diff
         assert [orjson.loads(x) for x in actual.splitlines()] == [orjson.loads(x) for x in expected.splitlines()]
         assert actual == expected
+
+
+def test_golden_files_survive_a_version_bump(monkeypatch):
+    """A release changes the version in the events, and no golden file."""
+    monkeypatch.setattr(pipeline_module, "__version__", "99.1.0rc2")
+    for case in CASES:
+        events = run_case(GOLDEN / case)
+        assert {orjson.loads(e).get("exporter_version") for e in events} == {"99.1.0rc2", None}  # None: model events
+        actual = b"\n".join(without_version(events, "99.1.0rc2")) + b"\n"
+        assert actual == (GOLDEN / case / "expected.jsonl").read_bytes(), case
 
 
 def test_golden_values_are_the_arithmetic_of_the_fixture():

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 TRITON_DOCKERFILE = ROOT / "deploy" / "triton.Dockerfile"
 LOCK = ROOT / "requirements.lock"
+DEV_LOCK = ROOT / "requirements-dev.lock"
 
 
 # --- a small Dockerfile reader ------------------------------------------------------------
@@ -178,8 +180,8 @@ def entrypoint(final: Stage, root: Path) -> list[str]:
 # --- fast checks of the build inputs -------------------------------------------------------
 
 
-def lock_entries() -> dict[str, tuple[str, list[str]]]:
-    text = LOCK.read_text().replace("\\\n", " ")
+def lock_entries(lock: Path = LOCK) -> dict[str, tuple[str, list[str]]]:
+    text = lock.read_text().replace("\\\n", " ")
     entries = {}
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
@@ -192,20 +194,81 @@ def lock_entries() -> dict[str, tuple[str, list[str]]]:
     return entries
 
 
-def test_lock_pins_every_runtime_dependency_with_hashes():
-    entries = lock_entries()
-    assert entries, "requirements.lock is empty"
+def assert_pinned_with_hashes(entries: dict[str, tuple[str, list[str]]], lock: str) -> None:
+    assert entries, f"{lock} is empty"
     for name, (version, hashes) in entries.items():
-        assert re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version), f"{name} is not pinned with =="
-        assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), f"{name} has no sha256"
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for dep in project["dependencies"]:
+        assert re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version), f"{name} is not pinned with == in {lock}"
+        assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), f"{name} has no sha256 in {lock}"
+
+
+def assert_covers(entries: dict[str, tuple[str, list[str]]], requirements: list[str], lock: str) -> None:
+    for dep in requirements:
         req = Requirement(dep)
         name = canonicalize_name(req.name)
-        assert name in entries, f"pyproject dependency {dep!r} is missing from requirements.lock"
+        assert name in entries, f"{dep!r} is missing from {lock}"
         assert req.specifier.contains(entries[name][0], prereleases=True), (
-            f"requirements.lock pins {name}=={entries[name][0]}, outside pyproject's {dep!r}"
+            f"{lock} pins {name}=={entries[name][0]}, outside {dep!r}"
         )
+
+
+def closure(names: list[str]) -> set[str]:
+    """The installed distributions ``names`` need, transitively (markers evaluated here, no extras)."""
+    import importlib.metadata
+
+    seen: set[str] = set()
+    todo = [canonicalize_name(n) for n in names]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for text in importlib.metadata.distribution(name).requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(canonicalize_name(req.name))
+    return seen
+
+
+def test_lock_pins_exactly_the_runtime_closure_with_hashes():
+    entries = lock_entries()
+    assert_pinned_with_hashes(entries, "requirements.lock")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert_covers(entries, project["dependencies"], "requirements.lock")
+    runtime = closure([Requirement(d).name for d in project["dependencies"]])
+    assert set(entries) == runtime, "requirements.lock is not the closure of the runtime dependencies"
+
+
+def test_runtime_dependencies_are_what_the_shipped_code_imports():
+    """A library only the tests use (aws-embedded-metrics) belongs in the dev extra, not in the image."""
+    import ast
+    import importlib.metadata
+
+    imported: set[str] = set()
+    for path in (ROOT / "exporter").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    providers = importlib.metadata.packages_distributions()
+    used = {canonicalize_name(d) for module in imported for d in providers.get(module, [])}
+    used.discard("triton-emf-exporter")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {canonicalize_name(Requirement(d).name) for d in project["dependencies"]}
+    assert declared == used
+
+
+def test_dev_lock_pins_everything_setup_installs_with_the_runtime_pins():
+    dev = lock_entries(DEV_LOCK)
+    assert_pinned_with_hashes(dev, "requirements-dev.lock")
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    tools = [line.split("#", 1)[0].strip() for line in (ROOT / "requirements-test.txt").read_text().splitlines()]
+    assert_covers(dev, [*pyproject["project"]["dependencies"], *pyproject["project"]["optional-dependencies"]["dev"],
+                        *[t for t in tools if t], *pyproject["build-system"]["requires"]], "requirements-dev.lock")
+    for name, pinned in lock_entries().items():
+        assert dev.get(name) == pinned, f"{name}: requirements-dev.lock and requirements.lock disagree"
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "--require-hashes -r requirements-dev.lock" in setup and "--no-deps --no-build-isolation -e ." in setup
 
 
 def test_dockerfile_shape():
@@ -229,6 +292,31 @@ def test_dockerfile_shape():
     labels = " ".join(s.args for s in final.steps if s.op == "LABEL")
     for key in ("title", "version", "revision", "created", "licenses", "description"):
         assert f"org.opencontainers.image.{key}=" in labels
+
+
+def test_one_version_source():
+    """pyproject.toml's [project].version, read from the package metadata; no copy of it anywhere that ships."""
+    import importlib.metadata
+
+    import exporter
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert exporter.__version__ == importlib.metadata.version("triton-emf-exporter") == version
+    literal = re.compile(r"(?<![\w.])" + re.escape(version) + r"(?![\w.])")
+    shipped = [*sorted((ROOT / "exporter").rglob("*.py")), ROOT / "setup.py", DOCKERFILE]
+    assert [p.relative_to(ROOT).as_posix() for p in shipped if literal.search(p.read_text())] == []
+    _, stages = parse_dockerfile(DOCKERFILE.read_text())
+    final_args = [s.args for s in stages[-1].steps if s.op == "ARG" and s.args.startswith("VERSION")]
+    assert final_args == ["VERSION=unknown"], "the image label's version comes from --build-arg VERSION only"
+
+
+def test_license_is_the_apache_2_text_pyproject_declares():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+    text = (ROOT / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
+    assert "END OF TERMS AND CONDITIONS" in text and "9. Accepting Warranty or Additional Liability." in text
+    assert 'org.opencontainers.image.licenses="Apache-2.0"' in DOCKERFILE.read_text()
 
 
 def dockerignore_included(path: str, patterns: list[str]) -> bool:
@@ -304,7 +392,7 @@ def test_replayed_image_has_only_the_lock_and_runs_help(image):
     assert native.returncode == 0, "the image must carry the C scanner: " + native.stderr
     installed = {canonicalize_name(d.split("==")[0]): d.split("==")[1] for d in dists}
     expected = {name: version for name, (version, _) in lock_entries().items()}
-    expected["triton-emf-exporter"] = installed.get("triton-emf-exporter", "?")
+    expected["triton-emf-exporter"] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert installed == expected
     assert "setuptools" not in installed
 
@@ -327,6 +415,45 @@ def test_replayed_image_has_only_the_lock_and_runs_help(image):
             ["python3", "-I", str(published / script), "--help"], cwd=cwd, capture_output=True, text=True, timeout=30
         )
         assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr
+
+
+# Test-only code by its name: fakes, mocks, test modules, the dashboard/alarm reference reader.
+TEST_ONLY = re.compile(r"(^|_)(tests?|fakes?|mocks?|conftest|refs)(_|$)")
+
+
+def is_test_only(path: str) -> bool:
+    """A module path that names test-only code, or that imports the tests' package."""
+    stem = path.rsplit("/", 1)[-1].split(".", 1)[0]
+    return bool(TEST_ONLY.search(stem)) or any(part in ("tests", "test") for part in path.split("/")[:-1])
+
+
+def test_test_only_rule_catches_what_used_to_ship():
+    assert is_test_only("exporter/sources/nvml_fake.py") and is_test_only("exporter/render/refs.py")
+    assert is_test_only("tests/helpers.py") and is_test_only("exporter/test_x.py")
+    assert not is_test_only("exporter/sources/nvml.py") and not is_test_only("exporter/render/dashboard.py")
+
+
+@pytest.mark.slow
+def test_wheel_and_image_hold_only_what_runs(image):
+    """The wheel the image build made (and the image's installed copy) has no fake or test-only module."""
+    root, _ = image
+    wheels = list((root / "opt" / "build" / "dist").glob("*.whl"))
+    assert len(wheels) == 1, wheels
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    modules = [n for n in names if n.endswith((".py", ".c", ".so"))]
+    assert {"exporter/__main__.py", "exporter/sources/nvml.py", "exporter/render/dashboard.py"} <= set(modules)
+    # The exporter and the Triton-side probe (``python -m exporter health`` runs it); nothing else.
+    others = {n.split("/")[0] for n in names if not n.startswith(("exporter/", "triton_side/"))}
+    assert len(others) == 1 and others.pop().endswith(".dist-info"), "the wheel holds only the shipped packages"
+    assert {"exporter/catalog/core.toml", "exporter/catalog/llm.toml", "exporter/catalog/example.toml"} <= set(names)
+    assert [n for n in modules if is_test_only(n)] == []
+    importers = re.compile(r"^\s*(from|import)\s+tests\b", re.MULTILINE)
+    with zipfile.ZipFile(wheels[0]) as whl:
+        assert [n for n in modules if n.endswith(".py") and importers.search(whl.read(n).decode())] == []
+    site = next((root / "opt" / "venv" / "lib").glob("python3*/site-packages"))
+    installed = sorted(p.relative_to(site).as_posix() for p in (site / "exporter").rglob("*")
+                       if p.is_file() and "__pycache__" not in p.parts)
+    assert installed == sorted(n for n in names if n.startswith("exporter/") and not n.endswith("/"))
 
 
 @pytest.mark.slow

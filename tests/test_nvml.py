@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import orjson
 import pynvml
 import pytest
 
 from demo.payloads import triton_metrics
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
-from exporter.sources import SourceError
-from exporter.sources import nvml_fake as fk
+from exporter.sources import SourceError, SourceRequired, nvml
 from exporter.sources.nvml import NVML_CALLS, NvmlSource, make_nvml_source, select
+from tests import nvml_fake as fk
+from tests.fakes import closed_port
 from tests.helpers import IndexSource, TextSource, documents
 
 from .helpers import CATALOG
@@ -162,6 +169,86 @@ def test_old_driver_uses_older_entry_points_once_found() -> None:
     assert fake.calls - calls == healthy.calls - before  # no FunctionNotFound round trip per cycle
 
 
+def test_error_numbers_and_constants_are_pynvmls() -> None:
+    for name in ("NOT_SUPPORTED", "NO_PERMISSION", "NOT_FOUND", "DRIVER_NOT_LOADED", "TIMEOUT", "UNINITIALIZED",
+                 "LIBRARY_NOT_FOUND", "FUNCTION_NOT_FOUND", "GPU_IS_LOST", "LIB_RM_VERSION_MISMATCH",
+                 "INVALID_ARGUMENT", "ARGUMENT_VERSION_MISMATCH"):
+        assert getattr(nvml, name) == getattr(pynvml, f"NVML_ERROR_{name}"), name
+    assert pynvml.nvmlMemory_v2 == nvml.MEMORY_V2
+    assert nvml.MEMORY_TEMP_FIELD == pynvml.NVML_FI_DEV_MEMORY_TEMP
+    assert pynvml.nvmlEventTypeXidCriticalError == nvml.XID_EVENT
+
+
+# field -> (newer entry point, older entry point, a series it yields, GPU 0's value through the older call)
+FALLBACKS = {
+    "temperature": ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature", "nvml_temperature_gpu_celsius", 40.0),
+    "memory": ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo", "nvml_memory_used_bytes",
+               float(6 * 1024**3 + 300 * 1024**2)),  # v1: used includes the driver's reservation
+    "throttle": ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
+                 "nvml_throttle_thermal", 1.0),
+}
+NEWER_ERRORS = {"FUNCTION_NOT_FOUND": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                "ARGUMENT_VERSION_MISMATCH": pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+                "NOT_SUPPORTED": pynvml.NVML_ERROR_NOT_SUPPORTED}
+
+
+def _fallback_fake() -> fk.FakeNvml:
+    fake = fk.FakeNvml(fk.gpus(2))
+    fake.gpus[0].clock_reasons = pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    return fake
+
+
+@pytest.mark.parametrize("error", NEWER_ERRORS)
+@pytest.mark.parametrize("reader", FALLBACKS)
+def test_newer_entry_point_refusing_falls_back_to_the_older_one_on_that_gpu(reader: str, error: str) -> None:
+    newer, older, series, expected = FALLBACKS[reader]
+    fake = _fallback_fake()
+    fake.gpus[0].failing[newer] = NEWER_ERRORS[error]
+    source = started(fake)
+    got = source.collect(5.0)
+    assert values(got, series)[U[0]] == expected  # the field is not lost
+    assert fake.called[older] == 1  # only GPU 0 needed the older call
+    if reader == "memory":  # GPU 1 keeps v2 (reserved reported apart); GPU 0 has no such field in v1
+        assert set(values(got, "nvml_memory_reserved_bytes")) == {U[1]}
+    newer_calls = fake.called[newer]
+    got = source.collect(5.0)
+    assert values(got, series)[U[0]] == expected
+    assert fake.called[newer] - newer_calls == 1  # GPU 1 only: GPU 0 is not asked the newer call again
+    assert fake.called[older] == 2
+
+
+@pytest.mark.parametrize("error", NEWER_ERRORS)
+@pytest.mark.parametrize("reader", FALLBACKS)
+def test_field_left_out_only_when_both_entry_points_fail(reader: str, error: str) -> None:
+    newer, older, series, _ = FALLBACKS[reader]
+    fake = _fallback_fake()
+    fake.gpus[0].failing[newer] = NEWER_ERRORS[error]
+    fake.gpus[0].failing[older] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    source = started(fake)
+    assert set(values(source.collect(5.0), series)) == {U[1]}
+    asked = fake.called[newer] + fake.called[older]
+    assert set(values(source.collect(5.0), series)) == {U[1]}
+    assert fake.called[newer] + fake.called[older] - asked == 1  # unsupported on GPU 0: neither asked again
+
+
+def test_older_entry_point_failing_transiently_is_retried_next_cycle() -> None:
+    fake = _fallback_fake()
+    fake.gpus[0].failing["nvmlDeviceGetTemperatureV"] = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    fake.gpus[0].failing["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_UNKNOWN
+    source = started(fake)
+    assert set(values(source.collect(5.0), "nvml_temperature_gpu_celsius")) == {U[1]}
+    del fake.gpus[0].failing["nvmlDeviceGetTemperature"]
+    assert values(source.collect(5.0), "nvml_temperature_gpu_celsius") == {U[0]: 40.0, U[1]: 41.0}
+
+
+@pytest.mark.parametrize("error", ["ARGUMENT_VERSION_MISMATCH", "NOT_SUPPORTED"])
+def test_driver_refusing_every_newer_entry_point_keeps_every_field(error: str) -> None:
+    fake = fk.FakeNvml(fk.gpus(2), newer_error=NEWER_ERRORS[error])
+    healthy = started(fk.FakeNvml(fk.gpus(2))).collect(5.0).samples.samples
+    got = started(fake).collect(5.0).samples.samples
+    assert set(got) == set(healthy) - {"nvml_memory_reserved_bytes"}  # v1 memory has no reserved field
+
+
 def test_memory_temperature_from_field_values_on_hbm_boards() -> None:
     got = started(fk.mig_enabled()).collect(5.0)
     assert values(got, "nvml_temperature_memory_celsius") == {U[0]: 48.0, U[1]: 48.0}
@@ -262,10 +349,10 @@ def test_library_missing_auto_with_gpu_hints_reports_the_source_down(tmp_path: P
         source.collect(5.0)
 
 
-def test_library_missing_on_reports_down_and_retries_slowly(tmp_path: Path) -> None:
+def test_library_missing_auto_reports_down_and_retries_slowly(tmp_path: Path) -> None:
     fake = fk.library_missing()
     clock = Clock()
-    source = make_nvml_source(Settings(nvml="on"), fake, {}, dev=tmp_path)
+    source = make_nvml_source(Settings(nvml="auto"), fake, {"NVIDIA_VISIBLE_DEVICES": "all"}, dev=tmp_path)
     assert source is not None
     source.clock = clock
     source.next_try = clock.now + source.retry_interval
@@ -284,12 +371,59 @@ def test_library_missing_on_reports_down_and_retries_slowly(tmp_path: Path) -> N
     assert fake.inits == 1
 
 
-def test_pynvml_not_installed_reports_down_under_on(tmp_path: Path) -> None:
+def test_pynvml_not_installed_reports_down(tmp_path: Path) -> None:
     assert make_nvml_source(Settings(nvml="off"), fk.two_healthy(), {}) is None
     source = NvmlSource(None, {})
     with pytest.raises(SourceError, match="not installed"):
         source.collect(5.0)
     source.close()
+
+
+@pytest.mark.parametrize(("fake", "environ", "cause"), [
+    (fk.library_missing, {"NVIDIA_VISIBLE_DEVICES": "all"}, r"NVML error 12\); libnvidia-ml\.so\.1 is not in"),
+    (lambda: fk.FakeNvml(fk.gpus(1), init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED), {}, r"error 9\).*not loaded"),
+    (lambda: fk.FakeNvml(fk.gpus(1), init_error=pynvml.NVML_ERROR_NO_PERMISSION), {}, r"/dev/nvidiactl"),
+    (lambda: fk.FakeNvml(fk.gpus(2)), {"NVIDIA_VISIBLE_DEVICES": "none", "CUDA_VISIBLE_DEVICES": "7"},
+     r"no GPU visible"),
+])
+def test_on_without_nvml_refuses_to_start_naming_the_cause(fake, environ, cause, tmp_path: Path) -> None:
+    api = fake()
+    with pytest.raises(SourceRequired, match=cause) as info:
+        make_nvml_source(Settings(nvml="on"), api, environ, dev=tmp_path)
+    message = str(info.value)
+    assert message.startswith("--nvml on (EXPORTER_NVML=on)") and "\n" not in message
+    assert "retrying" not in message  # nothing retries: the sidecar stops
+    assert api.refcount == 0  # NVML left shut down
+
+
+def test_on_with_nvml_present_starts_and_later_failures_are_handled_as_under_auto(tmp_path: Path) -> None:
+    fake = fk.two_healthy()
+    source = make_nvml_source(Settings(nvml="on"), fake, {}, dev=tmp_path)
+    assert source is not None and source.ready
+    fake.unload_driver()
+    with pytest.raises(SourceError) as info:  # reported down, not a crash or an exit
+        source.collect(5.0)
+    assert not isinstance(info.value, SourceRequired)
+
+
+def test_entry_point_maps_on_without_nvml_to_exit_2_with_one_line(monkeypatch, capsys) -> None:
+    """Through exporter.__main__.main with the fake as pynvml: exit 2 for on, a normal run for auto."""
+    from exporter import __main__ as entry
+    from exporter.sources import nvml as nvml_module
+
+    closed = f"http://127.0.0.1:{closed_port()}"
+    argv = ["--once", "--interval", "0.05", "--triton-url", closed, "--metrics-url", closed + "/metrics"]
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "all")
+    monkeypatch.setattr(nvml_module, "load_api", fk.library_missing)
+    assert entry.main(["--nvml", "on", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --nvml on (EXPORTER_NVML=on)") and "error 12" in err
+    # auto with the same fake, and on with a working one, get past the sources to the scrape
+    # (which fails here: exit 1, "cannot read Triton").
+    for mode, api in (("auto", fk.library_missing), ("on", fk.two_healthy)):
+        monkeypatch.setattr(nvml_module, "load_api", api)
+        assert entry.main(["--nvml", mode, *argv]) == 1
+        assert "cannot read Triton" in capsys.readouterr().err
 
 
 def test_auto_with_nvml_present_keeps_the_source(tmp_path: Path) -> None:
@@ -512,3 +646,69 @@ def test_nvml_is_kept_to_the_gpus_triton_reports() -> None:
     cpu_triton = TextSource(*(triton_text(step, []) for step in (1, 2)))
     results = run([cpu_triton, IndexSource(), NvmlSource(fk.two_healthy(), {}, clock=Clock())], 2)
     assert sorted(d["gpu_uuid"] for d in gpu_docs(results[1])) == sorted([U[0], U[1]])
+
+
+# --- --nvml on/auto through the real entry point, with this machine's real pynvml ------------------------
+
+
+def _real_nvml_error() -> str | None:
+    """Why the real NVML cannot initialise here (None: it can, so these tests do not apply)."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return str(exc)
+    pynvml.nvmlShutdown()
+    return None
+
+
+NVML_ABSENT = _real_nvml_error()
+needs_no_nvml = pytest.mark.skipif(NVML_ABSENT is None, reason="NVML initialises on this machine")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _exporter_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("EXPORTER_", "TRITON_", "NVIDIA_", "CUDA_"))}
+
+
+@needs_no_nvml
+def test_real_entry_point_on_without_nvml_exits_2_with_one_line(tmp_path: Path) -> None:
+    closed = f"http://127.0.0.1:{closed_port()}"
+    out = tmp_path / "emf.log"
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "--nvml", "on", "--interval", "0.3", "--output", f"file:{out}",
+         "--triton-url", closed, "--metrics-url", closed + "/metrics"],
+        cwd=ROOT, env=_exporter_env(), capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: --nvml on (EXPORTER_NVML=on) needs NVML, which is unavailable: "
+                               "NVML cannot initialise: ")
+    assert NVML_ABSENT in lines[0]
+    assert proc.stdout == "" and not out.exists()  # stopped before any cycle
+
+
+@needs_no_nvml
+def test_real_entry_point_auto_without_nvml_keeps_running_and_reports_the_source_down(tmp_path: Path) -> None:
+    closed = f"http://127.0.0.1:{closed_port()}"
+    out = tmp_path / "emf.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--nvml", "auto", "--interval", "0.3", "--output", f"file:{out}",
+         "--triton-url", closed, "--metrics-url", closed + "/metrics"],
+        cwd=ROOT, env=_exporter_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (not out.exists() or out.read_bytes().count(b'"source":"nvml"') < 3):
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            time.sleep(0.1)
+        assert proc.poll() is None  # still running after three cycles
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    docs = [orjson.loads(line) for line in out.read_bytes().splitlines() if line.strip()]
+    nvml_up = [d["SourceUp"] for d in docs if d.get("source") == "nvml" and "SourceUp" in d]
+    assert len(nvml_up) >= 3 and set(nvml_up) == {0}
+    warnings = [orjson.loads(line) for line in err.splitlines() if b'"NVML' in line]
+    assert warnings and warnings[0]["level"] == "warning" and "retrying every 300s" in warnings[0]["msg"]

@@ -11,8 +11,8 @@ import time
 import pynvml
 import pytest
 
-from exporter.sources import nvml_fake
 from exporter.sources.nvml import NvmlSource
+from tests import nvml_fake
 
 
 def _nvml_works() -> str:

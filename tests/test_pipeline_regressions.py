@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
+import types
 
 import pytest
 
@@ -127,3 +129,94 @@ def test_events_dropped_survive_a_failed_cycle():
     assert pipe.calls == [7, 7]  # the 7 drops of the failed cycle are reported by the next one
     runner._cycle()
     assert pipe.calls[-1] == 0
+
+
+class StuckPipeline:
+    """Its first cycle blocks until released; records every thread inside ``cycle`` and ``close``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active = 0
+        self.max_active = 0
+        self.calls = 0
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.closed = threading.Event()
+        self.closed_beside_a_cycle = False
+        self.close_thread = ""
+
+    def cycle(self, events_dropped: int = 0):
+        with self.lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            self.calls += 1
+            first = self.calls == 1
+        try:
+            self.entered.set()
+            if first:
+                self.release.wait(10)
+            return types.SimpleNamespace(events=[])
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed_beside_a_cycle |= self.active > 0
+        self.close_thread = threading.current_thread().name
+        self.closed.set()
+
+
+class NullSink:
+    def take_dropped(self) -> int:
+        return 0
+
+    def send(self, events) -> None:
+        pass
+
+    def close(self, timeout: float) -> None:
+        pass
+
+
+def test_a_cycle_abandoned_at_shutdown_never_runs_beside_another_cycle_or_close(monkeypatch):
+    """Pipeline state is not thread-safe: after a stop abandons a stuck cycle, no second worker may start."""
+    from exporter import runner as runner_module
+    from exporter.runner import Runner, RunnerStopped
+
+    monkeypatch.setattr(runner_module, "STOP_GRACE", 0.05)
+    pipe, stop = StuckPipeline(), threading.Event()
+    runner = Runner(pipe, NullSink(), interval=0.05, stop=stop)  # type: ignore[arg-type]
+    first = threading.Thread(target=runner.run, daemon=True)
+    first.start()
+    assert pipe.entered.wait(5)
+    stop.set()
+    first.join(5)
+    assert not first.is_alive()  # the run ended within the grace, its cycle still running
+    assert not pipe.closed.is_set()  # and the pipeline was not closed beside that cycle
+    stop.clear()  # whatever comes next, no thread joins the stuck one in the pipeline
+    timer = threading.Timer(0.5, stop.set)
+    timer.start()
+    try:
+        with pytest.raises(RunnerStopped):
+            runner.run()
+        with pytest.raises(RunnerStopped):
+            runner._cycle()
+    finally:
+        timer.cancel()
+        pipe.release.set()
+    assert pipe.closed.wait(5)  # closed once the abandoned cycle returned, by the worker that ran it
+    assert pipe.close_thread == "cycle" and not pipe.closed_beside_a_cycle
+    assert pipe.max_active == 1 and pipe.calls == 1
+
+
+def test_a_runner_runs_once():
+    from exporter.runner import Runner, RunnerStopped
+
+    pipe, stop = StuckPipeline(), threading.Event()
+    pipe.calls = 1  # no cycle blocks
+    runner = Runner(pipe, NullSink(), interval=0.05, stop=stop)  # type: ignore[arg-type]
+    threading.Timer(0.2, stop.set).start()
+    runner.run()
+    assert runner.cycles >= 1 and pipe.closed.is_set() and pipe.close_thread != "cycle"
+    with pytest.raises(RunnerStopped):
+        runner.run()

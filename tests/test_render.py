@@ -25,8 +25,8 @@ from cfnlint.api import lint_all
 from exporter.render import main, render, stale_files
 from exporter.render.dashboard import GRID_WIDTH, MAX_METRICS_PER_WIDGET, MAX_WIDGETS
 from exporter.render.options import Options, model_log_group
-from exporter.render.refs import metric_rows
 from exporter.render.template import build as build_template
+from tests.render_refs import metric_rows
 
 from .helpers import CATALOG
 

@@ -16,6 +16,7 @@ import pytest
 from exporter.emf_validate import validate
 
 from .helpers import documents, metric_names, model_doc, pipeline_for, task_doc
+from .render_refs import alarm_refs
 
 pytestmark = pytest.mark.triton
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +60,31 @@ def test_interval_deltas_equal_requests_sent(triton):
     assert add3["RequestSuccess"] == 0
     assert "RequestLatencyAvg" not in add3 and "AverageBatchSize" not in add3
     assert "RequestLatencyP95" not in add3  # the 60 s summary window still has old data: not this window's
+
+
+def test_model_that_raises_is_counted_as_failed_with_reason_backend_and_breaches_the_failure_alarm(triton):
+    """``fails`` raises for X <= 0: Triton counts those under BACKEND (an error *response* counts as a success)."""
+    pipe = pipeline_for(triton)
+    pipe.cycle()
+    sent = [1.0, -1.0, 2.0, 0.0, -3.0, 4.0, -5.0, -6.0, 7.0, -8.0]  # 6 raise, 4 answer
+    raising = sum(x <= 0 for x in sent)
+    for x in sent:
+        status, body = triton.infer("fails", [{"name": "X", "datatype": "FP32", "shape": [1], "data": [x]}])
+        assert status == (500 if x <= 0 else 200), body
+        if x <= 0:
+            assert "RuntimeError: sample model always fails on X <= 0" in body["error"]
+    docs = documents(pipe.cycle())
+    fails = model_doc(docs, "fails")
+    assert fails["RequestFailure"] == raising
+    assert fails["RequestFailureBackend"] == raising
+    assert fails["RequestSuccess"] == len(sent) - raising
+    # The committed failure alarm reads RequestFailure on the model rollup; this window alone breaches it.
+    alarm = orjson.loads((ROOT / "alarms" / "cli" / "alarm-model-failures.json").read_bytes())
+    assert alarm_refs(alarm) == [("Triton", "RequestFailure", frozenset({"model"}))]
+    declared = [d["Dimensions"] for d in fails["_aws"]["CloudWatchMetrics"]
+                if any(m["Name"] == "RequestFailure" for m in d["Metrics"])]
+    assert ["model"] in declared[0]
+    assert fails["RequestFailure"] > alarm["Threshold"]
 
 
 def test_failed_model_is_not_ready_with_its_reason(triton):

@@ -19,6 +19,14 @@ class SourceError(Exception):
     """A source could not deliver this cycle. The message is one line, safe to log."""
 
 
+class SourceRequired(Exception):
+    """A source the settings make mandatory (``--nvml on``) cannot start, so the sidecar must not run.
+
+    Raised while the sources are built; ``exporter.__main__`` turns it into
+    one line on stderr and exit code 2. The message names the cause.
+    """
+
+
 @dataclass
 class VersionState:
     """One row of Triton's repository index."""

@@ -3,7 +3,7 @@
 The source reads each GPU through a narrow interface, the handful of
 ``pynvml`` functions named in :data:`NVML_CALLS`; in production that is the
 ``pynvml`` module (from ``nvidia-ml-py``), in tests
-:class:`exporter.sources.nvml_fake.FakeNvml`, which keeps the same contract.
+:class:`tests.nvml_fake.FakeNvml` (not shipped), which keeps the same contract.
 Series are named ``nvml_*`` in SI units and keyed by ``gpu_uuid``: NVML's UUID
 is the ``gpu_uuid`` label of Triton's DCGM series, so the catalog joins both
 into one event per GPU (Triton's value first where both exist).
@@ -13,7 +13,10 @@ Degrade, never crash:
   pipeline reports ``SourceUp{source=nvml}=0`` and logs the reason once);
   initialisation is retried every ``retry_interval`` seconds, not every cycle.
 - One field a device does not support is left out for that device (and not
-  asked again); one failing field never drops the device.
+  asked again); one failing field never drops the device. Where NVML has a
+  newer and an older entry point for a field, a newer one that answers
+  FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH or NOT_SUPPORTED hands over to
+  the older one (:meth:`NvmlSource._fallback`).
 - A GPU that fell off the bus (NVML_ERROR_GPU_IS_LOST) is emitted as
   ``nvml_gpu_lost=1`` and nothing else.
 
@@ -34,7 +37,7 @@ from typing import Any
 from ..config import Settings
 from ..logs import get
 from ..promtext import Exposition, LabelSet
-from . import Collected, GpuInfo, SourceError, SourceKind
+from . import Collected, GpuInfo, SourceError, SourceKind, SourceRequired
 
 log = get("nvml")
 
@@ -58,12 +61,16 @@ RETRY_INTERVAL = 300.0
 MAX_EVENTS_PER_CYCLE = 10_000
 """Bound on XID events drained in one cycle, so an event storm cannot stall the loop."""
 
-# NVML error codes (pynvml.NVML_ERROR_*; numbers are part of NVML's ABI).
+# NVML error codes (pynvml.NVML_ERROR_*; numbers are part of NVML's ABI, tests/test_nvml.py checks them).
 NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, DRIVER_NOT_LOADED, TIMEOUT = 3, 4, 6, 9, 10
 UNINITIALIZED, LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND, GPU_IS_LOST, LIB_RM_VERSION_MISMATCH = 1, 12, 13, 15, 18
-INVALID_ARGUMENT = 2
+INVALID_ARGUMENT, ARGUMENT_VERSION_MISMATCH = 2, 25
 _WHOLE_NVML = {UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH}
-_PERMANENT = {NOT_SUPPORTED, FUNCTION_NOT_FOUND}
+_PERMANENT = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH}
+# Answers from a newer entry point that say "not this call" rather than "not this field": the library
+# lacks the symbol, or has it but not the structure version pynvml passes, or the driver does not
+# serve the versioned call on this device. The older entry point may still work.
+_TRY_OLDER = {FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH, NOT_SUPPORTED}
 _ABSENT = {LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED}
 
 # Clock event ("throttle") reason bits, grouped as operators act on them.
@@ -204,7 +211,7 @@ class NvmlSource:
         self.last_xid: dict[str, int] = {}
         self._event_set: Any = None
         self._by_handle: dict[Any, Device] = {}
-        self._variant: dict[str, int] = {}  # reader -> which entry point works with this driver
+        self._variant: dict[tuple[str, Any], int] = {}  # (reader, device) -> which entry point works there
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -344,6 +351,7 @@ class NvmlSource:
         self.ready = False
         self.devices = []
         self._by_handle = {}
+        self._variant = {}  # handles are not valid after nvmlShutdown
 
     def close(self) -> None:
         if self.ready:
@@ -432,17 +440,24 @@ class NvmlSource:
         except self.api.NVMLError:
             return None
 
-    def _fallback(self, key: str, *calls: Callable[[], Any]) -> Any:
-        """Call the first entry point this driver has; remember which one worked."""
-        start = self._variant.get(key, 0)
+    def _fallback(self, handle: Any, key: str, *calls: Callable[[], Any]) -> Any:
+        """Call the newest entry point that works on this device (newest first); remember which one did.
+
+        A newer call that answers FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH or
+        NOT_SUPPORTED hands over to the next older one; only the oldest one's
+        error reaches the caller (and NOT_SUPPORTED there marks the field
+        unsupported). Remembered per device, so the newer call is not asked again.
+        """
+        where = (key, _handle_key(handle))
+        start = self._variant.get(where, 0)
         for n in range(start, len(calls)):
             try:
                 result = calls[n]()
             except self.api.NVMLError as exc:
-                if _code(exc) == FUNCTION_NOT_FOUND and n + 1 < len(calls):
+                if _code(exc) in _TRY_OLDER and n + 1 < len(calls):
                     continue
                 raise
-            self._variant[key] = n
+            self._variant[where] = n
             return result
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -460,7 +475,7 @@ def _utilization(s: NvmlSource, h: Any) -> Pairs:
 
 def _memory(s: NvmlSource, h: Any) -> Pairs:
     api = s.api
-    m = s._fallback("memory", lambda: api.nvmlDeviceGetMemoryInfo(h, version=MEMORY_V2),
+    m = s._fallback(h, "memory", lambda: api.nvmlDeviceGetMemoryInfo(h, version=MEMORY_V2),
                     lambda: api.nvmlDeviceGetMemoryInfo(h))
     yield "nvml_memory_total_bytes", float(m.total)
     yield "nvml_memory_used_bytes", float(m.used)
@@ -484,7 +499,7 @@ def _temperature(s: NvmlSource, h: Any) -> Pairs:
     api = s.api
     gpu = 0  # NVML_TEMPERATURE_GPU
     yield "nvml_temperature_gpu_celsius", float(s._fallback(
-        "temperature", lambda: api.nvmlDeviceGetTemperatureV(h, gpu), lambda: api.nvmlDeviceGetTemperature(h, gpu)))
+        h, "temperature", lambda: api.nvmlDeviceGetTemperatureV(h, gpu), lambda: api.nvmlDeviceGetTemperature(h, gpu)))
 
 
 def _memory_temperature(s: NvmlSource, h: Any) -> Pairs:
@@ -503,7 +518,7 @@ def _clocks(s: NvmlSource, h: Any) -> Pairs:
 
 def _throttle(s: NvmlSource, h: Any) -> Pairs:
     api = s.api
-    reasons = s._fallback("throttle", lambda: api.nvmlDeviceGetCurrentClocksEventReasons(h),
+    reasons = s._fallback(h, "throttle", lambda: api.nvmlDeviceGetCurrentClocksEventReasons(h),
                           lambda: api.nvmlDeviceGetCurrentClocksThrottleReasons(h))
     yield "nvml_throttle_thermal", 1.0 if reasons & THERMAL else 0.0
     yield "nvml_throttle_power_cap", 1.0 if reasons & POWER_CAP else 0.0
@@ -577,7 +592,12 @@ def make_nvml_source(
 ) -> NvmlSource | None:
     """The NVML source for ``settings.nvml`` ("off": None).
 
-    When NVML cannot start, the source is kept either way: one warning at
+    ``on``: NVML is required; when it cannot start, :class:`SourceRequired`
+    names the cause and the sidecar does not run (a GPU task deployed without
+    the driver mounted is a deployment error to see at once, not a gap on a
+    dashboard). Once started, a later NVML failure is handled as under ``auto``.
+
+    ``auto``: when NVML cannot start, the source is kept: one warning at
     start, ``SourceUp{source=nvml}=0`` with the reason every cycle, and a
     slow retry; Triton's metrics keep flowing. On a host that has no GPU at
     all (no library or driver and nothing in /dev or NVIDIA_VISIBLE_DEVICES
@@ -593,6 +613,9 @@ def make_nvml_source(
     try:
         source.start()
     except NvmlUnavailable as exc:
+        if settings.nvml == "on":
+            raise SourceRequired(f"--nvml on (EXPORTER_NVML=on) needs NVML, which is unavailable: {exc.reason}; "
+                                 "--nvml auto runs without it and retries") from None
         if exc.code in _ABSENT and not gpu_hints(environ, dev):
             log.warning("NVML unavailable (%s) and no GPU device or NVIDIA_VISIBLE_DEVICES in this container: "
                         "GPU telemetry from NVML is off until it appears (retrying every %gs); on a CPU-only "

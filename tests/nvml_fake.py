@@ -12,7 +12,10 @@ Behaviour modelled on NVML's documentation: every call before ``nvmlInit``
 raises Uninitialized; init is reference-counted; a lost GPU answers
 GPU_IS_LOST to every device query; ``nvmlEventSetWait`` with nothing pending
 raises Timeout; ``old_driver=True`` makes the newer entry points raise
-FunctionNotFound as an older ``libnvidia-ml.so`` does.
+FunctionNotFound as an older ``libnvidia-ml.so`` does, and
+``newer_error=CODE`` makes them answer any other error (a driver that has the
+symbol but answers ARGUMENT_VERSION_MISMATCH or NOT_SUPPORTED from it); per
+GPU, ``FakeGpu.failing`` does the same for one function.
 
 Scenarios are plain functions at the bottom (``two_healthy()`` ...).
 """
@@ -20,7 +23,7 @@ Scenarios are plain functions at the bottom (``two_healthy()`` ...).
 from __future__ import annotations
 
 import types
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,15 +101,17 @@ class FakeNvml:
 
     def __init__(
         self, gpus: list[FakeGpu] | None = None, *, library: bool = True, init_error: int | None = None,
-        driver_version: str = "550.127.05", old_driver: bool = False,
+        driver_version: str = "550.127.05", old_driver: bool = False, newer_error: int | None = None,
     ) -> None:
         self.gpus = list(gpus or [])
         self.library = library
         self.init_error = init_error
         self.driver_version = driver_version
         self.old_driver = old_driver
+        self.newer_error = newer_error  # what every NEW_FUNCTIONS entry point answers (after the device checks)
         self.refcount = 0
         self.calls = 0
+        self.called: Counter[str] = Counter()  # function name -> calls (every GPU)
         self.inits = 0
         self.shutdowns = 0
         self.event_sets: list[_EventSet] = []
@@ -155,6 +160,7 @@ class FakeNvml:
 
     def _enter(self, fn: str) -> None:
         self.calls += 1
+        self.called[fn] += 1
         if not self.library:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
         if self.old_driver and fn in self.NEW_FUNCTIONS:
@@ -174,6 +180,8 @@ class FakeNvml:
             raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
         if fn in g.failing:
             raise _err(g.failing[fn])
+        if self.newer_error is not None and fn in self.NEW_FUNCTIONS:
+            raise _err(self.newer_error)
         if fn in g.not_supported:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return g
