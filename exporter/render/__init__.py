@@ -1,4 +1,4 @@
-"""``python -m exporter render``: dashboards, alarms, scaling and docs/metrics.md from the catalog.
+"""``python -m exporter render``: dashboards, alarms, scaling, their Terraform and docs/metrics.md from the catalog.
 
 The output is committed; tests/test_render.py renders again with the
 defaults and fails when the committed files differ, so a catalog change
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import alarms, dashboard, docsgen, template
+from . import alarms, dashboard, docsgen, template, terraform
 from .options import Options
 
 GENERATED_DIRS = ("dashboards", "alarms")
@@ -28,6 +28,7 @@ def render(opts: Options) -> dict[str, str]:
     }
     for rel, text in alarms.cli_files(opts).items():
         files[f"alarms/cli/{rel}"] = text
+    files |= terraform.files(opts)  # deploy/terraform/alarms.tf.json and the dashboard's templatefile()
     return files
 
 
@@ -44,7 +45,8 @@ def stale_files(root: Path, files: dict[str, str]) -> list[Path]:
 def _parser() -> argparse.ArgumentParser:
     d = Options()
     p = argparse.ArgumentParser(prog="python -m exporter render",
-                                description="Write dashboards/, alarms/ and docs/metrics.md from the metric catalog.")
+                                description="Write dashboards/, alarms/, deploy/terraform/alarms.tf.json and docs/metrics.md "
+                                "from the metric catalog.")
     p.add_argument("--out", default=".", help="directory to write into (default: current directory)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ from a render")
     p.add_argument("--namespace", default=d.namespace, help=f"CloudWatch namespace (default: {d.namespace})")
