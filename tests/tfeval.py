@@ -16,6 +16,7 @@ resource attribute the configuration does not set (``arn``, ``id``) is the place
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -115,6 +116,20 @@ def _body(node: Tree, source: str) -> Body:
             out.blocks.append(Block(_name(names[0]), [_name(n) for n in names[1:]], _body(body, source), source))
             out.order.append(("block", str(len(out.blocks) - 1)))
     return out
+
+
+def parse_directory(directory: Path) -> list[Block]:
+    """Every block of a module directory's ``*.tf`` and ``*.tf.json`` files (cached per file content)."""
+    blocks: list[Block] = []
+    for path in sorted(directory.glob("*.tf")) + sorted(directory.glob("*.tf.json")):
+        blocks += _parse_file(path.name, path.read_text(encoding="utf-8"))
+    return blocks
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_file(name: str, text: str) -> list[Block]:
+    body = parse_json(json.loads(text), name) if name.endswith(".tf.json") else parse_hcl(text, name)
+    return body.blocks
 
 
 def parse_json(obj: dict[str, Any], source: str) -> Body:
@@ -341,11 +356,7 @@ class Module:
         self.dir = directory.resolve()
         self.data_attrs = data
         self.functions_seen = functions_seen if functions_seen is not None else set()
-        self.blocks: list[Block] = []
-        for path in sorted(self.dir.glob("*.tf")):
-            self.blocks += parse_hcl(path.read_text(), path.name).blocks
-        for path in sorted(self.dir.glob("*.tf.json")):
-            self.blocks += parse_json(json.loads(path.read_text()), path.name).blocks
+        self.blocks = parse_directory(self.dir)
         self.variables = self._declared("variable", 1)
         self.outputs_decl = self._declared("output", 1)
         self.resources_decl = self._declared("resource", 2)
@@ -730,7 +741,8 @@ class Module:
         if isinstance(collection, dict):
             pairs = sorted(collection.items())
         elif isinstance(collection, list | SetValue):
-            pairs = list(enumerate(collection)) if not isinstance(collection, SetValue) else [(v, v) for v in collection]
+            is_set = isinstance(collection, SetValue)
+            pairs = [(v, v) for v in collection] if is_set else list(enumerate(collection))
         else:
             raise TfError(f"for over {type(collection).__name__}")
         cond = next((c for c in _trees(node) if c.data == "for_cond"), None)

@@ -64,8 +64,8 @@ variable "listener_rule_priority" {
   description = "Priority of the module's rule on the listener (unique per listener)"
   default     = 100
   validation {
-    condition     = var.listener_rule_priority >= 1 && var.listener_rule_priority <= 50000 && floor(var.listener_rule_priority) == var.listener_rule_priority
-    error_message = "The listener_rule_priority must be a whole number from 1 to 50000."
+    condition     = var.listener_rule_priority >= 1 && var.listener_rule_priority <= 50000
+    error_message = "The listener_rule_priority must be from 1 to 50000."
   }
 }
 
@@ -80,8 +80,8 @@ variable "health_check_grace_period_seconds" {
   description = "Seconds ECS ignores failing load balancer health checks after a task starts (model load time)"
   default     = 600
   validation {
-    condition     = var.health_check_grace_period_seconds >= 0 && var.health_check_grace_period_seconds <= 7200 && floor(var.health_check_grace_period_seconds) == var.health_check_grace_period_seconds
-    error_message = "The health_check_grace_period_seconds must be a whole number from 0 to 7200."
+    condition     = var.health_check_grace_period_seconds >= 0 && var.health_check_grace_period_seconds <= 7200
+    error_message = "The health_check_grace_period_seconds must be from 0 to 7200."
   }
 }
 
@@ -148,8 +148,8 @@ variable "desired_count" {
   description = "Tasks at creation; then the GPU step scaling (min_capacity..max_capacity) owns the count"
   default     = 1
   validation {
-    condition     = var.desired_count >= 0 && floor(var.desired_count) == var.desired_count
-    error_message = "The desired_count must be a whole number, 0 or more."
+    condition     = var.desired_count >= 0
+    error_message = "The desired_count must be 0 or more."
   }
 }
 

@@ -45,8 +45,8 @@ def stale_files(root: Path, files: dict[str, str]) -> list[Path]:
 def _parser() -> argparse.ArgumentParser:
     d = Options()
     p = argparse.ArgumentParser(prog="python -m exporter render",
-                                description="Write dashboards/, alarms/, deploy/terraform/alarms.tf.json and docs/metrics.md "
-                                "from the metric catalog.")
+                                description="Write dashboards/, alarms/, deploy/terraform/alarms.tf.json and "
+                                "docs/metrics.md from the metric catalog.")
     p.add_argument("--out", default=".", help="directory to write into (default: current directory)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ from a render")
     p.add_argument("--namespace", default=d.namespace, help=f"CloudWatch namespace (default: {d.namespace})")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from . import dashboard
