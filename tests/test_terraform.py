@@ -33,6 +33,7 @@ import pytest
 from hcl2.utils import SerializationOptions
 from lark.exceptions import UnexpectedInput
 
+from exporter.render import render
 from exporter.render import terraform as tfrender
 from exporter.render.alarms import SCALING_ACTIONS, alarm_specs
 from exporter.render.options import Options
@@ -635,6 +636,30 @@ def test_a_drifted_stack_fails_the_comparison(template, alarms_template) -> None
     assert any("PlacementConstraints" in d for d in diffs), diffs
     assert any("Queue (AWS::SQS::Queue) has no Terraform counterpart" in d for d in diffs), diffs
     assert any(d.startswith("alarm triton-exporter-heartbeat-missing.Threshold") for d in diffs), diffs
+
+
+def test_a_rich_render_is_the_same_in_both(tmp_path: Path) -> None:
+    """Named models (classic alarms with a model dimension, hostile names), a topic, another namespace:
+    the Terraform render and the CloudFormation render of the same options still agree."""
+    from tests.test_render import RICH
+
+    files = render(RICH)
+    module_dir = _copy_module(tmp_path)
+    for rel in (tfrender.ALARMS_FILE, tfrender.DASHBOARD_FILE):
+        (tmp_path / rel).write_text(files[rel])
+    alarms_template = json.loads(files["alarms/triton-alarms.template.json"])
+    nested = Stack(alarms_template)  # every parameter at its default: the render options
+    params = {k: v["Default"] for k, v in alarms_template["Parameters"].items()
+              if tfrender.variable_name(k) in variables(module_dir)}
+    params |= {k: v for k, v in VALUES.items() if k not in params}
+    plan = module_for({k: str(v) for k, v in params.items()}, module_dir).plan()
+    assert differences_nested(nested, plan) == []
+    dims = [a.get("dimensions") for a in of_type(plan, "aws_cloudwatch_metric_alarm").values()]
+    assert {"model": "m@x.v2+b"} in dims  # the per-model alarms came through with their dimension
+
+
+def differences_nested(nested: Stack, plan: dict[str, Any]) -> list[str]:
+    return [d for fn in dict.fromkeys(NESTED.values()) for d in fn(nested, plan)]
 
 
 # --- variables against parameters ------------------------------------------------------------
