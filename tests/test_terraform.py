@@ -188,11 +188,11 @@ class Mapper:
     def take(self, name: str, default: Any = None) -> Any:
         return self.args.pop(name, default)
 
-    def block(self, name: str) -> dict[str, Any]:
+    def block(self, name: str) -> Mapper:
         blocks = self.args.pop(name, [])
         if len(blocks) != 1:
             raise AssertionError(f"{self.where}: expected one {name} block, got {len(blocks)}")
-        return Mapper(f"{self.where}.{name}", blocks[0], ignore=())  # type: ignore[return-value]
+        return Mapper(f"{self.where}.{name}", blocks[0], ignore=())
 
     def done(self) -> list[str]:
         return [f"{self.where}: Terraform sets {k} = {v!r}, which the stack does not" for k, v in self.args.items()]
@@ -370,6 +370,7 @@ def _dimensions(d: dict[str, str] | None) -> list[dict[str, str]]:
 def _alarm_as_cfn(address: str, args: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     m = Mapper(address, args)
     out: dict[str, Any] = {}
+    diffs: list[str] = []
     if "dimensions" in m.args:
         out["Dimensions"] = _dimensions(m.take("dimensions"))
     queries = []
@@ -381,15 +382,15 @@ def _alarm_as_cfn(address: str, args: dict[str, Any]) -> tuple[dict[str, Any], l
             entry["MetricStat"] = {"Metric": {"Namespace": mm.take("namespace"), "MetricName": mm.take("metric_name"),
                                               "Dimensions": _dimensions(mm.take("dimensions"))},
                                    "Period": mm.take("period"), "Stat": mm.take("stat"), "Unit": mm.take("unit")}
-            queries += mm.done()  # type: ignore[arg-type]
+            diffs += mm.done()
         queries.append(entry)
-        out.setdefault("_diffs", []).extend(qm.done())
+        diffs += qm.done()
     if queries:
-        out["Metrics"] = [q for q in queries if isinstance(q, dict)]
+        out["Metrics"] = queries
     for k in list(m.args):
         if k in ALARM_FIELDS:
             out[ALARM_FIELDS[k]] = m.take(k)
-    return out, m.done() + out.pop("_diffs", []) + [q for q in queries if isinstance(q, str)]
+    return out, m.done() + diffs
 
 
 def _sorted_dims(props: dict[str, Any]) -> dict[str, Any]:

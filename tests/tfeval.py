@@ -12,6 +12,10 @@ Anything outside that subset (a function, a directive, a heredoc, a provider fun
 :class:`TfError`, never a guess: a module that used it would fail here, not pass. A
 resource attribute the configuration does not set (``arn``, ``id``) is the placeholder
 ``<type.name[key].attr>``, as ``(known after apply)`` in a plan.
+
+Not modelled (so ``terraform validate`` is still worth running): provider schemas (argument
+names and types of each resource), the type unification of a conditional's two branches,
+and sets other than ``toset()`` of strings.
 """
 
 from __future__ import annotations
@@ -351,11 +355,9 @@ class ResourceRef:
 class Module:
     """One module directory with its input values: evaluate variables, locals, resources, outputs."""
 
-    def __init__(self, directory: Path, inputs: dict[str, Any], data: dict[str, dict[str, Any]],
-                 functions_seen: set[str] | None = None) -> None:
+    def __init__(self, directory: Path, inputs: dict[str, Any], data: dict[str, dict[str, Any]]) -> None:
         self.dir = directory.resolve()
         self.data_attrs = data
-        self.functions_seen = functions_seen if functions_seen is not None else set()
         self.blocks = parse_directory(self.dir)
         self.variables = self._declared("variable", 1)
         self.outputs_decl = self._declared("output", 1)
@@ -488,7 +490,7 @@ class Module:
             source = self.eval(block.body.attrs["source"], Scope())
             if not isinstance(source, str) or not source.startswith(("./", "../")):
                 raise TfError(f"module {name}: only local sources, got {source!r}")
-            self._modules[name] = Module(self.dir / source, args, self.data_attrs, self.functions_seen)
+            self._modules[name] = Module(self.dir / source, args, self.data_attrs)
         return self._modules[name]
 
     # --- results ---------------------------------------------------------------------------
@@ -788,7 +790,6 @@ class Module:
         arg_nodes = _trees(args_node) if args_node is not None else []
         if args_node is not None and any(isinstance(c, Token) and c.type == "ELLIPSIS" for c in args_node.children):
             raise TfError("argument expansion (...) is not supported")
-        self.functions_seen.add(name)
         if name in ("try", "can"):
             return self._try(name, arg_nodes, scope)
         fn = FUNCTIONS.get(name)
@@ -1013,12 +1014,6 @@ def _alltrue(items: list[Any]) -> bool:
     return all(items)
 
 
-def _floor(x: Any) -> Any:
-    if not isinstance(x, int | float) or isinstance(x, bool):
-        raise TfError("floor() takes a number")
-    return math.floor(x)
-
-
 def _contains(items: list[Any], value: Any) -> bool:
     return any(value == i and (type(i) is type(value) or _both_numbers(i, value)) for i in items)
 
@@ -1041,6 +1036,5 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "trimprefix": _string_fn(lambda s, p: s[len(p):] if s.startswith(p) else s),
     "trimsuffix": _string_fn(lambda s, p: s[: -len(p)] if p and s.endswith(p) else s),
     "alltrue": _alltrue,
-    "floor": _floor,
     "contains": _contains,
 }

@@ -4,9 +4,12 @@
 #   cp terraform.tfvars.example terraform.tfvars   # then fill in your cluster, network and images
 #   terraform init && terraform plan -out triton.plan && terraform apply triton.plan
 #
-# The module reads ../../task-definition.json and ../../../dashboards/triton.json.tftpl, so
-# use it from a checkout of the repository (or a git source of the whole repository with
-# `//deploy/terraform`), not a copy of this directory alone.
+# The module reads deploy/task-definition.json and dashboards/triton.json.tftpl by relative
+# path, so use it from a checkout of the repository (or a git source of the whole repository
+# with `//deploy/terraform`), not from a copy of deploy/terraform alone.
+#
+# Not run here: `terraform validate` and `plan` need the Terraform binary and the AWS provider,
+# which the project's machines cannot download (see docs/deploy.md, "Deploy with Terraform").
 
 terraform {
   required_version = ">= 1.5.0"
