@@ -6,8 +6,9 @@
 # checkov pins old versions of common packages (e.g. `packaging`), so it never
 # goes into the main .venv: it lives in .venv-checkov, created here on first use.
 # What is scanned: the sidecar's Dockerfile, fluentbit/Dockerfile,
-# deploy/triton.Dockerfile, deploy/task-definition.json and the CloudFormation
-# templates (alarms/*.template.json, deploy/*.yaml|yml|json templates).
+# deploy/triton.Dockerfile, deploy/task-definition.json, the CloudFormation
+# templates (alarms/*.template.json, deploy/*.yaml|yml|json templates) and the
+# Terraform module deploy/terraform (through its examples/ root module).
 # Skipped checks, each with its reason, are listed in .checkov.yaml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,4 +32,10 @@ args=()
 for f in "${files[@]}"; do args+=(--file "$f"); done
 # Offline-safe: no Bridgecrew/Prisma platform calls, no version check.
 export BC_SKIP_MAPPING=TRUE CHECKOV_RUN_SCA_PACKAGE_SCAN_V2=false
-exec "$VENV/bin/checkov" --config-file .checkov.yaml --skip-download "${args[@]}" "$@"
+rc=0
+"$VENV/bin/checkov" --config-file .checkov.yaml --skip-download "${args[@]}" "$@" || rc=$?
+# The Terraform module as a directory, so checkov resolves the examples/ module call, variables and
+# locals (checkov ignores --file arguments once --directory is given, hence a second run).
+"$VENV/bin/checkov" --config-file .checkov.yaml --skip-download --framework terraform terraform_json \
+  --directory deploy/terraform "$@" || rc=$?
+exit "$rc"

@@ -1,4 +1,4 @@
-"""``python -m exporter render``: dashboards, alarms, scaling and docs/metrics.md from the catalog.
+"""``python -m exporter render``: dashboards, alarms, scaling, their Terraform and docs/metrics.md from the catalog.
 
 The output is committed; tests/test_render.py renders again with the
 defaults and fails when the committed files differ, so a catalog change
@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ..catalog import cli
-from . import alarms, dashboard, docsgen, template
+from . import alarms, dashboard, docsgen, template, terraform
 from .options import Options
 
 GENERATED_DIRS = ("dashboards", "alarms")
@@ -31,6 +31,7 @@ def render(opts: Options) -> dict[str, str]:
     }
     for rel, text in alarms.cli_files(opts).items():
         files[f"alarms/cli/{rel}"] = text
+    files |= terraform.files(opts)  # deploy/terraform/alarms.tf.json and the dashboard's templatefile()
     return files
 
 
@@ -47,8 +48,9 @@ def stale_files(root: Path, files: dict[str, str]) -> list[Path]:
 def _parser() -> argparse.ArgumentParser:
     d = SimpleNamespace(**{f.name: f.default for f in fields(Options) if f.name != "catalog"})  # the defaults
     p = argparse.ArgumentParser(prog="python -m exporter render",
-                                description="Write dashboards/, alarms/ and docs/metrics.md from the metric catalog "
-                                "(with --catalog files and the --metrics selection: only emitted metrics are used).")
+                                description="Write dashboards/, alarms/, deploy/terraform/alarms.tf.json and "
+                                "docs/metrics.md from the metric catalog (with --catalog files and the --metrics "
+                                "selection: only emitted metrics are used).")
     p.add_argument("--out", default=".", help="directory to write into (default: current directory)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ from a render")
     p.add_argument("--namespace", default=d.namespace, help=f"CloudWatch namespace (default: {d.namespace})")

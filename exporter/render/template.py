@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -90,23 +91,40 @@ def _actions(kinds: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def dashboard_body_sub(opts: Options) -> str:
-    """The dashboard body as a Fn::Sub string over the template's parameters."""
+def dashboard_parameters() -> dict[str, str]:
+    """Parameter -> "string" or "number", for every parameter the dashboard body takes."""
+    out = {param: "string" for _, param in _STRING_STANDINS.values()}
+    out |= {param: "number" for _, param in [*_NUMBER_STANDINS.values(), _LATENCY_STANDIN]}
+    return out
+
+
+def dashboard_body_template(opts: Options, placeholder: Callable[[str], str], escape: Callable[[str], str],
+                            indent: int | None = None) -> str:
+    """The dashboard body as template text: each parameter's value becomes ``placeholder(parameter)``.
+
+    ``escape`` quotes the body's own template syntax first (CloudFormation's ``${!``, Terraform's
+    ``$${``), so the same body serves Fn::Sub and Terraform's templatefile().
+    """
     standins: dict[str, Any] = {k: v[0] for k, v in _STRING_STANDINS.items()}
     standins |= {k: v[0] for k, v in _NUMBER_STANDINS.items()}
     standins["latency_slo_ms"] = _LATENCY_STANDIN[0]
     body = dashboard.build(replace(opts, **standins))
-    text = json.dumps(body, separators=(",", ":")).replace("${", "${!")
+    text = escape(json.dumps(body, indent=indent) if indent else json.dumps(body, separators=(",", ":")))
     for standin, param in _STRING_STANDINS.values():
-        text = text.replace(standin, "${" + param + "}")
+        text = text.replace(standin, placeholder(param))
     numbers = [*_NUMBER_STANDINS.values(), (_LATENCY_STANDIN[0] * 1000.0, _LATENCY_STANDIN[1])]
     if len({json.dumps(n) for n, _ in numbers}) != len(numbers):
         raise AssertionError("two dashboard stand-ins print alike")
     for number, param in numbers:
-        text = text.replace(json.dumps(number), "${" + param + "}")
+        text = text.replace(json.dumps(number), placeholder(param))
     if "@@" in text or "e+30" in text or "e+29" in text:
         raise AssertionError("a dashboard stand-in was not replaced")
     return text
+
+
+def dashboard_body_sub(opts: Options) -> str:
+    """The dashboard body as a Fn::Sub string over the template's parameters."""
+    return dashboard_body_template(opts, lambda p: "${" + p + "}", lambda text: text.replace("${", "${!"))
 
 
 def build(opts: Options) -> dict[str, Any]:

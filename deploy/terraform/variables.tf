@@ -1,0 +1,206 @@
+# The deployment's inputs: the parameters of deploy/stack.yaml, snake_cased, with the same
+# defaults and constraints (tests/test_terraform.py checks both). The alarm and scaling
+# thresholds, names and switches are declared in the generated alarms.tf.json.
+
+# --- cluster and network ----------------------------------------------------------------
+
+variable "cluster_name" {
+  type        = string
+  description = "Name (not ARN) of the ECS cluster of GPU instances (ECS GPU-optimized AMI)"
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_-]{1,255}$", var.cluster_name))
+    error_message = "The cluster_name must be a cluster name (1-255 letters, digits, _ or -), not an ARN."
+  }
+}
+
+variable "service_name" {
+  type        = string
+  description = "Name of the ECS service (also the scalable target service/<cluster>/<service>)"
+  default     = "triton"
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_-]{1,255}$", var.service_name))
+    error_message = "The service_name must be 1-255 letters, digits, _ or -."
+  }
+}
+
+variable "vpc_id" {
+  type        = string
+  description = "VPC of the subnets and of the load balancer"
+  validation {
+    condition     = can(regex("^vpc-[0-9a-f]+$", var.vpc_id))
+    error_message = "The vpc_id must be a VPC id (vpc-...)."
+  }
+}
+
+variable "subnet_ids" {
+  type        = list(string)
+  description = "Subnets of the tasks' ENIs (awsvpc), in the VPC of the load balancer"
+  validation {
+    condition     = length(var.subnet_ids) > 0 && alltrue([for s in var.subnet_ids : can(regex("^subnet-[0-9a-f]+$", s))])
+    error_message = "The subnet_ids must be one or more subnet ids (subnet-...)."
+  }
+}
+
+variable "security_group_ids" {
+  type        = list(string)
+  description = "Security groups of the tasks; must allow TCP 8000 from the load balancer (keep 8002 closed)"
+  validation {
+    condition     = length(var.security_group_ids) > 0 && alltrue([for s in var.security_group_ids : can(regex("^sg-[0-9a-f]+$", s))])
+    error_message = "The security_group_ids must be one or more security group ids (sg-...)."
+  }
+}
+
+variable "listener_arn" {
+  type        = string
+  description = "ARN of an existing Application Load Balancer listener in vpc_id; the module adds a rule to it"
+  validation {
+    condition     = can(regex("^arn:aws[a-z-]*:elasticloadbalancing:[a-z0-9-]+:[0-9]{12}:listener/app/.+$", var.listener_arn))
+    error_message = "The listener_arn must be an Application Load Balancer listener ARN."
+  }
+}
+
+variable "listener_rule_priority" {
+  type        = number
+  description = "Priority of the module's rule on the listener (unique per listener)"
+  default     = 100
+  validation {
+    condition     = var.listener_rule_priority >= 1 && var.listener_rule_priority <= 50000
+    error_message = "The listener_rule_priority must be from 1 to 50000."
+  }
+}
+
+variable "listener_host_header" {
+  type        = string
+  description = "Host header the rule also requires (e.g. triton.example.com); empty matches any host"
+  default     = ""
+}
+
+variable "health_check_grace_period_seconds" {
+  type        = number
+  description = "Seconds ECS ignores failing load balancer health checks after a task starts (model load time)"
+  default     = 600
+  validation {
+    condition     = var.health_check_grace_period_seconds >= 0 && var.health_check_grace_period_seconds <= 7200
+    error_message = "The health_check_grace_period_seconds must be from 0 to 7200."
+  }
+}
+
+# --- images and models -------------------------------------------------------------------
+
+variable "triton_image" {
+  type        = string
+  description = "Private ECR URI of the Triton image built from deploy/triton.Dockerfile (tag or @sha256 digest)"
+  validation {
+    condition     = can(regex("^[0-9]{12}\\.dkr\\.ecr\\.[a-z0-9-]+\\.amazonaws\\.com/[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$", var.triton_image))
+    error_message = "The triton_image must be a private ECR image URI, ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPOSITORY:TAG."
+  }
+}
+
+variable "exporter_image" {
+  type        = string
+  description = "Private ECR URI of the sidecar image built from the repository's Dockerfile"
+  validation {
+    condition     = can(regex("^[0-9]{12}\\.dkr\\.ecr\\.[a-z0-9-]+\\.amazonaws\\.com/[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$", var.exporter_image))
+    error_message = "The exporter_image must be a private ECR image URI, ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPOSITORY:TAG."
+  }
+}
+
+variable "log_router_image" {
+  type        = string
+  description = "Private ECR URI of the log-router image built from fluentbit/Dockerfile"
+  validation {
+    condition     = can(regex("^[0-9]{12}\\.dkr\\.ecr\\.[a-z0-9-]+\\.amazonaws\\.com/[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$", var.log_router_image))
+    error_message = "The log_router_image must be a private ECR image URI, ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPOSITORY:TAG."
+  }
+}
+
+variable "model_repository" {
+  type        = string
+  description = "Triton's --model-repository: s3://bucket/prefix, a path in the image, or the container path where model_repository_host_path is mounted"
+  validation {
+    condition     = length(var.model_repository) >= 1
+    error_message = "The model_repository must not be empty."
+  }
+}
+
+variable "model_repository_host_path" {
+  type        = string
+  description = "Host directory with the model repository (e.g. an EFS or instance-store mount on the GPU instances); mounted read-only at model_repository, which must then be an absolute path. Empty: no mount"
+  default     = ""
+}
+
+variable "model_bucket_name" {
+  type        = string
+  description = "S3 bucket of an s3:// model_repository; the task role gets read access to it only. Empty for none"
+  default     = ""
+}
+
+variable "expect_gpu" {
+  type        = string
+  description = "Regular expression of GPU models the task may run on (STARTUP_EXPECT_GPU); empty accepts any"
+  default     = ""
+}
+
+# --- capacity ----------------------------------------------------------------------------
+
+variable "desired_count" {
+  type        = number
+  description = "Tasks at creation; then the GPU step scaling (min_capacity..max_capacity) owns the count"
+  default     = 1
+  validation {
+    condition     = var.desired_count >= 0
+    error_message = "The desired_count must be 0 or more."
+  }
+}
+
+# --- observability -----------------------------------------------------------------------
+
+variable "namespace" {
+  type        = string
+  description = "CloudWatch namespace the exporter writes (AWS_EMF_NAMESPACE); one per ECS service"
+  default     = "Triton"
+  validation {
+    condition     = can(regex("^[ -~]{1,255}$", var.namespace))
+    error_message = "The namespace must be 1-255 printable ASCII characters."
+  }
+}
+
+variable "log_group_prefix" {
+  type        = string
+  description = "Fluent Bit log group prefix (TRITON_LOG_GROUP_PREFIX); every log group of the module starts with it"
+  default     = "/ecs/triton"
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_./#-]{0,470}[A-Za-z0-9_.#-]$", var.log_group_prefix))
+    error_message = "The log_group_prefix must be a log group name prefix without a trailing slash."
+  }
+}
+
+variable "log_retention_days" {
+  type        = number
+  description = "Retention of every log group of the module, and of the per-model groups the router creates"
+  default     = 30
+  validation {
+    condition     = contains([1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653], var.log_retention_days)
+    error_message = "The log_retention_days must be a retention CloudWatch Logs offers (1, 3, 5, 7, 14, 30, 60, 90, ... 3653)."
+  }
+}
+
+variable "enable_exec" {
+  type        = bool
+  description = "Turn on ECS Exec (enable_execute_command and the SSM channel permissions on the task role)"
+  default     = false
+}
+
+# --- Terraform only ----------------------------------------------------------------------
+
+variable "task_family" {
+  type        = string
+  description = "Family of the task definition; empty: <cluster_name>-<service_name> (the stack uses its stack name)"
+  default     = ""
+}
+
+variable "tags" {
+  type        = map(string)
+  description = "Tags for every resource that takes them"
+  default     = {}
+}

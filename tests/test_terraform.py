@@ -1,0 +1,792 @@
+"""deploy/terraform: the Terraform module deploys what deploy/stack.yaml deploys, and cannot drift.
+
+No Terraform binary or provider can be fetched here, so ``terraform validate`` / ``plan``
+never run. Instead, with the real parsers (python-hcl2's HCL grammar, json):
+
+- every ``.tf`` file parses, every variable has a type and a description, and the
+  resources, variables and outputs the issue lists exist;
+- tests/tfeval.py evaluates the module the way ``terraform plan`` would configure it, and
+  tests/test_stack.py's evaluator does the same for the CloudFormation stack (and its nested
+  alarms template), from the SAME parameter values; the two must describe the same
+  deployment: containers, network mode, volumes, service, target group, listener rule, log
+  groups, both roles' policies statement by statement, every alarm, the scalable target and
+  step policies, the dashboard body. The comparisons iterate over whatever the stack has, and
+  every stack property needs a Terraform counterpart (and the other way round);
+- every stack parameter is a variable with the same default and the same constraints
+  (values at and beyond each bound are accepted or refused alike);
+- the examples/ root module with its terraform.tfvars.example evaluates to a full plan;
+- checkov's Terraform checks pass (slow).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import hcl2
+import pytest
+from hcl2.utils import SerializationOptions
+from lark.exceptions import UnexpectedInput
+
+from exporter.render import render
+from exporter.render import terraform as tfrender
+from exporter.render.alarms import SCALING_ACTIONS, alarm_specs
+from exporter.render.options import Options
+from exporter.render.template import POLICY_IDS
+from tests.helpers import CATALOG
+from tests.test_stack import ACCOUNT, REGION, REGISTRY, VALUES, Stack, api_shape, load_cfn_yaml
+from tests.tfeval import Module, TfError, Unknown, ValidationFailed, _source_text, parse_directory
+
+ROOT = Path(__file__).resolve().parent.parent
+TF = ROOT / "deploy" / "terraform"
+EXAMPLES = TF / "examples"
+STACK = ROOT / "deploy" / "stack.yaml"
+ALARMS = ROOT / "alarms" / "triton-alarms.template.json"
+DATA = {
+    "aws_caller_identity": {"account_id": ACCOUNT},
+    "aws_region": {"region": REGION},
+    "aws_partition": {"partition": "aws"},
+}
+TF_ONLY = {"task_family", "tags"}  # variables with no stack parameter, documented in the README section
+
+# Scenarios: the same CloudFormation parameter values go into both.
+SCENARIOS = {
+    "defaults": {},
+    "renamed": {"Namespace": "Prod/Triton", "LogGroupPrefix": "/prod/inf", "LogRetentionDays": "90",
+                "ServiceName": "inference", "ExpectGpu": 'A10G|L4\\d"', "ModelRepository": "s3://other/repo"},
+    "extras": {"EnableExec": "true", "ModelBucketName": "example-models", "ModelRepositoryHostPath": "/mnt/efs/models",
+               "ModelRepository": "/models", "ListenerHostHeader": "triton.example.com", "DesiredCount": "2",
+               "ListenerRulePriority": "7", "HealthCheckGracePeriodSeconds": "900",
+               "TritonImage": f"{REGISTRY}/team/ml/triton-server@sha256:{'a' * 64}",
+               "ExporterImage": "210987654321.dkr.ecr.eu-west-1.amazonaws.com/shared/exporter:1"},
+    "alarms": {"EnableScaling": "false", "CreateDashboard": "false",
+               "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops", "FailureThreshold": "7",
+               "LatencySloMicroseconds": "250000", "GpuMemoryThreshold": "90",
+               "AlarmNamePrefix": "prod-triton", "DashboardName": "Prod", "MinCapacity": "2", "MaxCapacity": "8"},
+    "topic-and-scaling": {"AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops", "GpuScaleOutUtilization": "70",
+                          "GpuScaleInUtilization": "20", "LoadSuccessRateThreshold": "99.5"},
+}
+
+
+# --- building both sides ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    return json.loads(json.dumps(load_cfn_yaml(str(STACK))))
+
+
+@pytest.fixture(scope="module")
+def alarms_template() -> dict[str, Any]:
+    return json.loads(ALARMS.read_text())
+
+
+def variables(directory: Path = TF) -> dict[str, Any]:
+    return {b.labels[0]: b for b in parse_directory(directory) if b.type == "variable"}
+
+
+def _type(block: Any) -> str:
+    expr = block.body.attrs.get("type")
+    value = getattr(expr, "value", None)  # JSON syntax: the type is a literal string
+    return value if isinstance(value, str) else _source_text(expr).replace(" ", "")
+
+
+def hcl(path: Path) -> dict[str, Any]:
+    """python-hcl2's own reading of a file: strings unquoted, expressions as ``${...}`` text."""
+    options = SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False)
+    with path.open() as fh:
+        return hcl2.load(fh, serialization_options=options)
+
+
+def declared_variables(directory: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(directory.glob("*.tf")):
+        for entry in hcl(path).get("variable", []):
+            out |= entry
+    for path in sorted(directory.glob("*.tf.json")):
+        out |= json.loads(path.read_text()).get("variable", {})
+    return out
+
+
+def tf_value(type_: str, value: str) -> Any:
+    """A CloudFormation parameter value (a string) as the Terraform variable's type takes it."""
+    if type_.startswith("list("):
+        return value.split(",")
+    if type_ == "number":
+        return float(value) if re.fullmatch(r"-?\d+(\.\d+)?", value) else value
+    if type_ == "bool":
+        return {"true": True, "false": False}.get(value, value)
+    return value
+
+
+def tf_inputs(params: dict[str, str]) -> dict[str, Any]:
+    decl = variables()
+    out = {}
+    for name, value in params.items():
+        var = tfrender.variable_name(name)
+        assert var in decl, f"stack parameter {name} has no Terraform variable {var}"
+        out[var] = tf_value(_type(decl[var]), value)
+    return out
+
+
+def module_for(params: dict[str, str], directory: Path = TF) -> Module:
+    return Module(directory, tf_inputs(params), DATA)
+
+
+def stacks_for(template: dict[str, Any], alarms_template: dict[str, Any],
+               params: dict[str, str]) -> tuple[Stack, Stack]:
+    stack = Stack(template, **params)
+    passed = stack.props("Alarms")["Parameters"]
+    passed["ServiceName"] = stack.props("Service")["ServiceName"]  # what GetAtt Service.Name returns
+    return stack, Stack(alarms_template, **passed)
+
+
+# --- normalising: one shape for both sides --------------------------------------------------
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+# Unknown-until-apply values: CloudFormation Ref/GetAtt placeholders -> the Terraform attribute.
+_PLACEHOLDERS = {
+    "<ExecutionRole.Arn>": "<aws_iam_role.execution.arn>",
+    "<TaskRole.Arn>": "<aws_iam_role.task.arn>",
+    "<TargetGroup>": "<aws_lb_target_group.this.arn>",
+    "<TaskDefinition>": "<aws_ecs_task_definition.this.arn>",
+    **{f"<{logical}>": f"<aws_appautoscaling_policy.{key}[0].arn>" for key, logical in POLICY_IDS.items()},
+}
+
+
+def norm(x: Any) -> Any:
+    """Numbers and numeric strings as floats (a Ref of a Number is a string), empty or null values
+    dropped (CloudFormation's AWS::NoValue and an empty Terraform list mean the same to the API),
+    CloudFormation placeholders as their Terraform attribute."""
+    if isinstance(x, bool):
+        return x
+    if isinstance(x, Unknown):
+        return str(x)
+    if isinstance(x, int | float):
+        return float(x)
+    if isinstance(x, str):
+        if _NUMBER.fullmatch(x):
+            return float(x)
+        return _PLACEHOLDERS.get(x, x)
+    if isinstance(x, list):
+        return [norm(i) for i in x]
+    if isinstance(x, dict):
+        return {k: norm(v) for k, v in x.items() if v not in (None, [], {})}
+    return x
+
+
+class Mapper:
+    """Takes Terraform arguments out of one resource's configuration; leftovers are differences."""
+
+    def __init__(self, where: str, args: dict[str, Any], ignore: tuple[str, ...] = ("tags",)) -> None:
+        self.where, self.args = where, {k: v for k, v in args.items() if k not in ignore}
+
+    def take(self, name: str, default: Any = None) -> Any:
+        return self.args.pop(name, default)
+
+    def block(self, name: str) -> Mapper:
+        blocks = self.args.pop(name, [])
+        if len(blocks) != 1:
+            raise AssertionError(f"{self.where}: expected one {name} block, got {len(blocks)}")
+        return Mapper(f"{self.where}.{name}", blocks[0], ignore=())
+
+    def done(self) -> list[str]:
+        return [f"{self.where}: Terraform sets {k} = {v!r}, which the stack does not" for k, v in self.args.items()]
+
+
+def compare(where: str, stack_side: Any, tf_side: Any) -> list[str]:
+    a, b = norm(stack_side), norm(tf_side)
+    if a == b:
+        return []
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                out.append(f"{where}.{k}: stack {a.get(k)!r} != terraform {b.get(k)!r}")
+        return out
+    return [f"{where}: stack {a!r} != terraform {b!r}"]
+
+
+# --- resource by resource ------------------------------------------------------------------
+
+
+def one_of(plan: dict[str, Any], address: str) -> dict[str, Any]:
+    assert address in plan, f"terraform plan has no {address}"
+    return plan[address]
+
+
+def of_type(plan: dict[str, Any], rtype: str) -> dict[str, dict[str, Any]]:
+    return {a: r for a, r in plan.items() if a.split(".")[0] == rtype}
+
+
+def task_definition(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    cfn = api_shape(stack.props("TaskDefinition"))
+    td = Mapper("aws_ecs_task_definition", one_of(plan, "aws_ecs_task_definition.this"))
+    tf = {"family": td.take("family"), "networkMode": td.take("network_mode"),
+          "requiresCompatibilities": td.take("requires_compatibilities"),
+          "executionRoleArn": td.take("execution_role_arn"), "taskRoleArn": td.take("task_role_arn")}
+    containers = json.loads(td.take("container_definitions"))
+    volumes = [{"name": v.pop("name"), "host": {"sourcePath": v.pop("host_path")}, **v} for v in td.take("volume", [])]
+    if volumes:
+        tf["volumes"] = volumes
+    diffs = td.done()
+    # The family is the deployment's name: the stack's own name there, <cluster>-<service> here.
+    del cfn["family"], tf["family"]
+    cfn_containers = {c["name"]: c for c in cfn.pop("containerDefinitions")}
+    tf_containers = {c["name"]: c for c in containers}
+    if set(cfn_containers) != set(tf_containers):
+        diffs.append(f"containers: stack {sorted(cfn_containers)} != terraform {sorted(tf_containers)}")
+    for name in sorted(set(cfn_containers) & set(tf_containers)):
+        if cfn_containers[name] != tf_containers[name]:  # exact: ECS takes these strings as they are
+            for key in sorted(set(cfn_containers[name]) | set(tf_containers[name])):
+                a, b = cfn_containers[name].get(key), tf_containers[name].get(key)
+                if a != b:
+                    diffs.append(f"container {name}.{key}: stack {a!r} != terraform {b!r}")
+    return diffs + compare("task definition", cfn, tf)
+
+
+def service(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    m = Mapper("aws_ecs_service", one_of(plan, "aws_ecs_service.this"))
+    net, lb, breaker = m.block("network_configuration"), m.block("load_balancer"), m.block("deployment_circuit_breaker")
+    tf = {
+        "ServiceName": m.take("name"), "Cluster": m.take("cluster"), "TaskDefinition": m.take("task_definition"),
+        "LaunchType": m.take("launch_type"), "DesiredCount": m.take("desired_count"),
+        "EnableExecuteCommand": m.take("enable_execute_command"),
+        "HealthCheckGracePeriodSeconds": m.take("health_check_grace_period_seconds"),
+        "PropagateTags": m.take("propagate_tags"),
+        "NetworkConfiguration": {"AwsvpcConfiguration": {
+            "Subnets": net.take("subnets"), "SecurityGroups": net.take("security_groups"),
+            # ECS's default when the stack leaves it out.
+            "AssignPublicIp": {False: None, True: "ENABLED"}[net.take("assign_public_ip", False)]}},
+        "LoadBalancers": [{"ContainerName": lb.take("container_name"), "ContainerPort": lb.take("container_port"),
+                           "TargetGroupArn": lb.take("target_group_arn")}],
+        "DeploymentConfiguration": {
+            "MinimumHealthyPercent": m.take("deployment_minimum_healthy_percent"),
+            "MaximumPercent": m.take("deployment_maximum_percent"),
+            "DeploymentCircuitBreaker": {"Enable": breaker.take("enable"), "Rollback": breaker.take("rollback")}},
+    }
+    return m.done() + net.done() + lb.done() + breaker.done() + compare("service", stack.props("Service"), tf)
+
+
+def target_group(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    m = Mapper("aws_lb_target_group", one_of(plan, "aws_lb_target_group.this"))
+    hc = m.block("health_check")
+    tf = {
+        "VpcId": m.take("vpc_id"), "TargetType": m.take("target_type"), "Protocol": m.take("protocol"),
+        "ProtocolVersion": m.take("protocol_version"), "Port": m.take("port"),
+        "TargetGroupAttributes": [{"Key": "deregistration_delay.timeout_seconds",
+                                   "Value": str(m.take("deregistration_delay"))}],
+        "HealthCheckEnabled": hc.take("enabled"), "HealthCheckProtocol": hc.take("protocol"),
+        "HealthCheckPort": hc.take("port"), "HealthCheckPath": hc.take("path"),
+        "HealthCheckIntervalSeconds": hc.take("interval"), "HealthCheckTimeoutSeconds": hc.take("timeout"),
+        "HealthyThresholdCount": hc.take("healthy_threshold"),
+        "UnhealthyThresholdCount": hc.take("unhealthy_threshold"), "Matcher": {"HttpCode": hc.take("matcher")},
+    }
+    return m.done() + hc.done() + compare("target group", stack.props("TargetGroup"), tf)
+
+
+def listener_rule(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    m = Mapper("aws_lb_listener_rule", one_of(plan, "aws_lb_listener_rule.this"))
+    fields = {"path_pattern": ("path-pattern", "PathPatternConfig"), "host_header": ("host-header", "HostHeaderConfig")}
+    conditions = []
+    for cond in m.take("condition", []):
+        ((kind, (block,)),) = cond.items()
+        field, config = fields[kind]
+        conditions.append({"Field": field, config: {"Values": block["values"]}})
+    (action,) = m.take("action")
+    tf = {"ListenerArn": m.take("listener_arn"), "Priority": m.take("priority"), "Conditions": conditions,
+          "Actions": [{"Type": action["type"], "TargetGroupArn": action["target_group_arn"]}]}
+    return m.done() + compare("listener rule", stack.props("ListenerRule"), tf)
+
+
+def log_groups(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    cfn = {stack.props(n)["LogGroupName"]: stack.props(n)["RetentionInDays"]
+           for n in stack.resources("AWS::Logs::LogGroup")}
+    tf = {}
+    diffs = []
+    for address, r in of_type(plan, "aws_cloudwatch_log_group").items():
+        m = Mapper(address, r)
+        tf[m.take("name")] = m.take("retention_in_days")
+        diffs += m.done()
+    return diffs + compare("log groups", cfn, tf)
+
+
+def _statement(st: dict[str, Any]) -> dict[str, Any]:
+    def listed(v: Any) -> list[str]:
+        return sorted(set(v if isinstance(v, list) else [v]))
+
+    return {**st, "Action": listed(st["Action"]), "Resource": listed(st["Resource"])}
+
+
+def roles(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    diffs = []
+    policies = of_type(plan, "aws_iam_role_policy")
+    for logical, address in (("ExecutionRole", "aws_iam_role.execution"), ("TaskRole", "aws_iam_role.task")):
+        props = stack.props(logical)
+        m = Mapper(address, one_of(plan, address))
+        tf: dict[str, Any] = {"Description": m.take("description"),
+                              "AssumeRolePolicyDocument": json.loads(m.take("assume_role_policy"))}
+        diffs += m.done()
+        tf_policies = {}
+        for paddress, p in policies.items():
+            pm = Mapper(paddress, p)
+            if str(pm.take("role")) == f"<{address}.id>":
+                doc = json.loads(pm.take("policy"))
+                tf_policies[pm.take("name")] = {**doc, "Statement": sorted(map(_statement, doc["Statement"]),
+                                                                           key=lambda s: s["Sid"])}
+                diffs += pm.done()
+        cfn_policies = {p["PolicyName"]: {**p["PolicyDocument"], "Statement": sorted(
+            map(_statement, p["PolicyDocument"]["Statement"]), key=lambda s: s["Sid"])}
+            for p in props.pop("Policies", [])}
+        diffs += compare(f"{logical} policies", cfn_policies, tf_policies)
+        diffs += compare(logical, props, tf)
+    known = {"<aws_iam_role.execution.id>", "<aws_iam_role.task.id>"}
+    attached = {str(p.get("role")) for p in policies.values()} - known
+    return diffs + [f"policy on an unknown role {r}" for r in attached]
+
+
+ALARM_FIELDS = {  # aws_cloudwatch_metric_alarm argument -> AWS::CloudWatch::Alarm property
+    "alarm_name": "AlarmName", "alarm_description": "AlarmDescription", "actions_enabled": "ActionsEnabled",
+    "namespace": "Namespace", "metric_name": "MetricName", "statistic": "Statistic",
+    "extended_statistic": "ExtendedStatistic", "period": "Period", "unit": "Unit",
+    "evaluation_periods": "EvaluationPeriods", "datapoints_to_alarm": "DatapointsToAlarm", "threshold": "Threshold",
+    "threshold_metric_id": "ThresholdMetricId", "comparison_operator": "ComparisonOperator",
+    "treat_missing_data": "TreatMissingData",
+    "evaluate_low_sample_count_percentiles": "EvaluateLowSampleCountPercentile",
+    "alarm_actions": "AlarmActions", "ok_actions": "OKActions", "insufficient_data_actions": "InsufficientDataActions",
+}
+QUERY_FIELDS = {"id": "Id", "expression": "Expression", "label": "Label", "return_data": "ReturnData",
+                "period": "Period", "account_id": "AccountId"}
+
+
+def _dimensions(d: dict[str, str] | None) -> list[dict[str, str]]:
+    return [{"Name": k, "Value": v} for k, v in sorted((d or {}).items())]
+
+
+def _alarm_as_cfn(address: str, args: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    m = Mapper(address, args)
+    out: dict[str, Any] = {}
+    diffs: list[str] = []
+    if "dimensions" in m.args:
+        out["Dimensions"] = _dimensions(m.take("dimensions"))
+    queries = []
+    for q in m.take("metric_query", []):
+        qm = Mapper(f"{address}.metric_query", q, ignore=())
+        entry = {QUERY_FIELDS[k]: qm.take(k) for k in list(qm.args) if k in QUERY_FIELDS}
+        for metric in qm.take("metric", []):
+            mm = Mapper(f"{address}.metric_query.metric", metric, ignore=())
+            entry["MetricStat"] = {"Metric": {"Namespace": mm.take("namespace"), "MetricName": mm.take("metric_name"),
+                                              "Dimensions": _dimensions(mm.take("dimensions"))},
+                                   "Period": mm.take("period"), "Stat": mm.take("stat"), "Unit": mm.take("unit")}
+            diffs += mm.done()
+        queries.append(entry)
+        diffs += qm.done()
+    if queries:
+        out["Metrics"] = queries
+    for k in list(m.args):
+        if k in ALARM_FIELDS:
+            out[ALARM_FIELDS[k]] = m.take(k)
+    return out, m.done() + diffs
+
+
+def _sorted_dims(props: dict[str, Any]) -> dict[str, Any]:
+    props = copy.deepcopy(props)
+    if "Dimensions" in props:
+        props["Dimensions"] = sorted(props["Dimensions"], key=lambda d: d["Name"])
+    return props
+
+
+def alarms(nested: Stack, plan: dict[str, Any]) -> list[str]:
+    cfn = {nested.props(n)["AlarmName"]: _sorted_dims(nested.props(n))
+           for n in nested.resources("AWS::CloudWatch::Alarm")}
+    tf, diffs = {}, []
+    for address, args in of_type(plan, "aws_cloudwatch_metric_alarm").items():
+        props, d = _alarm_as_cfn(address, args)
+        tf[props["AlarmName"]] = props
+        diffs += d
+    if set(cfn) != set(tf):
+        diffs.append(f"alarms: stack {sorted(cfn)} != terraform {sorted(tf)}")
+    for name in sorted(set(cfn) & set(tf)):
+        diffs += compare(f"alarm {name}", cfn[name], tf[name])
+    return diffs
+
+
+def scaling(nested: Stack, plan: dict[str, Any]) -> list[str]:
+    diffs = []
+    targets = of_type(plan, "aws_appautoscaling_target")
+    cfn_targets = nested.resources("AWS::ApplicationAutoScaling::ScalableTarget")
+    if len(targets) != len(cfn_targets):
+        return [f"scalable targets: stack {len(cfn_targets)} != terraform {len(targets)}"]
+    target_args: dict[str, Any] = {}
+    for (_, args), logical in zip(targets.items(), cfn_targets, strict=True):
+        m = Mapper("aws_appautoscaling_target", args)
+        target_args = dict(m.args)
+        tf = {"ServiceNamespace": m.take("service_namespace"), "ResourceId": m.take("resource_id"),
+              "ScalableDimension": m.take("scalable_dimension"), "MinCapacity": m.take("min_capacity"),
+              "MaxCapacity": m.take("max_capacity")}
+        diffs += m.done() + compare("scalable target", nested.props(logical), tf)
+    cfn_policies = {nested.props(n)["PolicyName"]: nested.props(n)
+                    for n in nested.resources("AWS::ApplicationAutoScaling::ScalingPolicy")}
+    tf_policies = {}
+    for address, args in of_type(plan, "aws_appautoscaling_policy").items():
+        m = Mapper(address, args, ignore=())
+        same_target = all(m.take(k) == target_args.get(k)
+                          for k in ("service_namespace", "resource_id", "scalable_dimension"))
+        config = m.block("step_scaling_policy_configuration")
+        steps = [{"MetricIntervalLowerBound": s.get("metric_interval_lower_bound"),
+                  "MetricIntervalUpperBound": s.get("metric_interval_upper_bound"),
+                  "ScalingAdjustment": s.get("scaling_adjustment")} for s in config.take("step_adjustment", [])]
+        name = m.take("name")
+        tf_policies[name] = {
+            "PolicyName": name, "PolicyType": m.take("policy_type"),
+            "ScalingTargetId": "<ScalableTarget>" if same_target else "another target",
+            "StepScalingPolicyConfiguration": {
+                "AdjustmentType": config.take("adjustment_type"), "Cooldown": config.take("cooldown"),
+                "MetricAggregationType": config.take("metric_aggregation_type"),
+                "MinAdjustmentMagnitude": config.take("min_adjustment_magnitude"), "StepAdjustments": steps}}
+        diffs += m.done() + config.done()
+    if set(cfn_policies) != set(tf_policies):
+        diffs.append(f"scaling policies: stack {sorted(cfn_policies)} != terraform {sorted(tf_policies)}")
+    for name in sorted(set(cfn_policies) & set(tf_policies)):
+        diffs += compare(f"scaling policy {name}", cfn_policies[name], tf_policies[name])
+    return diffs
+
+
+def dashboard(nested: Stack, plan: dict[str, Any]) -> list[str]:
+    cfn = {nested.props(n)["DashboardName"]: json.loads(nested.props(n)["DashboardBody"])
+           for n in nested.resources("AWS::CloudWatch::Dashboard")}
+    tf, diffs = {}, []
+    for address, args in of_type(plan, "aws_cloudwatch_dashboard").items():
+        m = Mapper(address, args)
+        tf[m.take("dashboard_name")] = json.loads(m.take("dashboard_body"))
+        diffs += m.done()
+    if cfn != tf:  # exact: the same JSON document
+        diffs.append(f"dashboards differ: stack {sorted(cfn)}, terraform {sorted(tf)}"
+                     + ("" if set(cfn) != set(tf) else " (same names, different bodies)"))
+    return diffs
+
+
+COMPARED = {
+    "aws_ecs_task_definition": task_definition, "aws_ecs_service": service, "aws_lb_target_group": target_group,
+    "aws_lb_listener_rule": listener_rule, "aws_cloudwatch_log_group": log_groups, "aws_iam_role": roles,
+    "aws_iam_role_policy": roles,
+}
+NESTED = {"aws_cloudwatch_metric_alarm": alarms, "aws_appautoscaling_target": scaling,
+          "aws_appautoscaling_policy": scaling, "aws_cloudwatch_dashboard": dashboard}
+# CloudFormation resource type -> the Terraform type that stands for it (the nested stack is its resources).
+CFN_TYPES = {"AWS::ECS::TaskDefinition": "aws_ecs_task_definition", "AWS::ECS::Service": "aws_ecs_service",
+             "AWS::ElasticLoadBalancingV2::TargetGroup": "aws_lb_target_group",
+             "AWS::ElasticLoadBalancingV2::ListenerRule": "aws_lb_listener_rule",
+             "AWS::Logs::LogGroup": "aws_cloudwatch_log_group", "AWS::IAM::Role": "aws_iam_role",
+             "AWS::CloudWatch::Alarm": "aws_cloudwatch_metric_alarm",
+             "AWS::ApplicationAutoScaling::ScalableTarget": "aws_appautoscaling_target",
+             "AWS::ApplicationAutoScaling::ScalingPolicy": "aws_appautoscaling_policy",
+             "AWS::CloudWatch::Dashboard": "aws_cloudwatch_dashboard"}
+
+
+def differences(stack: Stack, nested: Stack, plan: dict[str, Any]) -> list[str]:
+    diffs = []
+    for s in (stack, nested):
+        for name, res in s.t["Resources"].items():
+            if res["Type"] == "AWS::CloudFormation::Stack":
+                continue
+            if res["Type"] not in CFN_TYPES:
+                diffs.append(f"stack resource {name} ({res['Type']}) has no Terraform counterpart in this test")
+    tf_types = {a.split(".")[0] for a in plan}
+    unknown = tf_types - set(COMPARED) - set(NESTED)
+    diffs += [f"terraform resource type {t} is not compared with the stack" for t in sorted(unknown)]
+    for fn in dict.fromkeys(COMPARED.values()):
+        diffs += fn(stack, plan)
+    for fn in dict.fromkeys(NESTED.values()):
+        diffs += fn(nested, plan)
+    return diffs
+
+
+# --- the tests ---------------------------------------------------------------------------------
+
+
+def test_every_tf_file_parses_with_python_hcl2() -> None:
+    files = sorted(TF.rglob("*.tf"))
+    assert {f.name for f in files} >= {"main.tf", "variables.tf", "outputs.tf", "iam.tf", "logs.tf", "dashboard.tf",
+                                        "versions.tf"}
+    assert EXAMPLES / "main.tf" in files
+    for f in files:
+        with f.open() as fh:
+            assert hcl2.load(fh), f
+    for f in sorted(TF.rglob("*.tf.json")):
+        assert json.loads(f.read_text()), f
+    with pytest.raises(UnexpectedInput):  # the parser is a real one: a broken file does not pass
+        hcl2.loads('resource "aws_iam_role" "x" {\n  name = \n}\n')
+
+
+@pytest.mark.parametrize("directory", [TF, EXAMPLES], ids=["module", "examples"])
+def test_every_variable_has_a_type_and_a_description(directory: Path) -> None:
+    decl = declared_variables(directory)
+    assert decl and set(decl) == set(variables(directory))
+    for name, var in decl.items():
+        assert var.get("type", "").removeprefix("${").removesuffix("}") in (
+            "string", "number", "bool", "list(string)", "map(string)"), f"variable {name}: type {var.get('type')}"
+        assert isinstance(var.get("description"), str) and len(var["description"]) > 10, f"variable {name}"
+
+
+def test_the_issue_resources_variables_and_outputs_exist() -> None:
+    blocks = parse_directory(TF)
+    resources = {b.labels[0] for b in blocks if b.type == "resource"}
+    assert resources >= {"aws_ecs_task_definition", "aws_ecs_service", "aws_lb_target_group", "aws_lb_listener_rule",
+                         "aws_cloudwatch_log_group", "aws_iam_role", "aws_iam_role_policy", "aws_cloudwatch_dashboard",
+                         "aws_cloudwatch_metric_alarm", "aws_appautoscaling_target", "aws_appautoscaling_policy"}
+    assert set(variables()) >= {
+        "cluster_name", "service_name", "vpc_id", "subnet_ids", "security_group_ids", "listener_arn", "triton_image",
+        "exporter_image", "log_router_image", "namespace", "log_group_prefix", "log_retention_days", "desired_count",
+        "min_capacity", "max_capacity", "failure_threshold", "latency_slo_microseconds", "gpu_memory_threshold",
+        "gpu_scale_out_utilization", "gpu_scale_in_utilization", "load_success_rate_threshold", "alarm_topic_arn"}
+    outputs = {b.labels[0] for b in blocks if b.type == "output"}
+    assert outputs >= {"service_name", "dashboard_name", "log_groups", "task_role_arn", "execution_role_arn",
+                       "alarm_names", "task_definition_arn"}
+    # What the issue names in the task definition, as the plan has it.
+    plan = module_for(VALUES).plan()
+    td = plan["aws_ecs_task_definition.this"]
+    assert (td["network_mode"], td["requires_compatibilities"]) == ("awsvpc", ["EC2"])
+    containers = {c["name"]: c for c in json.loads(td["container_definitions"])}
+    assert set(containers) == {"triton-server", "exporter", "log_router"}
+    triton = containers["triton-server"]
+    assert {"type": "GPU", "value": "1"} in triton["resourceRequirements"]
+    assert triton["healthCheck"]["command"][:3] == ["CMD", "python3", "/opt/triton-health/health.py"]
+    assert containers["log_router"]["firelensConfiguration"]["type"] == "fluentbit"
+    assert plan["aws_ecs_service.this"]["launch_type"] == "EC2"
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_module_and_stack_describe_the_same_deployment(template, alarms_template, scenario: str) -> None:
+    params = VALUES | SCENARIOS[scenario]
+    stack, nested = stacks_for(template, alarms_template, params)
+    plan = module_for(params).plan()
+    assert differences(stack, nested, plan) == []
+    # Not vacuous: the scenario's own values reached both sides.
+    if scenario == "alarms":
+        assert not of_type(plan, "aws_appautoscaling_policy") and not of_type(plan, "aws_cloudwatch_dashboard")
+        names = [a["alarm_name"] for a in of_type(plan, "aws_cloudwatch_metric_alarm").values()]
+        assert names and all(n.startswith("prod-triton-") for n in names)
+    if scenario == "extras":
+        assert plan["aws_ecs_task_definition.this"]["volume"] and "aws_iam_role_policy.task_exec[0]" in plan
+    if scenario == "defaults":
+        assert len(of_type(plan, "aws_cloudwatch_metric_alarm")) == len(alarm_specs(Options(catalog=CATALOG)))
+        assert len(of_type(plan, "aws_appautoscaling_policy")) == len(SCALING_ACTIONS)
+
+
+def test_the_dashboard_with_the_defaults_is_the_committed_one() -> None:
+    plan = module_for(VALUES).plan()
+    body = json.loads(plan["aws_cloudwatch_dashboard.this[0]"]["dashboard_body"])
+    # The sample account and region are the render defaults, so this is dashboards/triton.json itself.
+    assert (Options(catalog=CATALOG).account_id, Options(catalog=CATALOG).region) == (ACCOUNT, REGION)
+    assert body == json.loads((ROOT / "dashboards" / "triton.json").read_text())
+
+
+def _copy_module(tmp: Path) -> Path:
+    """The module with the files it reads, at the same relative places, to edit without touching the repository."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(TF, tmp / "deploy" / "terraform")
+    shutil.copy(ROOT / "deploy" / "task-definition.json", tmp / "deploy" / "task-definition.json")
+    (tmp / "dashboards").mkdir()
+    shutil.copy(ROOT / "dashboards" / "triton.json.tftpl", tmp / "dashboards" / "triton.json.tftpl")
+    return tmp / "deploy" / "terraform"
+
+
+@pytest.mark.parametrize(("path", "old", "new", "expect"), [
+    ("main.tf", "deregistration_delay = 30", "deregistration_delay = 31", "target group.TargetGroupAttributes"),
+    ("iam.tf", '"logs:PutRetentionPolicy", ', "", "TaskRole policies"),
+    ("logs.tf", '"metrics", ', "", "log groups"),
+    ("main.tf", 'AWS_EMF_NAMESPACE = var.namespace', 'AWS_EMF_NAMESPACE = "Triton"', "container exporter.environment"),
+    ("main.tf", 'if key != "awslogs-create-group"', 'if key != "x"', "container log_router.logConfiguration"),
+    ("../task-definition.json", '"retries": 5', '"retries": 4', "container triton-server.healthCheck"),
+    ("alarms.tf.json", '"evaluation_periods": 15', '"evaluation_periods": 14', "alarm triton-gpu-utilization-low"),
+    ("alarms.tf.json", '"metric_interval_upper_bound": 0', '"metric_interval_upper_bound": 5',
+     "scaling policy triton-gpu-scale-in"),
+    ("../../dashboards/triton.json.tftpl", '"period": 60', '"period": 300', "dashboards differ"),
+])
+def test_a_drifted_module_fails_the_comparison(template, alarms_template, tmp_path: Path, path: str, old: str,
+                                               new: str, expect: str) -> None:
+    module_dir = _copy_module(tmp_path)
+    target = (module_dir / path).resolve()
+    text = target.read_text()
+    assert old in text, (path, old)
+    target.write_text(text.replace(old, new, 1))
+    params = VALUES | SCENARIOS["renamed"]
+    stack, nested = stacks_for(template, alarms_template, params)
+    assert differences(stack, nested, module_for(params, _copy_module(tmp_path / "clean")).plan()) == []
+    diffs = differences(stack, nested, module_for(params, module_dir).plan())
+    assert any(d.startswith(expect) for d in diffs), diffs
+
+
+def test_a_drifted_stack_fails_the_comparison(template, alarms_template) -> None:
+    plan = module_for(VALUES).plan()
+    t = copy.deepcopy(template)
+    t["Resources"]["TaskRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"][0]["Action"].append(
+        "logs:DescribeLogGroups")
+    t["Resources"]["Service"]["Properties"]["PlacementConstraints"] = [{"Type": "distinctInstance"}]
+    t["Resources"]["Queue"] = {"Type": "AWS::SQS::Queue", "Properties": {}}
+    a = copy.deepcopy(alarms_template)
+    a["Resources"]["AlarmExporterHeartbeatMissing"]["Properties"]["Threshold"] = 2.0
+    stack, nested = stacks_for(t, a, VALUES)
+    diffs = differences(stack, nested, plan)
+    assert any(d.startswith("TaskRole policies") for d in diffs), diffs
+    assert any("PlacementConstraints" in d for d in diffs), diffs
+    assert any("Queue (AWS::SQS::Queue) has no Terraform counterpart" in d for d in diffs), diffs
+    assert any(d.startswith("alarm triton-exporter-heartbeat-missing.Threshold") for d in diffs), diffs
+
+
+def test_a_rich_render_is_the_same_in_both(tmp_path: Path) -> None:
+    """Named models (classic alarms with a model dimension, hostile names), a topic, another namespace:
+    the Terraform render and the CloudFormation render of the same options still agree."""
+    from tests.test_render import RICH
+
+    files = render(RICH)
+    module_dir = _copy_module(tmp_path)
+    for rel in (tfrender.ALARMS_FILE, tfrender.DASHBOARD_FILE):
+        (tmp_path / rel).write_text(files[rel])
+    alarms_template = json.loads(files["alarms/triton-alarms.template.json"])
+    nested = Stack(alarms_template)  # every parameter at its default: the render options
+    params = {k: v["Default"] for k, v in alarms_template["Parameters"].items()
+              if tfrender.variable_name(k) in variables(module_dir)}
+    params |= {k: v for k, v in VALUES.items() if k not in params}
+    plan = module_for({k: str(v) for k, v in params.items()}, module_dir).plan()
+    assert differences_nested(nested, plan) == []
+    dims = [a.get("dimensions") for a in of_type(plan, "aws_cloudwatch_metric_alarm").values()]
+    assert {"model": "m@x.v2+b"} in dims  # the per-model alarms came through with their dimension
+
+
+def differences_nested(nested: Stack, plan: dict[str, Any]) -> list[str]:
+    return [d for fn in dict.fromkeys(NESTED.values()) for d in fn(nested, plan)]
+
+
+# --- variables against parameters ------------------------------------------------------------
+
+
+def test_every_stack_parameter_is_a_variable_with_its_default(template) -> None:
+    decl = variables()
+    names = {tfrender.variable_name(p): p for p in template["Parameters"]}
+    assert set(decl) - TF_ONLY == set(names), (set(decl) - TF_ONLY ^ set(names))
+    m = module_for(VALUES)
+    for var, param in names.items():
+        p = template["Parameters"][param]
+        if "Default" not in p:
+            assert "default" not in decl[var].body.attrs, f"{var} has a default; the stack's {param} has none"
+            continue
+        expected = tf_value(_type(decl[var]), str(p["Default"]) if not isinstance(p["Default"], str) else p["Default"])
+        assert Module(TF, tf_inputs({k: v for k, v in VALUES.items() if k != param}), DATA).var(var) == expected, var
+    assert m.var("log_group_prefix") == "/ecs/triton"
+
+
+def _cfn_accepts(p: dict[str, Any], value: str) -> bool:
+    if p["Type"] == "Number":
+        if not _NUMBER.fullmatch(value):
+            return False
+        number = float(value)
+        if ("MinValue" in p and number < float(p["MinValue"])) or ("MaxValue" in p and number > float(p["MaxValue"])):
+            return False
+    if "AllowedValues" in p and value not in [str(v) for v in p["AllowedValues"]]:
+        return False
+    if "AllowedPattern" in p and not re.fullmatch(p["AllowedPattern"], value):
+        return False
+    too_short = "MinLength" in p and len(value) < p["MinLength"]
+    return not (too_short or ("MaxLength" in p and len(value) > p["MaxLength"]))
+
+
+def _probes(name: str, p: dict[str, Any]) -> list[str]:
+    out = {str(p.get("Default", VALUES.get(name, ""))), VALUES.get(name, "x")}
+    for bound in ("MinValue", "MaxValue"):
+        if bound in p:
+            b = float(p[bound])
+            out |= {f"{b:g}", f"{b - 1:g}", f"{b + 1:g}", f"{b - 0.5:g}", f"{b + 0.5:g}"}
+    out |= {str(v) for v in p.get("AllowedValues", [])} | ({"nope", "0", "True"} if "AllowedValues" in p else set())
+    if "AllowedPattern" in p or "MinLength" in p:
+        out |= {"", "x", "a b", "/ecs/triton/", "/ecs/triton", "A" * 300, "Prod/Triton", "é", "gpu cluster",
+                "nvcr.io/nvidia/tritonserver:24.10-py3", f"{REGISTRY}/repo:tag", f"{REGISTRY}/Repo:tag",
+                f"{REGISTRY}/repo@sha256:{'a' * 64}", f"{REGISTRY}/repo",
+                "arn:aws:elasticloadbalancing:us-east-1:123456789012:listener/app/x/1/2",
+                "arn:aws:elasticloadbalancing:us-east-1:123456789012:loadbalancer/app/x/1"}
+    return sorted(out)
+
+
+def test_variables_accept_and_refuse_what_the_stack_does(template) -> None:
+    checked = 0
+    for name, p in template["Parameters"].items():
+        if not set(p) & {"AllowedPattern", "AllowedValues", "MinValue", "MaxValue", "MinLength", "MaxLength"}:
+            continue
+        for probe in _probes(name, p):
+            if p["Type"].startswith("List<"):
+                continue
+            try:
+                module_for(VALUES | {name: probe})
+                tf_ok = True
+            except ValidationFailed:
+                tf_ok = False
+            assert tf_ok == _cfn_accepts(p, probe), (name, probe, "terraform accepts" if tf_ok else "terraform refuses")
+            checked += 1
+    assert checked > 100
+
+
+def test_evaluator_refuses_what_terraform_would(tmp_path: Path) -> None:
+    """Guards for the evaluator itself: a missing required variable, an unknown one, a typo'd reference."""
+    with pytest.raises(TfError, match=r"var\.cluster_name is required"):
+        module_for({k: v for k, v in VALUES.items() if k != "ClusterName"})
+    with pytest.raises(TfError, match="no variable declared"):
+        Module(TF, tf_inputs(VALUES) | {"colour": "blue"}, DATA)
+    module_dir = _copy_module(tmp_path)
+    (module_dir / "typo.tf").write_text('output "x" {\n  value = aws_iam_role.taks.arn\n}\n')
+    with pytest.raises(TfError, match=r"aws_iam_role\.taks is not declared"):
+        module_for(VALUES, module_dir).outputs()
+    (module_dir / "typo.tf").write_text('output "x" {\n  value = base64encode("x")\n}\n')
+    with pytest.raises(TfError, match="not implemented"):
+        module_for(VALUES, module_dir).outputs()
+
+
+# --- the example root module -----------------------------------------------------------------
+
+
+def test_example_root_module_plans_with_its_tfvars() -> None:
+    values = hcl(EXAMPLES / "terraform.tfvars.example")
+    root = Module(EXAMPLES, values, DATA)
+    plan = root.plan()
+    svc = plan["module.triton.aws_ecs_service.this"]
+    assert svc["cluster"] == "my-gpu-cluster" and svc["name"] == "triton"
+    td = plan["module.triton.aws_ecs_task_definition.this"]
+    containers = {c["name"]: c for c in json.loads(td["container_definitions"])}
+    assert containers["exporter"]["image"] == f"{REGISTRY}/triton-emf-exporter:0.1.0"
+    assert "module.triton.aws_iam_role_policy.task_model_bucket[0]" in plan
+    outputs = root.outputs()
+    assert outputs["log_groups"]["metrics"] == "/ecs/triton/metrics"
+    assert outputs["alarm_names"]["exporter-heartbeat-missing"] == "triton-exporter-heartbeat-missing"
+    alarm = plan["module.triton.aws_cloudwatch_metric_alarm.exporter_heartbeat_missing"]
+    assert alarm["alarm_actions"] == [values["alarm_topic_arn"]]
+
+
+# --- documentation and checkov ---------------------------------------------------------------
+
+
+def test_docs_say_terraform_was_not_run_here() -> None:
+    for doc in (ROOT / "README.md", ROOT / "docs" / "deploy.md"):
+        text = doc.read_text()
+        assert "terraform init" in text and "terraform plan" in text and "terraform apply" in text, doc.name
+        assert re.search(r"`terraform validate`.{0,40}`plan`.{0,80}not (been )?run", text, re.S), doc.name
+
+
+@pytest.mark.slow
+def test_checkov_passes_on_the_module() -> None:
+    """scripts/checkov.sh scans deploy/terraform (through examples/) with the terraform frameworks."""
+    proc = subprocess.run(["bash", "scripts/checkov.sh"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
+    for framework in ("terraform", "terraform_json"):
+        block = re.search(rf"^{framework} scan results:\s+Passed checks: (\d+), Failed checks: (\d+)", out, re.M)
+        assert block, f"no {framework} scan in the checkov output"
+        assert int(block.group(1)) > 0 and block.group(2) == "0", block.group(0)
+    text = (ROOT / ".checkov.yaml").read_text()
+    for check in ("CKV_AWS_338", "CKV_AWS_378"):  # the Terraform-only skips, each with its reason above it
+        above = text[: text.index(f"- {check}")].rstrip().splitlines()[-1].strip()
+        assert above.startswith("#") and len(above) > 20, check

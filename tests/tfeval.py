@@ -1,0 +1,1040 @@
+"""A small Terraform evaluator: what ``terraform plan`` would configure, without Terraform.
+
+No Terraform binary or provider can be downloaded here, so the tests evaluate the module
+themselves, the way tests/test_stack.py evaluates the CloudFormation intrinsics: the
+``.tf`` files are parsed by python-hcl2's real HCL grammar (its raw Lark tree), the
+``.tf.json`` files by json with each string parsed as an HCL template. Variables (types,
+defaults, validation), locals, data sources (stubbed with given attributes), resources with
+``count`` / ``for_each`` / ``dynamic`` blocks, outputs and local ``module`` calls are
+evaluated with Terraform's rules for the subset of the language the module uses.
+
+Anything outside that subset (a function, a directive, a heredoc, a provider function) is a
+:class:`TfError`, never a guess: a module that used it would fail here, not pass. A
+resource attribute the configuration does not set (``arn``, ``id``) is the placeholder
+``<type.name[key].attr>``, as ``(known after apply)`` in a plan.
+
+Not modelled (so ``terraform validate`` is still worth running): provider schemas (argument
+names and types of each resource), the type unification of a conditional's two branches,
+and sets other than ``toset()`` of strings.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hcl2
+from lark import Token, Tree
+
+
+class TfError(Exception):
+    """The configuration is invalid or uses something this evaluator does not implement."""
+
+
+class ValidationFailed(TfError):
+    """A variable's value failed its type or a validation block (Terraform refuses to plan)."""
+
+
+META = {"count", "for_each", "depends_on", "lifecycle", "provider", "provisioner", "connection"}
+ROOTS = {"var", "local", "data", "each", "count", "path", "module", "terraform", "self"}
+
+
+# --- parsing -----------------------------------------------------------------------------
+
+
+@dataclass
+class Block:
+    type: str
+    labels: list[str]
+    body: Body
+    source: str
+
+
+@dataclass
+class Body:
+    """Attributes (name -> unevaluated expression) and nested blocks, in source order."""
+
+    attrs: dict[str, Any] = field(default_factory=dict)
+    blocks: list[Block] = field(default_factory=list)
+    order: list[tuple[str, str]] = field(default_factory=list)  # ("attr", name) | ("block", index)
+
+
+@dataclass(frozen=True)
+class Template:
+    """A JSON-syntax string: an HCL template, parsed on first use."""
+
+    text: str
+
+
+def _children(node: Tree) -> list[Any]:
+    return [c for c in node.children if not (isinstance(c, Tree) and c.data == "new_line_or_comment")]
+
+
+def _trees(node: Tree) -> list[Tree]:
+    return [c for c in _children(node) if isinstance(c, Tree)]
+
+
+def _name(node: Tree | Token) -> str:
+    if isinstance(node, Token):
+        return str(node)
+    if node.data in ("identifier", "keyword", "literal_value"):
+        return str(node.children[0])
+    if node.data == "string":
+        parts = _children(node)[1:-1]
+        text = ""
+        for part in parts:
+            (tok,) = part.children
+            if not isinstance(tok, Token):
+                raise TfError("a block label cannot hold an interpolation")
+            text += _unescape(str(tok))
+        return text
+    raise TfError(f"not a name: {node.data}")
+
+
+def parse_hcl(text: str, source: str) -> Body:
+    tree = hcl2.parses_to_tree(text)
+    (body,) = _trees(tree)
+    return _body(body, source)
+
+
+def _body(node: Tree, source: str) -> Body:
+    out = Body()
+    for item in _trees(node):
+        if item.data == "attribute":
+            name_node, _eq, expr = _children(item)
+            name = _name(name_node)
+            if name in out.attrs:
+                raise TfError(f"{source}: attribute {name} set twice")
+            out.attrs[name] = expr
+            out.order.append(("attr", name))
+        elif item.data == "block":
+            parts = _children(item)
+            head = [p for p in parts if not (isinstance(p, Token) and p.type in ("LBRACE", "RBRACE"))]
+            *names, body = head
+            out.blocks.append(Block(_name(names[0]), [_name(n) for n in names[1:]], _body(body, source), source))
+            out.order.append(("block", str(len(out.blocks) - 1)))
+    return out
+
+
+def parse_directory(directory: Path) -> list[Block]:
+    """Every block of a module directory's ``*.tf`` and ``*.tf.json`` files (cached per file content)."""
+    blocks: list[Block] = []
+    for path in sorted(directory.glob("*.tf")) + sorted(directory.glob("*.tf.json")):
+        blocks += _parse_file(path.name, path.read_text(encoding="utf-8"))
+    return blocks
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_file(name: str, text: str) -> list[Block]:
+    body = parse_json(json.loads(text), name) if name.endswith(".tf.json") else parse_hcl(text, name)
+    return body.blocks
+
+
+def parse_json(obj: dict[str, Any], source: str) -> Body:
+    """Terraform's JSON syntax for a file: top-level keys are block types, nested by their labels."""
+    labels = {"variable": 1, "output": 1, "resource": 2, "data": 2, "module": 1, "provider": 1}
+    out = Body()
+    for btype, value in obj.items():
+        if btype == "//":
+            continue
+        if btype == "locals":
+            out.blocks.append(Block("locals", [], _json_body(value, source), source))
+            continue
+        if btype not in labels:
+            raise TfError(f"{source}: this evaluator does not read JSON {btype!r} blocks")
+
+        def walk(v: Any, got: list[str], btype: str = btype) -> None:
+            if len(got) == labels[btype]:
+                for body in v if isinstance(v, list) else [v]:
+                    out.blocks.append(Block(btype, got, _json_body(body, source, literal=btype == "variable"), source))
+                return
+            for k, sub in v.items():
+                walk(sub, [*got, k])
+
+        walk(value, [])
+    return out
+
+
+def _json_body(obj: dict[str, Any], source: str, literal: bool = False) -> Body:
+    out = Body()
+    for k, v in obj.items():
+        if k == "//":
+            continue
+        if k in ("validation", "lifecycle") or (k not in ("tags",) and _is_block_list(v) and k != "value"):
+            for item in v if isinstance(v, list) else [v]:
+                out.blocks.append(Block(k, [], _json_body(item, source), source))
+                out.order.append(("block", str(len(out.blocks) - 1)))
+        else:
+            out.attrs[k] = _literal(v) if literal and k in ("type", "description", "default") else _json_expr(v)
+            out.order.append(("attr", k))
+    return out
+
+
+def _is_block_list(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(i, dict) for i in v)
+
+
+@dataclass(frozen=True)
+class Literal:
+    value: Any
+
+
+def _literal(v: Any) -> Literal:
+    return Literal(v)
+
+
+def _json_expr(v: Any) -> Any:
+    if isinstance(v, str):
+        return Template(v)
+    if isinstance(v, list):
+        return [_json_expr(i) for i in v]
+    if isinstance(v, dict):
+        return {k: _json_expr(i) for k, i in v.items()}
+    return Literal(v)
+
+
+# --- values ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A value known only after apply (an ARN, an id)."""
+
+    ref: str
+
+    def __str__(self) -> str:
+        return f"<{self.ref}>"
+
+
+def tf_str(value: Any) -> str:
+    """Terraform's string conversion inside a template."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TfError("non-finite number")
+        if float(value).is_integer():
+            return str(int(value))
+        return repr(float(value))
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Unknown):
+        return str(value)
+    if value is None:
+        raise TfError("a null value cannot be interpolated")
+    raise TfError(f"cannot convert {type(value).__name__} to a string")
+
+
+def go_json(value: Any) -> str:
+    """jsonencode: compact, object keys sorted (cty objects are), <>& escaped as Go does."""
+    def prep(v: Any) -> Any:
+        if isinstance(v, Unknown):
+            return str(v)
+        if isinstance(v, dict):
+            return {k: prep(v[k]) for k in sorted(v)}
+        if isinstance(v, list):
+            return [prep(i) for i in v]
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        return v
+
+    text = json.dumps(prep(value), separators=(",", ":"), ensure_ascii=False)
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                    ("\u2029", "\\u2029")):
+        text = text.replace(ch, esc)
+    return text
+
+
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", '"': '"', "\\": "\\"}
+
+
+def _unescape(text: str) -> str:
+    """A quoted string's characters: backslash escapes and the $${ / %%{ quotes."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            n = text[i + 1]
+            if n in _ESCAPES:
+                out.append(_ESCAPES[n])
+                i += 2
+            elif n in "uU":
+                width = 4 if n == "u" else 8
+                out.append(chr(int(text[i + 2:i + 2 + width], 16)))
+                i += 2 + width
+            else:
+                raise TfError(f"invalid escape \\{n}")
+        elif text.startswith("$${", i) or text.startswith("%%{", i):
+            out.append(text[i + 1:i + 3])
+            i += 3
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def template_parts(text: str) -> Iterator[str | Tree]:
+    """A template's literal text and interpolation expressions (no escapes: a file or JSON string)."""
+    i, lit = 0, []
+    while i < len(text):
+        if text.startswith("$${", i) or text.startswith("%%{", i):
+            lit.append(text[i + 1:i + 3])
+            i += 3
+        elif text.startswith("%{", i):
+            raise TfError("template directives (%{...}) are not supported by this evaluator")
+        elif text.startswith("${", i):
+            end = _closing_brace(text, i + 2)
+            if lit:
+                yield "".join(lit)
+                lit = []
+            attr = _trees(_trees(hcl2.parses_to_tree("x = " + text[i + 2:end].strip()))[0])[0]
+            yield _children(attr)[-1]
+            i = end + 1
+        else:
+            lit.append(text[i])
+            i += 1
+    if lit:
+        yield "".join(lit)
+
+
+def _closing_brace(text: str, start: int) -> int:
+    depth, i, quote = 0, start, False
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                quote = False
+        elif c == '"':
+            quote = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            if depth == 0:
+                return i
+            depth -= 1
+        i += 1
+    raise TfError("unclosed ${ in a template")
+
+
+# --- the module ----------------------------------------------------------------------------
+
+
+class Scope(dict):
+    """Names visible to an expression: iterator variables over the module's root names."""
+
+
+class TemplateScope(Scope):
+    """Inside templatefile(): only the variables passed, no var., local. or resources."""
+
+
+class ResourceRef:
+    """One resource instance as other expressions see it: configured attributes, else unknown."""
+
+    def __init__(self, module: Module, address: str, block: Block, each: dict[str, Any]) -> None:
+        self.module, self.address, self.block, self.each = module, address, block, each
+        self._attrs: dict[str, Any] | None = None
+
+    def attrs(self) -> dict[str, Any]:
+        if self._attrs is None:
+            self._attrs = self.module.evaluate_body(self.block.body, self.each, self.address)
+        return self._attrs
+
+    def get(self, name: str) -> Any:
+        value = self.attrs().get(name)
+        return Unknown(f"{self.address}.{name}") if value is None else value
+
+
+class Module:
+    """One module directory with its input values: evaluate variables, locals, resources, outputs."""
+
+    def __init__(self, directory: Path, inputs: dict[str, Any], data: dict[str, dict[str, Any]]) -> None:
+        self.dir = directory.resolve()
+        self.data_attrs = data
+        self.blocks = parse_directory(self.dir)
+        self.variables = self._declared("variable", 1)
+        self.outputs_decl = self._declared("output", 1)
+        self.resources_decl = self._declared("resource", 2)
+        self.data_decl = self._declared("data", 2)
+        self.modules_decl = self._declared("module", 1)
+        self.local_exprs: dict[str, Any] = {}
+        for b in self.blocks:
+            if b.type == "locals":
+                for name, expr in b.body.attrs.items():
+                    if name in self.local_exprs:
+                        raise TfError(f"local.{name} declared twice")
+                    self.local_exprs[name] = expr
+        unknown = set(inputs) - set(self.variables)
+        if unknown:
+            raise TfError(f"no variable declared for {sorted(unknown)}")
+        self.inputs = inputs
+        self._vars: dict[str, Any] = {}
+        self._locals: dict[str, Any] = {}
+        self._resources: dict[tuple[str, str], Any] = {}
+        self._modules: dict[str, Module] = {}
+        self._busy: set[str] = set()
+        for name in self.variables:
+            self.var(name)
+
+    def _declared(self, btype: str, nlabels: int) -> dict[Any, Block]:
+        out: dict[Any, Block] = {}
+        for b in self.blocks:
+            if b.type == btype:
+                key = b.labels[0] if nlabels == 1 else tuple(b.labels)
+                if key in out:
+                    raise TfError(f"{btype} {key} declared twice ({out[key].source}, {b.source})")
+                out[key] = b
+        return out
+
+    # --- names ---------------------------------------------------------------------------
+
+    def _guard(self, key: str, fn: Callable[[], Any]) -> Any:
+        if key in self._busy:
+            raise TfError(f"cycle through {key}")
+        self._busy.add(key)
+        try:
+            return fn()
+        finally:
+            self._busy.discard(key)
+
+    def var(self, name: str) -> Any:
+        if name not in self._vars:
+            if name not in self.variables:
+                raise TfError(f"var.{name} is not declared")
+            self._vars[name] = self._variable(name, self.variables[name])
+        return self._vars[name]
+
+    def _variable(self, name: str, block: Block) -> Any:
+        attrs = block.body.attrs
+        type_ = self._type_text(attrs.get("type"))
+        if name in self.inputs:
+            value = convert(self.inputs[name], type_, f"var.{name}")
+        elif "default" in attrs:
+            value = convert(self._const(attrs["default"]), type_, f"var.{name}")
+        else:
+            raise TfError(f"var.{name} is required")
+        self._vars[name] = value
+        for v in (b for b in block.body.blocks if b.type == "validation"):
+            ok = self.eval(v.body.attrs["condition"], Scope())
+            if ok is not True:
+                message = self.eval(v.body.attrs["error_message"], Scope())
+                raise ValidationFailed(f"var.{name} = {value!r}: {message}")
+        return value
+
+    def _type_text(self, expr: Any) -> str:
+        if expr is None:
+            return "any"
+        if isinstance(expr, Literal):
+            return str(expr.value)
+        return _source_text(expr)
+
+    def _const(self, expr: Any) -> Any:
+        return expr.value if isinstance(expr, Literal) else self.eval(expr, Scope())
+
+    def local(self, name: str) -> Any:
+        if name not in self._locals:
+            if name not in self.local_exprs:
+                raise TfError(f"local.{name} is not declared")
+            self._locals[name] = self._guard(f"local.{name}", lambda: self.eval(self.local_exprs[name], Scope()))
+        return self._locals[name]
+
+    def data(self, dtype: str, name: str) -> dict[str, Any]:
+        if (dtype, name) not in self.data_decl:
+            raise TfError(f"data.{dtype}.{name} is not declared")
+        if dtype not in self.data_attrs:
+            raise TfError(f"no stub for data source {dtype}")
+        return self.data_attrs[dtype]
+
+    def resource(self, rtype: str, name: str) -> Any:
+        key = (rtype, name)
+        if key not in self._resources:
+            if key not in self.resources_decl:
+                raise TfError(f"{rtype}.{name} is not declared")
+            self._resources[key] = self._guard(f"{rtype}.{name}", lambda: self._instances(rtype, name))
+        return self._resources[key]
+
+    def _instances(self, rtype: str, name: str) -> Any:
+        block = self.resources_decl[(rtype, name)]
+        attrs = block.body.attrs
+        base = f"{rtype}.{name}"
+        if "count" in attrs and "for_each" in attrs:
+            raise TfError(f"{base}: count and for_each")
+        if "count" in attrs:
+            n = self.eval(attrs["count"], Scope())
+            if not isinstance(n, int | float) or isinstance(n, bool) or n < 0 or int(n) != n:
+                raise TfError(f"{base}: count must be a whole number, got {n!r}")
+            return [ResourceRef(self, f"{base}[{i}]", block, {"count": {"index": i}}) for i in range(int(n))]
+        if "for_each" in attrs:
+            items = self.eval(attrs["for_each"], Scope())
+            if isinstance(items, SetValue):
+                pairs = [(k, k) for k in items]
+            elif isinstance(items, dict):
+                pairs = sorted(items.items())
+            else:
+                raise TfError(f"{base}: for_each takes a map or a set of strings, got {type(items).__name__}")
+            return {k: ResourceRef(self, f'{base}["{k}"]', block, {"each": {"key": k, "value": v}})
+                    for k, v in pairs}
+        return ResourceRef(self, base, block, {})
+
+    def module(self, name: str) -> Module:
+        if name not in self._modules:
+            block = self.modules_decl[name]
+            args = {k: self.eval(v, Scope()) for k, v in block.body.attrs.items() if k not in ("source", "version")}
+            source = self.eval(block.body.attrs["source"], Scope())
+            if not isinstance(source, str) or not source.startswith(("./", "../")):
+                raise TfError(f"module {name}: only local sources, got {source!r}")
+            self._modules[name] = Module(self.dir / source, args, self.data_attrs)
+        return self._modules[name]
+
+    # --- results ---------------------------------------------------------------------------
+
+    def plan(self) -> dict[str, dict[str, Any]]:
+        """Resource address -> evaluated configuration, for every instance this configuration creates."""
+        out: dict[str, dict[str, Any]] = {}
+        for rtype, name in self.resources_decl:
+            inst = self.resource(rtype, name)
+            refs = inst if isinstance(inst, list) else list(inst.values()) if isinstance(inst, dict) else [inst]
+            for ref in refs:
+                out[ref.address] = ref.attrs()
+        for name in self.modules_decl:
+            out |= {f"module.{name}.{k}": v for k, v in self.module(name).plan().items()}
+        return out
+
+    def outputs(self) -> dict[str, Any]:
+        return {name: self.eval(b.body.attrs["value"], Scope()) for name, b in self.outputs_decl.items()}
+
+    def evaluate_body(self, body: Body, iterators: dict[str, Any], where: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        scope = Scope(iterators)
+        for kind, key in body.order:
+            if kind == "attr":
+                if key not in META:
+                    out[key] = self.eval(body.attrs[key], scope)
+                continue
+            block = body.blocks[int(key)]
+            if block.type in META:
+                continue
+            if block.type == "dynamic":
+                (label,) = block.labels
+                items = self.eval(block.body.attrs["for_each"], scope)
+                iterator = label
+                if "iterator" in block.body.attrs:
+                    iterator = _name(_trees(block.body.attrs["iterator"])[0])
+                (content,) = [b for b in block.body.blocks if b.type == "content"]
+                pairs = list(enumerate(items)) if isinstance(items, list | SetValue) else sorted(items.items())
+                for k, v in pairs:
+                    inner = dict(iterators) | {iterator: {"key": k, "value": v}}
+                    out.setdefault(label, []).append(self.evaluate_body(content.body, inner, where))
+            else:
+                out.setdefault(block.type, []).append(self.evaluate_body(block.body, iterators, where))
+        return out
+
+    # --- expressions -------------------------------------------------------------------
+
+    def eval(self, node: Any, scope: Scope) -> Any:
+        if isinstance(node, Literal):
+            return node.value
+        if isinstance(node, Template):
+            return self.template(node.text, scope, keep_single=True)
+        if isinstance(node, list):
+            return [self.eval(i, scope) for i in node]
+        if isinstance(node, dict):
+            return {k: self.eval(v, scope) for k, v in node.items()}
+        if isinstance(node, Token):
+            raise TfError(f"unexpected token {node!r}")
+        handler = getattr(self, f"_e_{node.data}", None)
+        if handler is None:
+            raise TfError(f"this evaluator does not implement {node.data}")
+        return handler(node, scope)
+
+    def template(self, text: str, scope: Scope, keep_single: bool) -> Any:
+        parts = list(template_parts(text))
+        if keep_single and len(parts) == 1 and isinstance(parts[0], Tree):
+            return self.eval(parts[0], scope)
+        return "".join(p if isinstance(p, str) else tf_str(self.eval(p, scope)) for p in parts)
+
+    def _e_expr_term(self, node: Tree, scope: Scope) -> Any:
+        (inner,) = _trees(node)
+        return self.eval(inner, scope)
+
+    def _e_int_lit(self, node: Tree, scope: Scope) -> Any:
+        return int(str(node.children[0]))
+
+    def _e_float_lit(self, node: Tree, scope: Scope) -> Any:
+        return float(str(node.children[0]))
+
+    def _e_literal_value(self, node: Tree, scope: Scope) -> Any:
+        return {"true": True, "false": False, "null": None}[str(node.children[0])]
+
+    def _e_string(self, node: Tree, scope: Scope) -> Any:
+        parts: list[Any] = []
+        for part in _children(node)[1:-1]:
+            (child,) = part.children
+            if isinstance(child, Token):
+                parts.append(_unescape(str(child)))
+            elif child.data == "interpolation":
+                parts.append(_trees(child)[0])
+            else:
+                raise TfError(f"template directive {child.data} not supported")
+        if len(parts) == 1 and isinstance(parts[0], Tree):
+            return self.eval(parts[0], scope)
+        return "".join(p if isinstance(p, str) else tf_str(self.eval(p, scope)) for p in parts)
+
+    def _e_heredoc_template(self, node: Tree, scope: Scope) -> Any:
+        raise TfError("heredocs are not supported by this evaluator")
+
+    def _e_tuple(self, node: Tree, scope: Scope) -> Any:
+        return [self.eval(e, scope) for e in _trees(node)]
+
+    def _e_object(self, node: Tree, scope: Scope) -> Any:
+        out: dict[str, Any] = {}
+        for elem in _trees(node):
+            key_node, value = _trees(elem)
+            (k,) = _trees(key_node) or [key_node.children[0]]
+            if isinstance(k, Tree) and k.data == "expr_term" and _trees(k)[0].data == "identifier":
+                key = _name(_trees(k)[0])  # a bare name is the key itself
+            elif isinstance(k, Tree) and k.data == "keyword":
+                key = _name(k)
+            else:
+                key = self.eval(k, scope)
+            if not isinstance(key, str):
+                raise TfError(f"object key {key!r} is not a string")
+            if key in out:
+                raise TfError(f"duplicate object key {key}")
+            out[key] = self.eval(value, scope)
+        return out
+
+    def _e_identifier(self, node: Tree, scope: Scope) -> Any:
+        name = _name(node)
+        if name in scope:
+            return scope[name]
+        if isinstance(scope, TemplateScope):
+            raise TfError(f"the templatefile() vars map does not contain key {name!r}")
+        if name in ROOTS or name in {t for t, _ in self.resources_decl}:
+            return RootName(name)
+        raise TfError(f"unknown name {name}")
+
+    def _e_get_attr_expr_term(self, node: Tree, scope: Scope) -> Any:
+        base_node, attr = _trees(node)
+        return self.attr(self.eval(base_node, scope), _name(_trees(attr)[0]))
+
+    def attr(self, base: Any, name: str) -> Any:
+        if isinstance(base, RootName):
+            return self._root_attr(base, name)
+        if isinstance(base, RootPath):
+            return self._path_attr(base, name)
+        if isinstance(base, ResourceRef):
+            return base.get(name)
+        if isinstance(base, dict):
+            if name not in base:
+                raise TfError(f"object has no attribute {name!r} (has {sorted(base)})")
+            return base[name]
+        raise TfError(f"cannot read .{name} of {type(base).__name__}")
+
+    def _root_attr(self, root: RootName, name: str) -> Any:
+        r = root.name
+        if r == "var":
+            return self.var(name)
+        if r == "local":
+            return self.local(name)
+        if r == "path":
+            if name == "module":
+                return str(self.dir)
+            raise TfError(f"path.{name} is not supported")
+        if r == "module":
+            return self.module(name).outputs()
+        if r in ("data",):
+            return RootPath(("data", name))
+        if r in ("each", "count"):
+            raise TfError(f"{r}.{name} outside a resource with {r}")
+        if r in ROOTS:
+            raise TfError(f"{r}.{name} is not supported")
+        return self.resource(r, name)
+
+    def _path_attr(self, path: RootPath, name: str) -> Any:
+        if path.parts[0] == "data":
+            return self.data(path.parts[1], name)
+        raise TfError(f"cannot resolve {'.'.join(path.parts)}.{name}")
+
+    def _e_index_expr_term(self, node: Tree, scope: Scope) -> Any:
+        base_node, index = _trees(node)
+        base = self.eval(base_node, scope)
+        key = self.eval(_trees(index)[0], scope) if index.data == "braces_index" else int(str(index.children[1]))
+        return self.index(base, key)
+
+    def index(self, base: Any, key: Any) -> Any:
+        if isinstance(base, list):
+            if not isinstance(key, int | float) or isinstance(key, bool) or int(key) != key:
+                raise TfError(f"list index {key!r}")
+            if not 0 <= int(key) < len(base):
+                raise TfError(f"index {key} out of range for {len(base)} elements")
+            return base[int(key)]
+        if isinstance(base, dict):
+            if not isinstance(key, str):
+                raise TfError(f"object key {key!r}")
+            if key not in base:
+                raise TfError(f"no element {key!r} (has {sorted(base)})")
+            return base[key]
+        raise TfError(f"cannot index {type(base).__name__}")
+
+    def _e_full_splat_expr_term(self, node: Tree, scope: Scope) -> Any:
+        base_node, splat = _trees(node)
+        base = self.eval(base_node, scope)
+        items = [] if base is None else base if isinstance(base, list) else [base]
+        out = []
+        for item in items:
+            for step in _trees(splat):
+                if step.data == "get_attr":
+                    item = self.attr(item, _name(_trees(step)[0]))
+                else:
+                    item = self.index(item, self.eval(_trees(step)[0], scope))
+            out.append(item)
+        return out
+
+    def _e_conditional(self, node: Tree, scope: Scope) -> Any:
+        cond, yes, no = _trees(node)
+        c = self.eval(cond, scope)
+        if not isinstance(c, bool):
+            raise TfError(f"condition is {c!r}, not a bool")
+        return self.eval(yes if c else no, scope)
+
+    def _e_unary_op(self, node: Tree, scope: Scope) -> Any:
+        op, operand = node.children
+        v = self.eval(operand, scope)
+        if str(op) == "!":
+            if not isinstance(v, bool):
+                raise TfError("! needs a bool")
+            return not v
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            raise TfError("- needs a number")
+        return -v
+
+    def _e_binary_op(self, node: Tree, scope: Scope) -> Any:
+        left, term = _trees(node)
+        op_node, right = _trees(term)
+        op = str(op_node.children[0])
+        a = self.eval(left, scope)
+        if op in ("&&", "||"):
+            b = self.eval(right, scope)  # Terraform evaluates both sides
+            if not isinstance(a, bool) or not isinstance(b, bool):
+                raise TfError(f"{op} needs bools")
+            return (a and b) if op == "&&" else (a or b)
+        b = self.eval(right, scope)
+        if op in ("==", "!="):
+            same = type(a) is type(b) and a == b if not _both_numbers(a, b) else a == b
+            return same if op == "==" else not same
+        if not _both_numbers(a, b):
+            raise TfError(f"{op} needs numbers, got {a!r} and {b!r}")
+        if op in ("/", "%") and b == 0:
+            raise TfError("division by zero")
+        return _ARITHMETIC[op](a, b)
+
+    def _for(self, node: Tree, scope: Scope) -> Iterator[Scope]:
+        intro = next(c for c in _trees(node) if c.data == "for_intro")
+        names = [_name(c) for c in _trees(intro) if c.data == "identifier"]
+        collection = self.eval(next(c for c in _trees(intro) if c.data != "identifier"), scope)
+        if isinstance(collection, dict):
+            pairs = sorted(collection.items())
+        elif isinstance(collection, list | SetValue):
+            is_set = isinstance(collection, SetValue)
+            pairs = [(v, v) for v in collection] if is_set else list(enumerate(collection))
+        else:
+            raise TfError(f"for over {type(collection).__name__}")
+        cond = next((c for c in _trees(node) if c.data == "for_cond"), None)
+        for k, v in pairs:
+            inner = type(scope)(scope)
+            if len(names) == 2:
+                inner[names[0]], inner[names[1]] = k, v
+            else:
+                inner[names[0]] = v
+            if cond is not None:
+                ok = self.eval(_trees(cond)[0], inner)
+                if not isinstance(ok, bool):
+                    raise TfError("for condition is not a bool")
+                if not ok:
+                    continue
+            yield inner
+
+    def _e_for_tuple_expr(self, node: Tree, scope: Scope) -> Any:
+        body = [c for c in _trees(node) if c.data not in ("for_intro", "for_cond")]
+        (value,) = body
+        return [self.eval(value, s) for s in self._for(node, scope)]
+
+    def _e_for_object_expr(self, node: Tree, scope: Scope) -> Any:
+        key, value = [c for c in _trees(node) if c.data not in ("for_intro", "for_cond")]
+        if any(isinstance(c, Token) and c.type == "ELLIPSIS" for c in node.children):
+            raise TfError("grouping (...) for expressions are not supported")
+        out: dict[str, Any] = {}
+        for s in self._for(node, scope):
+            k = self.eval(key, s)
+            if not isinstance(k, str):
+                raise TfError(f"for key {k!r} is not a string")
+            if k in out:
+                raise TfError(f"duplicate key {k!r} in a for expression")
+            out[k] = self.eval(value, s)
+        return out
+
+    def _e_function_call(self, node: Tree, scope: Scope) -> Any:
+        parts = _children(node)
+        name = _name(parts[0])
+        if any(isinstance(p, Token) and p.type == "COLONS" for p in parts):
+            raise TfError("provider functions are not supported")
+        args_node = next((p for p in parts if isinstance(p, Tree) and p.data == "arguments"), None)
+        arg_nodes = _trees(args_node) if args_node is not None else []
+        if args_node is not None and any(isinstance(c, Token) and c.type == "ELLIPSIS" for c in args_node.children):
+            raise TfError("argument expansion (...) is not supported")
+        if name in ("try", "can"):
+            return self._try(name, arg_nodes, scope)
+        fn = FUNCTIONS.get(name)
+        if fn is None:
+            raise TfError(f"function {name}() is not implemented by this evaluator")
+        args = [self.eval(a, scope) for a in arg_nodes]
+        if name in ("file", "templatefile"):
+            return fn(self, *args)
+        return fn(*args)
+
+    def _try(self, name: str, arg_nodes: list[Tree], scope: Scope) -> Any:
+        if name == "can":
+            (arg,) = arg_nodes
+            try:
+                self.eval(arg, scope)
+            except ValidationFailed:
+                raise
+            except TfError:
+                return False
+            return True
+        for arg in arg_nodes:
+            try:
+                return self.eval(arg, scope)
+            except ValidationFailed:
+                raise
+            except TfError:
+                continue
+        raise TfError("try(): no argument could be evaluated")
+
+
+@dataclass(frozen=True)
+class RootName:
+    name: str
+
+
+@dataclass(frozen=True)
+class RootPath:
+    parts: tuple[str, ...]
+
+
+class SetValue(list):
+    """A set of strings: unique, sorted (Terraform iterates sets of strings in lexical order)."""
+
+
+def _both_numbers(a: Any, b: Any) -> bool:
+    return all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
+
+
+_ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
+    "<": lambda a, b: a < b, ">": lambda a, b: a > b, "<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b,
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b,
+    "%": lambda a, b: a % b,
+}
+
+
+def _source_text(node: Any) -> str:
+    if isinstance(node, Token):
+        return str(node)
+    return "".join(_source_text(c) for c in node.children
+                   if not (isinstance(c, Tree) and c.data == "new_line_or_comment"))
+
+
+# --- types -----------------------------------------------------------------------------------
+
+
+def convert(value: Any, type_: str, what: str) -> Any:
+    """A variable value converted to its declared type, as Terraform would (or refused)."""
+    type_ = type_.replace(" ", "")
+    if type_ == "any":
+        return value
+    if type_ == "string":
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, int | float):
+            return tf_str(value)
+        if isinstance(value, str):
+            return value
+    elif type_ == "number":
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return float(value) if not re.fullmatch(r"-?\d+", value) else int(value)
+            except ValueError:
+                pass
+    elif type_ == "bool":
+        if isinstance(value, bool):
+            return value
+        if value in ("true", "false"):
+            return value == "true"
+    elif m := re.fullmatch(r"(list|set)\((.*)\)", type_):
+        if isinstance(value, list):
+            items = [convert(v, m.group(2), what) for v in value]
+            return SetValue(sorted(set(items))) if m.group(1) == "set" else items
+    elif m := re.fullmatch(r"map\((.*)\)", type_):
+        if isinstance(value, dict):
+            return {k: convert(v, m.group(1), what) for k, v in value.items()}
+    else:
+        raise TfError(f"{what}: type {type_} is not supported by this evaluator")
+    raise ValidationFailed(f"{what}: {value!r} is not a {type_}")
+
+
+# --- functions -----------------------------------------------------------------------------
+
+
+def _file(module: Module, path: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise TfError(f"file {path} does not exist")
+    return p.read_text(encoding="utf-8")
+
+
+def _templatefile(module: Module, path: str, variables: dict[str, Any]) -> str:
+    if not isinstance(variables, dict):
+        raise TfError("templatefile() takes an object of variables")
+    # A template sees only its own variables (Terraform: "vars map does not contain key").
+    return module.template(_file(module, path), TemplateScope(variables), keep_single=False)
+
+
+def _merge(*maps: Any) -> Any:
+    out: dict[str, Any] = {}
+    for m in maps:
+        if m is None:
+            continue
+        if not isinstance(m, dict):
+            raise TfError("merge() takes objects or maps")
+        out |= m
+    return out
+
+
+def _lookup(m: Any, key: str, *default: Any) -> Any:
+    if not isinstance(m, dict):
+        raise TfError("lookup() takes a map")
+    if key in m:
+        return m[key]
+    if default:
+        return default[0]
+    raise TfError(f"lookup(): no key {key!r}")
+
+
+def _one(items: Any) -> Any:
+    if not isinstance(items, list):
+        raise TfError("one() takes a list")
+    if len(items) > 1:
+        raise TfError(f"one(): {len(items)} elements")
+    return items[0] if items else None
+
+
+def _regex(pattern: str, text: str) -> Any:
+    m = re.search(pattern, text)
+    if m is None:
+        raise TfError(f"regex(): {pattern!r} does not match {text!r}")
+    if m.re.groupindex:
+        return m.groupdict()
+    return list(m.groups()) if m.re.groups else m.group(0)
+
+
+def _format(spec: str, *args: Any) -> str:
+    out, it = [], iter(args)
+
+    def repl(m: re.Match[str]) -> str:
+        if m.group(0) == "%%":
+            return "%"
+        value = next(it)
+        if m.group(1) == "s":
+            return tf_str(value)
+        if m.group(1) == "d" and isinstance(value, int | float) and int(value) == value:
+            return str(int(value))
+        raise TfError(f"format(): %{m.group(1)} with {value!r}")
+
+    out.append(re.sub(r"%%|%([a-z])", repl, spec))
+    return "".join(out)
+
+
+def _length(value: Any) -> int:
+    if isinstance(value, str | list | dict):
+        return len(value)
+    raise TfError("length() of a non-collection")
+
+
+def _tostring(value: Any) -> str:
+    if isinstance(value, list | dict):
+        raise TfError("tostring() of a collection")
+    return tf_str(value)
+
+
+def _concat(*lists: Any) -> list[Any]:
+    out: list[Any] = []
+    for item in lists:
+        if not isinstance(item, list):
+            raise TfError("concat() takes lists")
+        out += item
+    return out
+
+
+def _distinct(items: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for i in items:
+        if i not in out:
+            out.append(i)
+    return out
+
+
+def _toset(items: list[Any]) -> SetValue:
+    if not all(isinstance(i, str) for i in items):
+        raise TfError("this evaluator only takes toset() of strings")
+    return SetValue(sorted(set(items)))
+
+
+def _string_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapped(*args: Any) -> Any:
+        if not all(isinstance(a, str) for a in args):
+            raise TfError(f"{fn.__name__}() takes strings")
+        return fn(*args)
+
+    return wrapped
+
+
+def _alltrue(items: list[Any]) -> bool:
+    if not all(isinstance(i, bool) for i in items):
+        raise TfError("alltrue() takes bools")
+    return all(items)
+
+
+def _contains(items: list[Any], value: Any) -> bool:
+    return any(value == i and (type(i) is type(value) or _both_numbers(i, value)) for i in items)
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "jsonencode": go_json,
+    "jsondecode": lambda s: json.loads(s),
+    "file": _file,
+    "templatefile": _templatefile,
+    "merge": _merge,
+    "lookup": _lookup,
+    "one": _one,
+    "regex": _string_fn(_regex),
+    "format": _format,
+    "length": _length,
+    "tostring": _tostring,
+    "concat": _concat,
+    "distinct": _distinct,
+    "toset": _toset,
+    "trimprefix": _string_fn(lambda s, p: s[len(p):] if s.startswith(p) else s),
+    "trimsuffix": _string_fn(lambda s, p: s[: -len(p)] if p and s.endswith(p) else s),
+    "alltrue": _alltrue,
+    "contains": _contains,
+}
