@@ -118,7 +118,19 @@ error:
 
 /* names(text) -> set of the sample names that start a line (up to '{', blank, '\r' or end of line),
  * comment and blank lines skipped; None for text that is not 1-byte Unicode. One pass over the body
- * tells which wanted names without a # TYPE line are present, instead of one search per name. */
+ * tells which wanted names without a # TYPE line are present, instead of one search per name.
+ * Lines repeat a few names (a summary cycles x_count, x_sum, x): the last RECENT names are
+ * compared in place before a new string is made. */
+#define RECENT 8
+
+static int starts_with_name(const char *line, Py_ssize_t left, const char *name, Py_ssize_t len) {
+    if (left <= len || memcmp(line, name, (size_t)len) != 0) {
+        return 0;
+    }
+    char c = line[len];
+    return c == '{' || c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
 static PyObject *names(PyObject *self, PyObject *args) {
     PyObject *text;
     if (!PyArg_ParseTuple(args, "U", &text)) {
@@ -133,21 +145,20 @@ static PyObject *names(PyObject *self, PyObject *args) {
     if (out == NULL) {
         return NULL;
     }
-    const char *last = NULL; /* consecutive lines mostly share a name: compare before allocating */
-    Py_ssize_t last_len = 0;
+    const char *recent[RECENT];
+    Py_ssize_t recent_len[RECENT];
+    int nrecent = 0, next = 0;
     while (i < n) {
         const char *line = s + i;
+        int seen = 0;
+        for (int r = 0; r < nrecent && !seen; r++) {
+            seen = starts_with_name(line, n - i, recent[r], recent_len[r]);
+        }
         const char *nl = memchr(line, '\n', (size_t)(n - i));
         Py_ssize_t len = nl ? nl - line : n - i;
         i += len + 1;
-        if (len == 0 || line[0] == '#') {
+        if (seen || len == 0 || line[0] == '#') {
             continue;
-        }
-        if (last != NULL && len > last_len && memcmp(line, last, (size_t)last_len) == 0) {
-            char c = line[last_len];
-            if (c == '{' || c == ' ' || c == '\t' || c == '\r') {
-                continue; /* the previous line's name again */
-            }
         }
         Py_ssize_t k = 0;
         while (k < len && line[k] != '{' && line[k] != ' ' && line[k] != '\t' && line[k] != '\r') {
@@ -156,8 +167,6 @@ static PyObject *names(PyObject *self, PyObject *args) {
         if (k == 0) {
             continue;
         }
-        last = line;
-        last_len = k;
         PyObject *name = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, line, k);
         if (name == NULL || PySet_Add(out, name) < 0) {
             Py_XDECREF(name);
@@ -165,6 +174,12 @@ static PyObject *names(PyObject *self, PyObject *args) {
             return NULL;
         }
         Py_DECREF(name);
+        recent[next] = line;
+        recent_len[next] = k;
+        next = (next + 1) % RECENT;
+        if (nrecent < RECENT) {
+            nrecent++;
+        }
     }
     return out;
 }

@@ -125,11 +125,12 @@ class Encoder:
 
     def encode(self, event: Event, timestamp_ms: int) -> list[bytes]:
         """One or more JSON documents for the event (more only if it would exceed MAX_EVENT_BYTES)."""
-        values: dict[str, object] = dict(event.values)
+        values: dict[str, object] = event.values  # type: ignore[assignment]  # read only from here on
         if not (event.values.keys() <= self.metrics.keys() and math.isfinite(sum(event.values.values()))):
             # Never taken by the pipeline (the transform drops non-finite values); kept as the guard.
             values = {k: v for k, v in event.values.items() if k in self.metrics and _finite(v)}
-        values.update((k, d) for k, d in event.distributions.items() if k in self.metrics)
+        if event.distributions:
+            values = {**values, **{k: d for k, d in event.distributions.items() if k in self.metrics}}
         return self._encode(event, values, timestamp_ms, split=False)
 
     def _encode(self, event: Event, values: dict[str, object], timestamp_ms: int, split: bool) -> list[bytes]:

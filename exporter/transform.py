@@ -43,6 +43,7 @@ Distribution = dict[str, Any]  # the EMF value object: Values, Counts, Min, Max,
 
 MAX_DISTRIBUTION_PAIRS = 100  # EMF: at most 100 value/count pairs per metric value
 _PLAN_CACHE_LIMIT = 256
+_ENTITY_KEYS_LIMIT = 100_000
 
 
 @dataclass
@@ -112,6 +113,7 @@ class Transform:
                     if selected is not None:
                         selected.add(value)
         self._plans: dict[tuple[str, str], _SplitPlan | None] = {}
+        self._entity_keys: set[str] = set()
         self._buckets: dict[tuple[tuple[str, ...], float], _Buckets | None] = {}
 
     # --- columns -------------------------------------------------------------------------------
@@ -123,7 +125,7 @@ class Transform:
             splits = self.splits.get(name)
             want_total = name in self.totals
             if splits is None:
-                if all(labels[k].entity_key == k for k in values):
+                if self._entity_keyed(values, labels):
                     out[(name, None)] = values  # one series per entity already (the common case)
                 else:
                     self._general(name, values, labels, None, None, True, out)
@@ -137,6 +139,18 @@ class Transform:
             if want_total:
                 self._general(name, values, labels, None, None, True, out)
         return out
+
+    def _entity_keyed(self, values: Series, labels: Mapping[str, LabelSet]) -> bool:
+        """Every series key is its entity's key. Keys are content-derived, so the answer per key never
+        changes: checked keys are remembered and a repeat is one C-level subset test."""
+        if values.keys() <= self._entity_keys:
+            return True
+        if not all(labels[k].entity_key == k for k in values):
+            return False
+        if len(self._entity_keys) > _ENTITY_KEYS_LIMIT:
+            self._entity_keys.clear()  # model churn: forget, do not grow without bound
+        self._entity_keys.update(values)
+        return True
 
     def _general(self, name: str, values: Series, labels: Mapping[str, LabelSet], label: str | None,
                  selected: set[str] | None, want_total: bool, out: dict[ColumnKey, Column]) -> None:
@@ -239,17 +253,22 @@ class Transform:
         return result
 
     def _omit_idle_zeros(self, values: dict[str, Column]) -> None:
-        """A breakdown's zero carries no information while its total is zero: leave it out (cost)."""
+        """A breakdown's zero carries no information while its total is zero (or absent): leave it out (cost)."""
+        idle: dict[str, list[str]] = {}  # total -> entities where it is zero, found once per total
         for m in self.metrics:
             col = values.get(m.name)
             if m.breakdown_of is None or not col:
                 continue
             total = values.get(m.breakdown_of, {})
-            kept = {k: v for k, v in col.items() if v != 0 or total.get(k, 0) != 0}
-            if len(kept) != len(col):
-                if kept:
-                    values[m.name] = kept
-                else:
+            quiet = idle.get(m.breakdown_of)
+            if quiet is None:
+                quiet = idle[m.breakdown_of] = [k for k, v in total.items() if v == 0]
+            drop = [k for k in (*quiet, *(col.keys() - total.keys())) if col.get(k) == 0]
+            if drop:
+                col = values[m.name] = dict(col)  # columns can be shared with other metrics: never edit in place
+                for k in drop:
+                    del col[k]
+                if not col:
                     del values[m.name]
 
     def compute(self, metric: Metric, gauges: Mapping[ColumnKey, Column], deltas: Mapping[ColumnKey, Column],
