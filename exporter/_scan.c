@@ -147,12 +147,16 @@ static PyObject *names(PyObject *self, PyObject *args) {
     }
     const char *recent[RECENT];
     Py_ssize_t recent_len[RECENT];
-    int nrecent = 0, next = 0;
+    int nrecent = 0, next = 0, hit = 0;
     while (i < n) {
         const char *line = s + i;
         int seen = 0;
-        for (int r = 0; r < nrecent && !seen; r++) {
-            seen = starts_with_name(line, n - i, recent[r], recent_len[r]);
+        for (int t = 0; t < nrecent && !seen; t++) { /* the last name that matched first */
+            int r = (hit + t) % nrecent;
+            if (starts_with_name(line, n - i, recent[r], recent_len[r])) {
+                seen = 1;
+                hit = r;
+            }
         }
         const char *nl = memchr(line, '\n', (size_t)(n - i));
         Py_ssize_t len = nl ? nl - line : n - i;

@@ -25,30 +25,16 @@ class ModelCap:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.allowed: set[str] = set()
-        # sample -> (its series keys last cycle, their model entities): Triton prints the same series
-        # cycle after cycle, and comparing key sets is a C-level loop where mapping keys is a Python one.
-        self._entities: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
-
-    def entities(self, exp: Exposition) -> set[str]:
-        """Every model version (entity key) with a series in the exposition."""
-        labels = exp.labels
-        out: set[str] = set()
-        seen: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
-        for name, series in exp.samples.items():
-            cached = self._entities.get(name)
-            if cached is None or cached[0] != series.keys():
-                keys = frozenset(series)
-                cached = (keys, frozenset(labels[k].entity_key for k in keys if labels[k].entity[0] == "model"))
-            seen[name] = cached
-            out |= cached[1]
-        self._entities = seen  # vanished samples leave the cache
-        return out
 
     def apply(self, exp: Exposition, index: list[VersionState] | None,
               index_keys: dict[str, VersionState]) -> Capped:
         """The samples and index rows of the model versions within the cap."""
+        if len(exp.models) <= self.limit and len(exp.models | index_keys.keys()) <= self.limit:
+            self.allowed.clear()  # cannot be over the cap (exp.models is a superset): no need to count
+            return Capped(exp.samples, index)
         labels = exp.labels
-        entities = self.entities(exp) | index_keys.keys()
+        entities = {labels[k].entity_key for s in exp.samples.values() for k in s if labels[k].entity[0] == "model"}
+        entities |= index_keys.keys()
         if len(entities) <= self.limit:
             self.allowed.clear()
             return Capped(exp.samples, index)

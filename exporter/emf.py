@@ -17,6 +17,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -72,6 +73,9 @@ def clip(text: str, limit: int = MAX_PROPERTY_LENGTH) -> str:
     return text if len(text) <= limit else text[: limit - 15] + "...[truncated]"
 
 
+NO_DISTRIBUTIONS: Mapping[str, dict[str, Any]] = MappingProxyType({})  # shared: most events have none
+
+
 @dataclass
 class Event:
     """One entity's event before encoding: dimensions, metric values, properties.
@@ -86,7 +90,7 @@ class Event:
     dimensions: dict[str, str]
     values: dict[str, float]
     properties: dict[str, object]
-    distributions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    distributions: Mapping[str, dict[str, Any]] = field(default_factory=lambda: NO_DISTRIBUTIONS)
 
 
 class Encoder:

@@ -20,7 +20,7 @@ from . import __version__
 from .cap import ModelCap
 from .catalog import Catalog, Scope
 from .config import Settings
-from .emf import Encoder, Event, clip, dimensions_for
+from .emf import NO_DISTRIBUTIONS, Encoder, Event, clip, dimensions_for
 from .gpus import GpuIndex, gpu_samples, gpu_uuids, keep_tritons_gpus
 from .logs import Conditions, get
 from .promtext import LabelSet, model_key
@@ -76,17 +76,14 @@ def _run_all(func: Callable[[Source], tuple[Collected | None, SourceStatus]],
     return [r for r in results if r is not None]
 
 
-EntityValues = tuple[dict[str, float], dict[str, dict[str, Any]]]
-
-
-def _transpose(catalog: Catalog, result: Result) -> dict[tuple[Scope, str], EntityValues]:
-    """Metric columns -> one (values, distributions) pair per entity.
+def _transpose(catalog: Catalog, result: Result) -> dict[tuple[Scope, str], dict[str, float]]:
+    """Metric columns -> one values dict per entity.
 
     Columns computed from the same series list share one key order; those are
     transposed with zip in C, the rest (index-only models, idle models without
     quantiles) key by key.
     """
-    by_entity: dict[tuple[Scope, str], EntityValues] = {}
+    by_entity: dict[tuple[Scope, str], dict[str, float]] = {}
     columns = result.values
     for scope in Scope:
         groups: dict[tuple[str, ...], list[tuple[str, Column]]] = {}
@@ -97,17 +94,23 @@ def _transpose(catalog: Catalog, result: Result) -> dict[tuple[Scope, str], Enti
         for order, cols in sorted(groups.items(), key=lambda g: -len(g[1])):
             names = [n for n, _ in cols]
             for key, row in zip(order, zip(*(c.values() for _, c in cols))):
-                entry = by_entity.get((scope, key))
-                if entry is None:
-                    by_entity[(scope, key)] = (dict(zip(names, row)), {})
+                values = by_entity.get((scope, key))
+                if values is None:
+                    by_entity[(scope, key)] = dict(zip(names, row))
                 else:
-                    entry[0].update(zip(names, row))
+                    values.update(zip(names, row))
+    return by_entity
+
+
+def _distributions(catalog: Catalog, result: Result) -> dict[tuple[Scope, str], dict[str, Any]]:
+    """Distribution metrics per entity (only entities that have one)."""
+    out: dict[tuple[Scope, str], dict[str, Any]] = {}
     for name, dists in result.distributions.items():
         metric = catalog.get(name)
         assert metric is not None
         for key, dist in dists.items():
-            by_entity.setdefault((metric.scope, key), ({}, {}))[1][name] = dist
-    return by_entity
+            out.setdefault((metric.scope, key), {})[name] = dist
+    return out
 
 
 class Pipeline:
@@ -240,11 +243,14 @@ class Pipeline:
         gpus: dict[str, GpuInfo], triton_gpus: list[str], properties: dict[str, object],
     ) -> list[Event]:
         by_entity = _transpose(self.catalog, result)
+        dists = _distributions(self.catalog, result)
+        for entity in dists.keys() - by_entity.keys():
+            by_entity[entity] = {}  # an entity with only distributions (no other metric this window)
         common = {"exporter_version": __version__, **properties}
         gpu_index = self.gpu_index.indexes(gpus, triton_gpus)
         events = []
         misplaced = 0
-        for (scope, key), (values, dists) in by_entity.items():
+        for (scope, key), values in by_entity.items():
             props: dict[str, object]
             ls = labels.get(key)
             kind = ls.entity[0] if ls is not None else None
@@ -280,7 +286,7 @@ class Pipeline:
                     continue
                 props = dict(common)
                 dims = {}
-            events.append(Event(scope, dims, values, props, dists))
+            events.append(Event(scope, dims, values, props, dists.get((scope, key), NO_DISTRIBUTIONS)))
         self.conditions.set(
             "misplaced series",
             f"ignoring {misplaced} entities whose series lack the model/gpu_uuid label their metric needs"

@@ -143,6 +143,9 @@ class Exposition:
     malformed: int = 0
     duplicates: int = 0
     examples: list[str] = field(default_factory=list)
+    # Every model version (entity key) the samples can name, and maybe more: the parser's label cache
+    # keeps model versions seen in earlier bodies. The cardinality cap's cheap first test.
+    models: set[str] = field(default_factory=set)
 
     def count(self) -> int:
         return sum(len(v) for v in self.samples.values())
@@ -151,6 +154,8 @@ class Exposition:
         """Add one sample (used by sources that do not parse text, like NVML)."""
         self.labels.setdefault(labels.key, labels)
         self.samples.setdefault(name, {})[labels.key] = value
+        if labels.entity[0] == "model":
+            self.models.add(labels.entity_key)
 
     def merge(self, other: Exposition) -> None:
         """Take another source's samples (sources use disjoint series names)."""
@@ -163,6 +168,8 @@ class Exposition:
             self.samples.update(other.samples)
         self.malformed += other.malformed
         self.duplicates += other.duplicates
+        if other.models:
+            self.models = other.models if not self.models else self.models | other.models
         self.examples += other.examples
 
 
@@ -183,6 +190,7 @@ class Parser:
         self._cache: dict[str, str] = {"": EMPTY.key}  # raw label block -> canonical key
         self.native = native and _scan is not None
         self._interned: dict[str, LabelSet] = {EMPTY.key: EMPTY}
+        self._models: set[str] = set()  # entity keys of the model versions interned
         self._patterns: dict[str, re.Pattern[str]] = {}
         self._fast_patterns: dict[str, re.Pattern[str]] = {}
         self.max_cache = max_cache
@@ -267,6 +275,7 @@ class Parser:
             # Blocks of vanished series (model churn) would otherwise stay until max_cache.
             self._cache = {"": EMPTY.key}
             self._interned = {EMPTY.key: EMPTY}
+            self._models = set()
         cache = self._cache
         for (start, end), names in self._blocks(text).items():
             for name in names:
@@ -284,6 +293,7 @@ class Parser:
                 series.update(zip(map(cache.__getitem__, blocks), values))
                 out.duplicates += before + len(blocks) - len(series)
         out.labels = self._interned
+        out.models = self._models  # shared, not copied: read only
         self._bound = min(self.max_cache, max(self.min_cache, 2 * out.count()))
         return out
 
@@ -372,6 +382,8 @@ class Parser:
             kind, *values = labels.entity
             entity = LabelSet(tuple(sorted(zip(_ENTITY_LABELS[kind], values, strict=True))))
             self._interned[entity.key] = entity
+        if labels.entity[0] == "model":
+            self._models.add(labels.entity_key)
         self._cache[block] = labels.key
         return labels
 
