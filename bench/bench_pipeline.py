@@ -1,15 +1,26 @@
 """Benchmark: one full exporter cycle against prometheus_client's parser, same text, same run.
 
-    .venv/bin/python bench/bench_pipeline.py [--models 10 100 1000] [--repeat 15]
+    .venv/bin/python bench/bench_pipeline.py [--models 10 100 1000] [--llm-models 100 1000] [--repeat 15]
 
 For each size it builds a /metrics body in Triton's exact shape (summaries on,
 one GPU), then times, in a fresh process each:
-- ours: a full cycle of the pipeline (parse, filter, deltas, transform, EMF
-  bytes; no network), median of --repeat cycles after a warm-up;
+- ours: a full cycle of the pipeline with the built-in data-driven catalog
+  (parse, filter, deltas, transform, EMF bytes; no network), median of
+  --repeat cycles after a warm-up;
 - reference: prometheus_client's text_string_to_metric_families over the same
   text, fully consumed, median of the same number of runs;
-and prints their ratio and each process's peak RSS. Targets at 1000 models:
-ratio >= 20, our RSS <= 60 MB.
+and prints their ratio and each process's peak RSS. "llm" rows add, for every
+model, Triton's first-response histogram and the LLM backend's own families
+(half of the models vLLM-shaped, half TensorRT-LLM-shaped: counters, gauges and
+histograms, which become CloudWatch distributions).
+
+Then it prints the parser's two paths on the 1000-model core body (the C
+scanner, and the pure-Python regex it falls back to without a compiler), and
+the sidecar's start-up: the import time of
+``python -m exporter`` next to a bare interpreter, and whether requests was
+imported before the first scrape needs it.
+
+Targets at 1000 core models: ratio >= 25, our RSS <= 60 MB.
 """
 
 from __future__ import annotations
@@ -27,7 +38,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
 from exporter.sources import SourceKind  # noqa: E402
 
 
@@ -36,14 +46,13 @@ class FileSource:
     so this process's peak RSS is the pipeline's, not the payload generator's."""
 
     name = "triton_metrics"
-
     kind = SourceKind.TRITON
 
-    def __init__(self, paths: list[Path], wanted: frozenset[str]) -> None:
+    def __init__(self, paths: list[Path], wanted: frozenset[str], native: bool = True) -> None:
         from exporter.promtext import Parser
 
         self.paths = paths
-        self.parser = Parser(wanted)
+        self.parser = Parser(wanted, native=native)
         self.calls = 0
 
     def collect(self, timeout: float):
@@ -67,18 +76,18 @@ def _ours(models: int, repeat: int, workdir: Path) -> dict:
     source = FileSource(sorted(workdir.glob("metrics-*.txt")), catalog.wanted_samples())
     clock = [0.0]
     index = IndexSource((workdir / "index.json").read_bytes())
-    pipe = Pipeline(Settings(max_models=max(models, 1)), catalog, [source, index],
-                    clock=lambda: clock[0])
+    pipe = Pipeline(Settings(max_models=max(models, 1)), catalog, [source, index], clock=lambda: clock[0])
     pipe.cycle()  # baseline (and label cache warm-up)
-    times, events, size = [], 0, 0
+    times, events, size, model_bytes = [], 0, 0, 0
     for _ in range(repeat):
         clock[0] += 60.0
         start = time.perf_counter()
         result = pipe.cycle()
         times.append(time.perf_counter() - start)
         events, size = len(result.events), sum(map(len, result.events))
+        model_bytes = sum(len(e) for e in result.events if b'"version":' in e)
     return {"ms": statistics.median(times) * 1e3, "rss_mb": _rss_mb(), "events": events, "emf_kb": size / 1024,
-            "body_kb": source.paths[0].stat().st_size / 1024}
+            "body_kb": source.paths[0].stat().st_size / 1024, "model_bytes": model_bytes / max(models, 1)}
 
 
 def _reference(models: int, repeat: int, workdir: Path) -> dict:
@@ -93,6 +102,22 @@ def _reference(models: int, repeat: int, workdir: Path) -> dict:
     return {"ms": statistics.median(times) * 1e3, "rss_mb": _rss_mb(), "samples": samples}
 
 
+def _parse_only(path: str, repeat: int, workdir: Path) -> dict:
+    """One parser path over the same body: ``c`` (the C scanner) or ``python`` (the full-grammar regex)."""
+    from exporter.catalog import build
+    from exporter.promtext import Parser
+
+    parser = Parser(build().wanted_samples(), native=path == "c")
+    text = sorted(workdir.glob("metrics-*.txt"))[0].read_text()
+    parser.parse(text)  # warm the label cache, as a running sidecar has it
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        parser.parse(text)
+        times.append(time.perf_counter() - start)
+    return {"ms": statistics.median(times) * 1e3}
+
+
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -103,37 +128,84 @@ def _child(kind: str, models: int, repeat: int, workdir: Path) -> dict:
     return json.loads(out.stdout)
 
 
-def _write_payloads(models: int, repeat: int, workdir: Path) -> None:
-    from demo.payloads import model_names, triton_metrics
+def _write_payloads(models: int, repeat: int, workdir: Path, llm: bool = False) -> None:
+    from demo.payloads import first_response_metrics, llm_metrics, model_names, triton_metrics
 
     names = model_names(models)
     (workdir / "index.json").write_text(json.dumps([{"name": n, "version": "1", "state": "READY"} for n in names]))
+    half = names[: models // 2]
     for step in range(1, repeat + 2):
-        (workdir / f"metrics-{step:04d}.txt").write_text(triton_metrics(names, step=step, gpus=["GPU-0"]))
+        text = triton_metrics(names, step=step, gpus=["GPU-0"])
+        if llm:
+            text += (first_response_metrics(names, step) + llm_metrics(half, step, "vllm")
+                     + llm_metrics(names[models // 2:], step, "tensorrt_llm"))
+        (workdir / f"metrics-{step:04d}.txt").write_text(text)
+
+
+def _row(label: str, n: int, rounds: int, repeat: int, llm: bool) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        _write_payloads(n, repeat, Path(tmp), llm)
+        # Alternate the two, best of --rounds each: the machine is shared and noisy.
+        runs = [(_child("ours", n, repeat, Path(tmp)), _child("reference", n, repeat, Path(tmp)))
+                for _ in range(rounds)]
+        ours = min((o for o, _ in runs), key=lambda r: r["ms"])
+        ref = min((r for _, r in runs), key=lambda r: r["ms"])
+    print(f"{label:>5} {n:>6} {ours['body_kb']:>8.0f} {ours['events']:>6} {ours['emf_kb']:>7.0f} "
+          f"{ours['model_bytes']:>9.0f} {ours['ms']:>8.1f} {ref['ms']:>8.1f} {ref['ms'] / ours['ms']:>6.1f} "
+          f"{ours['rss_mb']:>11.1f} {ref['rss_mb']:>11.1f}")
+
+
+def _parser_rows(repeat: int, rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        _write_payloads(1000, 1, Path(tmp))
+        paths = ("c", "python")
+        runs = {p: min(_child(f"parse-{p}", 1000, repeat, Path(tmp))["ms"] for _ in range(rounds)) for p in paths}
+    print("\nparser paths, 1000 core models (parse only, label cache warm):")
+    for p in paths:
+        print(f"  {p:<14} {runs[p]:>7.1f} ms  ({runs[p] / runs['c']:.1f}x the C scanner)")
+
+
+def _startup(rounds: int) -> None:
+    def best(code: str) -> float:
+        out = []
+        for _ in range(max(5, rounds * 3)):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
+            out.append(time.perf_counter() - start)
+        return min(out) * 1e3
+
+    bare = best("pass")
+    main = best("import exporter.__main__")
+    requests = best("import requests")
+    loaded = subprocess.run([sys.executable, "-c", "import sys, exporter.__main__; print('requests' in sys.modules)"],
+                            check=True, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    print(f"\nstart-up (best of {max(5, rounds * 3)} fresh processes): python -c pass {bare:.0f} ms; "
+          f"import exporter.__main__ {main:.0f} ms (+{main - bare:.0f}); import requests alone {requests:.0f} ms "
+          f"(+{requests - bare:.0f}); requests imported at start-up: {loaded}")
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, models, repeat, workdir = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
-        print(json.dumps((_ours if kind == "ours" else _reference)(models, repeat, workdir)))
+        if kind.startswith("parse-"):
+            print(json.dumps(_parse_only(kind.removeprefix("parse-"), repeat, workdir)))
+        else:
+            print(json.dumps((_ours if kind == "ours" else _reference)(models, repeat, workdir)))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--models", type=int, nargs="*", default=[10, 100, 1000])
+    parser.add_argument("--llm-models", type=int, nargs="*", default=[100, 1000])
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    print(f"{'models':>6} {'body KB':>8} {'events':>6} {'EMF KB':>7} {'ours ms':>8} {'prom ms':>8} "
-          f"{'ratio':>6} {'ours RSS MB':>11} {'prom RSS MB':>11}")
+    print(f"{'body':>5} {'models':>6} {'body KB':>8} {'events':>6} {'EMF KB':>7} {'B/model':>9} {'ours ms':>8} "
+          f"{'prom ms':>8} {'ratio':>6} {'ours RSS MB':>11} {'prom RSS MB':>11}")
     for n in args.models:
-        with tempfile.TemporaryDirectory() as tmp:
-            _write_payloads(n, args.repeat, Path(tmp))
-            # Alternate the two, best of --rounds each: the machine is shared and noisy.
-            runs = [(_child("ours", n, args.repeat, Path(tmp)), _child("reference", n, args.repeat, Path(tmp)))
-                    for _ in range(args.rounds)]
-            ours = min((o for o, _ in runs), key=lambda r: r["ms"])
-            ref = min((r for _, r in runs), key=lambda r: r["ms"])
-        print(f"{n:>6} {ours['body_kb']:>8.0f} {ours['events']:>6} {ours['emf_kb']:>7.0f} {ours['ms']:>8.1f} "
-              f"{ref['ms']:>8.1f} {ref['ms'] / ours['ms']:>6.1f} {ours['rss_mb']:>11.1f} {ref['rss_mb']:>11.1f}")
+        _row("core", n, args.rounds, args.repeat, llm=False)
+    for n in args.llm_models:
+        _row("llm", n, args.rounds, args.repeat, llm=True)
+    _parser_rows(args.repeat, args.rounds)
+    _startup(args.rounds)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
-from importlib import resources
 from pathlib import Path
 
 from .load import SELF_METRICS, STATE_METRICS, CatalogError, read, read_paths
@@ -119,6 +118,8 @@ def _samples_read(metric: Metric, inp: Input) -> tuple[str, ...]:
 
 
 def builtin_files(packs: Sequence[str] = BUILTIN_PACKS) -> list[tuple[str, str]]:
+    from importlib import resources  # ~10 ms of imports, needed once at start
+
     root = resources.files(__package__)
     out = []
     for pack in packs:
