@@ -11,7 +11,9 @@ every histogram bucket of what it sent.
 from __future__ import annotations
 
 import itertools
+import re
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +56,37 @@ def trt(server: TritonServer, texts: Sequence[str], max_tokens: Sequence[int] | 
     if status != 200:
         raise AssertionError(f"{TRT} answered {status}: {body}")
     return body["outputs"][0]["data"]  # type: ignore[index]
+
+
+# Per model: (Triton's own counter, the model's counter that counts the same thing inside execute()).
+_SAME_COUNT = {VLLM: ("nv_inference_request_success", "vllm:request_params_n_count"),
+               TRT: ("nv_inference_count", "nv_llm_input_token_len_count")}
+
+
+def wait_counted(server: TritonServer, timeout: float = 10.0) -> None:
+    """Wait until Triton's own per-model counters include every request answered so far.
+
+    Seen on Triton 2.51: Triton updates ``nv_inference_*`` just after the
+    response is on its way, so a scrape right after a request can miss it
+    while the model's own families (updated inside ``execute()``) already
+    count it. Here each LLM sample model's request (or sequence) count is
+    known twice; equal means settled. Models not loaded are skipped.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        text = server.metrics_text()
+        behind = []
+        for model, (core, own) in _SAME_COUNT.items():
+            found = [re.search(rf'^{re.escape(name)}{{model="{model}",(?:response_metric_type="[a-z_]+",)?'
+                               rf'version="1"}} (\S+)$', text, re.M) for name in (core, own)]
+            values = [float(m.group(1)) for m in found if m]
+            if len(values) == 2 and values[0] != values[1]:
+                behind.append(model)
+        if not behind:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Triton's counters of {behind} did not catch up in {timeout}s")
+        time.sleep(0.01)
 
 
 PROMPTS = (
