@@ -106,6 +106,6 @@ def traffic(server: TritonServer, stop: threading.Event) -> None:
         prompt = PROMPTS[i % len(PROMPTS)]
         vllm(server, prompt, max_tokens=16 + 8 * (i % 4), ttft_ms=(25, 45, 65, 120, 300)[i % 5],
              itl_ms=(18, 22, 30)[i % 3], tool_ms=30.0 if i % 4 == 0 else 0.0)
-        rows = 1 + i % 6  # more than the batcher's 4 active slots sometimes: some wait
-        trt(server, [PROMPTS[(i + j) % len(PROMPTS)] for j in range(rows)], [32 + 16 * j for j in range(rows)])
+        rows = 3 + i % 4  # more than the batcher's 4 active slots half the time: some wait
+        trt(server, [PROMPTS[(i + j) % len(PROMPTS)] for j in range(rows)], [128 + 64 * j for j in range(rows)])
         stop.wait(0.05)
