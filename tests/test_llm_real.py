@@ -455,3 +455,12 @@ def test_once_shows_the_llm_table_for_the_demo_traffic(llm):
     assert t["GenerationTokens"] > 0 and 0 < t["KvCacheUtilization"] <= 100
     assert rows[TRT][2:4] == ["-", "-"]  # no TTFT or ITL for TensorRT-LLM on this Triton
     assert float(rows[VLLM][2]) in v["TimeToFirstToken"]["Values"]  # TTFT p95 ms: one of the bucket values
+
+
+def test_health_probe_smoke_inference_passes_on_the_llm_models(llm):
+    """The session server leaves the LLM models out; the probe's synthesised request must suit them too."""
+    proc = subprocess.run([sys.executable, "-m", "exporter", "health", "--url", llm.url, "--smoke", "--json"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    smoke = {c["model"]: c["status"] for c in orjson.loads(proc.stdout)["checks"] if c["check"] == "smoke"}
+    assert smoke == {TRT: "ok", VLLM: "ok"}
