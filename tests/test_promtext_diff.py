@@ -211,6 +211,16 @@ def test_agrees_with_prometheus_client_on_real_bodies(path, body):
         assert {"nv_llm_output_token_len_bucket", "nv_llm_input_token_len_sum", "nv_trt_llm_request_metrics"} <= names
 
 
+@pytest.mark.parametrize("text", [
+    "nv_inference_count_extra 0\n",  # only a longer name with the wanted one as its prefix
+    "x# TYPE nv_inference_count_extra counter\nnv_inference_count_extra{} 0\n\n",  # found by hypothesis
+    "# TYPE nv_inference_count counter\n# TYPE vllm:time_to_first_token_seconds histogram\n",  # empty families
+])
+def test_a_name_without_samples_has_no_entry_on_either_path(text):
+    """Regression: the Python path kept an empty series for nv_inference_count where the C path had none."""
+    assert PARSERS["native"].parse(text).samples == PARSERS["python"].parse(text).samples == {}
+
+
 @settings(max_examples=max(EXAMPLES // 3, 50), deadline=None)
 @given(exposition(), st.integers(0, 200), st.sampled_from(["x", "{", "}", '"', "\\", " ", "\n", "nv_inference_count{"]))
 def test_garbage_never_crashes_and_never_invents_samples(text, cut, junk):
