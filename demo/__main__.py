@@ -3,9 +3,11 @@
     python -m demo [--interval 5] [--keep-running]
 
 Starts tritonserver (from the nvidia-pytriton wheel) on free ports with the
-sample models (``broken`` fails to load on purpose), sends a steady mix of
-requests, and runs ``python -m exporter --once`` against it: EMF on stdout,
-the summary table on stderr.
+sample models (``broken`` fails to load on purpose; ``vllm_model`` and
+``tensorrt_llm`` publish the vLLM and TensorRT-LLM backends' metric
+families), sends a steady mix of requests, and runs ``python -m exporter
+--once`` against it: EMF on stdout, the summary table (and its LLM table) on
+stderr.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import llm
 from .triton import TritonServer, copy_models
 
 
@@ -48,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Triton up: HTTP {server.url}, metrics {server.metrics_url}; "
           f"server log {server.log_path}", file=sys.stderr)
     stop = threading.Event()
-    thread = threading.Thread(target=traffic, args=(server, stop), daemon=True)
-    thread.start()
+    threads = [threading.Thread(target=target, args=(server, stop), daemon=True)
+               for target in (traffic, llm.traffic)]  # LLM requests sleep their time to first token
+    for thread in threads:
+        thread.start()
     cmd = [sys.executable, "-m", "exporter", "--triton-url", server.url, "--metrics-url", server.metrics_url,
            "--interval", str(args.interval)]
     try:
@@ -64,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     finally:
         stop.set()
-        thread.join(5)
+        for thread in threads:
+            thread.join(5)
         server.stop()
 
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MODELS_DIR = Path(__file__).parent / "models"
+LLM_MODELS = ("tensorrt_llm", "vllm_model")
+"""Sample models that publish LLM backends' metric families (demo/llm.py sends them requests)."""
 
 
 class TritonUnavailable(RuntimeError):
@@ -68,6 +70,11 @@ def server_env() -> dict[str, str]:
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
     env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
     return env
+
+
+def sample_models(llm: bool = True) -> list[str]:
+    """The sample models' names (every folder in demo/models), with or without the LLM ones."""
+    return sorted(d.name for d in MODELS_DIR.iterdir() if d.is_dir() and (llm or d.name not in LLM_MODELS))
 
 
 def copy_models(names: list[str] | None, dest: Path, src: Path = MODELS_DIR) -> Path:

@@ -316,6 +316,9 @@ class Parser:
                 before = len(series)
                 series.update(zip(map(cache.__getitem__, blocks), values))
                 out.duplicates += before + len(blocks) - len(series)
+        # A name with no sample (only a longer name shares its prefix, or an empty family) has no entry,
+        # whichever path read it.
+        out.samples = {name: series for name, series in out.samples.items() if series}
         out.labels = self._interned
         out.models = self._models  # shared, not copied: read only
         self._bound = min(self.max_cache, max(self.min_cache, 2 * out.count()))

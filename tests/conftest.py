@@ -1,8 +1,11 @@
 """Shared fixtures: real Triton servers started from the nvidia-pytriton wheel.
 
-``triton`` is one server for the whole session, with every sample model
-(``add``, ``slow``, ``text``, ``fails`` load; ``broken`` fails to load). Tests
-that restart, freeze or unload models use ``triton_factory`` to get their own.
+``triton`` is one server for the whole session, with every core sample model
+(``add``, ``slow``, ``text``, ``fails`` load; ``broken`` fails to load). The LLM
+sample models (``vllm_model``, ``tensorrt_llm``) are left out of it on purpose:
+tests/test_llm_real.py serves them on its own server, whose traffic it fully
+controls. Tests that restart, freeze or unload models use ``triton_factory``
+to get their own.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.triton import TritonServer, copy_models
+from demo.triton import TritonServer, copy_models, sample_models
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -22,7 +25,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @pytest.fixture(scope="session")
 def triton() -> Iterator[TritonServer]:
     workdir = Path(tempfile.mkdtemp(prefix="triton-session-"))
-    server = TritonServer(copy_models(None, workdir / "models"), workdir=workdir)
+    server = TritonServer(copy_models(sample_models(llm=False), workdir / "models"), workdir=workdir)
     server.start()
     try:
         yield server

@@ -3,7 +3,10 @@
 Each folder under tests/fixtures/golden holds metrics-1.txt (the baseline
 scrape), metrics-2.txt (60 s later), index.json, and expected.jsonl (the EMF
 documents of the second window, one per line). ``real_triton`` was captured
-from the real server with known traffic. After an intended output change:
+from the real server with known traffic; so were ``vllm`` and ``tensorrt_llm``
+(the LLM sample models), reproducibly, with ``python -m tests.capture_golden``
+(its docstring has the steps); the hand checks at the end recompute them from
+that traffic. After an intended output change:
 
     UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py
 
@@ -134,3 +137,64 @@ def test_golden_hostile_names_are_safe_and_kept():
     assert next(d for d in models if d["model"] == "m@x.v2+b")["RequestSuccess"] == 9  # printable ASCII: unchanged
     failed = next(d for d in models if d.get("version") == "2")
     assert failed["ModelReady"] == 0 and len(failed["reason"]) <= 4096
+
+
+def _model(case: str, model: str) -> dict:
+    docs = [orjson.loads(x) for x in run_case(GOLDEN / case)]
+    [doc] = [d for d in docs if d.get("model") == model]
+    return doc
+
+
+def test_golden_vllm_is_the_arithmetic_of_the_captured_traffic():
+    """tests/capture_golden.py VLLM_WINDOW: six requests in the 60 s window (the warm-up is in the baseline)."""
+    v = _model("vllm", "vllm_model")
+    assert v["RequestSuccess"] == 6
+    assert v["PromptTokens"] == 3 + 5 + 12 + 40 + 7 + 120 == 187
+    assert v["GenerationTokens"] == 8 + 20 + 1 + 64 + 16 + 200 == 309
+    assert v["PromptTokensPerSecond"] == pytest.approx(187 / 60)
+    assert v["GenerationTokensPerSecond"] == pytest.approx(309 / 60)
+    # TTFT 25, 25 ms in (20, 40] -> 30; 45 in (40, 60] -> 50; 65 in (60, 80] -> 70; 120 in (100, 250] -> 175;
+    # 300 in (250, 500] -> 375. Sum is the _sum delta; Min/Max the edges of the outer non-empty buckets
+    ttft = v["TimeToFirstToken"]
+    assert ttft["Values"] == [30.0, 50.0, 70.0, 175.0, 375.0] and ttft["Counts"] == [2.0, 1.0, 1.0, 1.0, 1.0]
+    assert (ttft["Min"], ttft["Max"], ttft["Count"]) == (20.0, 500.0, 6.0)
+    assert ttft["Sum"] == pytest.approx(25 + 25 + 65 + 120 + 300 + 45)
+    # p50: rank 3 is reached at le 60 (40 + 20 x 1/1); p95: rank 5.7 in (250, 500] after 5 (250 + 250 x 0.7)
+    assert v["TimeToFirstTokenP50"] == pytest.approx(60.0)
+    assert v["TimeToFirstTokenP95"] == pytest.approx(425.0)
+    # max_tokens - 1 tokens each: 7 + 19 + 0 + 63 + 199 at 30 ms, in (25, 50]; 15 at 80 ms, in (75, 100]
+    itl = v["InterTokenLatency"]
+    assert (itl["Values"], itl["Counts"], itl["Min"], itl["Max"]) == ([37.5, 87.5], [288.0, 15.0], 25.0, 100.0)
+    assert itl["Sum"] == pytest.approx(288 * 30 + 15 * 80)
+    # e2e = ttft + (max_tokens - 1) x itl: 235, 595, 65 ms in (0, 1] s; 2.01, 1.5 s in (1, 2.5]; 6.015 in (5, 10]
+    e2e = v["EndToEndLatency"]
+    assert (e2e["Values"], e2e["Counts"], e2e["Min"], e2e["Max"]) == ([0.5, 1.75, 7.5], [3.0, 2.0, 1.0], 0.0, 10.0)
+    assert e2e["Sum"] == pytest.approx(0.235 + 0.595 + 0.065 + 2.010 + 1.500 + 6.015)
+    # 1-2-5 length buckets: prompts 3, 5 in (2, 5]; 7 in (5, 10]; 12 in (10, 20]; 40 in (20, 50]; 120 in (100, 200]
+    assert v["PromptLength"] == {"Values": [3.5, 7.5, 15.0, 35.0, 150.0], "Counts": [2.0, 1.0, 1.0, 1.0, 1.0],
+                                 "Max": 200.0, "Min": 2.0, "Count": 6.0, "Sum": 187.0}
+    assert v["GenerationLength"] == {"Values": [0.5, 7.5, 15.0, 75.0, 150.0], "Counts": [1.0, 1.0, 2.0, 1.0, 1.0],
+                                     "Max": 200.0, "Min": 0.0, "Count": 6.0, "Sum": 309.0}
+
+
+def test_golden_tensorrt_llm_is_the_arithmetic_of_the_captured_traffic():
+    """tests/capture_golden.py TRT_WINDOW: a request of 3 sequences, then one of 6 (which sets the gauges)."""
+    t = _model("tensorrt_llm", "tensorrt_llm")
+    assert (t["RequestSuccess"], t["InferenceCount"], t["AverageBatchSize"]) == (2, 9, 4.5)
+    assert t["PromptTokens"] == 200 + 30 + 600 + 5 + 60 + 100 + 20 + 7 + 3 == 1025  # nv_llm_input_token_len_sum
+    assert t["GenerationTokens"] == 100 + 1500 + 5 + 10 + 20 + 30 + 40 + 50 + 60 == 1815
+    assert t["GenerationTokensPerSecond"] == pytest.approx(1815 / 60)
+    # the last request: 6 sequences, 4 active slots -> 2 waiting; KV blocks of 16 tokens for the 4 active:
+    # ceil(15/16) + ceil(80/16) + ceil(130/16) + ceil(60/16) = 19 of 256; fraction 0.07421875 -> 7.421875 %
+    assert (t["RequestsActive"], t["RequestsScheduled"], t["RequestsWaiting"], t["RequestsMax"]) == (4, 4, 2, 4)
+    assert t["KvCacheUtilization"] == 100 * 19 / 256 == 7.421875
+    assert (t["KvCacheBlocksUsed"], t["KvCacheBlocksFree"], t["KvCacheBlocksMax"]) == (19, 237, 256)
+    assert t["InflightContextTokens"] == 5 + 60 + 100 + 20 and t["InflightGenerationRequests"] == 4
+    assert t["RuntimeGpuMemory"] == 256 * 2 * 1024 * 1024
+    # buckets 10 50 100 500 1000: inputs 5, 7, 3 in (0, 10]; 30, 20 in (10, 50]; 60, 100 in (50, 100];
+    # 200 in (100, 500]; 600 in (500, 1000]. Outputs: 1500 is in +Inf, whose value is its lower edge 1000
+    assert t["PromptLength"] == {"Values": [5.0, 30.0, 75.0, 300.0, 750.0], "Counts": [3.0, 2.0, 2.0, 1.0, 1.0],
+                                 "Max": 1000.0, "Min": 0.0, "Count": 9.0, "Sum": 1025.0}
+    assert t["GenerationLength"] == {"Values": [5.0, 30.0, 75.0, 1000.0], "Counts": [2.0, 4.0, 2.0, 1.0],
+                                     "Max": 1000.0, "Min": 0.0, "Count": 9.0, "Sum": 1815.0}
+    assert "TimeToFirstToken" not in t  # Triton 2.51 prints no first-response histogram

@@ -2,8 +2,13 @@
 
 Hypothesis writes valid exposition text (escapes in label values, NaN/±Inf,
 timestamps, HELP/TYPE lines in either order, untyped families, blank lines,
-unicode) mixing the families the catalog wants with others; both parsers
-read it and must agree on every sample the catalog keeps.
+unicode) mixing the families the catalog wants with others, including
+histograms with ``:`` in their names as vLLM and ``pb_utils`` models publish
+them (``_count``/``_sum`` before or after the ``_bucket`` lines, as Triton
+prints them, ``le`` bounds as written); both parsers read it and must agree
+on every sample the catalog keeps. The catalog here is the built-in one plus
+the shipped user example (``app:*`` families). The /metrics bodies captured
+from the real Triton for the golden tests are held to the reference too.
 PROMTEXT_EXAMPLES raises the example count (the fuzz job uses 20000).
 """
 
@@ -11,18 +16,21 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.catalog import build
 from exporter.promtext import Parser
 
-from .helpers import CATALOG
-
 EXAMPLES = int(os.environ.get("PROMTEXT_EXAMPLES", "300"))
-WANTED = CATALOG.wanted_samples()
+ROOT = Path(__file__).resolve().parent.parent
+WANTED = build([ROOT / "exporter" / "catalog" / "example.toml"]).wanted_samples()
+GOLDEN = Path(__file__).parent / "fixtures" / "golden"
+CAPTURED = ("real_triton", "tensorrt_llm", "vllm")  # golden cases whose bodies came from the real Triton
 
 # Families we want (with their real types) and decoys that share prefixes with them.
 FAMILIES = [
@@ -38,7 +46,20 @@ FAMILIES = [
     ("nv_inference_queue_summary_us", "summary"),
     ("other_metric", "gauge"),
     ("nv_gpu_utilization_total", "untyped"),
+    # LLM families with ":" (vLLM backend, pb_utils models), and decoys sharing their prefixes
+    ("vllm:time_to_first_token_seconds", "histogram"),
+    ("vllm:e2e_request_latency_seconds", "histogram"),
+    ("vllm:prompt_tokens_total", "counter"),
+    ("nv_llm_output_token_len", "histogram"),
+    ("app:tool_call_seconds", "histogram"),
+    ("app:prompt_cache_hits_total", "counter"),
+    ("vllm:time_to_first_token", "gauge"),
+    ("vllm:time_to_first_token_seconds_p", "histogram"),
+    ("app:other_seconds", "histogram"),
 ]
+# Bucket bounds as Triton prints them (vLLM's TTFT and e2e, TensorRT-LLM's lengths) and as others may.
+LE_SETS = [("100", "500", "+Inf"), ("0.001", "0.04", "0.25", "2.5", "10", "+Inf"), ("1", "2.5", "60", "+Inf"),
+           ("10", "50", "100", "500", "1000", "+Inf"), ("1e-3", "1.0", "+Inf")]
 
 label_names = st.from_regex(r"[a-zA-Z][a-zA-Z0-9_]{0,6}", fullmatch=True).filter(
     lambda s: s not in ("quantile", "le")
@@ -99,11 +120,11 @@ def family_text(draw, name: str, kind: str) -> str:
                 continue
             seen.add(inner)
             sep = "," if inner else ""
-            counts = sorted(draw(st.lists(st.integers(0, 1000), min_size=3, max_size=3)))
-            for le, c in zip(("100", "500", "+Inf"), counts, strict=True):
-                lines.append(f'{name}_bucket{{{inner}{sep}le="{le}"}} {c}')
-            lines.append(f"{name}_count{base} {counts[-1]}")
-            lines.append(f"{name}_sum{base} {draw(number)}")
+            les = draw(st.sampled_from(LE_SETS))
+            counts = sorted(draw(st.lists(st.integers(0, 1000), min_size=len(les), max_size=len(les))))
+            buckets = [f'{name}_bucket{{{inner}{sep}le="{le}"}} {c}' for le, c in zip(les, counts, strict=True)]
+            totals = [f"{name}_count{base} {counts[-1]}", f"{name}_sum{base} {draw(number)}"]
+            lines += totals + buckets if draw(st.booleans()) else buckets + totals  # Triton: count, sum, buckets
         else:
             block = draw(label_block())
             if block in seen:
@@ -126,8 +147,10 @@ def reference(text: str) -> dict[tuple[str, frozenset], float]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             name = s.name
-            if family.type == "counter" and name == family.name + "_total":
-                name = family.name  # prometheus_client renames counter samples to *_total (OpenMetrics style)
+            if family.type == "counter" and name == family.name + "_total" and name not in WANTED:
+                # prometheus_client renames counter samples to *_total (OpenMetrics style); a counter
+                # whose name already ends in _total (vllm:prompt_tokens_total) keeps it
+                name = family.name
             if name in WANTED:
                 out[(name, frozenset(s.labels.items()))] = s.value
     return out
@@ -169,6 +192,33 @@ def test_agrees_with_prometheus_client(path, text):
     expected = reference(text)
     got = ours(text, PARSERS[path])
     assert same(got, expected), (text, got, expected)
+
+
+@pytest.mark.parametrize("path", sorted(PARSERS))
+@pytest.mark.parametrize("body", [f"{case}/metrics-{i}.txt" for case in CAPTURED for i in (1, 2)])
+def test_agrees_with_prometheus_client_on_real_bodies(path, body):
+    """Bodies the real Triton 2.51 served: core families, and the LLM sample models' vllm:* / nv_llm_* ones."""
+    text = (GOLDEN / body).read_text()
+    expected = reference(text)
+    assert same(ours(text, PARSERS[path]), expected)
+    names = {name for name, _ in expected}
+    assert "nv_inference_request_success" in names  # not vacuous: the catalog's samples are in there
+    case = body.split("/")[0]
+    if case == "vllm":
+        buckets = [k for k in expected if k[0] == "vllm:time_to_first_token_seconds_bucket"]
+        assert len(buckets) == 17 and {"vllm:prompt_tokens_total", "app:tool_call_seconds_sum"} <= names
+    if case == "tensorrt_llm":
+        assert {"nv_llm_output_token_len_bucket", "nv_llm_input_token_len_sum", "nv_trt_llm_request_metrics"} <= names
+
+
+@pytest.mark.parametrize("text", [
+    "nv_inference_count_extra 0\n",  # only a longer name with the wanted one as its prefix
+    "x# TYPE nv_inference_count_extra counter\nnv_inference_count_extra{} 0\n\n",  # found by hypothesis
+    "# TYPE nv_inference_count counter\n# TYPE vllm:time_to_first_token_seconds histogram\n",  # empty families
+])
+def test_a_name_without_samples_has_no_entry_on_either_path(text):
+    """Regression: the Python path kept an empty series for nv_inference_count where the C path had none."""
+    assert PARSERS["native"].parse(text).samples == PARSERS["python"].parse(text).samples == {}
 
 
 @settings(max_examples=max(EXAMPLES // 3, 50), deadline=None)
