@@ -99,14 +99,20 @@ def run_once(app: App, stderr: TextIO) -> int:
     return 0 if report.ok else 1
 
 
+def one_line(text: str, limit: int = 1000) -> str:
+    """A reason on one line: Triton's load errors carry a multi-line traceback."""
+    joined = " / ".join(line.strip() for line in text.splitlines() if line.strip() and line.strip() != ";")
+    return joined if len(joined) <= limit else joined[: limit - 3] + "..."
+
+
 def write_report(report: Report, stderr: TextIO) -> None:
     if report.error:
-        stderr.write(f"modelsync: {report.error}\n")
+        stderr.write(f"modelsync: {one_line(report.error)}\n")
     for model, o in sorted(report.outcomes.items()):
         if o.failed:
-            stderr.write(f"modelsync: {model}: {o.result or 'failed'}: {o.reason}\n")
+            stderr.write(f"modelsync: {model}: {o.result or 'failed'}: {one_line(o.reason)}\n")
         elif not o.in_sync and o.reason:
-            stderr.write(f"modelsync: note: {model}: {o.reason}\n")
+            stderr.write(f"modelsync: note: {model}: {one_line(o.reason)}\n")
     stderr.flush()
 
 

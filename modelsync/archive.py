@@ -44,7 +44,7 @@ class Limits:
 @dataclass(frozen=True)
 class Entry:
     info: zipfile.ZipInfo
-    path: PurePosixPath  # relative to the model directory's parent: <model>/...
+    path: PurePosixPath  # inside the model directory (the archive's "<model>/" stripped)
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def _mode_kind(info: zipfile.ZipInfo) -> str:
     if info.create_system != 3:  # not unix: the high bits carry no file type
         return "dir" if info.is_dir() else "file"
     mode = info.external_attr >> 16
-    if mode == 0:
+    if stat.S_IFMT(mode) == 0:  # permission bits only (Python's zipfile writes 0o600 like this)
         return "dir" if info.is_dir() else "file"
     if stat.S_ISLNK(mode):
         return "symlink"
@@ -123,7 +123,7 @@ def inspect(zf: zipfile.ZipFile, archive_bytes: int, model: str, limits: Limits)
         compressed += info.compress_size + _LOCAL_HEADER + len(info.filename.encode())
         if total > limits.max_bytes:
             raise UnsafeArchive(f"more than {limits.max_bytes} bytes uncompressed (the limit)")
-        files[path] = Entry(info, path)
+        files[path] = Entry(info, PurePosixPath(*path.parts[1:]))
     if compressed > archive_bytes:
         raise UnsafeArchive(f"entries claim {compressed} compressed bytes in a {archive_bytes}-byte archive: "
                             "overlapping entries (zip bomb)")
@@ -144,12 +144,13 @@ def inspect(zf: zipfile.ZipFile, archive_bytes: int, model: str, limits: Limits)
         raise UnsafeArchive(f"directories under {model}/ must be numeric versions, found {', '.join(bad)}")
     if not top:
         raise UnsafeArchive(f"no numeric version directory under {model}/ (e.g. {model}/1/)")
-    return Plan(tuple(files.values()), tuple(sorted(dirs, key=lambda p: len(p.parts))), total)
+    inner = sorted((PurePosixPath(*d.parts[1:]) for d in dirs if d != root), key=lambda p: len(p.parts))
+    return Plan(tuple(files.values()), tuple(inner), total)
 
 
 def extract(zf: zipfile.ZipFile, plan: Plan, dest: Path, fs: FileSystem,
             on_bytes: Callable[[int], None] | None = None) -> int:
-    """Write the plan under ``dest`` (which must exist and be empty); returns the bytes written.
+    """Write the plan under ``dest`` (the model directory: exists, empty); returns the bytes written.
 
     Every file is fsync'd, and so is every directory, before the caller may
     make the result visible: a crash after the flip must not find a file that
@@ -170,7 +171,7 @@ def extract(zf: zipfile.ZipFile, plan: Plan, dest: Path, fs: FileSystem,
                 out.flush()
                 os.fsync(out.fileno())
             os.chmod(target, 0o644)
-        for d in reversed(plan.dirs):
+        for d in [*reversed(plan.dirs), PurePosixPath(".")]:
             fd = os.open(dest / d, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 os.fsync(fd)
