@@ -253,8 +253,11 @@ class _FaultyFile(io.RawIOBase):
         return self.inner.fileno()
 
     def close(self) -> None:
-        self.inner.close()
-        super().close()
+        if not self.closed:
+            try:
+                super().close()  # flushes first, while the real file is still open
+            finally:
+                self.inner.close()
 
     def writable(self) -> bool:
         return True
@@ -316,7 +319,8 @@ class TruncatingProxy:
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 if cut:
                     self.send_header("Connection", "close")
                 self.end_headers()
