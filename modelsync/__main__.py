@@ -101,7 +101,8 @@ def run_once(app: App, stderr: TextIO) -> int:
 
 def one_line(text: str, limit: int = 1000) -> str:
     """A reason on one line: Triton's load errors carry a multi-line traceback."""
-    joined = " / ".join(line.strip() for line in text.splitlines() if line.strip() and line.strip() != ";")
+    lines = (line.strip().lstrip(";").strip() for line in text.splitlines())
+    joined = " / ".join(line for line in lines if line)
     return joined if len(joined) <= limit else joined[: limit - 3] + "..."
 
 

@@ -98,7 +98,7 @@ def inspect(zf: zipfile.ZipFile, archive_bytes: int, model: str, limits: Limits)
         raise UnsafeArchive(f"{len(infos)} entries, more than the limit of {limits.max_entries}")
     files: dict[PurePosixPath, Entry] = {}
     dirs: set[PurePosixPath] = set()
-    total = compressed = 0
+    total = 0
     for info in infos:
         path = _clean_path(info.filename, model)
         kind = _mode_kind(info)
@@ -120,13 +120,10 @@ def inspect(zf: zipfile.ZipFile, archive_bytes: int, model: str, limits: Limits)
             raise UnsafeArchive(f"entry {info.filename!r}: compression ratio {size / max(info.compress_size, 1):.0f}"
                                 f" above the limit of {limits.max_ratio:g} (zip bomb?)")
         total += size
-        compressed += info.compress_size + _LOCAL_HEADER + len(info.filename.encode())
         if total > limits.max_bytes:
             raise UnsafeArchive(f"more than {limits.max_bytes} bytes uncompressed (the limit)")
         files[path] = Entry(info, PurePosixPath(*path.parts[1:]))
-    if compressed > archive_bytes:
-        raise UnsafeArchive(f"entries claim {compressed} compressed bytes in a {archive_bytes}-byte archive: "
-                            "overlapping entries (zip bomb)")
+    _check_no_overlap(infos, getattr(zf, "start_dir", archive_bytes))
     if total > RATIO_MIN_ENTRY_BYTES and total / max(archive_bytes, 1) > limits.max_ratio:
         raise UnsafeArchive(f"archive expands {total / archive_bytes:.0f}x, above the limit of {limits.max_ratio:g}")
     for path in list(files):  # every parent of a file is a directory, and none of them may be a file
@@ -146,6 +143,17 @@ def inspect(zf: zipfile.ZipFile, archive_bytes: int, model: str, limits: Limits)
         raise UnsafeArchive(f"no numeric version directory under {model}/ (e.g. {model}/1/)")
     inner = sorted((PurePosixPath(*d.parts[1:]) for d in dirs if d != root), key=lambda p: len(p.parts))
     return Plan(tuple(files.values()), tuple(inner), total)
+
+
+def _check_no_overlap(infos: list[zipfile.ZipInfo], central_directory: int) -> None:
+    """Each entry's data must end before the next entry starts (no shared bodies: the overlap zip bomb)."""
+    spans = sorted((i.header_offset, i.header_offset + _LOCAL_HEADER + len(i.orig_filename.encode()) +
+                    i.compress_size, i.filename) for i in infos)
+    for (start, end, name), (next_start, _, next_name) in zip(spans, [*spans[1:], (central_directory, 0, "")],
+                                                               strict=True):
+        if end > next_start or start < 0:
+            where = f"entry {next_name!r}" if next_name else "the central directory"
+            raise UnsafeArchive(f"entry {name!r} overlaps {where}: overlapping entries (zip bomb)")
 
 
 def extract(zf: zipfile.ZipFile, plan: Plan, dest: Path, fs: FileSystem,
