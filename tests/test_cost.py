@@ -110,9 +110,9 @@ def test_metric_tiers() -> None:
 
 def test_alarms_bill_insights_alarms_per_model() -> None:
     e = cost.estimate(cost.Deployment(200, gpus=8))
-    assert e.alarms == 7
-    assert e.alarm_metrics == 5 + 2 * 200
-    assert e.alarms_usd == pytest.approx(40.5)
+    assert e.alarms == 8  # 7 exporter alarms and the model-sync failure alarm
+    assert e.alarm_metrics == 6 + 2 * 200
+    assert e.alarms_usd == pytest.approx(40.6)
 
 
 def test_docs_show_the_current_cost_table() -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..catalog import BY_NAME
 from ..emf import safe_dimension_value
+from . import modelsync
 from .options import Options
 
 LATENCY_PERIOD = 60
@@ -154,6 +155,7 @@ def alarm_specs(opts: Options) -> list[dict[str, Any]]:
                  "remove a task.", "GpuUtilization", {}, "Average", 60, 15, Ref("GpuScaleInUtilization"),
                  "LessThanThreshold", "notBreaching", ("scale_in",)),
     ]
+    specs += modelsync.alarm_specs(opts)
     for model in opts.models:
         dim = {"model": safe_dimension_value(model).value}
         slug = model_slug(model)

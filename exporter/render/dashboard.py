@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..catalog import BY_NAME, FAILURE_REASONS
+from . import modelsync
 from .alarms import alarm_names
 from .options import MAX_LOG_GROUPS_PER_QUERY, Options, model_log_group
 
@@ -130,6 +131,7 @@ def build(opts: Options) -> dict[str, Any]:
     _models(opts, lay)
     _gpu(opts, lay)
     _logs_section(opts, lay)
+    modelsync.section(opts, lay)
     if len(lay.widgets) > MAX_WIDGETS:
         raise ValueError(f"{len(lay.widgets)} widgets: CloudWatch allows {MAX_WIDGETS}")
     return {"start": "-PT3H", "periodOverride": "auto", "widgets": lay.widgets}
