@@ -5,6 +5,10 @@
 #   docker build -t triton-emf-exporter:0.1.0 \
 #     --build-arg REVISION=$(git rev-parse HEAD) --build-arg CREATED=$(date -u +%FT%TZ) .
 #
+# The same image runs the model-repository sync daemon (modelsync/, docs/modelsync.md) with another
+# entry point:  docker run --entrypoint /opt/venv/bin/python IMAGE -m modelsync --bucket B ...
+# (ECS: "entryPoint": ["/opt/venv/bin/python", "-m", "modelsync"], as deploy/stack.yaml does).
+#
 # Two stages: "build" has pip, setuptools, a C compiler and the project source; the
 # final stage gets only the finished virtual environment (locked dependencies + our
 # wheel, no pip, no setuptools, no caches, no compilers) and the two stdlib-only scripts the
@@ -28,6 +32,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /src
 COPY requirements.lock pyproject.toml setup.py README.md ./
 COPY exporter/ ./exporter/
+COPY modelsync/ ./modelsync/
 
 # A C compiler for the optional /metrics scanner (exporter/_scan.c, ~2x faster parsing);
 # it stays in this stage. OS packages only: the replay test skips this step.
