@@ -80,8 +80,14 @@ class Store:
 
     def open(self) -> None:
         """Create the directories, check they share a filesystem, take the store's lock."""
-        for d in (self.repository, self.root, self.staging):
-            d.mkdir(parents=True, exist_ok=True)
+        try:
+            for d in (self.repository, self.root, self.staging):
+                d.mkdir(parents=True, exist_ok=True)
+                if not os.access(d, os.W_OK | os.X_OK):
+                    raise PermissionError(13, "not writable", str(d))
+        except OSError as exc:
+            raise StoreError(f"cannot use {exc.filename or d}: {exc.strerror or exc} (the daemon runs as uid "
+                             f"{os.getuid()}; the directory must be writable by it)") from exc
         if os.stat(self.repository).st_dev != os.stat(self.root).st_dev:
             raise StoreError(f"--store {self.root} and --repository {self.repository} are on different filesystems: "
                              "the link flip renames across them; put both on the same one")
