@@ -298,7 +298,11 @@ class Syncer:
                 final = self.store.commit(model, sha, extracted, record)
                 extracted = None
             with self._phase(attempt, "swap"):
-                self.store.flip(model, final)
+                try:
+                    self.store.flip(model, final)
+                except (SyncError, OSError):
+                    self.store.discard(model, sha)  # never linked: nothing may keep it
+                    raise
             try:
                 with self._phase(attempt, "load"):
                     self.triton.load(model)

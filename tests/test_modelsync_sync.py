@@ -404,3 +404,19 @@ def test_emitted_metrics_match_the_table(env: Env) -> None:
                 row = BY_NAME[metric["Name"]]
                 assert metric["Unit"] == row.unit
                 assert [tuple(d) for d in directive["Dimensions"]] == list(row.dimension_sets)
+
+
+def test_a_directory_placed_by_hand_is_reported_and_left_alone(env: Env) -> None:
+    model = unique("manual")
+    (env.repository / model).mkdir()
+    (env.repository / model / "config.pbtxt").write_text("mine")
+    try:
+        upload(env.moto, env.bucket, f"{model}.zip", make_zip(model_files(model, 1)))
+        outcome = env.sync().outcomes[model]
+        assert outcome.result == "load_failed" and "not a modelsync link" in outcome.reason
+        assert (env.repository / model / "config.pbtxt").read_text() == "mine"
+        assert store_dirs(env, model) == set() and staging_empty(env)
+    finally:
+        import shutil
+
+        shutil.rmtree(env.repository / model)
