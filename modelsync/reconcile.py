@@ -188,7 +188,12 @@ class Syncer:
 
     def _ensure_loaded(self, model: str, installed: Installed, archive: Archive) -> Outcome:
         version = str(installed.record.get("version_id") or "")
-        if self.triton.ready(model):
+        try:
+            ready = self.triton.ready(model)
+        except SyncError as exc:  # Triton down or restarting: nothing to attempt now, retried next pass
+            return Outcome(model, False, str(exc), result=exc.result, failed=True, serving=installed.sha256,
+                           expected=installed.sha256, version_id=version)
+        if ready:
             return Outcome(model, True, serving=installed.sha256, expected=installed.sha256, version_id=version)
         attempt = Attempt(model, Result.OK, key=archive.key, etag=archive.etag, serving=installed.sha256,
                           sha256=installed.sha256, version_id=version)

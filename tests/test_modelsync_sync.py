@@ -420,3 +420,20 @@ def test_a_directory_placed_by_hand_is_reported_and_left_alone(env: Env) -> None
         import shutil
 
         shutil.rmtree(env.repository / model)
+
+
+def test_triton_unreachable_rolls_back_and_is_retried(env: Env) -> None:
+    from demo.triton import free_port
+
+    model = unique("down")
+    v1 = install(env, model)
+    dead = f"http://127.0.0.1:{free_port()}"
+    outcome = env.sync(triton_url=dead).outcomes[model]  # installed, but READY cannot be confirmed
+    assert outcome.failed and "unreachable" in outcome.reason and env.link(model).endswith(v1)
+    v2_data = make_zip(model_files(model, 2))
+    upload(env.moto, env.bucket, f"{model}.zip", v2_data)
+    outcome = env.sync(triton_url=dead).outcomes[model]
+    assert outcome.result == "rolled_back" and "unreachable" in outcome.reason
+    assert env.link(model).endswith(v1) and env.infer(model, 1.0) == 2.0 and staging_empty(env)
+    assert env.sync().outcomes[model].in_sync  # not blamed on the archive: tried again once Triton answers
+    assert env.link(model).endswith(sha(v2_data)) and env.infer(model, 1.0) == 3.0
