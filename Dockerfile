@@ -8,6 +8,9 @@
 #
 # The version has one source, pyproject.toml: the package inside reports it from its
 # metadata; VERSION only fills the image label.
+# The same image runs the model-repository sync daemon (modelsync/, docs/modelsync.md) with another
+# entry point:  docker run --entrypoint /opt/venv/bin/python IMAGE -m modelsync --bucket B ...
+# (ECS: "entryPoint": ["/opt/venv/bin/python", "-m", "modelsync"], as deploy/stack.yaml does).
 #
 # Two stages: "build" has pip, setuptools, a C compiler and the project source; the
 # final stage gets only the finished virtual environment (locked dependencies + our
@@ -33,6 +36,7 @@ WORKDIR /src
 COPY requirements.lock pyproject.toml setup.py README.md LICENSE ./
 COPY exporter/ ./exporter/
 COPY triton_side/ ./triton_side/
+COPY modelsync/ ./modelsync/
 
 # A C compiler for the optional /metrics scanner (exporter/_scan.c, ~2x faster parsing);
 # it stays in this stage. OS packages only: the replay test skips this step.

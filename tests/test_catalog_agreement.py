@@ -10,6 +10,7 @@ INSUFFICIENT_DATA forever; this test is what prevents it.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -21,8 +22,11 @@ from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
 from exporter.render import alarms, dashboard, render
 from exporter.render.options import Options
+from exporter.sinks import StreamSink
 from exporter.sources import Collected, VersionState
 from exporter.sources.nvml import NvmlSource
+from modelsync.errors import Result
+from modelsync.metrics import METRICS, PHASES, Attempt, ModelState, Recorder
 from tests.nvml_fake import FakeNvml, gpus
 from tests.render_refs import alarm_refs, dashboard_refs, emitted, expression_refs
 
@@ -65,9 +69,30 @@ def run_exporter(namespace: str = "Triton") -> list[bytes]:
     return result.events
 
 
+def run_modelsync(namespace: str = "Triton") -> list[bytes]:
+    """modelsync's real recorder writing every kind of event it has: one attempt per result, states, totals."""
+    buf = io.BytesIO()
+    rec = Recorder(namespace, StreamSink(buf), "host-1")
+    for result in Result:
+        phases = {p: 0.1 for p in PHASES} if result is Result.OK else {"download": 0.1}
+        rec.attempt(Attempt("add", str(result), phases=phases, bytes_downloaded=100, sha256="a" * 64,
+                            serving="a" * 64, upload_to_ready=3.0 if result is Result.OK else None))
+    rec.model_state(ModelState("add", True, serving="a" * 64, expected="a" * 64))
+    rec.host_state(1, 0, 5.0)
+    return buf.getvalue().splitlines()
+
+
 @pytest.fixture(scope="module")
 def emitted_refs() -> set[tuple[str, str, frozenset[str]]]:
-    return emitted(run_exporter())
+    return emitted(run_exporter()) | emitted(run_modelsync())
+
+
+def test_modelsync_run_emits_every_metric_of_its_table() -> None:
+    refs = emitted(run_modelsync())
+    for row in METRICS:
+        for dims in row.dimension_sets:
+            assert ("Triton", row.name, frozenset(dims)) in refs, (row.name, dims)
+    assert ("Triton", "SyncFailures", frozenset({"model"})) in refs
 
 
 def _committed_alarm_files() -> list[dict]:
@@ -99,7 +124,7 @@ def test_committed_dashboard_reads_only_emitted_metrics(emitted_refs) -> None:
 
 def test_committed_alarms_read_only_emitted_metrics(emitted_refs) -> None:
     files = _committed_alarm_files()
-    assert len(files) == 9
+    assert len(files) == 10
     for alarm in files:
         refs = alarm_refs(alarm)
         assert refs, alarm["AlarmName"]
@@ -122,7 +147,7 @@ def test_template_alarms_read_only_emitted_metrics(emitted_refs) -> None:
                 q["Expression"] = q["Expression"]["Fn::Sub"]
         assert [r for r in alarm_refs(props) if r not in emitted_refs] == []
         seen += 1
-    assert seen == 9
+    assert seen == 10
 
 
 def test_named_model_alarms_use_the_dimension_value_the_exporter_writes(emitted_refs) -> None:
@@ -139,7 +164,7 @@ def test_named_model_alarms_use_the_dimension_value_the_exporter_writes(emitted_
 
 
 def test_custom_namespace_renders_agree_with_an_exporter_on_that_namespace() -> None:
-    refs = emitted(run_exporter("Prod/Triton-A"))
+    refs = emitted(run_exporter("Prod/Triton-A")) | emitted(run_modelsync("Prod/Triton-A"))
     opts = Options(catalog=CATALOG, namespace="Prod/Triton-A", models=("add",))
     files = render(opts)
     body = json.loads(files["dashboards/triton.json"])

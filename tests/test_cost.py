@@ -139,12 +139,13 @@ def test_metric_tiers() -> None:
 
 def test_alarms_bill_insights_alarms_per_model() -> None:
     e = cost.estimate(cost.Deployment(200, gpus=8), OPTS)
-    assert e.alarms == 9
-    # 6 classic alarms (the TTFT one included: billed without data too) + 2 GROUP BY model alarms x 200 models;
+    assert e.alarms == 10  # 9 exporter alarms and the model-sync failure alarm
+    # 7 classic alarms (the TTFT one included: billed without data too) + 2 GROUP BY model alarms x 200 models;
     # the KV-cache GROUP BY alarm analyzes nothing without TensorRT-LLM models.
-    assert e.alarm_metrics == 6 + 2 * 200
+    assert e.alarm_metrics == 7 + 2 * 200
+    assert e.alarms_usd == pytest.approx(40.7)
     trt = cost.estimate(cost.Deployment(200, gpus=8, llm_models=20, llm_backend="tensorrt_llm"), OPTS)
-    assert trt.alarm_metrics == 6 + 2 * 200 + 20
+    assert trt.alarm_metrics == 7 + 2 * 200 + 20
 
 
 def test_docs_show_the_current_cost_table() -> None:

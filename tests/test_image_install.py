@@ -410,6 +410,17 @@ def test_replayed_image_has_only_the_lock_and_runs_help(image):
 
     published = root / "opt" / "triton-health"  # the folder published for the Triton image
     assert sorted(p.name for p in published.iterdir()) == sorted(p.name for p in (ROOT / "triton_side").glob("*.py"))
+
+    # The model-sync daemon: same image, other entry point (docs/modelsync.md), boto3 from the lock.
+    modelsync = [str(venv / "bin" / "python"), "-m", "modelsync"]
+    proc = subprocess.run([*modelsync, "--help"], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("MODELSYNC_BUCKET", "MODELSYNC_REPOSITORY", "MODELSYNC_QUEUE_URL", "TRITON_URL"):
+        assert name in proc.stdout
+    proc = subprocess.run([*modelsync, "--once"], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--bucket (or MODELSYNC_BUCKET) is required" in proc.stderr
+    assert {"boto3", "botocore", "s3transfer"} <= installed.keys()
+
     for script in ("health.py", "startup_check.py"):
         proc = subprocess.run(
             ["python3", "-I", str(published / script), "--help"], cwd=cwd, capture_output=True, text=True, timeout=30

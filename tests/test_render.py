@@ -186,7 +186,9 @@ def test_log_widgets_use_the_fluent_bit_group_names() -> None:
     assert model_log_group(prefix, "a.b.c.d.e") == "/ecs/triton/server"
     body = json.loads((ROOT / "dashboards" / "triton.json").read_text())
     queries = [w["properties"]["query"] for w in body["widgets"] if w["type"] == "log"]
-    assert all(q.startswith(f"SOURCE '{prefix}/errors'") for q in queries)
+    # Fluent Bit's groups, and the modelsync daemon's own awslogs group (deploy/stack.yaml).
+    triton = [q for q in queries if not q.startswith(f"SOURCE '{prefix}/modelsync'")]
+    assert len(triton) == len(queries) - 2 and all(q.startswith(f"SOURCE '{prefix}/errors'") for q in triton)
 
 
 def test_alarm_widget_lists_every_rendered_alarm(rich_files) -> None:
@@ -208,7 +210,7 @@ def _alarms(files: dict[str, str]) -> dict[str, dict[str, Any]]:
 def test_cli_files_pass_botocore_validation(which: str, request: pytest.FixtureRequest) -> None:
     files = request.getfixturevalue(which)
     alarms = _alarms(files)
-    assert len(alarms) == (9 if which == "default_files" else 18)
+    assert len(alarms) == (10 if which == "default_files" else 19)
     for body in alarms.values():
         _validate(CLOUDWATCH, "PutMetricAlarm", body)
     _validate(AUTOSCALING, "RegisterScalableTarget",
@@ -256,6 +258,32 @@ def test_alarm_semantics(default_files) -> None:
     assert 'SCHEMA("Triton", model)' in fail["Expression"]
     lat = a["model-latency-p95"]
     assert lat["Threshold"] == 500_000.0  # 500 ms in the metric's unit, microseconds
+
+
+def test_model_sync_section_and_alarm(default_files) -> None:
+    body = json.loads(default_files["dashboards/triton.json"])
+    titles = [w["properties"].get("title", "") for w in body["widgets"]]
+    texts = [w["properties"]["markdown"] for w in body["widgets"] if w["type"] == "text"]
+    assert any(t.startswith("**Model sync**") for t in texts)
+    (builds,) = [w for w in body["widgets"] if w["properties"].get("title", "").startswith("Builds served per model")]
+    query = builds["properties"]["query"]
+    assert query.startswith("SOURCE '/ecs/triton/modelsync' | fields ")
+    assert "stats latest(ModelArtifact) as artifact by model, host" in query
+    assert "count_distinct(artifact) as builds" in query
+    assert "Sync failures per model" in titles and "Sync attempts by result (all hosts)" in titles
+    alarm = json.loads(default_files["alarms/cli/alarm-model-sync-failures.json"])
+    assert (alarm["MetricName"], alarm["Dimensions"], alarm["Statistic"], alarm["Period"], alarm["Threshold"],
+            alarm["ComparisonOperator"], alarm["TreatMissingData"]) == (
+        "SyncFailures", [], "Sum", 300, 0.0, "GreaterThanThreshold", "notBreaching")
+
+
+def test_model_sync_render_refuses_a_metric_modelsync_does_not_emit() -> None:
+    from exporter.render import modelsync as render_modelsync
+
+    with pytest.raises(KeyError):
+        render_modelsync._metric("SyncLatency", ())
+    with pytest.raises(KeyError):
+        render_modelsync._metric("ModelsInSync", ("model",))  # a host total has no model dimension
 
 
 def test_scaling_steps_add_and_remove_one_task(default_files) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..emf import safe_dimension_value
+from . import modelsync
 from .options import Options
 
 LATENCY_PERIOD = 60
@@ -186,6 +187,7 @@ def alarm_specs(opts: Options) -> list[Spec]:
                   "MAX", "KvCacheUtilization", LATENCY_PERIOD, LATENCY_POINTS, Ref("KvCacheUtilizationThreshold"),
                   "KV-cache utilization (%)"),
     ]
+    specs += modelsync.alarm_specs(opts)
     for model in opts.models:
         dim = {"model": safe_dimension_value(model).value}
         slug = model_slug(model)

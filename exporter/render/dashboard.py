@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import modelsync
 from .alarms import alarm_names
 from .options import MAX_LOG_GROUPS_PER_QUERY, Options, model_log_group
 
@@ -170,7 +171,8 @@ def build(opts: Options) -> dict[str, Any]:
     """The dashboard body: the JSON ``aws cloudwatch put-dashboard --dashboard-body`` takes."""
     lay = Layout()
     llm = _llm_widgets(opts)
-    intro = "\n".join(f"- {text}" for key, text in SECTIONS.items() if key != "llm" or llm)
+    intro = "\n".join([*(f"- {text}" for key, text in SECTIONS.items() if key != "llm" or llm),
+                       f"- {modelsync.SECTION}"])
     lay.add({"type": "text", "properties": {"markdown": f"# Triton Inference Server ({opts.namespace})\n{intro}\n"
              f"\nMetrics are one series across all tasks of the service (no task id dimension): "
              f"one CloudWatch namespace per ECS service."}}, GRID_WIDTH, 4)
@@ -183,6 +185,7 @@ def build(opts: Options) -> dict[str, Any]:
         for widget in llm:
             lay.add(widget, 8, 6)
     _logs_section(opts, lay)
+    modelsync.section(opts, lay)
     if len(lay.widgets) > MAX_WIDGETS:
         raise ValueError(f"{len(lay.widgets)} widgets: CloudWatch allows {MAX_WIDGETS}")
     return {"start": "-PT3H", "periodOverride": "auto", "widgets": lay.widgets}

@@ -1,0 +1,187 @@
+"""Entry point: settings once, the parts built and wired, outcomes mapped to exit codes.
+
+    python -m modelsync [settings]     the daemon: reconcile at start, every --interval, and on SQS events
+    python -m modelsync --once [...]   one reconcile; exit 0 when every model in S3 is installed and READY
+
+Exit codes: 0 done (or in sync with --once), 1 something could not be
+applied (--once) or the store is held by another daemon, 2 invalid settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+from exporter.logs import JsonFormatter
+from exporter.sinks import Sink, SinkClosed, make_sink
+
+from .events import EventFilter, Pending, QueuePoller
+from .fsio import FileSystem, LocalFileSystem
+from .metrics import Recorder
+from .reconcile import Report, Syncer
+from .s3 import S3, make_client
+from .settings import ConfigError, Settings, load
+from .store import Store, StoreError
+from .triton import Triton
+
+LOGGER = "modelsync"
+SINK_GRACE = 1.0
+BUFFER_EVENTS = 20_000
+CONNECT_TIMEOUT = 1.0
+
+
+def setup_logging(level: str, stream: TextIO | None = None) -> logging.Logger:
+    logger = logging.getLogger(LOGGER)
+    logger.handlers.clear()
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logger.propagate = False
+    return logger
+
+
+@dataclass
+class App:
+    settings: Settings
+    store: Store
+    syncer: Syncer
+    sink: Sink
+    poller: QueuePoller | None
+    pending: Pending
+
+    def close(self) -> None:
+        if self.poller is not None:
+            self.poller.close()
+        self.sink.close(SINK_GRACE)
+        self.store.close()
+
+
+def build(settings: Settings, fs: FileSystem | None = None, log: logging.Logger | None = None,
+          s3_client: object | None = None, sqs_client: object | None = None) -> App:
+    """Wire the parts; raises StoreError when the store cannot be used."""
+    fs = fs or LocalFileSystem()
+    log = log or logging.getLogger(LOGGER)
+    store = Store(settings.repository, settings.store_root, fs)
+    store.open()
+    sink = make_sink(settings.output, BUFFER_EVENTS, CONNECT_TIMEOUT)
+    recorder = Recorder(settings.namespace, sink, settings.host)
+    s3 = S3(s3_client or make_client("s3"), settings.bucket, settings.prefix)
+    syncer = Syncer(settings, s3, store, Triton(settings.triton_url, settings.load_timeout), recorder, fs, log)
+    pending = Pending()
+    poller = None
+    if settings.queue_url and not settings.once:
+        client = sqs_client or make_client("sqs", region_hint=_queue_region(settings.queue_url))
+        poller = QueuePoller(client, settings.queue_url, EventFilter(settings.bucket, settings.prefix), pending,
+                             logging.getLogger(f"{LOGGER}.sqs"))
+    return App(settings, store, syncer, sink, poller, pending)
+
+
+def _queue_region(url: str) -> str:
+    """``https://sqs.<region>.amazonaws.com/...``: the region when nothing else configures one."""
+    host = url.split("//", 1)[-1].split("/", 1)[0]
+    parts = host.split(".")
+    return parts[1] if len(parts) > 3 and parts[0] == "sqs" else ""
+
+
+def run_once(app: App, stderr: TextIO) -> int:
+    """One reconcile; one line per model that could not be applied."""
+    app.syncer.recover()
+    report = app.syncer.reconcile_all()
+    write_report(report, stderr)
+    return 0 if report.ok else 1
+
+
+def one_line(text: str, limit: int = 1000) -> str:
+    """A reason on one line: Triton's load errors carry a multi-line traceback."""
+    lines = (line.strip().lstrip(";").strip() for line in text.splitlines())
+    joined = " / ".join(line for line in lines if line)
+    return joined if len(joined) <= limit else joined[: limit - 3] + "..."
+
+
+def write_report(report: Report, stderr: TextIO) -> None:
+    if report.error:
+        stderr.write(f"modelsync: {one_line(report.error)}\n")
+    for model, o in sorted(report.outcomes.items()):
+        if o.failed:
+            stderr.write(f"modelsync: {model}: {o.result or 'failed'}: {one_line(o.reason)}\n")
+        elif not o.in_sync and o.reason:
+            stderr.write(f"modelsync: note: {model}: {one_line(o.reason)}\n")
+    stderr.flush()
+
+
+def run_daemon(app: App, stop: threading.Event, log: logging.Logger) -> None:
+    """Reconcile at start and every interval (fixed rate), and the models SQS events name in between."""
+    interval = app.settings.interval
+    app.syncer.recover()
+    if app.poller is not None:
+        app.poller.start()
+    start = time.monotonic()
+    slot = 0
+    log.info("modelsync started", extra={"fields": {"bucket": app.settings.bucket, "prefix": app.settings.prefix,
+                                                    "repository": str(app.settings.repository),
+                                                    "store": str(app.settings.store_root),
+                                                    "queue": app.settings.queue_url, "interval_s": interval}})
+    while not stop.is_set():
+        try:
+            app.syncer.reconcile_all()
+        except SinkClosed:
+            raise
+        except Exception:  # a bug in one pass must not end the daemon
+            log.exception("reconcile failed; continuing on schedule")
+        slot = max(slot + 1, int((time.monotonic() - start) / interval) + 1)
+        due = start + slot * interval
+        while not stop.is_set() and time.monotonic() < due:
+            models = app.pending.take(min(1.0, max(0.0, due - time.monotonic())))
+            if models and not stop.is_set():
+                try:
+                    app.syncer.reconcile_models(models)
+                except SinkClosed:
+                    raise
+                except Exception:
+                    log.exception("event-triggered reconcile failed")
+    log.info("modelsync stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        settings = load(argv, os.environ)
+    except ConfigError as exc:
+        sys.stderr.write(f"error: invalid setting: {exc}\n")
+        return 2
+    log = setup_logging(settings.log_level)
+    try:
+        app = build(settings, log=log)
+    except StoreError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 1 if exc.busy else 2
+    try:
+        if settings.once:
+            return run_once(app, sys.stderr)
+        stop = threading.Event()
+
+        def on_signal(*_: object) -> None:
+            stop.set()
+            app.pending.wake()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+        run_daemon(app, stop, log)
+        return 0
+    except SinkClosed as exc:
+        log.error("%s; stopping", exc)
+        return 1
+    finally:
+        app.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

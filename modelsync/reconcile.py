@@ -1,0 +1,390 @@
+"""The reconcile: compare S3 with the store and Triton, and bring each model in sync.
+
+A model is in sync when its link points at the directory extracted from the
+archive S3 holds now (same ETag, or the same sha256 under a new ETag) and
+Triton reports it READY. Otherwise one attempt runs, in phases:
+
+    download  HEAD (version id, expected sha256), free-space check, GET pinned, streamed and hashed
+    verify    sha256 and length, then the archive's central directory (archive.py)
+    extract   into staging, fsync'd, renamed into <store>/<model>/<sha256>
+    swap      the link flipped atomically
+    load      Triton load call, READY confirmed; on failure the link flips back
+
+Any failure leaves the link where it was (or puts it back) and Triton
+serving what the disk says. A failure caused by the archive itself is
+remembered and not retried until the object changes; one caused by the
+surroundings (S3, disk, Triton down) is retried at the next reconcile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import time
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from .archive import Limits, extract, inspect
+from .errors import DiskFull, DownloadError, HashMismatch, MissingHash, Result, RolledBack, SyncError, UnsafeArchive
+from .fsio import FileSystem, write_json
+from .metrics import Attempt, ModelState, Recorder
+from .s3 import S3, Archive
+from .settings import Settings
+from .store import Installed, Store, model_name_problem
+from .triton import Triton
+
+TAG_POLL = 1.0
+
+
+@dataclass
+class Outcome:
+    model: str
+    in_sync: bool
+    reason: str = ""
+    result: str = ""  # the result of an attempt made in this reconcile ("" when none was needed)
+    failed: bool = False  # counts against --once (a model in S3 that is not installed and READY)
+    serving: str = ""
+    expected: str = ""
+    version_id: str = ""
+    gone: bool = False  # removed from S3 and deleted here (--delete-removed): no longer a model of this host
+
+
+@dataclass
+class Report:
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    error: str = ""  # the listing itself failed
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and not any(o.failed for o in self.outcomes.values())
+
+
+@dataclass(frozen=True)
+class Memo:
+    """A failed archive: not tried again while the object keeps this ETag (and expected hash)."""
+
+    etag: str
+    expected: str
+    result: str
+    reason: str
+
+
+class Syncer:
+    def __init__(self, settings: Settings, s3: S3, store: Store, triton: Triton, recorder: Recorder,
+                 fs: FileSystem, log: logging.Logger, wall: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.settings = settings
+        self.s3 = s3
+        self.store = store
+        self.triton = triton
+        self.recorder = recorder
+        self.fs = fs
+        self.log = log
+        self.wall = wall
+        self.sleep = sleep
+        self.limits = Limits(settings.max_entries, settings.max_extracted_bytes, settings.max_ratio)
+        self.failed: dict[str, Memo] = {}
+        self.last_success: float | None = None
+        self.attempts = 0
+
+    # --- entry points -----------------------------------------------------------------------
+
+    def recover(self) -> list[str]:
+        done = self.store.recover()
+        for line in done:
+            self.log.warning("recovery: %s", line)
+        return done
+
+    def reconcile_all(self) -> Report:
+        """One full pass: every archive under the prefix, every installed model."""
+        report = Report()
+        try:
+            listing = self.s3.list()
+        except DownloadError as exc:
+            report.error = str(exc)
+            self.log.error("%s", exc)
+            self._host_event(None)
+            return report
+        for key, why in sorted(listing.ignored.items()):
+            self.log.debug("ignored s3 key %s: %s", key, why)
+        for model, archive in sorted(listing.archives.items()):
+            report.outcomes[model] = self._guarded(model, lambda a=archive, m=model: self._reconcile(m, a, False))
+        for model in self.store.managed_models():
+            if model not in listing.archives:
+                report.outcomes[model] = self._guarded(model, lambda m=model: self._removed(m))
+        for outcome in report.outcomes.values():
+            self._state_event(outcome)
+        if report.ok and all(o.in_sync for m, o in report.outcomes.items() if m in listing.archives):
+            self.last_success = self.wall()
+        self._host_event(report)
+        return report
+
+    def reconcile_models(self, models: Iterable[str], wait_for_tag: bool = True) -> dict[str, Outcome]:
+        """Reconcile only these models (an event named them); the listing of their key decides."""
+        out: dict[str, Outcome] = {}
+        for model in models:
+            try:
+                archive = self.s3.find(model)
+            except DownloadError as exc:
+                self.log.error("%s", exc)
+                continue
+            if archive is not None:
+                out[model] = self._guarded(model, lambda a=archive, m=model: self._reconcile(m, a, wait_for_tag))
+            elif self.store.current(model) is not None:
+                out[model] = self._guarded(model, lambda m=model: self._removed(m))
+            else:
+                continue
+            self._state_event(out[model])
+        return out
+
+    # --- one model --------------------------------------------------------------------------
+
+    def _guarded(self, model: str, work: Callable[[], Outcome]) -> Outcome:
+        """A bug or an unexpected OS error in one model must not stop the others."""
+        try:
+            return work()
+        except Exception as exc:
+            self.log.exception("sync of %s failed unexpectedly", model)
+            current = self.store.current(model)
+            return Outcome(model, False, f"unexpected error: {type(exc).__name__}: {exc}", failed=True,
+                           serving=current.sha256 if current else "")
+
+    def _reconcile(self, model: str, archive: Archive, wait_for_tag: bool) -> Outcome:
+        problem = model_name_problem(model)
+        if problem:
+            return self._fail_once(model, archive, UnsafeArchive(problem))
+        installed = self.store.current(model)
+        serving = installed.sha256 if installed else ""
+        if installed is not None and installed.record.get("etag") == archive.etag:
+            return self._ensure_loaded(model, installed, archive)
+        memo = self.failed.get(model)
+        if memo is not None and memo.etag == archive.etag and not self._memo_outdated(memo, archive):
+            return Outcome(model, False, memo.reason, failed=True, serving=serving, expected=memo.expected)
+        attempt = Attempt(model, Result.OK, key=archive.key, etag=archive.etag, serving=serving)
+        try:
+            same = self._install(model, archive, installed, attempt, wait_for_tag)
+        except SyncError as exc:
+            return self._failed(model, archive, attempt, exc)
+        if same is not None:  # the same archive content under a new object: nothing to install
+            return self._ensure_loaded(model, same, archive)
+        self.failed.pop(model, None)
+        self._record(attempt)
+        return Outcome(model, True, result=Result.OK, serving=attempt.serving, expected=attempt.sha256,
+                       version_id=attempt.version_id)
+
+    def _memo_outdated(self, memo: Memo, archive: Archive) -> bool:
+        """A hash mismatch against a tag is retried when the tag changes (metadata cannot change)."""
+        if memo.result != Result.HASH_MISMATCH:
+            return False
+        try:
+            head = self.s3.head(archive)
+        except DownloadError:
+            return False
+        return (head.sha256 or self.s3.tag_hash(head)) != memo.expected
+
+    def _ensure_loaded(self, model: str, installed: Installed, archive: Archive) -> Outcome:
+        version = str(installed.record.get("version_id") or "")
+        try:
+            ready = self.triton.ready(model)
+        except SyncError as exc:  # Triton down or restarting: nothing to attempt now, retried next pass
+            return Outcome(model, False, str(exc), result=exc.result, failed=True, serving=installed.sha256,
+                           expected=installed.sha256, version_id=version)
+        if ready:
+            return Outcome(model, True, serving=installed.sha256, expected=installed.sha256, version_id=version)
+        attempt = Attempt(model, Result.OK, key=archive.key, etag=archive.etag, serving=installed.sha256,
+                          sha256=installed.sha256, version_id=version)
+        try:
+            with self._phase(attempt, "load"):
+                self.triton.load(model)
+        except SyncError as exc:  # nothing was flipped: the disk already holds what Triton should serve
+            attempt.result, attempt.reason = exc.result, str(exc)
+            self._record(attempt)
+            return Outcome(model, False, str(exc), result=exc.result, failed=True, serving=installed.sha256,
+                           expected=installed.sha256, version_id=version)
+        self._record(attempt)
+        return Outcome(model, True, result=Result.OK, serving=installed.sha256, expected=installed.sha256,
+                       version_id=version)
+
+    def _removed(self, model: str) -> Outcome:
+        current = self.store.current(model)
+        serving = current.sha256 if current else ""
+        if not self.settings.delete_removed:
+            return Outcome(model, False, "no longer in S3; kept (run with --delete-removed to unload and delete it)",
+                           serving=serving)
+        try:
+            self.triton.unload(model)
+        except SyncError as exc:
+            return Outcome(model, False, f"no longer in S3; unload failed: {exc}", failed=True, serving=serving)
+        self.store.remove_model(model)
+        self.log.info("removed %s: no longer in S3, unloaded and deleted", model)
+        return Outcome(model, True, "removed: no longer in S3, unloaded and deleted", gone=True)
+
+    # --- the attempt ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _phase(self, attempt: Attempt, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            attempt.phases[name] = attempt.phases.get(name, 0.0) + time.perf_counter() - start
+
+    def _expected_hash(self, archive: Archive, wait_for_tag: bool) -> tuple[str, str]:
+        if archive.sha256:
+            return archive.sha256, "metadata"
+        deadline = time.monotonic() + (self.settings.hash_tag_wait if wait_for_tag else 0.0)
+        while True:
+            tag = self.s3.tag_hash(archive)
+            if tag:
+                return tag, "tag"
+            if time.monotonic() >= deadline:
+                return "", ""
+            self.sleep(TAG_POLL)
+
+    def _free_check(self, need: int, what: str) -> None:
+        free = self.fs.free_bytes(self.store.staging)
+        if free < need + self.settings.min_free_bytes:
+            raise DiskFull(f"{what} needs {need} bytes plus {self.settings.min_free_bytes} headroom; "
+                           f"{free} free on {self.store.root}")
+
+    def _install(self, model: str, listed: Archive, installed: Installed | None, attempt: Attempt,
+                 wait_for_tag: bool) -> Installed | None:
+        """Download, verify, extract, swap, load. Returns the installed record when nothing had to change."""
+        download: Path | None = None
+        extracted: Path | None = None
+        zf: zipfile.ZipFile | None = None
+        try:
+            with self._phase(attempt, "download"):
+                archive = self.s3.head(listed)
+                attempt.version_id = archive.version_id
+                if archive.size > self.settings.max_archive_bytes:
+                    raise UnsafeArchive(f"archive is {archive.size} bytes, above --max-archive-bytes "
+                                        f"{self.settings.max_archive_bytes}")
+                expected, source = self._expected_hash(archive, wait_for_tag)
+                attempt.sha256 = expected
+                if not expected and not self.settings.allow_unverified:
+                    raise MissingHash(f"s3://{self.s3.bucket}/{archive.key} has no sha256 user metadata or tag "
+                                      "(upload with --metadata sha256=<hex>, or run with --allow-unverified)")
+                if installed is not None and expected and expected == installed.sha256:
+                    return self._same_content(installed, archive)
+                self._free_check(archive.size, f"downloading {archive.key}")
+                download = self.store.staging_file(model)
+                sha, count = self.s3.download(archive, download, self.fs)
+                attempt.bytes_downloaded = count
+            with self._phase(attempt, "verify"):
+                if expected and sha != expected:
+                    raise HashMismatch(f"downloaded sha256 {sha} differs from the expected {expected} "
+                                       f"(object {source}); the installed version stays")
+                attempt.sha256 = sha
+                if installed is not None and sha == installed.sha256:  # unverified, and the same bytes
+                    return self._same_content(installed, archive)
+                try:
+                    zf = zipfile.ZipFile(download)
+                except (zipfile.BadZipFile, OSError) as exc:
+                    raise UnsafeArchive(f"not a zip archive: {exc}") from exc
+                plan = inspect(zf, count, model, self.limits)
+            with self._phase(attempt, "extract"):
+                self._free_check(plan.disk_bytes(self.fs.block_size(self.store.staging)), f"extracting {model}")
+                extracted = self.store.staging_dir(model)
+                extract(zf, plan, extracted, self.fs)
+                zf.close()
+                zf = None
+                download.unlink()
+                download = None
+                record = {"model": model, "sha256": sha, "key": archive.key, "etag": archive.etag,
+                          "version_id": archive.version_id, "hash_source": source or "unverified",
+                          "last_modified": archive.last_modified.isoformat(),
+                          "installed_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                          "replaced": installed.sha256 if installed else None, "host": self.settings.host}
+                final = self.store.commit(model, sha, extracted, record)
+                extracted = None
+            with self._phase(attempt, "swap"):
+                try:
+                    self.store.flip(model, final)
+                except (SyncError, OSError):
+                    self.store.discard(model, sha)  # never linked: nothing may keep it
+                    raise
+            try:
+                with self._phase(attempt, "load"):
+                    self.triton.load(model)
+            except SyncError as exc:
+                self._roll_back(model, sha, installed, exc)
+            attempt.serving = sha
+            attempt.upload_to_ready = self.wall() - archive.last_modified.timestamp()
+            for removed in self.store.prune(model):
+                self.log.info("pruned %s/%s from the store", model, removed)
+            return None
+        finally:
+            if zf is not None:
+                zf.close()
+            if download is not None:
+                download.unlink(missing_ok=True)
+            if extracted is not None:
+                shutil.rmtree(extracted, ignore_errors=True)
+
+    def _same_content(self, installed: Installed, archive: Archive) -> Installed:
+        record = {**installed.record, "etag": archive.etag, "version_id": archive.version_id, "key": archive.key,
+                  "last_modified": archive.last_modified.isoformat()}
+        write_json(self.fs, installed.path.parent / f"{installed.sha256}.json", record)
+        self.log.info("%s: new object, same sha256 %s: nothing to install", installed.model, installed.sha256)
+        return Installed(installed.model, installed.sha256, installed.path, record)
+
+    def _roll_back(self, model: str, sha: str, installed: Installed | None, exc: SyncError) -> None:
+        """The load failed: put the link back, so the disk matches what Triton serves, and drop the new dir."""
+        self.store.flip(model, installed.path if installed else None)
+        self.store.discard(model, sha)
+        if installed is None:
+            raise exc
+        raise RolledBack(f"{exc}; rolled back: {model} links to {installed.sha256} again, which Triton keeps "
+                         "serving", transient=exc.transient) from exc
+
+    # --- bookkeeping ------------------------------------------------------------------------
+
+    def _failed(self, model: str, archive: Archive, attempt: Attempt, exc: SyncError) -> Outcome:
+        attempt.result, attempt.reason = exc.result, str(exc)
+        current = self.store.current(model)
+        attempt.serving = current.sha256 if current else ""
+        self._record(attempt)
+        if not exc.transient:
+            self.failed[model] = Memo(archive.etag, attempt.sha256, exc.result, str(exc))
+        return Outcome(model, False, str(exc), result=exc.result, failed=True, serving=attempt.serving,
+                       expected=attempt.sha256, version_id=attempt.version_id)
+
+    def _fail_once(self, model: str, archive: Archive, exc: SyncError) -> Outcome:
+        """A failure known from the listing alone (a bad name): one attempt event per object, not per pass."""
+        memo = self.failed.get(model)
+        if memo is None or memo.etag != archive.etag:
+            attempt = Attempt(model, exc.result, str(exc), key=archive.key, etag=archive.etag)
+            self._record(attempt)
+            self.failed[model] = Memo(archive.etag, "", exc.result, str(exc))
+        return Outcome(model, False, str(exc), failed=True)
+
+    def _record(self, attempt: Attempt) -> None:
+        self.attempts += 1
+        total = sum(attempt.phases.values())
+        fields = {"model": attempt.model, "result": str(attempt.result), "sha256": attempt.sha256,
+                  "s3_version_id": attempt.version_id, "seconds": round(total, 3),
+                  **{f"{p}_s": round(s, 3) for p, s in attempt.phases.items()}}
+        if attempt.result == Result.OK:
+            self.log.info("%s in sync: serving %s", attempt.model, attempt.serving, extra={"fields": fields})
+        else:
+            self.log.warning("%s: %s: %s", attempt.model, attempt.result, attempt.reason, extra={"fields": fields})
+        self.recorder.attempt(attempt)
+
+    def _state_event(self, o: Outcome) -> None:
+        if o.gone:
+            return
+        self.recorder.model_state(ModelState(o.model, o.in_sync, o.serving, o.expected, o.version_id, o.reason))
+
+    def _host_event(self, report: Report | None) -> None:
+        since = None if self.last_success is None else self.wall() - self.last_success
+        if report is None:
+            self.recorder.host_state(None, None, since)
+            return
+        in_sync = sum(1 for o in report.outcomes.values() if o.in_sync and not o.gone)
+        out = sum(1 for o in report.outcomes.values() if not o.in_sync)
+        self.recorder.host_state(in_sync, out, since)

@@ -1,0 +1,176 @@
+"""S3: list the archives, read their expected hash, download one pinned version while hashing.
+
+Endpoint, region and credentials come from boto3's standard chain
+(``AWS_ENDPOINT_URL`` included), never from our settings.
+
+- The listing (ListObjectsV2) gives key, ETag, size and LastModified.
+- HEAD with ``IfMatch`` on the listed ETag gives the version id (versioned
+  buckets) and the user metadata ``sha256``; the object tag ``sha256`` is
+  the fallback. Metadata wins over a tag: it is fixed for an object
+  version, a tag can be rewritten by anyone with PutObjectTagging.
+- GET is pinned to that version id (or ``IfMatch`` on the ETag), so an
+  object replaced between list and get fails the GET instead of mixing two
+  uploads, and the body is streamed to a staging file while hashing it; its
+  length must match ContentLength and the listed size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .errors import DownloadError
+from .fsio import FileSystem, raise_disk_full
+
+CHUNK = 1024 * 1024
+SUFFIX = ".zip"
+_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+@dataclass(frozen=True)
+class Archive:
+    """One ``<prefix><model>.zip`` object as listed, then completed by :meth:`S3.head`."""
+
+    model: str
+    key: str
+    etag: str
+    size: int
+    last_modified: datetime
+    version_id: str = ""
+    sha256: str = ""  # the expected hash, lower-case hex; "" when the object carries none
+    hash_source: str = ""  # "metadata" | "tag" | ""
+
+    @property
+    def identity(self) -> str:
+        """What changes when the object is replaced: its version id, else its ETag."""
+        return self.version_id or self.etag
+
+
+@dataclass(frozen=True)
+class Listing:
+    archives: dict[str, Archive]
+    ignored: dict[str, str]  # key -> why it is not a model archive we can use
+
+
+def model_of(key: str, prefix: str) -> str | None:
+    """``<prefix><model>.zip`` -> model, None for any other key (sub-"folders" included)."""
+    if not key.startswith(prefix) or not key.endswith(SUFFIX):
+        return None
+    name = key[len(prefix) : -len(SUFFIX)]
+    return name if name and "/" not in name else None
+
+
+def valid_hash(text: str | None) -> str:
+    return text.lower() if text and _HEX64.fullmatch(text.strip()) else ""
+
+
+def _error(exc: Exception) -> str:
+    code = getattr(exc, "response", {}).get("Error", {}).get("Code") if hasattr(exc, "response") else None
+    return f"{code}: {exc}" if code else f"{type(exc).__name__}: {exc}"
+
+
+class S3:
+    def __init__(self, client: Any, bucket: str, prefix: str) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix
+
+    def list(self) -> Listing:
+        """Every archive under the prefix (raises DownloadError when S3 cannot be listed)."""
+        archives: dict[str, Archive] = {}
+        ignored: dict[str, str] = {}
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    key = obj["Key"]
+                    model = model_of(key, self.prefix)
+                    if model is None:
+                        if key.endswith(SUFFIX):
+                            ignored[key] = "not directly under the prefix"
+                        continue
+                    archives[model] = Archive(model, key, obj["ETag"], int(obj["Size"]), obj["LastModified"])
+        except Exception as exc:  # botocore raises many types; all mean "cannot list now"
+            raise DownloadError(f"cannot list s3://{self.bucket}/{self.prefix}: {_error(exc)}") from exc
+        return Listing(archives, ignored)
+
+    def find(self, model: str) -> Archive | None:
+        """The archive of one model, or None when its key is not in the bucket."""
+        key = f"{self.prefix}{model}{SUFFIX}"
+        try:
+            resp = self.client.list_objects_v2(Bucket=self.bucket, Prefix=key, MaxKeys=10)
+        except Exception as exc:
+            raise DownloadError(f"cannot list s3://{self.bucket}/{key}: {_error(exc)}") from exc
+        for obj in resp.get("Contents", []):
+            if obj["Key"] == key:
+                return Archive(model, key, obj["ETag"], int(obj["Size"]), obj["LastModified"])
+        return None
+
+    def head(self, archive: Archive) -> Archive:
+        """The listed object's version id and metadata hash; fails if it changed since the listing."""
+        try:
+            resp = self.client.head_object(Bucket=self.bucket, Key=archive.key, IfMatch=archive.etag)
+        except Exception as exc:
+            raise DownloadError(f"HEAD s3://{self.bucket}/{archive.key}: {_error(exc)} (replaced or deleted "
+                                "since the listing?)") from exc
+        sha = valid_hash((resp.get("Metadata") or {}).get("sha256"))
+        return replace(archive, version_id=resp.get("VersionId") or "", size=int(resp["ContentLength"]),
+                       sha256=sha, hash_source="metadata" if sha else "")
+
+    def tag_hash(self, archive: Archive) -> str:
+        """The ``sha256`` object tag of this version, "" when absent (or unreadable: metadata may still do)."""
+        kwargs = {"VersionId": archive.version_id} if archive.version_id else {}
+        try:
+            resp = self.client.get_object_tagging(Bucket=self.bucket, Key=archive.key, **kwargs)
+        except Exception:
+            return ""
+        tags = {t.get("Key"): t.get("Value") for t in resp.get("TagSet", [])}
+        return valid_hash(tags.get("sha256"))
+
+    def download(self, archive: Archive, dest: Path, fs: FileSystem,
+                 on_bytes: Callable[[int], None] | None = None) -> tuple[str, int]:
+        """Stream the pinned version into ``dest``; returns (sha256 hex, bytes). Leaves nothing on failure."""
+        pin = {"VersionId": archive.version_id} if archive.version_id else {"IfMatch": archive.etag}
+        digest = hashlib.sha256()
+        count = 0
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=archive.key, **pin)
+            length = int(resp["ContentLength"])
+            with fs.create(dest) as out:
+                for chunk in resp["Body"].iter_chunks(CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    count += len(chunk)
+                    if on_bytes:
+                        on_bytes(len(chunk))
+                out.flush()
+                os.fsync(out.fileno())
+        except OSError as exc:
+            dest.unlink(missing_ok=True)
+            raise_disk_full(exc, f"writing {dest}")
+            raise DownloadError(f"GET s3://{self.bucket}/{archive.key}: {exc}") from exc
+        except Exception as exc:
+            dest.unlink(missing_ok=True)
+            raise DownloadError(f"GET s3://{self.bucket}/{archive.key}: {_error(exc)}") from exc
+        if count != length or count != archive.size:
+            dest.unlink(missing_ok=True)
+            raise DownloadError(f"GET s3://{self.bucket}/{archive.key}: truncated body, {count} of {length} bytes "
+                                f"(listed size {archive.size})")
+        return digest.hexdigest(), count
+
+
+def make_client(service: str, region_hint: str = "") -> Any:
+    """A boto3 client from the standard chain, with bounded timeouts and the standard retry mode."""
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.session.Session()
+    region = session.region_name or region_hint or None
+    config = Config(connect_timeout=5, read_timeout=60, retries={"mode": "standard", "max_attempts": 3})
+    return session.client(service, region_name=region, config=config)

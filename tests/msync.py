@@ -1,0 +1,350 @@
+"""Shared parts of the modelsync tests: moto's server, model archives, a faulty proxy and file system.
+
+Real parts wherever they can run here: moto's server for S3 and SQS (boto3
+talks HTTP to it, like to AWS), a real Triton in explicit mode, real files.
+What cannot be produced on demand is injected behind modelsync's own small
+interfaces: :class:`FaultFileSystem` (ENOSPC on a write, a crash right
+before the flip) and :class:`TruncatingProxy` (an S3 body cut short).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import http.client
+import io
+import itertools
+import json
+import os
+import stat
+import threading
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from demo.triton import TritonServer, free_port
+from exporter.config import Output
+from exporter.emf_validate import validate
+from modelsync.__main__ import App, build
+from modelsync.fsio import LocalFileSystem
+from modelsync.reconcile import Report
+from modelsync.settings import Settings
+
+REGION = "us-east-1"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}
+_names = itertools.count()
+
+
+# --- moto ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Moto:
+    url: str
+
+    def client(self, service: str, url: str | None = None) -> Any:
+        return boto3.client(service, endpoint_url=url or self.url, region_name=REGION,
+                            aws_access_key_id="testing", aws_secret_access_key="testing",
+                            config=Config(retries={"mode": "standard", "max_attempts": 2}))
+
+    def env(self, url: str | None = None) -> dict[str, str]:
+        """The environment a modelsync subprocess gets: the standard AWS variables only."""
+        keep = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MODELSYNC_", "TRITON_"))}
+        return {**keep, **CREDENTIALS, "AWS_ENDPOINT_URL": url or self.url}
+
+
+@pytest.fixture(scope="session")
+def moto() -> Iterator[Moto]:
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield Moto(f"http://127.0.0.1:{port}")
+    finally:
+        server.stop()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{os.getpid() % 10000}x{next(_names)}"
+
+
+def new_bucket(moto: Moto, versioned: bool = True) -> str:
+    name = unique("models-")
+    s3 = moto.client("s3")
+    s3.create_bucket(Bucket=name)
+    if versioned:
+        s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    return name
+
+
+# --- model archives ----------------------------------------------------------------------------
+
+CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+instance_group [{{ kind: KIND_CPU }}]
+"""
+
+MODEL_PY = '''import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", (x + {add}).astype(np.float32))]))
+        return out
+'''
+
+BROKEN_PY = 'raise RuntimeError("boom: this build does not load")\n'
+
+
+def model_files(name: str, add: float = 1.0, broken: bool = False, version: str = "1") -> dict[str, bytes]:
+    return {f"{name}/config.pbtxt": CONFIG.format(name=name).encode(),
+            f"{name}/{version}/model.py": (BROKEN_PY if broken else MODEL_PY.format(add=add)).encode()}
+
+
+def make_zip(files: dict[str, bytes], symlinks: dict[str, str] | None = None,
+             raw: list[zipfile.ZipInfo] | None = None, compression: int = zipfile.ZIP_DEFLATED) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        for name, target in (symlinks or {}).items():
+            info = zipfile.ZipInfo(name)
+            info.create_system = 3
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            zf.writestr(info, target)
+    return buf.getvalue()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def upload(moto: Moto, bucket: str, key: str, data: bytes, digest: str | None = "auto",
+           tag: str | None = None) -> dict[str, Any]:
+    """PUT like the docs' ``aws s3 cp --metadata sha256=...``; ``digest=None`` for no metadata."""
+    s3 = moto.client("s3")
+    meta = {} if digest is None else {"sha256": sha(data) if digest == "auto" else digest}
+    kwargs: dict[str, Any] = {"Metadata": meta}
+    if tag is not None:
+        kwargs["Tagging"] = f"sha256={tag}"
+    return s3.put_object(Bucket=bucket, Key=key, Body=data, **kwargs)
+
+
+# --- the daemon's parts, in process ----------------------------------------------------------
+
+
+@dataclass
+class Env:
+    """One test's world: bucket, repository and store, the Triton serving the repository."""
+
+    moto: Moto
+    triton: TritonServer
+    bucket: str
+    root: Path
+    emf: Path
+    s3_url: str = ""
+    fs: Any = field(default_factory=LocalFileSystem)
+
+    @property
+    def repository(self) -> Path:
+        return self.triton.model_repository
+
+    @property
+    def store(self) -> Path:
+        return self.root / "store"
+
+    def settings(self, **kw: Any) -> Settings:
+        base = Settings(bucket=self.bucket, repository=self.repository, store=self.store, triton_url=self.triton.url,
+                        interval=5.0, output=Output("file", path=str(self.emf)), min_free_bytes=0, hash_tag_wait=0.0,
+                        load_timeout=60.0, host="test-host")
+        return replace(base, **kw)
+
+    def app(self, **kw: Any) -> App:
+        fs = kw.pop("fs", self.fs)
+        return build(self.settings(**kw), fs=fs, s3_client=self.moto.client("s3", self.s3_url or None),
+                     sqs_client=self.moto.client("sqs"))
+
+    def sync(self, **kw: Any) -> Report:
+        app = self.app(**kw)
+        try:
+            app.syncer.recover()
+            return app.syncer.reconcile_all()
+        finally:
+            app.close()
+
+    def docs(self) -> list[dict[str, Any]]:
+        """Every EMF line written so far, each checked by the independent validator."""
+        if not self.emf.exists():
+            return []
+        out = []
+        for line in self.emf.read_bytes().splitlines():
+            errors = validate(line)
+            assert errors == [], (errors, line[:300])
+            out.append(json.loads(line))
+        return out
+
+    def attempts(self, model: str) -> list[dict[str, Any]]:
+        return [d for d in self.docs() if d.get("model") == model and "SyncAttempts" in d]
+
+    def link(self, model: str) -> str:
+        return os.readlink(self.repository / model)
+
+    def infer(self, model: str, value: float = 1.0) -> float:
+        status, body = self.triton.infer(model, [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1],
+                                                  "data": [value]}])
+        assert status == 200, body
+        return body["outputs"][0]["data"][0]
+
+    def files_outside_store(self) -> set[str]:
+        """Every path under the test root that is neither in the store nor the EMF file (for escape checks)."""
+        out = set()
+        for p in self.root.rglob("*"):
+            rel = p.relative_to(self.root).as_posix()
+            if not rel.startswith("store") and p != self.emf:
+                out.add(rel)
+        return out
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 30.0, step: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+# --- faults -----------------------------------------------------------------------------------
+
+
+class _FaultyFile(io.RawIOBase):
+    def __init__(self, inner: Any, budget: list[int]) -> None:
+        self.inner = inner
+        self.budget = budget
+
+    def write(self, data: Any) -> int:
+        if self.budget[0] < len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.budget[0] -= len(data)
+        return self.inner.write(data)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                super().close()  # flushes first, while the real file is still open
+            finally:
+                self.inner.close()
+
+    def writable(self) -> bool:
+        return True
+
+
+class FaultFileSystem(LocalFileSystem):
+    """The real file system, with one fault armed: ENOSPC once ``write_budget`` bytes were written,
+    a reported free space, or a crash (``os._exit``) right before the link flip."""
+
+    def __init__(self, write_budget: int | None = None, free: int | None = None,
+                 crash_before_flip: bool = False) -> None:
+        self.budget = [write_budget if write_budget is not None else 1 << 62]
+        self.free = free
+        self.crash_before_flip = crash_before_flip
+
+    def create(self, path: Path) -> Any:
+        return _FaultyFile(super().create(path), self.budget)
+
+    def free_bytes(self, path: Path) -> int:
+        return self.free if self.free is not None else super().free_bytes(path)
+
+    def replace(self, src: Path, dst: Path) -> None:
+        if self.crash_before_flip and src.is_symlink():
+            os._exit(137)  # the process dies between extract and flip: no cleanup runs
+        super().replace(src, dst)
+
+
+class TruncatingProxy:
+    """An HTTP proxy in front of moto that cuts GET bodies of chosen keys after ``keep`` bytes.
+
+    The status line and headers (Content-Length included) are passed as moto
+    sent them; then the connection closes early, the way a reset looks to
+    the client.
+    """
+
+    def __init__(self, upstream: str, keep: int = 100) -> None:
+        self.upstream = upstream.split("//", 1)[1]
+        self.keep = keep
+        self.cut: set[str] = set()
+        self.cuts = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                conn = http.client.HTTPConnection(proxy.upstream, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                cut = self.command == "GET" and any(k in self.path.split("?")[0] for k in proxy.cut)
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
+                if cut:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                if cut and len(data) > proxy.keep:
+                    proxy.cuts += 1
+                    self.wfile.write(data[: proxy.keep])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> TruncatingProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

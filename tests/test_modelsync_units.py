@@ -1,0 +1,358 @@
+"""modelsync's parts on their own: settings, archive checks, events, the store's flip and recovery, metrics."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from exporter.emf_validate import validate
+from exporter.sinks import StreamSink
+from modelsync.__main__ import main, one_line
+from modelsync.archive import Limits, extract, inspect
+from modelsync.errors import UnsafeArchive
+from modelsync.events import EventFilter, MalformedMessage, ObjectEvent, newer, parse
+from modelsync.fsio import LocalFileSystem
+from modelsync.metrics import METRICS, Attempt, ModelState, Recorder, catalog_metrics
+from modelsync.settings import ENV_VARS, OPTIONS, ConfigError, load, parse_size
+from modelsync.store import Store, StoreError, model_name_problem
+from tests.msync import make_zip, model_files
+
+LIMITS = Limits(max_entries=100, max_bytes=10 * 1024 * 1024, max_ratio=50)
+
+
+# --- settings ---------------------------------------------------------------------------------------
+
+
+def test_flag_wins_over_variable_and_variable_over_default() -> None:
+    env = {"MODELSYNC_BUCKET": "env-bucket", "MODELSYNC_INTERVAL": "30", "MODELSYNC_ALLOW_UNVERIFIED": "true",
+           "AWS_EMF_AGENT_ENDPOINT": "udp://127.0.0.1:25888", "MODELSYNC_MAX_ARCHIVE_BYTES": "2G"}
+    s = load(["--bucket", "flag-bucket", "--no-allow-unverified"], env)
+    assert (s.bucket, s.interval, s.allow_unverified, str(s.output)) == ("flag-bucket", 30.0, False,
+                                                                         "udp://127.0.0.1:25888")
+    assert s.max_archive_bytes == 2 * 1024**3 and s.prefix == "" and s.triton_url == "http://localhost:8000"
+    assert str(s.repository) == "/mnt/triton-models" and str(s.store_root) == "/mnt/triton-models.store"
+    assert load(["--bucket", "abc", "--output", "file:/tmp/x"], env).output.path == "/tmp/x"
+    assert load([], env).allow_unverified is True
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    ([], "--bucket (or MODELSYNC_BUCKET) is required"),
+    (["--bucket", "Bad_Bucket"], "--bucket='Bad_Bucket'"),
+    (["--bucket", "abc", "--interval", "-1"], "--interval='-1'"),
+    (["--bucket", "abc", "--repository", "relative/path"], "must be an absolute path"),
+    (["--bucket", "abc", "--repository", "/m", "--store", "/m/store"], "must be outside --repository"),
+    (["--bucket", "abc", "--max-archive-bytes", "lots"], "--max-archive-bytes='lots'"),
+    (["--bucket", "abc", "--triton-url", "localhost:8000"], "--triton-url="),
+])
+def test_invalid_settings_are_one_line_and_exit_2(argv: list[str], needle: str, capsys, monkeypatch) -> None:
+    for var in ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
+    with pytest.raises(ConfigError):
+        load(argv, {})
+
+
+def test_help_lists_every_flag_and_variable(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for _, flag, envs, _, _ in OPTIONS:
+        assert flag in out
+        for env in envs:
+            assert env in out
+    for flag in ("--once", "--bucket", "--prefix", "--repository", "--store", "--triton-url", "--queue-url",
+                 "--interval", "--output", "--allow-unverified", "--delete-removed", "--max-entries",
+                 "--max-ratio", "--max-extracted-bytes"):
+        assert flag in out
+
+
+def test_sizes() -> None:
+    assert [parse_size(t) for t in ("1", "2K", "3MiB", "1g", "1T")] == [1, 2048, 3 * 1024**2, 1024**3, 1024**4]
+    with pytest.raises(ValueError):
+        parse_size("-1")
+
+
+def test_one_line_reason() -> None:
+    assert one_line("Internal: RuntimeError: boom\n\nAt:\n  model.py(1)\n;\n; rolled back") == \
+        "Internal: RuntimeError: boom / At: / model.py(1) / rolled back"
+
+
+# --- archive checks -----------------------------------------------------------------------------------
+
+
+def zf_of(data: bytes) -> zipfile.ZipFile:
+    return zipfile.ZipFile(io.BytesIO(data))
+
+
+def check(data: bytes, model: str = "m", limits: Limits = LIMITS):  # type: ignore[no-untyped-def]
+    return inspect(zf_of(data), len(data), model, limits)
+
+
+def special(name: str, mode: int) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for n, d in model_files("m").items():
+            zf.writestr(n, d)
+        info = zipfile.ZipInfo(name)
+        info.create_system = 3
+        info.external_attr = mode << 16
+        zf.writestr(info, b"")
+    return buf.getvalue()
+
+
+def test_a_plain_model_archive_is_accepted_and_extracted(tmp_path: Path) -> None:
+    files = {**model_files("m"), "m/labels.txt": b"a\nb\n", "m/2/model.py": b"# v2"}
+    plan = check(make_zip(files))
+    assert sorted(e.path.as_posix() for e in plan.files) == ["1/model.py", "2/model.py", "config.pbtxt",
+                                                             "labels.txt"]
+    dest = tmp_path / "m"
+    dest.mkdir()
+    assert extract(zf_of(make_zip(files)), plan, dest, LocalFileSystem()) == plan.total_bytes
+    assert (dest / "2" / "model.py").read_bytes() == b"# v2" and (dest / "labels.txt").stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize(("files", "needle"), [
+    ({"m/../evil": b"x"}, "'..' in the path"),
+    ({"/etc/evil": b"x"}, "absolute path"),
+    ({"C:/evil": b"x"}, "absolute path"),
+    ({"m\\1\\evil": b"x"}, "backslash"),
+    ({"other/x": b"x"}, "outside m/"),
+    ({"M/x": b"x"}, "outside m/"),
+    ({"m/latest/model.py": b"x"}, "must be numeric versions, found latest"),
+    ({"m": b"x"}, "a file where the model directory"),
+])
+def test_unsafe_paths_are_refused(files: dict[str, bytes], needle: str) -> None:
+    with pytest.raises(UnsafeArchive, match=None) as exc:
+        check(make_zip({**model_files("m"), **files}))
+    assert needle in str(exc.value)
+
+
+@pytest.mark.parametrize(("name", "mode", "kind"), [
+    ("m/1/link", stat.S_IFLNK | 0o777, "a symlink"),
+    ("m/1/dev", stat.S_IFCHR | 0o600, "a character device"),
+    ("m/1/disk", stat.S_IFBLK | 0o600, "a block device"),
+    ("m/1/pipe", stat.S_IFIFO | 0o600, "a fifo"),
+])
+def test_non_regular_entries_are_refused(name: str, mode: int, kind: str) -> None:
+    with pytest.raises(UnsafeArchive) as exc:
+        check(special(name, mode))
+    assert kind in str(exc.value)
+
+
+def test_structure_is_required() -> None:
+    with pytest.raises(UnsafeArchive, match=r"no m/config\.pbtxt"):
+        check(make_zip({"m/1/model.py": b"x"}))
+    with pytest.raises(UnsafeArchive, match="no numeric version directory"):
+        check(make_zip({"m/config.pbtxt": b"x"}))
+    with pytest.raises(UnsafeArchive, match="appears twice"):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as zf:
+            for n, d in model_files("m").items():
+                zf.writestr(n, d)
+            with pytest.warns(UserWarning):
+                zf.writestr("m/1/model.py", b"the other one")
+        check(buf.getvalue())
+
+
+def test_limits_and_zip_bombs() -> None:
+    many = make_zip({**model_files("m"), **{f"m/1/f{i}": b"x" for i in range(200)}})
+    with pytest.raises(UnsafeArchive, match=r"202 entries, more than the limit"):
+        check(many)
+    big = make_zip({**model_files("m"), "m/1/w.bin": os.urandom(11 * 1024 * 1024)}, compression=zipfile.ZIP_STORED)
+    with pytest.raises(UnsafeArchive, match="bytes uncompressed"):
+        check(big)
+    bomb = make_zip({**model_files("m"), "m/1/zeros": bytes(5 * 1024 * 1024)})
+    with pytest.raises(UnsafeArchive, match="compression ratio"):
+        check(bomb)
+    assert check(bomb, limits=Limits(100, 10 * 1024 * 1024, 10_000))  # under a looser limit it is just a file
+
+
+def test_overlapping_entries_are_refused() -> None:
+    """The "better zip bomb": many central-directory entries sharing one compressed body."""
+    data = bytearray(make_zip({**model_files("m"), "m/1/a": bytes(1000)}))
+    zf = zf_of(bytes(data))
+    base = zf.getinfo("m/1/a")
+    eocd = data.rfind(b"PK\x05\x06")
+    cd_offset = int.from_bytes(data[eocd + 16 : eocd + 20], "little")
+    central = bytes(data[cd_offset:eocd])
+    start = central.find(b"m/1/a") - 46
+    record = bytearray(central[start : start + 46 + len("m/1/a")])
+    extra = b""
+    for i in range(30):  # the same local header, 30 more names
+        r = bytearray(record)
+        name = f"m/1/{i:03d}".encode()
+        r[28:30] = len(name).to_bytes(2, "little")
+        extra += bytes(r[:46]) + name
+    new_central = central + extra
+    count = len(zf.infolist()) + 30
+    tail = bytearray(data[eocd:])
+    tail[8:10] = count.to_bytes(2, "little")
+    tail[10:12] = count.to_bytes(2, "little")
+    tail[12:16] = len(new_central).to_bytes(4, "little")
+    forged = bytes(data[:cd_offset]) + new_central + bytes(tail)
+    assert base.compress_size > 0
+    with pytest.raises(UnsafeArchive, match="overlapping"):
+        check(forged)
+
+
+# --- events ---------------------------------------------------------------------------------------------
+
+
+def test_envelopes_are_parsed_and_keys_decoded() -> None:
+    s3 = {"Records": [{"eventSource": "aws:s3", "eventName": "ObjectCreated:Put", "eventTime": "t1",
+                       "s3": {"bucket": {"name": "b"}, "object": {"key": "models/a+b%2Bc.zip", "sequencer": "0A"}}}]}
+    (ev,) = parse(json.dumps(s3))
+    assert (ev.bucket, ev.key, ev.removed, ev.sequencer) == ("b", "models/a b+c.zip", False, "0A")
+    (via_sns,) = parse(json.dumps({"Type": "Notification", "Message": json.dumps(s3)}))
+    assert via_sns == ev
+    assert parse(json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"})) == []
+    bridge = {"source": "aws.s3", "detail-type": "Object Deleted", "time": "t2",
+              "detail": {"bucket": {"name": "b"}, "object": {"key": "m+x.zip", "sequencer": "0B"}}}
+    assert [(e.key, e.removed) for e in parse(json.dumps(bridge))] == [("m+x.zip", True), ("m x.zip", True)]
+    for junk in ("nope", "[]", json.dumps({"hello": 1})):
+        with pytest.raises(MalformedMessage):
+            parse(junk)
+
+
+def test_sequencers_compare_after_right_padding() -> None:
+    a = ObjectEvent("b", "k.zip", False, sequencer="0055AED6DCD90281E5")
+    b = ObjectEvent("b", "k.zip", False, sequencer="0055AED6DCD9028")  # shorter: padded with zeros on the right
+    assert newer(a, b) and not newer(b, a)
+    assert newer(ObjectEvent("b", "k", False, time="2026-01-02"), ObjectEvent("b", "k", False, time="2026-01-01"))
+
+
+def test_filter_drops_duplicates_stale_and_foreign_events() -> None:
+    f = EventFilter("b", "p/")
+    new, old = ObjectEvent("b", "p/m.zip", False, "0002"), ObjectEvent("b", "p/m.zip", False, "0001")
+    assert f.accept(new) == "m"
+    assert f.accept(new) is None and f.accept(old) is None
+    assert f.accept(ObjectEvent("other", "p/m.zip", False, "9")) is None
+    assert f.accept(ObjectEvent("b", "p/sub/m.zip", False, "9")) is None
+    assert f.accept(ObjectEvent("b", "p/m.zip", True, "0003")) == "m"
+    assert (f.duplicates, f.stale, f.foreign) == (1, 1, 2)
+
+
+# --- store ----------------------------------------------------------------------------------------------
+
+
+def make_store(tmp_path: Path) -> Store:
+    store = Store(tmp_path / "repo", tmp_path / "store", LocalFileSystem())
+    store.open()
+    return store
+
+
+def installed(store: Store, model: str, sha: str, replaced: str | None = None) -> Path:
+    d = store.staging_dir(model)
+    (d / "config.pbtxt").write_text("x")
+    final = store.commit(model, sha, d, {"etag": sha[:4], "replaced": replaced})
+    store.flip(model, final)
+    return final
+
+
+def test_flip_replaces_the_link_atomically_and_leaves_no_temporary_entry(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    a, b = "a" * 64, "b" * 64
+    installed(store, "m", a)
+    inode = os.lstat(store.repository / "m").st_ino
+    installed(store, "m", b, replaced=a)
+    assert os.readlink(store.repository / "m") == f"../store/m/{b}"
+    assert os.lstat(store.repository / "m").st_ino != inode  # a new link renamed over the old one
+    assert [p.name for p in store.repository.iterdir()] == ["m"] and list(store.staging.iterdir()) == []
+    current = store.current("m")
+    assert current is not None and current.previous == a
+    installed(store, "m", "c" * 64, replaced=b)
+    assert store.prune("m") == [a, f"{a}.json"]
+    assert sorted(p.name for p in (store.root / "m").iterdir()) == [f"{b}", f"{b}.json", "c" * 64, f"{'c' * 64}.json"]
+    store.close()
+
+
+def test_recover_cleans_what_an_interrupted_sync_left(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    a, b = "a" * 64, "b" * 64
+    installed(store, "m", a)
+    (store.staging / "download-m-1-0").write_bytes(b"partial")
+    (store.staging / "extract-m-1-1").mkdir()
+    os.symlink("../store/m/" + b, store.staging / "link-m-1-2")
+    orphan = store.staging_dir("m")
+    (orphan / "config.pbtxt").write_text("x")
+    store.commit("m", b, orphan, {})  # extracted and committed, never flipped
+    fresh = store.staging_dir("n")
+    store.commit("n", a, fresh, {})  # a new model whose first flip never happened
+    os.symlink("../store/gone/" + a, store.repository / "gone")  # a link whose directory is missing
+    (store.repository / "handmade").mkdir()  # not ours: left alone
+    done = store.recover()
+    assert len(done) == 7, done  # 3 staging leftovers, the dangling link, the orphan and its record, n
+    assert list(store.staging.iterdir()) == []
+    assert sorted(p.name for p in store.repository.iterdir()) == ["handmade", "m"]
+    assert sorted(p.name for p in (store.root / "m").iterdir()) == [a, f"{a}.json"]
+    assert not (store.root / "n").exists()
+    assert store.recover() == []
+    store.close()
+
+
+def test_one_daemon_per_store_and_one_filesystem(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    with pytest.raises(StoreError) as exc:
+        make_store(tmp_path)
+    assert exc.value.busy
+    store.close()
+    make_store(tmp_path).close()  # released
+
+
+def test_a_hand_made_directory_is_never_replaced(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    (store.repository / "m").mkdir()
+    (store.repository / "m" / "config.pbtxt").write_text("mine")
+    with pytest.raises(Exception, match="not a modelsync link"):
+        installed(store, "m", "a" * 64)
+    assert (store.repository / "m" / "config.pbtxt").read_text() == "mine"
+    store.close()
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", ".hidden", "a/b", "a b", 'q"', "mod%C3", "modèle", "x" * 201])
+def test_model_names_that_cannot_be_served_verbatim_are_refused(name: str) -> None:
+    assert model_name_problem(name)
+
+
+def test_model_names_triton_takes_are_accepted() -> None:
+    for name in ("add", "m@x.v2+b", "ns::ranker", "a-b_c.d"):
+        assert model_name_problem(name) is None
+
+
+# --- metrics --------------------------------------------------------------------------------------------
+
+
+def test_every_event_the_recorder_writes_is_valid_emf() -> None:
+    buf = io.BytesIO()
+    rec = Recorder("Triton", StreamSink(buf), "host-1")
+    rec.attempt(Attempt("m@x", "ok", phases={"download": 0.1, "verify": 0.01, "extract": 0.2, "swap": 0.001,
+                                               "load": 1.5}, bytes_downloaded=123, sha256="a" * 64,
+                        version_id="v1", serving="a" * 64, upload_to_ready=4.2))
+    rec.attempt(Attempt("modèle", "rolled_back", reason="boom\n" * 2000, serving="b" * 64))
+    rec.model_state(ModelState("m@x", True, serving="a" * 64, expected="a" * 64))
+    rec.host_state(3, 1, 12.5)
+    rec.host_state(None, None, None)  # S3 unreachable and never a success: nothing to say
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 4
+    docs = [json.loads(line) for line in lines]
+    for line in lines:
+        assert validate(line) == []
+    assert docs[1]["model"].startswith("mod_le~") and docs[1]["model_original"] == "modèle"
+    assert docs[1]["reason"].endswith("...[truncated]")
+    assert docs[0]["ModelArtifact"] == "a" * 64 and docs[0]["SyncFailures"] == 0 and docs[1]["SyncFailures"] == 1
+
+
+def test_metric_table_is_consistent() -> None:
+    names = [m.name for m in METRICS]
+    assert len(names) == len(set(names))
+    for m, cat in zip(METRICS, catalog_metrics(), strict=True):
+        assert cat.dimension_sets == m.dimension_sets and cat.unit == m.unit and m.help
