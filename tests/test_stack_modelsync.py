@@ -162,4 +162,5 @@ def test_the_daemon_log_group_is_the_one_the_dashboard_queries(on: Stack) -> Non
     assert group == render_modelsync.log_group(Options(catalog=CATALOG))
     assert on.props("ModelSyncLogGroup")["RetentionInDays"] == "30"
     s = mk(on.t, **ON, LogGroupPrefix="/prod/inf")
-    assert s.ref("ModelSyncLogGroup") == render_modelsync.log_group(Options(catalog=CATALOG, log_group_prefix="/prod/inf"))
+    prod = Options(catalog=CATALOG, log_group_prefix="/prod/inf")
+    assert s.ref("ModelSyncLogGroup") == render_modelsync.log_group(prod)
