@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from . import logs
 from .catalog import Catalog, CatalogError, build
@@ -93,7 +94,7 @@ def catalog_main(argv: Sequence[str]) -> int:
     except CatalogError as exc:
         sys.stderr.write(f"error: invalid catalog: {exc}\n")
         return 2
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"name": m.name, "unit": m.unit, "scope": str(m.scope), "kind": str(m.kind),
          "dimensions": [list(d) for d in m.dimension_sets], "source": m.source,
          "inputs": m.describe_inputs(), "breakdown_of": m.breakdown_of, "origin": m.origin, "help": m.help}

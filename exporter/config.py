@@ -12,6 +12,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -203,7 +204,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
     """Settings from flags and environment; raises ConfigError naming the bad setting."""
     environ = os.environ if environ is None else environ
     args = build_parser().parse_args(list(argv))
-    values: dict[str, object] = {"once": args.once}
+    values: dict[str, Any] = {"once": args.once}  # each converted by its option's parser
     timeout_given = False
     for field, flag, envs, convert, _ in OPTIONS:
         raw, origin = getattr(args, field), flag
@@ -224,7 +225,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
         except ValueError as exc:
             raise ConfigError(f"{origin}={raw!r}: {exc}") from None
         timeout_given |= field == "timeout"
-    settings = Settings(**values)  # type: ignore[arg-type]
+    settings = Settings(**values)
     if not timeout_given:
         settings = Settings(**{**settings.__dict__, "timeout": min(5.0, settings.interval / 2)})
     if settings.timeout >= settings.interval:

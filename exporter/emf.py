@@ -118,7 +118,7 @@ class Encoder:
             if self.resolution == 1:
                 spec["StorageResolution"] = 1
             groups.setdefault(m.dimension_sets, []).append(spec)
-        out = []
+        out: list[dict[str, object]] = []
         for dims, specs in groups.items():
             for i in range(0, len(specs), MAX_METRICS_PER_DIRECTIVE):
                 out.append(
@@ -129,7 +129,7 @@ class Encoder:
 
     def encode(self, event: Event, timestamp_ms: int) -> list[bytes]:
         """One or more JSON documents for the event (more only if it would exceed MAX_EVENT_BYTES)."""
-        values: dict[str, object] = event.values  # type: ignore[assignment]  # read only from here on
+        values: Mapping[str, object] = event.values
         if not (event.values.keys() <= self.metrics.keys() and math.isfinite(sum(event.values.values()))):
             # Never taken by the pipeline (the transform drops non-finite values); kept as the guard.
             values = {k: v for k, v in event.values.items() if k in self.metrics and _finite(v)}
@@ -137,7 +137,7 @@ class Encoder:
             values = {**values, **{k: d for k, d in event.distributions.items() if k in self.metrics}}
         return self._encode(event, values, timestamp_ms, split=False)
 
-    def _encode(self, event: Event, values: dict[str, object], timestamp_ms: int, split: bool) -> list[bytes]:
+    def _encode(self, event: Event, values: Mapping[str, object], timestamp_ms: int, split: bool) -> list[bytes]:
         if not values:
             return []
         names = tuple(values)

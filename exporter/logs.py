@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import TextIO
 
 import orjson
 
@@ -31,10 +32,10 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
-def setup(level: str = "info", stream: object = None) -> logging.Logger:
+def setup(level: str = "info", stream: TextIO | None = None) -> logging.Logger:
     logger = logging.getLogger(LOGGER)
     logger.handlers.clear()
-    handler = logging.StreamHandler(stream or sys.stderr)  # type: ignore[arg-type]
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
     logger.addHandler(handler)
     logger.setLevel(level.upper())

@@ -28,7 +28,7 @@ How:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 # Numbers as Go's ParseFloat reads them (Prometheus' reference parser); Triton really prints
@@ -41,8 +41,10 @@ _SUFFIXES = ("_count", "_sum", "_bucket")
 
 try:  # the C scanner (setup.py builds it when a compiler is there); same results, ~5x faster than the regex
     from . import _scan
+
+    HAVE_SCANNER = True
 except ImportError:  # pragma: no cover - depends on the build
-    _scan = None  # type: ignore[assignment]
+    HAVE_SCANNER = False  # _scan stays unbound: only used when Parser.native is true
 
 MAX_ERROR_EXAMPLES = 5
 """How many malformed lines one parse keeps (truncated to 200 chars) for the log."""
@@ -194,7 +196,7 @@ class Parser:
     ) -> None:
         self.names = frozenset(names)
         self._cache: dict[str, str] = {"": EMPTY.key}  # raw label block -> canonical key
-        self.native = native and _scan is not None
+        self.native = native and HAVE_SCANNER
         self._interned: dict[str, LabelSet] = {EMPTY.key: EMPTY}
         self._models: set[str] = set()  # entity keys of the model versions interned
         self._patterns: dict[str, re.Pattern[str]] = {}
@@ -353,7 +355,8 @@ class Parser:
         out.duplicates += duplicates
         return True
 
-    def _strict(self, out: Exposition, text: str, name: str, start: int, end: int):
+    def _strict(self, out: Exposition, text: str, name: str, start: int, end: int
+                ) -> tuple[tuple[str, ...], tuple[float, ...]]:
         """The full grammar, line by line in the regex: slower, counts malformed lines."""
         blocks, values = [], []
         for _, block, value, bad in self._pattern(name).findall(text, start, end):
@@ -364,7 +367,8 @@ class Parser:
                 self._malformed(out, name + bad)
         return tuple(blocks), tuple(values)
 
-    def _drop_bad_labels(self, out: Exposition, name: str, blocks, values, block: str):
+    def _drop_bad_labels(self, out: Exposition, name: str, blocks: Sequence[str], values: Sequence[float],
+                         block: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
         keep = [(b, v) for b, v in zip(blocks, values, strict=True) if b != block]
         for _ in range(len(blocks) - len(keep)):
             self._malformed(out, f"{name}{{{block}}}")

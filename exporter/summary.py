@@ -36,14 +36,14 @@ GPU_COLUMNS = (
 )
 
 
-def _cell(event: Event, spec: tuple) -> str:
+def _cell(event: Event, spec: tuple[Any, ...]) -> str:
     name, fmt = spec[1], spec[2]
     scale = spec[3] if len(spec) > 3 else 1.0
     if name in event.values:
-        return fmt.format(event.values[name] * scale)
+        return str(fmt.format(event.values[name] * scale))
     dist = event.distributions.get(name)
     if dist is not None:
-        return fmt.format(nearest_rank(dist, 0.95) * scale)
+        return str(fmt.format(nearest_rank(dist, 0.95) * scale))
     return "-"
 
 

@@ -292,8 +292,8 @@ class Transform:
         if kind is Kind.RATE:
             return {k: v / elapsed for k, v in _first_present(metric.inputs, deltas).items()}
         if kind is Kind.RATIO:
-            num, den = _summed(metric.inputs, deltas), _summed(metric.denominators, deltas)
-            return {k: v / den[k] for k, v in num.items() if den.get(k, 0) > 0}
+            top, bottom = _summed(metric.inputs, deltas), _summed(metric.denominators, deltas)
+            return {k: v / bottom[k] for k, v in top.items() if bottom.get(k, 0) > 0}
         if kind is Kind.QUANTILE:
             assert metric.guard is not None
             guard = _first_present((metric.guard,), deltas)

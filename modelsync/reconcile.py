@@ -26,6 +26,7 @@ import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from .archive import Limits, extract, inspect
@@ -112,10 +113,10 @@ class Syncer:
         for key, why in sorted(listing.ignored.items()):
             self.log.debug("ignored s3 key %s: %s", key, why)
         for model, archive in sorted(listing.archives.items()):
-            report.outcomes[model] = self._guarded(model, lambda a=archive, m=model: self._reconcile(m, a, False))
+            report.outcomes[model] = self._guarded(model, partial(self._reconcile, model, archive, False))
         for model in self.store.managed_models():
             if model not in listing.archives:
-                report.outcomes[model] = self._guarded(model, lambda m=model: self._removed(m))
+                report.outcomes[model] = self._guarded(model, partial(self._removed, model))
         for outcome in report.outcomes.values():
             self._state_event(outcome)
         if report.ok and all(o.in_sync for m, o in report.outcomes.items() if m in listing.archives):
@@ -133,9 +134,9 @@ class Syncer:
                 self.log.error("%s", exc)
                 continue
             if archive is not None:
-                out[model] = self._guarded(model, lambda a=archive, m=model: self._reconcile(m, a, wait_for_tag))
+                out[model] = self._guarded(model, partial(self._reconcile, model, archive, wait_for_tag))
             elif self.store.current(model) is not None:
-                out[model] = self._guarded(model, lambda m=model: self._removed(m))
+                out[model] = self._guarded(model, partial(self._removed, model))
             else:
                 continue
             self._state_event(out[model])

@@ -17,6 +17,7 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from exporter.config import Output, parse_output
@@ -247,7 +248,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
     """Settings from flags and environment; raises ConfigError naming the bad setting."""
     environ = os.environ if environ is None else environ
     args = build_parser().parse_args(list(argv))
-    values: dict[str, object] = {"once": args.once}
+    values: dict[str, Any] = {"once": args.once}  # each converted by its option's parser
     for field, flag, envs, convert, _ in OPTIONS:
         raw, origin = getattr(args, field), flag
         if isinstance(raw, bool):
@@ -268,7 +269,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
         raise ConfigError("--bucket (or MODELSYNC_BUCKET) is required")
     if not values.get("host"):
         values["host"] = socket.gethostname() or "unknown"
-    settings = Settings(**values)  # type: ignore[arg-type]
+    settings = Settings(**values)
     repo, store = settings.repository, settings.store_root
     if repo == store or store.is_relative_to(repo) or repo.is_relative_to(store):
         raise ConfigError(f"--store={store}: must be outside --repository={repo} (every directory there is a "

@@ -93,5 +93,5 @@ def _reason(r: requests.Response) -> str:
     except ValueError:
         return f"HTTP {r.status_code}: {r.text[:2000]}"
     if isinstance(body, dict) and isinstance(body.get("error"), str):
-        return body["error"]
+        return str(body["error"])
     return f"HTTP {r.status_code}: {str(body)[:2000]}"

@@ -40,7 +40,8 @@ from .model import (
 )
 
 __all__ = [
-    "BASE_DIMENSIONS", "BUILTIN_PACKS", "CLOUDWATCH_UNITS", "MAX_METRIC_NAME_LENGTH", "SELF_METRICS",
+    "BASE_DIMENSIONS", "BUILTIN_PACKS", "CLOUDWATCH_UNITS", "COUNTER_KINDS", "HISTOGRAM_KINDS",
+    "MAX_METRIC_NAME_LENGTH", "SELF_METRICS",
     "STATE_METRICS", "Catalog", "CatalogError", "Combine", "Family", "Input", "Kind", "Metric", "Scope",
     "build", "parse_selection",
 ]  # fmt: skip

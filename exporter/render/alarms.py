@@ -271,7 +271,7 @@ def cli_alarm(spec: dict[str, Any], opts: Options) -> dict[str, Any]:
     exist only after ``put-scaling-policy``, so apply.sh passes them with
     ``--alarm-actions`` (command-line values override the JSON file).
     """
-    body = resolve(api_fields(spec), parameter_values(opts))
+    body: dict[str, Any] = resolve(api_fields(spec), parameter_values(opts))
     if opts.sns_topic_arn and "notify" in spec["_actions"]:
         body["AlarmActions"] = [opts.sns_topic_arn]
         body["OKActions"] = [opts.sns_topic_arn]

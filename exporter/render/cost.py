@@ -115,7 +115,7 @@ def metric_count(catalog: Catalog, d: Deployment) -> int:
 
 
 def metric_cost(count: int) -> float:
-    total, left = 0.0, count
+    total, left = 0.0, float(count)
     for size, price in METRIC_TIERS:
         take = min(left, size)
         total += take * price
@@ -145,7 +145,7 @@ def event_bytes(catalog: Catalog, d: Deployment, namespace: str = "Triton", llm:
     name = ("m" * d.model_name_length)[: d.model_name_length]
     shapes: dict[Scope, tuple[dict[str, str], dict[str, object]]] = {
         Scope.MODEL: ({"model": name, "version": "1"},
-                      ({"ecs_task_arn": TASK_ARN} if d.ecs_metadata else {}) | {"state": "READY"}),
+                      {**({"ecs_task_arn": TASK_ARN} if d.ecs_metadata else {}), "state": "READY"}),
         Scope.GPU: ({"gpu": "0"}, {**COMMON, "gpu_uuid": "GPU-00000000-1111-2222-3333-444455550000",
                                    "gpu_name": "NVIDIA A10G"}),
         Scope.TASK: ({}, dict(COMMON)),

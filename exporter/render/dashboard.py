@@ -228,7 +228,7 @@ def _models(opts: Options, lay: Layout) -> None:
     lay.section(SECTIONS["models"])
     mv = ("model", "version")
     m = ("model",)
-    graphs: list[tuple[str, list[list[Any]], str, str, list[dict[str, Any]] | None]] = [
+    graphs: list[tuple[str, list[Row | None], str, str, list[dict[str, Any]] | None]] = [
         ("Throughput per version (req/s, average over tasks)",
          [_expr(search(opts, "RequestsPerSecond", mv, "Average"), "", "e1")], "Average", "req/s", None),
         ("Successful requests per model (sum per period)",

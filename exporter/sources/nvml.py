@@ -283,7 +283,7 @@ class NvmlSource:
         api = self.api
         try:
             handle = api.nvmlDeviceGetHandleByUUID(uuid)
-            return api.nvmlDeviceGetUUID(api.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle))
+            return str(api.nvmlDeviceGetUUID(api.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)))
         except api.NVMLError:
             return None
 

@@ -1,0 +1,6 @@
+"""Types of the C scanner (exporter/_scan.c); see exporter/promtext.py for how it is used."""
+
+def scan(
+    text: str, start: int, end: int, prefix: str, blocks: dict[str, str], /
+) -> tuple[dict[str, float], list[str], int] | None: ...
+def names(text: str, /) -> set[str] | None: ...
