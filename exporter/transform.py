@@ -379,7 +379,7 @@ class Transform:
             if min(counts) < 0:
                 result.inconsistent_histograms += 1
                 continue
-            dist = distribution(layout, counts, sums[ent] * inp.scale)
+            dist = distribution(layout, counts, _round(sums[ent] * inp.scale))  # deltas of float sums carry noise
             if dist is not None:
                 out[ent] = dist
         return out
