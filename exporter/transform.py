@@ -27,8 +27,9 @@ of the highest non-empty bucket (the lower edge for ``+Inf``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import itemgetter, sub
 from typing import Any
 
@@ -306,7 +307,7 @@ class Transform:
             for _, ent, buckets, cumulative in self._histograms(metric, deltas):
                 if ent not in taken:
                     taken.add(ent)
-                    value = histogram_quantile(metric.quantile, list(zip(buckets.uppers, cumulative, strict=True)))
+                    value = _quantile(metric.quantile, buckets.uppers, cumulative)
                     if value is not None:
                         out[ent] = value
             return out
@@ -386,12 +387,15 @@ class Transform:
 
 
 def distribution(layout: _Buckets, counts: list[float], total_sum: float) -> Distribution | None:
-    """The EMF distribution of per-bucket counts (not cumulative) over ``layout``."""
-    nonzero = [i for i, c in enumerate(counts) if c > 0]
+    """The EMF distribution of per-bucket counts (not cumulative, none negative) over ``layout``.
+
+    Selections by C-level iterators (``compress``): at 1000 LLM models this runs ~4,000 times a cycle.
+    """
+    nonzero = list(compress(range(len(counts)), counts))
     if not nonzero or not math.isfinite(total_sum):
         return None
-    values = [layout.values[i] for i in nonzero]
-    weights = [counts[i] for i in nonzero]
+    values = list(map(layout.values.__getitem__, nonzero))
+    weights = list(compress(counts, counts))
     if len(values) > MAX_DISTRIBUTION_PAIRS:
         values, weights = _merge(values, weights)
     lo, hi = nonzero[0], nonzero[-1]
@@ -457,17 +461,25 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
     returns the highest finite bound. None when the window saw nothing.
     """
     buckets = sorted(buckets)
-    if not buckets or buckets[-1][0] != math.inf:
+    if not buckets:
         return None
-    total = buckets[-1][1]
+    uppers, cumulative = zip(*buckets, strict=True)
+    return _quantile(q, uppers, cumulative)
+
+
+def _quantile(q: float, uppers: Sequence[float], cumulative: Sequence[float]) -> float | None:
+    """:func:`histogram_quantile` over bounds already sorted (a bucket layout's)."""
+    if not uppers or uppers[-1] != math.inf:
+        return None
+    total = cumulative[-1]
     if total <= 0:
         return None
     rank = q * total
     prev_bound, prev_count = 0.0, 0.0
-    for bound, count in buckets:
+    for bound, count in zip(uppers, cumulative, strict=True):
         if count >= rank:
             if bound == math.inf:
-                return prev_bound if len(buckets) > 1 else None
+                return prev_bound if len(uppers) > 1 else None
             if count == prev_count:
                 return bound
             return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
