@@ -233,9 +233,17 @@ class Pipeline:
         task = [e for e in entities if e.scope is Scope.TASK]
         events = [doc for e in entities if e.scope is not Scope.TASK for doc in self.encoder.encode(e, timestamp_ms)]
         for e in task:
-            if "EventsOversize" in e.values:
-                e.values["EventsOversize"] = float(self.encoder.oversize - before)
-            events += self.encoder.encode(e, timestamp_ms)
+            if "EventsOversize" not in e.values:
+                events += self.encoder.encode(e, timestamp_ms)
+                continue
+            e.values["EventsOversize"] = float(self.encoder.oversize - before)
+            mark = self.encoder.oversize
+            docs = self.encoder.encode(e, timestamp_ms)
+            if self.encoder.oversize > mark:  # the task event itself had to be cut down: count it too
+                e.values["EventsOversize"] += 1
+                docs = self.encoder.encode(e, timestamp_ms)
+                self.encoder.oversize -= 1  # the same event, encoded twice
+            events += docs
         return events
 
     def _events(

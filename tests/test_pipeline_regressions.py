@@ -14,6 +14,7 @@ from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
 from exporter.sinks import FileSink
+from exporter.sources import Collected, SourceKind
 
 from .helpers import CATALOG, IndexSource, TextSource, documents, model_doc, pipeline_for, task_doc
 from .test_faults import Loop, starts
@@ -220,3 +221,41 @@ def test_a_runner_runs_once():
     assert runner.cycles >= 1 and pipe.closed.is_set() and pipe.close_thread != "cycle"
     with pytest.raises(RunnerStopped):
         runner.run()
+
+
+def test_series_printed_twice_are_counted_in_duplicate_series():
+    """Exposition.duplicates was counted and never reported: it is the DuplicateSeries self-metric."""
+    body = triton_metrics(["a", "b"], 1)
+    line = 'nv_inference_count{model="a",version="1"} 12\n'
+    assert line in body
+    twice = body.replace(line, line + line)
+    docs = documents(Pipeline(Settings(nvml="off"), CATALOG, [TextSource(twice), IndexSource()]).cycle())
+    assert task_doc(docs)["DuplicateSeries"] == 1
+    docs = documents(Pipeline(Settings(nvml="off"), CATALOG, [TextSource(body), IndexSource()]).cycle())
+    assert task_doc(docs)["DuplicateSeries"] == 0
+
+
+def test_events_cut_down_to_fit_are_counted_in_events_oversize():
+    """Encoder.oversize was counted and never reported: the task event carries this cycle's count."""
+
+    class Metadata:  # task identity so large that every event carrying it must drop its properties
+        name, kind = "ecs_metadata", SourceKind.METADATA
+
+        def __init__(self, size: int) -> None:
+            self.size = size
+
+        def collect(self, timeout: float) -> Collected:
+            return Collected(properties={"ecs_task_arn": "arn:" + "y" * self.size})
+
+        def close(self) -> None:
+            pass
+
+    def run(size: int) -> dict:
+        sources = [TextSource(triton_metrics(["a", "b"], 1)), IndexSource(), Metadata(size)]
+        return task_doc(documents(Pipeline(Settings(nvml="off"), CATALOG, sources).cycle()))
+
+    small = run(100)
+    assert small["EventsOversize"] == 0 and "truncated" not in small
+    big = run(300 * 1024)
+    # models a and b, the three source events, and the task event itself: six events lost their properties
+    assert big["EventsOversize"] == 6 and big["truncated"] is True
