@@ -88,7 +88,7 @@ def catalog_main(argv: Sequence[str]) -> int:
                                      "selection.")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     cli.add_arguments(parser)
-    args = parser.parse_args(list(argv))
+    args = parser.parse_args(cli.attach_selection(argv))
     try:
         catalog = cli.from_arguments(args)
     except CatalogError as exc:

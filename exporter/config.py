@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from .catalog.cli import attach_selection
+
 
 class ConfigError(ValueError):
     """A setting is invalid; the message names the flag, the variable and the value."""
@@ -203,7 +205,7 @@ def build_parser(prog: str = "python -m exporter") -> argparse.ArgumentParser:
 def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
     """Settings from flags and environment; raises ConfigError naming the bad setting."""
     environ = os.environ if environ is None else environ
-    args = build_parser().parse_args(list(argv))
+    args = build_parser().parse_args(attach_selection(argv))
     values: dict[str, Any] = {"once": args.once}  # each converted by its option's parser
     timeout_given = False
     for field, flag, envs, convert, _ in OPTIONS:

@@ -251,3 +251,29 @@ def test_docs_describe_every_schema_key() -> None:
 def test_an_empty_catalog_is_a_catalog() -> None:
     empty = Catalog((), {})
     assert len(empty) == 0 and empty.wanted_samples() == frozenset() and empty.get("X") is None
+
+
+def test_an_excluding_selection_works_as_a_separate_argument() -> None:
+    """``--metrics -A*`` (not only ``--metrics=-A*``): argparse alone would take ``-A*`` for an option."""
+    from exporter.config import load
+
+    settings = load(["--metrics", "-RequestFailure*,-Compute*", "--once"], {})
+    assert settings.metrics == "-RequestFailure*,-Compute*" and settings.once
+    assert load(["--metrics=-Gpu*"], {}).metrics == "-Gpu*"
+    assert load([], {"EXPORTER_METRICS": "-Gpu*"}).metrics == "-Gpu*"
+
+
+def test_cost_prices_the_selection(capsys: pytest.CaptureFixture[str]) -> None:
+    from exporter.render import cost
+
+    def metrics(*argv: str) -> int:
+        assert cost.main(["--models", "10", "--gpus", "0", *argv]) == 0
+        out = capsys.readouterr().out
+        return int(next(line for line in out.splitlines() if line.startswith("custom metrics:")).split()[2]
+                   .replace(",", ""))
+
+    everything = metrics()
+    fewer = metrics("--metrics", "-Compute*")
+    assert everything - fewer == 10 * 4  # four Compute*LatencyAvg metrics per model version, no rollups
+    assert metrics("--breakdown-zeros", "emit") - everything == 10 * 4  # the four failure reasons
+    assert cost.main(["--models", "10", "--metrics", "-Nope*"]) == 2

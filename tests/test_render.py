@@ -26,7 +26,7 @@ from exporter.render import main, render, stale_files
 from exporter.render.dashboard import GRID_WIDTH, MAX_METRICS_PER_WIDGET, MAX_WIDGETS
 from exporter.render.options import Options, model_log_group
 from exporter.render.template import build as build_template
-from tests.render_refs import metric_rows
+from tests.render_refs import dashboard_refs, metric_rows
 
 from .helpers import CATALOG
 
@@ -374,3 +374,72 @@ def _unwrap(obj: dict[str, Any], values: dict[str, Any]) -> Any:
     if set(obj) == {"Ref"}:
         return values[obj["Ref"]]
     return obj
+
+
+# --- LLM alarms and selections ------------------------------------------------------------------
+
+
+def test_llm_alarms_use_percentiles_of_the_distribution_and_the_kv_gauge(default_files, rich_files) -> None:
+    a = {rel.rsplit("alarm-", 1)[1].removesuffix(".json"): b for rel, b in _alarms(default_files).items()}
+    ttft = a["llm-ttft-p95"]
+    assert (ttft["MetricName"], ttft["ExtendedStatistic"], ttft["Dimensions"]) == ("TimeToFirstToken", "p95", [])
+    assert "Statistic" not in ttft and ttft["Threshold"] == 2000.0  # ms, the metric's unit
+    assert ttft["Period"] * ttft["EvaluationPeriods"] == 300 and ttft["ComparisonOperator"] == "GreaterThanThreshold"
+    kv = a["llm-kv-cache-high"]["Metrics"][0]
+    assert kv["Expression"].startswith("SELECT MAX(KvCacheUtilization) FROM SCHEMA(")
+    assert "GROUP BY model" in kv["Expression"]
+    assert a["llm-kv-cache-high"]["Threshold"] == 90.0
+    named = json.loads(rich_files["alarms/cli/alarm-model-add-ttft-p95.json"])
+    assert named["ExtendedStatistic"] == "p95" and named["Dimensions"] == [{"Name": "model", "Value": "add"}]
+    # the dashboard's LLM section reads the same distributions with percentile statistics
+    body = json.loads(default_files["dashboards/triton.json"])
+    ttft_rows = [c["expression"] for w in body["widgets"] if w["type"] == "metric"
+                 for row in w["properties"]["metrics"] for c in row
+                 if isinstance(c, dict) and 'MetricName="TimeToFirstToken"' in c.get("expression", "")]
+    assert {e.rsplit("'", 2)[-2] for e in ttft_rows} == {"p50", "p95", "p99"}
+
+
+def _names_in(files: dict[str, str]) -> set[str]:
+    text = files["dashboards/triton.json"] + "".join(t for rel, t in files.items() if "/alarm-" in rel)
+    return set(re.findall(r'[A-Z][A-Za-z0-9]+', text))
+
+
+def test_a_selection_renders_only_what_is_emitted() -> None:
+    """render honours --metrics: no widget, alarm or scaling on a metric the exporter leaves out."""
+    catalog = CATALOG.select("-TimeToFirstToken*,-InterTokenLatency*,-GenerationTokens*,-KvCache*,"
+                             "-RequestsWaiting,-EndToEndLatency*,-Gpu*")
+    files = render(Options(catalog=catalog))
+    body = json.loads(files["dashboards/triton.json"])
+    _check_dashboard(body, "us-east-1")
+    markdown = " ".join(w["properties"].get("markdown", "") for w in body["widgets"] if w["type"] == "text")
+    assert "LLM serving" not in markdown  # the section is left out with its widgets
+    refs = {name for _, name, _ in dashboard_refs(body)}
+    assert refs and not refs & {"TimeToFirstToken", "KvCacheUtilization", "GpuUtilization", "GpuMemoryUsedPercent"}
+    assert {"RequestSuccess", "ModelReady"} <= refs
+    alarms_ = {rel.rsplit("/", 1)[1] for rel in files if "/alarm-" in rel}
+    assert "alarm-llm-ttft-p95.json" not in alarms_ and "alarm-model-failures.json" in alarms_
+    assert not any(rel.startswith("alarms/cli/scaling/") for rel in files)  # no GPU metrics: no GPU scaling
+    script = files["alarms/cli/apply.sh"]
+    assert "scaling/" not in script
+    assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0
+    template = files["alarms/triton-alarms.template.json"]
+    assert "ScalableTarget" not in json.loads(template)["Resources"]
+    # W2001 (unused parameter): the template keeps every parameter whatever the selection, so the stack's
+    # nested-stack call (deploy/stack.yaml passes them all) works with any render.
+    assert [str(m) for m in lint_all(template) if m.rule.id not in ("I4010", "W2001")] == []
+    for body_ in _alarms(files).values():
+        _validate(CLOUDWATCH, "PutMetricAlarm", body_)
+    # ...and the full catalog renders every one of them: the selection is what removed them
+    full_body = json.loads(render(Options(catalog=CATALOG))["dashboards/triton.json"])
+    full = {name for _, name, _ in dashboard_refs(full_body)}
+    assert {"TimeToFirstToken", "KvCacheUtilization", "GpuUtilization"} <= full
+
+
+def test_render_command_takes_the_catalog_flags(tmp_path: Path) -> None:
+    assert main(["--out", str(tmp_path), "--metrics", "-TimeToFirstToken,-KvCacheUtilization"]) == 0
+    assert not (tmp_path / "alarms" / "cli" / "alarm-llm-ttft-p95.json").exists()
+    assert (tmp_path / "alarms" / "cli" / "alarm-model-failures.json").exists()
+    assert "KvCacheUtilization" not in (tmp_path / "docs" / "metrics.md").read_text()
+    assert main(["--out", str(tmp_path), "--metrics", "-NoSuchMetric"]) == 2
+    assert main(["--out", str(tmp_path), "--llm-metrics", "off"]) == 0
+    assert not (tmp_path / "alarms" / "cli" / "alarm-llm-kv-cache-high.json").exists()

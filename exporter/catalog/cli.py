@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from . import BUILTIN_PACKS, Catalog, build
 
@@ -24,6 +24,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="selection: comma-separated globs over EMF names, '-' excludes [env: EXPORTER_METRICS]")
     parser.add_argument("--llm-metrics", choices=("on", "off"), default=None,
                         help="the built-in LLM pack (default: on) [env: EXPORTER_LLM_METRICS]")
+
+
+def attach_selection(argv: Sequence[str]) -> list[str]:
+    """``--metrics -A*,-B*`` as ``--metrics=-A*,-B*``: argparse takes a value starting with ``-`` for an option.
+
+    A selection that only excludes is the common one, so the separated
+    spelling must work too.
+    """
+    out: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        if items[i] == "--metrics" and i + 1 < len(items) and items[i + 1].startswith("-"):
+            out.append(f"--metrics={items[i + 1]}")
+            i += 2
+            continue
+        out.append(items[i])
+        i += 1
+    return out
 
 
 def packs(llm: str) -> tuple[str, ...]:

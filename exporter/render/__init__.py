@@ -103,7 +103,7 @@ def options_from(args: argparse.Namespace) -> Options:
 
 
 def main(argv: Sequence[str]) -> int:
-    args = _parser().parse_args(list(argv))
+    args = _parser().parse_args(cli.attach_selection(argv))
     try:
         opts = options_from(args)
         files = render(opts)

@@ -92,9 +92,14 @@ def parameter_values(opts: Options) -> dict[str, Any]:
     }
 
 
-def _check(opts: Options, name: str, dims: tuple[str, ...]) -> str | None:
-    """The metric name if the exporter emits it with these dimensions; None if the selection leaves it out."""
+def _check(opts: Options, name: str, dims: tuple[str, ...], pack: bool = False) -> str | None:
+    """The metric name if the exporter emits it with these dimensions; None if the selection leaves it out.
+
+    ``pack``: a metric of an optional built-in pack (LLM), absent when the pack is off.
+    """
     metric = opts.catalog.definition(name)
+    if metric is None and pack:
+        return None
     if metric is None:
         raise KeyError(f"an alarm references {name!r}, which is not in the catalog")
     if dims not in metric.dimension_sets:
@@ -107,9 +112,9 @@ Spec = dict[str, Any]
 
 def _classic(opts: Options, suffix: str, description: str, name: str, dims: dict[str, str], stat: str,
              period: int, points: int, threshold: Ref | float, op: str, missing: str,
-             actions: tuple[str, ...]) -> Spec | None:
+             actions: tuple[str, ...], pack: bool = False) -> Spec | None:
     """A single-metric alarm; ``stat`` ``pNN`` is an extended statistic (a percentile of a distribution)."""
-    metric = _check(opts, name, tuple(dims))
+    metric = _check(opts, name, tuple(dims), pack)
     if metric is None:
         return None
     statistic = {"ExtendedStatistic": stat} if re.fullmatch(r"p\d+(\.\d+)?", stat) else {"Statistic": stat}
@@ -124,8 +129,8 @@ def _classic(opts: Options, suffix: str, description: str, name: str, dims: dict
 
 
 def _insights(opts: Options, suffix: str, description: str, func: str, name: str, period: int, points: int,
-              threshold: Ref, label: str) -> Spec | None:
-    metric = _check(opts, name, ("model",))
+              threshold: Ref, label: str, pack: bool = False) -> Spec | None:
+    metric = _check(opts, name, ("model",), pack)
     if metric is None:
         return None
     query = (f'SELECT {func}({metric}) FROM SCHEMA("${{Namespace}}", model) '
@@ -185,7 +190,7 @@ def alarm_specs(opts: Options) -> list[Spec]:
                   "A model's KV-cache utilization (worst task) stayed above KvCacheUtilizationThreshold percent "
                   "for 5 minutes: requests will queue (Metrics Insights GROUP BY model).",
                   "MAX", "KvCacheUtilization", LATENCY_PERIOD, LATENCY_POINTS, Ref("KvCacheUtilizationThreshold"),
-                  "KV-cache utilization (%)"),
+                  "KV-cache utilization (%)", pack=True),
     ]
     specs += modelsync.alarm_specs(opts)
     for model in opts.models:

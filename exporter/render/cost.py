@@ -268,7 +268,7 @@ def main(argv: Sequence[str]) -> int:
                    help="as the sidecar's setting (default: omit)")
     p.add_argument("--markdown", action="store_true", help="print the docs table for the small and large cases")
     cli.add_arguments(p)
-    args = p.parse_args(list(argv))
+    args = p.parse_args(cli.attach_selection(argv))
     try:
         opts = Options(catalog=cli.from_arguments(args))
     except CatalogError as exc:

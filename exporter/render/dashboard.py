@@ -33,13 +33,16 @@ Widget = dict[str, Any]
 Row = list[Any]
 
 
-def _metric(opts: Options, name: str, dims: tuple[str, ...]) -> str | None:
+def _metric(opts: Options, name: str, dims: tuple[str, ...], pack: bool = False) -> str | None:
     """The metric name, after checking the catalog defines it with exactly these dimension names.
 
     None when the selection leaves it out (the caller drops the row); an
-    error when no catalog file defines it at all.
+    error when no catalog file defines it at all, unless ``pack``: a metric of
+    an optional built-in pack (LLM), absent when the pack is off.
     """
     metric = opts.catalog.definition(name)
+    if metric is None and pack:
+        return None
     if metric is None:
         raise KeyError(f"dashboard references {name!r}, which is not in the catalog")
     if tuple(dims) not in metric.dimension_sets:
@@ -47,8 +50,8 @@ def _metric(opts: Options, name: str, dims: tuple[str, ...]) -> str | None:
     return name if opts.catalog.emits(name) else None
 
 
-def search(opts: Options, name: str, dims: tuple[str, ...], stat: str) -> str | None:
-    metric = _metric(opts, name, dims)
+def search(opts: Options, name: str, dims: tuple[str, ...], stat: str, pack: bool = False) -> str | None:
+    metric = _metric(opts, name, dims, pack)
     if metric is None:
         return None
     schema = ",".join([f'"{opts.namespace}"', *dims])
@@ -323,25 +326,25 @@ def _llm_widgets(opts: Options) -> list[Widget]:
     percentiles = [("p50", "p50"), ("p95", "p95"), ("p99", "p99")]
     graphs = [
         _graph(opts, "Time to first token per model (ms, percentiles over all tasks)", [
-            _expr(search(opts, "TimeToFirstToken", m, stat), label, f"t{i}")
+            _expr(search(opts, "TimeToFirstToken", m, stat, pack=True), label, f"t{i}")
             for i, (stat, label) in enumerate(percentiles)
         ], stat="p95", unit_label="milliseconds", annotations=[{"value": opts.ttft_p95_ms, "label": "p95 alarm"}]),
         _graph(opts, "Inter-token latency per model (ms, percentiles over all tasks)", [
-            _expr(search(opts, "InterTokenLatency", m, stat), label, f"i{i}")
+            _expr(search(opts, "InterTokenLatency", m, stat, pack=True), label, f"i{i}")
             for i, (stat, label) in enumerate(percentiles)
         ], stat="p95", unit_label="milliseconds"),
         _graph(opts, "Generated tokens per second per model (all tasks)", [
-            _expr(_per_second(search(opts, "GenerationTokens", m, "Sum")), "", "g"),
+            _expr(_per_second(search(opts, "GenerationTokens", m, "Sum", pack=True)), "", "g"),
         ], stat="Sum", unit_label="tokens/s"),
         _graph(opts, "KV-cache utilization per model (%, worst task)", [
-            _expr(search(opts, "KvCacheUtilization", m, "Maximum"), "", "k"),
+            _expr(search(opts, "KvCacheUtilization", m, "Maximum", pack=True), "", "k"),
         ], stat="Maximum", unit_label="percent",
             annotations=[{"value": opts.kv_cache_utilization, "label": "alarm"}]),
         _graph(opts, "Requests waiting per model (worst task)", [
-            _expr(search(opts, "RequestsWaiting", m, "Maximum"), "", "w"),
+            _expr(search(opts, "RequestsWaiting", m, "Maximum", pack=True), "", "w"),
         ], stat="Maximum", unit_label="requests"),
         _graph(opts, "End-to-end request latency per model (s, percentiles over all tasks)", [
-            _expr(search(opts, "EndToEndLatency", m, stat), label, f"e{i}")
+            _expr(search(opts, "EndToEndLatency", m, stat, pack=True), label, f"e{i}")
             for i, (stat, label) in enumerate(percentiles)
         ], stat="p95", unit_label="seconds"),
     ]

@@ -175,7 +175,8 @@ def build(opts: Options) -> dict[str, Any]:
         "Parameters": params,
         "Conditions": {
             "HasTopic": {"Fn::Not": [{"Fn::Equals": [{"Ref": "AlarmTopicArn"}, ""]}]},
-            "ScalingEnabled": {"Fn::Equals": [{"Ref": "EnableScaling"}, "true"]},
+            **({"ScalingEnabled": {"Fn::Equals": [{"Ref": "EnableScaling"}, "true"]}}
+               if "ScalableTarget" in resources else {}),
             "DashboardEnabled": {"Fn::Equals": [{"Ref": "CreateDashboard"}, "true"]},
         },
         "Resources": resources,
