@@ -456,8 +456,8 @@ def test_wheel_and_image_hold_only_what_runs(image):
     names = zipfile.ZipFile(wheels[0]).namelist()
     modules = [n for n in names if n.endswith((".py", ".c", ".so"))]
     assert {"exporter/__main__.py", "exporter/sources/nvml.py", "exporter/render/dashboard.py"} <= set(modules)
-    # The exporter and the Triton-side probe (``python -m exporter health`` runs it); nothing else.
-    others = {n.split("/")[0] for n in names if not n.startswith(("exporter/", "triton_side/"))}
+    # The exporter, the Triton-side probe (``python -m exporter health`` runs it) and the model-sync daemon.
+    others = {n.split("/")[0] for n in names if not n.startswith(("exporter/", "triton_side/", "modelsync/"))}
     assert len(others) == 1 and others.pop().endswith(".dist-info"), "the wheel holds only the shipped packages"
     assert {"exporter/catalog/core.toml", "exporter/catalog/llm.toml", "exporter/catalog/example.toml"} <= set(names)
     assert [n for n in modules if is_test_only(n)] == []
