@@ -941,6 +941,14 @@ def test_evaluator_refuses_what_terraform_would(tmp_path: Path) -> None:
     (module_dir / "typo.tf").write_text('output "x" {\n  value = base64encode("x")\n}\n')
     with pytest.raises(TfError, match="not implemented"):
         module_for(VALUES, module_dir).outputs()
+    (module_dir / "typo.tf").write_text('output "x" {\n  value = replace("a1", "/[0-9]/", "")\n}\n')
+    with pytest.raises(TfError, match="regular expression"):  # Terraform's regex form: refused, not taken literally
+        module_for(VALUES, module_dir).outputs()
+    (module_dir / "typo.tf").write_text('output "x" {\n  value = replace("a/1/", "/1/", "")\n}\n')
+    with pytest.raises(TfError, match="regular expression"):
+        module_for(VALUES, module_dir).outputs()
+    (module_dir / "typo.tf").write_text('output "x" {\n  value = replace("a.b.c", ".", "-")\n}\n')
+    assert module_for(VALUES, module_dir).outputs()["x"] == "a-b-c"
 
 
 # --- the example root module -----------------------------------------------------------------
