@@ -837,6 +837,25 @@ def test_a_drifted_stack_fails_the_comparison(template, alarms_template) -> None
     assert any(d.startswith("alarm triton-exporter-heartbeat-missing.Threshold") for d in diffs), diffs
 
 
+def test_a_drifted_stack_fails_the_comparison_with_model_sync(template, alarms_template) -> None:
+    params = VALUES | SCENARIOS["modelsync-renamed"]
+    plan = module_for(params).plan()
+    t = copy.deepcopy(template)
+    t["Resources"]["ModelSyncQueue"]["Properties"]["VisibilityTimeout"] = 30
+    t["Resources"]["ModelSyncTaskDefinition"]["Properties"]["ContainerDefinitions"][0]["Cpu"] = 512
+    stack, nested = stacks_for(t, alarms_template, params)
+    diffs = differences(stack, nested, plan)
+    assert any(d.startswith("queue ModelSyncQueue.VisibilityTimeout") for d in diffs), diffs
+    assert any(d.startswith("container modelsync.cpu") for d in diffs), diffs
+    # A resource the stack creates without a bucket, where the module creates none.
+    t = copy.deepcopy(template)
+    del t["Resources"]["ModelSyncEventRule"]["Condition"]
+    stack, nested = stacks_for(t, alarms_template, VALUES)
+    diffs = differences(stack, nested, module_for(VALUES).plan())
+    assert any(d.startswith("stack resource ModelSyncEventRule (AWS::Events::Rule) exists; terraform plan has no")
+               for d in diffs), diffs
+
+
 def test_a_rich_render_is_the_same_in_both(tmp_path: Path) -> None:
     """Named models (classic alarms with a model dimension, hostile names), a topic, another namespace:
     the Terraform render and the CloudFormation render of the same options still agree."""
