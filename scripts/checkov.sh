@@ -6,7 +6,8 @@
 # checkov pins old versions of common packages (e.g. `packaging`), so it never
 # goes into the main .venv: it lives in .venv-checkov, created here on first use.
 # What is scanned: the sidecar's Dockerfile, fluentbit/Dockerfile,
-# deploy/triton.Dockerfile, deploy/task-definition.json, the CloudFormation
+# deploy/triton.Dockerfile, deploy/task-definition.json and
+# deploy/modelsync-task-definition.json, the CloudFormation
 # templates (alarms/*.template.json, deploy/*.yaml|yml|json templates) and the
 # Terraform module deploy/terraform (through its examples/ root module).
 # Skipped checks, each with its reason, are listed in .checkov.yaml.
@@ -24,7 +25,8 @@ if [ ! -x "$VENV/bin/checkov" ]; then
 fi
 [ -f "$VENV/.gitignore" ] || printf '*\n' > "$VENV/.gitignore"
 
-files=(Dockerfile fluentbit/Dockerfile deploy/triton.Dockerfile deploy/task-definition.json)
+files=(Dockerfile fluentbit/Dockerfile deploy/triton.Dockerfile deploy/task-definition.json
+       deploy/modelsync-task-definition.json)
 for f in alarms/*.template.json deploy/*.yaml deploy/*.yml deploy/*.template.json; do
   [ -f "$f" ] && files+=("$f")
 done

@@ -1,16 +1,20 @@
 """deploy/stack.yaml with model sync on: the daemon service, its queue and rule, its role, Triton in explicit mode.
 
 Same evaluator as tests/test_stack.py (intrinsics resolved for given
-parameters), then: botocore's ECS and EventBridge models for what would be
-registered, the IAM evaluator for the role, the event pattern against S3's
-EventBridge events, and modelsync's own settings parser for the container
-environment. With ModelSyncBucketName empty nothing of it exists.
+parameters), then: the daemon's task definition equals
+deploy/modelsync-task-definition.json (which the Terraform module reads),
+botocore's ECS and EventBridge models for what would be registered, the
+IAM evaluator for the role, the event pattern against S3's EventBridge
+events, and modelsync's own settings parser for the container environment.
+With ModelSyncBucketName empty nothing of it exists.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+from pathlib import Path
 from typing import Any
 
 import botocore.session
@@ -21,10 +25,18 @@ from exporter.render import modelsync as render_modelsync
 from exporter.render.options import Options
 from modelsync.settings import load
 from tests.helpers import CATALOG
+from tests.test_deploy import PLACEHOLDER, SAMPLE, substitute
 from tests.test_stack import ACCOUNT, REGION, VALUES, Stack, _as_list, allowed, api_shape, by_name, mk, stack_taskdef
 from tests.test_stack import template as template
 
 SESSION = botocore.session.get_session()
+ROOT = Path(__file__).resolve().parent.parent
+MODELSYNC_TASK_DEF = ROOT / "deploy" / "modelsync-task-definition.json"
+DOCS = ROOT / "docs" / "modelsync.md"
+# The file's placeholders -> values of the shape a user would substitute (see docs/modelsync.md).
+MODELSYNC_SAMPLE = {k: SAMPLE[k] for k in ("AccountId", "Region", "ExporterTag")} | {
+    "ModelSyncBucketName": "example-models", "ModelSyncPrefix": "triton/",
+    "ModelSyncQueueUrl": f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/triton-modelsync"}
 ON = {"ModelSyncBucketName": "example-models", "ModelSyncPrefix": "triton/"}
 MODELSYNC_RESOURCES = {"ModelSyncLogGroup", "ModelSyncQueue", "ModelSyncEventRule", "ModelSyncQueuePolicy",
                        "ModelSyncTaskRole", "ModelSyncTaskDefinition", "ModelSyncService"}
@@ -44,6 +56,39 @@ def test_nothing_of_it_exists_without_a_bucket(template) -> None:
     assert not MODELSYNC_RESOURCES & set(off.resources())
     triton = by_name(stack_taskdef(off))["triton-server"]
     assert "--model-control-mode" not in triton["command"][2]
+
+
+def modelsync_file(values: dict[str, str]) -> dict[str, Any]:
+    # json.dumps keeps any value valid inside the JSON strings.
+    return json.loads(substitute(MODELSYNC_TASK_DEF.read_text(), {k: json.dumps(v)[1:-1] for k, v in values.items()}))
+
+
+def test_daemon_task_definition_equals_the_json_file(on: Stack) -> None:
+    """The stack's daemon is deploy/modelsync-task-definition.json's, field by field (the Terraform module reads
+    the file, and tests/test_terraform.py compares it with the stack)."""
+    ours = api_shape(on.props("ModelSyncTaskDefinition"))
+    theirs = modelsync_file(MODELSYNC_SAMPLE | {"ModelSyncQueueUrl": "<ModelSyncQueue>"})  # Ref: the queue's URL
+    # The stack's own roles, where the file names roles a user creates.
+    assert (ours.pop("executionRoleArn"), ours.pop("taskRoleArn")) == ("<ExecutionRole.Arn>", "<ModelSyncTaskRole.Arn>")
+    assert {theirs.pop("executionRoleArn"), theirs.pop("taskRoleArn")} == {
+        f"arn:aws:iam::{ACCOUNT}:role/triton-task-execution", f"arn:aws:iam::{ACCOUNT}:role/triton-modelsync"}
+    # As for the main task: the stack creates the group, so its awslogs driver creates none.
+    del theirs["containerDefinitions"][0]["logConfiguration"]["options"]["awslogs-create-group"]
+    assert ours == theirs
+
+
+def test_the_json_file_is_valid_for_ecs_and_its_placeholders_are_documented() -> None:
+    text = MODELSYNC_TASK_DEF.read_text()
+    assert set(PLACEHOLDER.findall(text)) == set(MODELSYNC_SAMPLE)
+    table = DOCS.read_text()
+    for name in MODELSYNC_SAMPLE:
+        assert re.search(rf"^\| `\$\{{{name}\}}` \|", table, re.M), f"docs/modelsync.md does not document ${{{name}}}"
+    td = modelsync_file(MODELSYNC_SAMPLE)
+    validate_parameters(td, SESSION.get_service_model("ecs").operation_model("RegisterTaskDefinition").input_shape)
+    (c,) = td["containerDefinitions"]
+    settings = load([], {e["name"]: e["value"] for e in c["environment"]})
+    assert (settings.bucket, settings.prefix, settings.queue_url) == ("example-models", "triton/",
+                                                                      MODELSYNC_SAMPLE["ModelSyncQueueUrl"])
 
 
 def test_daemon_task_definition_and_service_are_valid_for_ecs(on: Stack) -> None:

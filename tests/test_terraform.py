@@ -9,9 +9,12 @@ never run. Instead, with the real parsers (python-hcl2's HCL grammar, json):
   tests/test_stack.py's evaluator does the same for the CloudFormation stack (and its nested
   alarms template), from the SAME parameter values; the two must describe the same
   deployment: containers, network mode, volumes, service, target group, listener rule, log
-  groups, both roles' policies statement by statement, every alarm, the scalable target and
-  step policies, the dashboard body. The comparisons iterate over whatever the stack has, and
-  every stack property needs a Terraform counterpart (and the other way round);
+  groups, the roles' policies statement by statement, every alarm, the scalable target and
+  step policies, the dashboard body, and with model sync the daemon's task definition and
+  service, its queue, queue policy, EventBridge rule and role. The comparisons iterate over
+  whatever the stack has, every stack resource and property needs a Terraform counterpart (and
+  the other way round), and a resource one side creates under a condition the other does not is
+  a difference;
 - every stack parameter is a variable with the same default and the same constraints
   (values at and beyond each bound are accepted or refused alike);
 - the examples/ root module with its terraform.tfvars.example evaluates to a full plan;
@@ -40,6 +43,7 @@ from exporter.render.options import Options
 from exporter.render.template import POLICY_IDS
 from tests.helpers import CATALOG
 from tests.test_stack import ACCOUNT, REGION, REGISTRY, VALUES, Stack, api_shape, load_cfn_yaml
+from tests.test_stack_modelsync import MODELSYNC_RESOURCES
 from tests.tfeval import Module, TfError, Unknown, ValidationFailed, _source_text, parse_directory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +74,14 @@ SCENARIOS = {
                "AlarmNamePrefix": "prod-triton", "DashboardName": "Prod", "MinCapacity": "2", "MaxCapacity": "8"},
     "topic-and-scaling": {"AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops", "GpuScaleOutUtilization": "70",
                           "GpuScaleInUtilization": "20", "LoadSuccessRateThreshold": "99.5"},
+    # Model sync with its defaults, over a host path that it then replaces on Triton.
+    "modelsync": {"ModelSyncBucketName": "example-models", "ModelRepositoryHostPath": "/mnt/efs/models",
+                  "ModelRepository": "/models"},
+    # Model sync with every one of its parameters and the ones it reads (prefix, namespace, exec) changed.
+    "modelsync-renamed": {"ModelSyncBucketName": "prod.models-1", "ModelSyncPrefix": "triton/v2/",
+                          "ModelSyncHostPath": "/local/nvme/triton", "ModelSyncTritonUrl": "http://10.0.0.5:8000",
+                          "EnableExec": "true", "Namespace": "Prod/Triton", "LogGroupPrefix": "/prod/inf",
+                          "ServiceName": "inference", "LogRetentionDays": "90"},
 }
 
 
@@ -96,11 +108,11 @@ def _type(block: Any) -> str:
     return value if isinstance(value, str) else _source_text(expr).replace(" ", "")
 
 
-def hcl(path: Path) -> dict[str, Any]:
-    """python-hcl2's own reading of a file: strings unquoted, expressions as ``${...}`` text."""
+def hcl(path: Path | str) -> dict[str, Any]:
+    """python-hcl2's own reading of a file (or a text): strings unquoted, expressions as ``${...}`` text."""
     options = SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False)
-    with path.open() as fh:
-        return hcl2.load(fh, serialization_options=options)
+    text = path.read_text() if isinstance(path, Path) else path
+    return hcl2.loads(text, serialization_options=options)
 
 
 def declared_variables(directory: Path) -> dict[str, dict[str, Any]]:
@@ -155,8 +167,24 @@ _PLACEHOLDERS = {
     "<TaskRole.Arn>": "<aws_iam_role.task.arn>",
     "<TargetGroup>": "<aws_lb_target_group.this.arn>",
     "<TaskDefinition>": "<aws_ecs_task_definition.this.arn>",
+    "<ModelSyncTaskRole.Arn>": "<aws_iam_role.modelsync[0].arn>",
+    "<ModelSyncTaskDefinition>": "<aws_ecs_task_definition.modelsync[0].arn>",
+    "<ModelSyncQueue>": "<aws_sqs_queue.modelsync[0].url>",  # Ref of a queue is its URL
+    "<ModelSyncQueue.Arn>": "<aws_sqs_queue.modelsync[0].arn>",
+    "<ModelSyncEventRule.Arn>": "<aws_cloudwatch_event_rule.modelsync[0].arn>",
     **{f"<{logical}>": f"<aws_appautoscaling_policy.{key}[0].arn>" for key, logical in POLICY_IDS.items()},
 }
+
+
+def placeholders(x: Any) -> Any:
+    """Only the CloudFormation placeholders replaced: for values compared exactly (container definitions)."""
+    if isinstance(x, str):
+        return _PLACEHOLDERS.get(x, x)
+    if isinstance(x, list):
+        return [placeholders(i) for i in x]
+    if isinstance(x, dict):
+        return {k: placeholders(v) for k, v in x.items()}
+    return x
 
 
 def norm(x: Any) -> Any:
@@ -195,6 +223,9 @@ class Mapper:
             raise AssertionError(f"{self.where}: expected one {name} block, got {len(blocks)}")
         return Mapper(f"{self.where}.{name}", blocks[0], ignore=())
 
+    def optional_block(self, name: str) -> Mapper | None:
+        return self.block(name) if name in self.args else None
+
     def done(self) -> list[str]:
         return [f"{self.where}: Terraform sets {k} = {v!r}, which the stack does not" for k, v in self.args.items()]
 
@@ -224,53 +255,80 @@ def of_type(plan: dict[str, Any], rtype: str) -> dict[str, dict[str, Any]]:
     return {a: r for a, r in plan.items() if a.split(".")[0] == rtype}
 
 
+def matched(stack: Stack, plan: dict[str, Any], cfn_type: str) -> list[tuple[str, str]]:
+    """(logical id, Terraform address) of the stack's resources of a type that both sides create
+    (``differences`` reports the ones only one side creates)."""
+    return [(n, COUNTERPARTS[n]) for n in stack.resources(cfn_type) if n in COUNTERPARTS and COUNTERPARTS[n] in plan]
+
+
+def _family(family: Any, base: Any) -> Any:
+    """The family relative to the deployment's name (the stack's own name there, <cluster>-<service> here)."""
+    return "<family>" + family[len(base):] if isinstance(family, str) and family.startswith(base) else family
+
+
 def task_definition(stack: Stack, plan: dict[str, Any]) -> list[str]:
-    cfn = api_shape(stack.props("TaskDefinition"))
-    td = Mapper("aws_ecs_task_definition", one_of(plan, "aws_ecs_task_definition.this"))
-    tf = {"family": td.take("family"), "networkMode": td.take("network_mode"),
-          "requiresCompatibilities": td.take("requires_compatibilities"),
-          "executionRoleArn": td.take("execution_role_arn"), "taskRoleArn": td.take("task_role_arn")}
-    containers = json.loads(td.take("container_definitions"))
-    volumes = [{"name": v.pop("name"), "host": {"sourcePath": v.pop("host_path")}, **v} for v in td.take("volume", [])]
-    if volumes:
-        tf["volumes"] = volumes
-    diffs = td.done()
-    # The family is the deployment's name: the stack's own name there, <cluster>-<service> here.
-    del cfn["family"], tf["family"]
-    cfn_containers = {c["name"]: c for c in cfn.pop("containerDefinitions")}
-    tf_containers = {c["name"]: c for c in containers}
-    if set(cfn_containers) != set(tf_containers):
-        diffs.append(f"containers: stack {sorted(cfn_containers)} != terraform {sorted(tf_containers)}")
-    for name in sorted(set(cfn_containers) & set(tf_containers)):
-        if cfn_containers[name] != tf_containers[name]:  # exact: ECS takes these strings as they are
-            for key in sorted(set(cfn_containers[name]) | set(tf_containers[name])):
-                a, b = cfn_containers[name].get(key), tf_containers[name].get(key)
-                if a != b:
-                    diffs.append(f"container {name}.{key}: stack {a!r} != terraform {b!r}")
-    return diffs + compare("task definition", cfn, tf)
+    diffs = []
+    cfn_base = stack.props("TaskDefinition")["Family"]
+    tf_base = one_of(plan, "aws_ecs_task_definition.this")["family"]
+    for logical, address in matched(stack, plan, "AWS::ECS::TaskDefinition"):
+        cfn = placeholders(api_shape(stack.props(logical)))
+        td = Mapper(address, plan[address])
+        tf = {"family": td.take("family"), "networkMode": td.take("network_mode"),
+              "requiresCompatibilities": td.take("requires_compatibilities"),
+              "executionRoleArn": td.take("execution_role_arn"), "taskRoleArn": td.take("task_role_arn")}
+        containers = json.loads(td.take("container_definitions"))
+        volumes = [{"name": v.pop("name"), "host": {"sourcePath": v.pop("host_path")}, **v}
+                   for v in map(dict, td.take("volume", []))]  # copies: the plan stays as it was
+        if volumes:
+            tf["volumes"] = volumes
+        diffs += td.done()
+        cfn["family"], tf["family"] = _family(cfn.get("family"), cfn_base), _family(tf["family"], tf_base)
+        cfn_containers = {c["name"]: c for c in cfn.pop("containerDefinitions")}
+        tf_containers = {c["name"]: c for c in containers}
+        if set(cfn_containers) != set(tf_containers):
+            diffs.append(f"containers of {logical}: stack {sorted(cfn_containers)} "
+                         f"!= terraform {sorted(tf_containers)}")
+        for name in sorted(set(cfn_containers) & set(tf_containers)):
+            if cfn_containers[name] != tf_containers[name]:  # exact: ECS takes these strings as they are
+                for key in sorted(set(cfn_containers[name]) | set(tf_containers[name])):
+                    a, b = cfn_containers[name].get(key), tf_containers[name].get(key)
+                    if a != b:
+                        diffs.append(f"container {name}.{key}: stack {a!r} != terraform {b!r}")
+        diffs += compare(f"task definition {logical}", cfn, tf)
+    return diffs
 
 
 def service(stack: Stack, plan: dict[str, Any]) -> list[str]:
-    m = Mapper("aws_ecs_service", one_of(plan, "aws_ecs_service.this"))
-    net, lb, breaker = m.block("network_configuration"), m.block("load_balancer"), m.block("deployment_circuit_breaker")
-    tf = {
-        "ServiceName": m.take("name"), "Cluster": m.take("cluster"), "TaskDefinition": m.take("task_definition"),
-        "LaunchType": m.take("launch_type"), "DesiredCount": m.take("desired_count"),
-        "EnableExecuteCommand": m.take("enable_execute_command"),
-        "HealthCheckGracePeriodSeconds": m.take("health_check_grace_period_seconds"),
-        "PropagateTags": m.take("propagate_tags"),
-        "NetworkConfiguration": {"AwsvpcConfiguration": {
-            "Subnets": net.take("subnets"), "SecurityGroups": net.take("security_groups"),
-            # ECS's default when the stack leaves it out.
-            "AssignPublicIp": {False: None, True: "ENABLED"}[net.take("assign_public_ip", False)]}},
-        "LoadBalancers": [{"ContainerName": lb.take("container_name"), "ContainerPort": lb.take("container_port"),
-                           "TargetGroupArn": lb.take("target_group_arn")}],
-        "DeploymentConfiguration": {
-            "MinimumHealthyPercent": m.take("deployment_minimum_healthy_percent"),
-            "MaximumPercent": m.take("deployment_maximum_percent"),
-            "DeploymentCircuitBreaker": {"Enable": breaker.take("enable"), "Rollback": breaker.take("rollback")}},
-    }
-    return m.done() + net.done() + lb.done() + breaker.done() + compare("service", stack.props("Service"), tf)
+    diffs = []
+    for logical, address in matched(stack, plan, "AWS::ECS::Service"):
+        m = Mapper(address, plan[address])
+        net, lb = m.optional_block("network_configuration"), m.optional_block("load_balancer")
+        breaker = m.optional_block("deployment_circuit_breaker")
+        tf: dict[str, Any] = {
+            "ServiceName": m.take("name"), "Cluster": m.take("cluster"), "TaskDefinition": m.take("task_definition"),
+            "LaunchType": m.take("launch_type"), "SchedulingStrategy": m.take("scheduling_strategy"),
+            "DesiredCount": m.take("desired_count"), "EnableExecuteCommand": m.take("enable_execute_command"),
+            "HealthCheckGracePeriodSeconds": m.take("health_check_grace_period_seconds"),
+            "PropagateTags": m.take("propagate_tags"),
+            "DeploymentConfiguration": {
+                "MinimumHealthyPercent": m.take("deployment_minimum_healthy_percent"),
+                "MaximumPercent": m.take("deployment_maximum_percent")},
+        }
+        if net:
+            tf["NetworkConfiguration"] = {"AwsvpcConfiguration": {
+                "Subnets": net.take("subnets"), "SecurityGroups": net.take("security_groups"),
+                # ECS's default when the stack leaves it out.
+                "AssignPublicIp": {False: None, True: "ENABLED"}[net.take("assign_public_ip", False)]}}
+        if lb:
+            tf["LoadBalancers"] = [{"ContainerName": lb.take("container_name"),
+                                    "ContainerPort": lb.take("container_port"),
+                                    "TargetGroupArn": lb.take("target_group_arn")}]
+        if breaker:
+            tf["DeploymentConfiguration"]["DeploymentCircuitBreaker"] = {"Enable": breaker.take("enable"),
+                                                                         "Rollback": breaker.take("rollback")}
+        diffs += m.done() + [d for b in (net, lb, breaker) if b for d in b.done()]
+        diffs += compare(f"service {logical}", stack.props(logical), tf)
+    return diffs
 
 
 def target_group(stack: Stack, plan: dict[str, Any]) -> list[str]:
@@ -323,12 +381,17 @@ def _statement(st: dict[str, Any]) -> dict[str, Any]:
     return {**st, "Action": listed(st["Action"]), "Resource": listed(st["Resource"])}
 
 
+def _policy(doc: dict[str, Any]) -> dict[str, Any]:
+    return {**doc, "Statement": sorted(map(_statement, doc["Statement"]), key=lambda s: s.get("Sid", ""))}
+
+
 def roles(stack: Stack, plan: dict[str, Any]) -> list[str]:
     diffs = []
     policies = of_type(plan, "aws_iam_role_policy")
-    for logical, address in (("ExecutionRole", "aws_iam_role.execution"), ("TaskRole", "aws_iam_role.task")):
+    pairs = matched(stack, plan, "AWS::IAM::Role")
+    for logical, address in pairs:
         props = stack.props(logical)
-        m = Mapper(address, one_of(plan, address))
+        m = Mapper(address, plan[address])
         tf: dict[str, Any] = {"Description": m.take("description"),
                               "AssumeRolePolicyDocument": json.loads(m.take("assume_role_policy"))}
         diffs += m.done()
@@ -336,18 +399,58 @@ def roles(stack: Stack, plan: dict[str, Any]) -> list[str]:
         for paddress, p in policies.items():
             pm = Mapper(paddress, p)
             if str(pm.take("role")) == f"<{address}.id>":
-                doc = json.loads(pm.take("policy"))
-                tf_policies[pm.take("name")] = {**doc, "Statement": sorted(map(_statement, doc["Statement"]),
-                                                                           key=lambda s: s["Sid"])}
+                tf_policies[pm.take("name")] = _policy(json.loads(pm.take("policy")))
                 diffs += pm.done()
-        cfn_policies = {p["PolicyName"]: {**p["PolicyDocument"], "Statement": sorted(
-            map(_statement, p["PolicyDocument"]["Statement"]), key=lambda s: s["Sid"])}
-            for p in props.pop("Policies", [])}
+        cfn_policies = {p["PolicyName"]: _policy(p["PolicyDocument"]) for p in props.pop("Policies", [])}
         diffs += compare(f"{logical} policies", cfn_policies, tf_policies)
         diffs += compare(logical, props, tf)
-    known = {"<aws_iam_role.execution.id>", "<aws_iam_role.task.id>"}
+    known = {f"<{address}.id>" for _, address in pairs}
     attached = {str(p.get("role")) for p in policies.values()} - known
     return diffs + [f"policy on an unknown role {r}" for r in attached]
+
+
+def queues(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    diffs = []
+    for logical, address in matched(stack, plan, "AWS::SQS::Queue"):
+        m = Mapper(address, plan[address])
+        tf = {"SqsManagedSseEnabled": m.take("sqs_managed_sse_enabled"),
+              "MessageRetentionPeriod": m.take("message_retention_seconds"),
+              "ReceiveMessageWaitTimeSeconds": m.take("receive_wait_time_seconds"),
+              "VisibilityTimeout": m.take("visibility_timeout_seconds")}
+        diffs += m.done() + compare(f"queue {logical}", stack.props(logical), tf)
+    return diffs
+
+
+def queue_policies(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    diffs = []
+    for logical, address in matched(stack, plan, "AWS::SQS::QueuePolicy"):
+        m = Mapper(address, plan[address], ignore=())
+        tf = {"Queues": [m.take("queue_url")], "PolicyDocument": _policy(json.loads(m.take("policy")))}
+        cfn = stack.props(logical)
+        cfn["PolicyDocument"] = _policy(cfn["PolicyDocument"])
+        diffs += m.done() + compare(f"queue policy {logical}", cfn, tf)
+    return diffs
+
+
+def event_rules(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    """A rule with its targets: inline Targets in the stack, aws_cloudwatch_event_target here."""
+    diffs = []
+    targets = of_type(plan, "aws_cloudwatch_event_target")
+    pairs = matched(stack, plan, "AWS::Events::Rule")
+    for logical, address in pairs:
+        m = Mapper(address, plan[address])
+        tf_targets = []
+        for taddress, target in targets.items():
+            tm = Mapper(taddress, target, ignore=())
+            if str(tm.take("rule")) == f"<{address}.name>":
+                tf_targets.append({"Id": tm.take("target_id"), "Arn": tm.take("arn")})
+                diffs += tm.done()
+        tf = {"Description": m.take("description"), "State": m.take("state"),
+              "EventPattern": json.loads(m.take("event_pattern")), "Targets": tf_targets}
+        diffs += m.done() + compare(f"event rule {logical}", stack.props(logical), tf)
+    rules = {f"<{address}.name>" for _, address in pairs}
+    return diffs + [f"event target {a} on an unknown rule {t.get('rule')}" for a, t in targets.items()
+                    if str(t.get("rule")) not in rules]
 
 
 ALARM_FIELDS = {  # aws_cloudwatch_metric_alarm argument -> AWS::CloudWatch::Alarm property
@@ -474,7 +577,8 @@ def dashboard(nested: Stack, plan: dict[str, Any]) -> list[str]:
 COMPARED = {
     "aws_ecs_task_definition": task_definition, "aws_ecs_service": service, "aws_lb_target_group": target_group,
     "aws_lb_listener_rule": listener_rule, "aws_cloudwatch_log_group": log_groups, "aws_iam_role": roles,
-    "aws_iam_role_policy": roles,
+    "aws_iam_role_policy": roles, "aws_sqs_queue": queues, "aws_sqs_queue_policy": queue_policies,
+    "aws_cloudwatch_event_rule": event_rules, "aws_cloudwatch_event_target": event_rules,
 }
 NESTED = {"aws_cloudwatch_metric_alarm": alarms, "aws_appautoscaling_target": scaling,
           "aws_appautoscaling_policy": scaling, "aws_cloudwatch_dashboard": dashboard}
@@ -483,10 +587,44 @@ CFN_TYPES = {"AWS::ECS::TaskDefinition": "aws_ecs_task_definition", "AWS::ECS::S
              "AWS::ElasticLoadBalancingV2::TargetGroup": "aws_lb_target_group",
              "AWS::ElasticLoadBalancingV2::ListenerRule": "aws_lb_listener_rule",
              "AWS::Logs::LogGroup": "aws_cloudwatch_log_group", "AWS::IAM::Role": "aws_iam_role",
+             "AWS::SQS::Queue": "aws_sqs_queue", "AWS::SQS::QueuePolicy": "aws_sqs_queue_policy",
+             "AWS::Events::Rule": "aws_cloudwatch_event_rule",
              "AWS::CloudWatch::Alarm": "aws_cloudwatch_metric_alarm",
              "AWS::ApplicationAutoScaling::ScalableTarget": "aws_appautoscaling_target",
              "AWS::ApplicationAutoScaling::ScalingPolicy": "aws_appautoscaling_policy",
              "AWS::CloudWatch::Dashboard": "aws_cloudwatch_dashboard"}
+# Stack logical id -> the Terraform address that stands for it, for the types matched one to one (log
+# groups, policies, alarms, scaling and the dashboard are matched by name). Conditional resources are
+# [0] of a `count`: the stack creating one and the plan not (or the other way round) is a difference.
+COUNTERPARTS = {
+    "TaskDefinition": "aws_ecs_task_definition.this", "Service": "aws_ecs_service.this",
+    "TargetGroup": "aws_lb_target_group.this", "ListenerRule": "aws_lb_listener_rule.this",
+    "ExecutionRole": "aws_iam_role.execution", "TaskRole": "aws_iam_role.task",
+    "ModelSyncTaskDefinition": "aws_ecs_task_definition.modelsync[0]",
+    "ModelSyncService": "aws_ecs_service.modelsync[0]",
+    "ModelSyncTaskRole": "aws_iam_role.modelsync[0]", "ModelSyncQueue": "aws_sqs_queue.modelsync[0]",
+    "ModelSyncQueuePolicy": "aws_sqs_queue_policy.modelsync[0]",
+    "ModelSyncEventRule": "aws_cloudwatch_event_rule.modelsync[0]",
+}
+ONE_TO_ONE = ("AWS::ECS::TaskDefinition", "AWS::ECS::Service", "AWS::ElasticLoadBalancingV2::TargetGroup",
+              "AWS::ElasticLoadBalancingV2::ListenerRule", "AWS::IAM::Role", "AWS::SQS::Queue",
+              "AWS::SQS::QueuePolicy", "AWS::Events::Rule")
+
+
+def counterparts(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    """Each one-to-one stack resource the stack creates has its address in the plan, and nothing more."""
+    diffs, expected = [], set()
+    for cfn_type in ONE_TO_ONE:
+        for name in stack.resources(cfn_type):
+            if name not in COUNTERPARTS:
+                diffs.append(f"stack resource {name} ({cfn_type}) has no Terraform counterpart in this test")
+            elif COUNTERPARTS[name] not in plan:
+                diffs.append(f"stack resource {name} ({cfn_type}) exists; terraform plan has no {COUNTERPARTS[name]}")
+            expected.add(COUNTERPARTS.get(name))
+    tf_types = {CFN_TYPES[t] for t in ONE_TO_ONE}
+    diffs += [f"terraform creates {a}, which the stack does not" for a in sorted(plan)
+              if a.split(".")[0] in tf_types and a not in expected]
+    return diffs
 
 
 def differences(stack: Stack, nested: Stack, plan: dict[str, Any]) -> list[str]:
@@ -500,6 +638,7 @@ def differences(stack: Stack, nested: Stack, plan: dict[str, Any]) -> list[str]:
     tf_types = {a.split(".")[0] for a in plan}
     unknown = tf_types - set(COMPARED) - set(NESTED)
     diffs += [f"terraform resource type {t} is not compared with the stack" for t in sorted(unknown)]
+    diffs += counterparts(stack, plan)
     for fn in dict.fromkeys(COMPARED.values()):
         diffs += fn(stack, plan)
     for fn in dict.fromkeys(NESTED.values()):
@@ -539,15 +678,20 @@ def test_the_issue_resources_variables_and_outputs_exist() -> None:
     resources = {b.labels[0] for b in blocks if b.type == "resource"}
     assert resources >= {"aws_ecs_task_definition", "aws_ecs_service", "aws_lb_target_group", "aws_lb_listener_rule",
                          "aws_cloudwatch_log_group", "aws_iam_role", "aws_iam_role_policy", "aws_cloudwatch_dashboard",
-                         "aws_cloudwatch_metric_alarm", "aws_appautoscaling_target", "aws_appautoscaling_policy"}
+                         "aws_cloudwatch_metric_alarm", "aws_appautoscaling_target", "aws_appautoscaling_policy",
+                         "aws_sqs_queue", "aws_sqs_queue_policy", "aws_cloudwatch_event_rule",
+                         "aws_cloudwatch_event_target"}
     assert set(variables()) >= {
         "cluster_name", "service_name", "vpc_id", "subnet_ids", "security_group_ids", "listener_arn", "triton_image",
         "exporter_image", "log_router_image", "namespace", "log_group_prefix", "log_retention_days", "desired_count",
         "min_capacity", "max_capacity", "failure_threshold", "latency_slo_microseconds", "gpu_memory_threshold",
-        "gpu_scale_out_utilization", "gpu_scale_in_utilization", "load_success_rate_threshold", "alarm_topic_arn"}
+        "gpu_scale_out_utilization", "gpu_scale_in_utilization", "load_success_rate_threshold", "alarm_topic_arn",
+        "model_sync_bucket_name", "model_sync_prefix", "model_sync_host_path", "model_sync_triton_url"}
     outputs = {b.labels[0] for b in blocks if b.type == "output"}
     assert outputs >= {"service_name", "dashboard_name", "log_groups", "task_role_arn", "execution_role_arn",
-                       "alarm_names", "task_definition_arn"}
+                       "alarm_names", "task_definition_arn", "model_sync_service_name", "model_sync_queue_url",
+                       "model_sync_queue_arn", "model_sync_task_role_arn", "model_sync_log_group",
+                       "model_sync_task_definition_arn"}
     # What the issue names in the task definition, as the plan has it.
     plan = module_for(VALUES).plan()
     td = plan["aws_ecs_task_definition.this"]
@@ -559,6 +703,22 @@ def test_the_issue_resources_variables_and_outputs_exist() -> None:
     assert triton["healthCheck"]["command"][:3] == ["CMD", "python3", "/opt/triton-health/health.py"]
     assert containers["log_router"]["firelensConfiguration"]["type"] == "fluentbit"
     assert plan["aws_ecs_service.this"]["launch_type"] == "EC2"
+    # Model sync: none of it by default (every output null), all of it with a bucket.
+    model_sync_outputs = {k: v for k, v in module_for(VALUES).outputs().items() if k.startswith("model_sync_")}
+    assert model_sync_outputs and all(v is None for v in model_sync_outputs.values())
+    on = module_for(VALUES | {"ModelSyncBucketName": "example-models"})
+    outputs = on.outputs()
+    assert outputs["model_sync_service_name"] == "triton-modelsync"
+    assert outputs["model_sync_queue_url"] == Unknown("aws_sqs_queue.modelsync[0].url")
+    assert outputs["model_sync_task_role_arn"] == Unknown("aws_iam_role.modelsync[0].arn")
+    assert outputs["log_groups"]["modelsync"] == outputs["model_sync_log_group"] == "/ecs/triton/modelsync"
+    plan = on.plan()
+    td = plan["aws_ecs_task_definition.modelsync[0]"]
+    (daemon,) = json.loads(td["container_definitions"])
+    assert daemon["readonlyRootFilesystem"] is True and td["network_mode"] == "host"
+    env = {e["name"]: e["value"] for e in daemon["environment"]}
+    assert env["MODELSYNC_QUEUE_URL"] == "<aws_sqs_queue.modelsync[0].url>"
+    assert env["MODELSYNC_BUCKET"] == "example-models"
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -577,6 +737,12 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
     if scenario == "defaults":
         assert len(of_type(plan, "aws_cloudwatch_metric_alarm")) == len(alarm_specs(Options(catalog=CATALOG)))
         assert len(of_type(plan, "aws_appautoscaling_policy")) == len(SCALING_ACTIONS)
+        assert not [a for a in plan if ".modelsync" in a]  # no bucket: none of the model sync
+    if scenario.startswith("modelsync"):
+        assert len([a for a in plan if ".modelsync[0]" in a]) == len(MODELSYNC_RESOURCES) + 2  # + target, policy
+        assert plan["aws_ecs_service.modelsync[0]"]["scheduling_strategy"] == "DAEMON"
+        (volume,) = plan["aws_ecs_task_definition.this"]["volume"]  # the sync directory replaced the host path
+        assert volume == {"name": "modelsync", "host_path": params.get("ModelSyncHostPath", "/opt/triton-models")}
 
 
 def test_the_dashboard_with_the_defaults_is_the_committed_one() -> None:
@@ -591,13 +757,16 @@ def _copy_module(tmp: Path) -> Path:
     """The module with the files it reads, at the same relative places, to edit without touching the repository."""
     tmp.mkdir(parents=True, exist_ok=True)
     shutil.copytree(TF, tmp / "deploy" / "terraform")
-    shutil.copy(ROOT / "deploy" / "task-definition.json", tmp / "deploy" / "task-definition.json")
+    for name in ("task-definition.json", "modelsync-task-definition.json"):
+        shutil.copy(ROOT / "deploy" / name, tmp / "deploy" / name)
     (tmp / "dashboards").mkdir()
     shutil.copy(ROOT / "dashboards" / "triton.json.tftpl", tmp / "dashboards" / "triton.json.tftpl")
     return tmp / "deploy" / "terraform"
 
 
-@pytest.mark.parametrize(("path", "old", "new", "expect"), [
+# Edits to copies of the module and the files it reads, and the difference each must make. The model-sync
+# ones are compared with model sync on and every parameter of it changed.
+DRIFTS = [
     ("main.tf", "deregistration_delay = 30", "deregistration_delay = 31", "target group.TargetGroupAttributes"),
     ("iam.tf", '"logs:PutRetentionPolicy", ', "", "TaskRole policies"),
     ("logs.tf", '"metrics", ', "", "log groups"),
@@ -608,15 +777,43 @@ def _copy_module(tmp: Path) -> Path:
     ("alarms.tf.json", '"metric_interval_upper_bound": 0', '"metric_interval_upper_bound": 5',
      "scaling policy triton-gpu-scale-in"),
     ("../../dashboards/triton.json.tftpl", '"period": 60', '"period": 300', "dashboards differ"),
-])
-def test_a_drifted_module_fails_the_comparison(template, alarms_template, tmp_path: Path, path: str, old: str,
-                                               new: str, expect: str) -> None:
+    # A model-sync resource created without a bucket, where the stack creates none.
+    ("modelsync.tf", "count       = local.model_sync ? 1 : 0\n  description = \"Object",
+     "count       = 1\n  description = \"Object", "terraform creates aws_cloudwatch_event_rule.modelsync[0]"),
+]
+MODELSYNC_DRIFTS = [
+    ("modelsync.tf", 'Action    = "sqs:SendMessage"', 'Action    = "sqs:*"', "queue policy ModelSyncQueuePolicy"),
+    ("modelsync.tf", "host_path = var.model_sync_host_path", 'host_path = "/opt/triton-models"',
+     "task definition ModelSyncTaskDefinition.volumes"),
+    ("main.tf", "host_path = var.model_sync_host_path", 'host_path = "/opt/triton-models"',
+     "task definition TaskDefinition.volumes"),
+    ("modelsync.tf", '"s3:GetObjectVersionTagging"', '"s3:PutObject"', "ModelSyncTaskRole policies"),
+    ("modelsync.tf", '"${var.model_sync_prefix}*"', '"*"', "ModelSyncTaskRole policies"),
+    ("iam.tf", 'Sid      = "ModelSyncOwnLogs"', 'Sid      = "ModelSyncLogs"', "ExecutionRole policies"),
+    ("modelsync.tf", "prefix = var.model_sync_prefix", 'prefix = ""', "event rule ModelSyncEventRule.EventPattern"),
+    ("modelsync.tf", 'target_id = "modelsync-queue"', 'target_id = "queue"', "event rule ModelSyncEventRule.Targets"),
+    ("modelsync.tf", "receive_wait_time_seconds  = 20", "receive_wait_time_seconds  = 0",
+     "queue ModelSyncQueue.ReceiveMessageWaitTimeSeconds"),
+    ("modelsync.tf", 'scheduling_strategy = "DAEMON"', 'scheduling_strategy = "REPLICA"',
+     "service ModelSyncService.SchedulingStrategy"),
+    ("modelsync.tf", "TRITON_URL          = var.model_sync_triton_url",
+     'TRITON_URL          = "http://localhost:8000"', "container modelsync.environment"),
+    ("../modelsync-task-definition.json", '"stopTimeout": 60', '"stopTimeout": 30', "container modelsync.stopTimeout"),
+    ("main.tf", '"--model-control-mode=explicit --load-model=*"', '"--model-control-mode=explicit"',
+     "container triton-server.command"),
+]
+
+
+@pytest.mark.parametrize(("scenario", "path", "old", "new", "expect"),
+                         [("renamed", *d) for d in DRIFTS] + [("modelsync-renamed", *d) for d in MODELSYNC_DRIFTS])
+def test_a_drifted_module_fails_the_comparison(template, alarms_template, tmp_path: Path, scenario: str, path: str,
+                                               old: str, new: str, expect: str) -> None:
     module_dir = _copy_module(tmp_path)
     target = (module_dir / path).resolve()
     text = target.read_text()
     assert old in text, (path, old)
     target.write_text(text.replace(old, new, 1))
-    params = VALUES | SCENARIOS["renamed"]
+    params = VALUES | SCENARIOS["renamed"] | SCENARIOS[scenario]
     stack, nested = stacks_for(template, alarms_template, params)
     assert differences(stack, nested, module_for(params, _copy_module(tmp_path / "clean")).plan()) == []
     diffs = differences(stack, nested, module_for(params, module_dir).plan())
@@ -638,6 +835,25 @@ def test_a_drifted_stack_fails_the_comparison(template, alarms_template) -> None
     assert any("PlacementConstraints" in d for d in diffs), diffs
     assert any("Queue (AWS::SQS::Queue) has no Terraform counterpart" in d for d in diffs), diffs
     assert any(d.startswith("alarm triton-exporter-heartbeat-missing.Threshold") for d in diffs), diffs
+
+
+def test_a_drifted_stack_fails_the_comparison_with_model_sync(template, alarms_template) -> None:
+    params = VALUES | SCENARIOS["modelsync-renamed"]
+    plan = module_for(params).plan()
+    t = copy.deepcopy(template)
+    t["Resources"]["ModelSyncQueue"]["Properties"]["VisibilityTimeout"] = 30
+    t["Resources"]["ModelSyncTaskDefinition"]["Properties"]["ContainerDefinitions"][0]["Cpu"] = 512
+    stack, nested = stacks_for(t, alarms_template, params)
+    diffs = differences(stack, nested, plan)
+    assert any(d.startswith("queue ModelSyncQueue.VisibilityTimeout") for d in diffs), diffs
+    assert any(d.startswith("container modelsync.cpu") for d in diffs), diffs
+    # A resource the stack creates without a bucket, where the module creates none.
+    t = copy.deepcopy(template)
+    del t["Resources"]["ModelSyncEventRule"]["Condition"]
+    stack, nested = stacks_for(t, alarms_template, VALUES)
+    diffs = differences(stack, nested, module_for(VALUES).plan())
+    assert any(d.startswith("stack resource ModelSyncEventRule (AWS::Events::Rule) exists; terraform plan has no")
+               for d in diffs), diffs
 
 
 def test_a_rich_render_is_the_same_in_both(tmp_path: Path) -> None:
@@ -744,6 +960,14 @@ def test_evaluator_refuses_what_terraform_would(tmp_path: Path) -> None:
     (module_dir / "typo.tf").write_text('output "x" {\n  value = base64encode("x")\n}\n')
     with pytest.raises(TfError, match="not implemented"):
         module_for(VALUES, module_dir).outputs()
+    (module_dir / "typo.tf").write_text('output "x" {\n  value = replace("a1", "/[0-9]/", "")\n}\n')
+    with pytest.raises(TfError, match="regular expression"):  # Terraform's regex form: refused, not taken literally
+        module_for(VALUES, module_dir).outputs()
+    (module_dir / "typo.tf").write_text('output "x" {\n  value = replace("a/1/", "/1/", "")\n}\n')
+    with pytest.raises(TfError, match="regular expression"):
+        module_for(VALUES, module_dir).outputs()
+    (module_dir / "typo.tf").write_text('output "x" {\n  value = replace("a.b.c", ".", "-")\n}\n')
+    assert module_for(VALUES, module_dir).outputs()["x"] == "a-b-c"
 
 
 # --- the example root module -----------------------------------------------------------------
@@ -764,6 +988,24 @@ def test_example_root_module_plans_with_its_tfvars() -> None:
     assert outputs["alarm_names"]["exporter-heartbeat-missing"] == "triton-exporter-heartbeat-missing"
     alarm = plan["module.triton.aws_cloudwatch_metric_alarm.exporter_heartbeat_missing"]
     assert alarm["alarm_actions"] == [values["alarm_topic_arn"]]
+    assert not [a for a in plan if ".modelsync" in a] and outputs["model_sync_service_name"] is None
+
+
+def test_example_root_module_with_model_sync_uncommented() -> None:
+    text = (EXAMPLES / "terraform.tfvars.example").read_text()
+    line = re.search(r"^# (model_sync_bucket\s*=.*)$", text, re.M)
+    assert line, "terraform.tfvars.example shows no model_sync_bucket line to uncomment"
+    root = Module(EXAMPLES, hcl(EXAMPLES / "terraform.tfvars.example") | hcl(line.group(1) + "\n"), DATA)
+    plan = root.plan()
+    svc = plan["module.triton.aws_ecs_service.modelsync[0]"]
+    assert (svc["scheduling_strategy"], svc["name"], svc["cluster"]) == ("DAEMON", "triton-modelsync", "my-gpu-cluster")
+    rule = json.loads(plan["module.triton.aws_cloudwatch_event_rule.modelsync[0]"]["event_pattern"])
+    assert rule["detail"] == {"bucket": {"name": ["my-models"]}, "object": {"key": [{"prefix": "triton/"}]}}
+    containers = {c["name"]: c for c in json.loads(plan["module.triton.aws_ecs_task_definition.this"]
+                                                    ["container_definitions"])}
+    assert "--model-control-mode=explicit" in containers["triton-server"]["command"][-1]
+    # The evaluator names an unknown by its address inside the module.
+    assert root.outputs()["model_sync_queue_url"] == Unknown("aws_sqs_queue.modelsync[0].url")
 
 
 # --- documentation and checkov ---------------------------------------------------------------

@@ -1008,6 +1008,13 @@ def _string_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapped
 
 
+def _replace(text: str, substring: str, replacement: str) -> str:
+    """Terraform's replace() with a literal substring; its /regex/ form is refused, not guessed."""
+    if len(substring) >= 2 and substring.startswith("/") and substring.endswith("/"):
+        raise TfError("replace() with a /regular expression/ is not implemented by this evaluator")
+    return text.replace(substring, replacement)
+
+
 def _alltrue(items: list[Any]) -> bool:
     if not all(isinstance(i, bool) for i in items):
         raise TfError("alltrue() takes bools")
@@ -1035,6 +1042,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "toset": _toset,
     "trimprefix": _string_fn(lambda s, p: s[len(p):] if s.startswith(p) else s),
     "trimsuffix": _string_fn(lambda s, p: s[: -len(p)] if p and s.endswith(p) else s),
+    "replace": _string_fn(_replace),
     "alltrue": _alltrue,
     "contains": _contains,
 }

@@ -22,7 +22,8 @@ locals {
   ])
 }
 
-# The ECS agent: pull the three images, write the log router's own awslogs group.
+# The ECS agent: pull the three images, write the log router's own awslogs group (and, with model
+# sync, the daemon's: its stdout is EMF, its stderr JSON log lines).
 resource "aws_iam_role" "execution" {
   description        = "ECS agent for the Triton task - pull the three images, write the log router's own awslogs group"
   assume_role_policy = local.ecs_tasks_trust
@@ -34,7 +35,7 @@ resource "aws_iam_role_policy" "execution" {
   role = aws_iam_role.execution.id
   policy = jsonencode({
     Version = "2012-10-17"
-    Statement = [
+    Statement = concat([
       # ecr:GetAuthorizationToken has no resource-level permissions (the Service Authorization
       # Reference lists no resource type for it); the token alone grants no repository access.
       { Sid = "EcrAuthToken", Effect = "Allow", Action = "ecr:GetAuthorizationToken", Resource = "*" },
@@ -50,7 +51,15 @@ resource "aws_iam_role_policy" "execution" {
         Action   = ["logs:CreateLogStream", "logs:PutLogEvents"]
         Resource = "${local.log_group_arns["log-router"]}:*"
       },
-    ]
+      ],
+      # The modelsync daemon's awslogs group, with model sync only (no instance: no statement).
+      [for group in aws_cloudwatch_log_group.modelsync : {
+        Sid      = "ModelSyncOwnLogs"
+        Effect   = "Allow"
+        Action   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+        Resource = "arn:${local.partition}:logs:${local.region}:${local.account_id}:log-group:${group.name}:*"
+      }],
+    )
   })
 }
 

@@ -5,6 +5,7 @@
 # Nothing here is written twice:
 # - the containers are deploy/task-definition.json's, decoded and patched below with this
 #   deployment's images, namespace, log prefix and router log group (the stack does the same);
+#   the model-sync daemon's are deploy/modelsync-task-definition.json's (modelsync.tf);
 # - the alarms, the GPU step scaling and their variables are alarms.tf.json, and the dashboard
 #   body is ../../dashboards/triton.json.tftpl, both written by `python -m exporter render`
 #   from the metric catalog.
@@ -19,19 +20,25 @@ locals {
   partition  = data.aws_partition.current.partition
   family     = var.task_family != "" ? var.task_family : "${var.cluster_name}-${var.service_name}"
 
-  # The file's ${...} placeholders. Their values land inside JSON strings, so they are JSON-escaped.
-  # The image tags are parts of the image URIs, which the patch below replaces whole.
-  task_definition = jsondecode(templatefile("${path.module}/../task-definition.json", {
+  # The ${...} placeholders of both task definition files (templatefile() takes extra names).
+  # Their values land inside JSON strings, so they are JSON-escaped. The image tags are parts of
+  # the image URIs, which the patches replace whole; the queue URL is known only after apply, so
+  # modelsync.tf patches it in, and the task definitions' shape stays known at plan time.
+  template_vars = {
     for name, value in {
-      AccountId       = local.account_id
-      Region          = local.region
-      ModelRepository = var.model_repository
-      ExpectGpu       = var.expect_gpu
-      TritonTag       = ""
-      ExporterTag     = ""
-      LogRouterTag    = ""
+      AccountId           = local.account_id
+      Region              = local.region
+      ModelRepository     = var.model_repository
+      ExpectGpu           = var.expect_gpu
+      TritonTag           = ""
+      ExporterTag         = ""
+      LogRouterTag        = ""
+      ModelSyncBucketName = var.model_sync_bucket_name
+      ModelSyncPrefix     = var.model_sync_prefix
+      ModelSyncQueueUrl   = ""
     } : name => trimsuffix(trimprefix(jsonencode(value), "\""), "\"")
-  }))
+  }
+  task_definition = jsondecode(templatefile("${path.module}/../task-definition.json", local.template_vars))
 
   # What this deployment changes in each container of the file.
   images = {
@@ -40,7 +47,8 @@ locals {
     "log_router"    = var.log_router_image
   }
   environment = {
-    "triton-server" = {}
+    # With model sync, Triton serves the daemon's repository (one source: the daemon's file).
+    "triton-server" = { for key, value in { MODEL_REPOSITORY = local.daemon_environment.MODELSYNC_REPOSITORY } : key => value if local.model_sync }
     "exporter"      = { AWS_EMF_NAMESPACE = var.namespace }
     "log_router" = {
       TRITON_LOG_GROUP_PREFIX   = var.log_group_prefix
@@ -49,14 +57,35 @@ locals {
   }
   model_volume = "model-repository"
   router       = one([for c in local.task_definition.containerDefinitions : c if c.name == "log_router"])
+  triton       = one([for c in local.task_definition.containerDefinitions : c if c.name == "triton-server"])
+  # Where the explicit-mode flags go in Triton's shell command (after the repository flag).
+  triton_repository_flag = "--model-repository=\"$MODEL_REPOSITORY\""
+  explicit_model_control = "--model-control-mode=explicit --load-model=*"
+  # The task's one host volume: the model-sync directory (repository/ and store/) with model sync,
+  # else model_repository_host_path, else none.
+  host_volumes = local.model_sync ? [{ name = local.daemon_volume.name, host_path = var.model_sync_host_path }] : (
+    var.model_repository_host_path == "" ? [] : [{ name = local.model_volume, host_path = var.model_repository_host_path }]
+  )
   patches = {
-    # The host directory, read-only at the repository path, when there is one. (An object `for`
-    # with an `if` keeps or drops the key; a conditional could not return two object shapes.)
-    "triton-server" = {
-      for key, value in {
-        mountPoints = [{ sourceVolume = local.model_volume, containerPath = var.model_repository, readOnly = true }]
-      } : key => value if var.model_repository_host_path != ""
-    }
+    # With model sync: explicit model control (modelsync loads each model after its link flip;
+    # --load-model=* loads what the repository links to when Triton starts), and the daemon's whole
+    # directory read-only at the daemon's mount path, as the repository's relative links point into
+    # store/ beside it. Else the host directory, read-only at the repository path, when there is
+    # one. (An object `for` with an `if` keeps or drops the key; a conditional could not return two
+    # object shapes.)
+    "triton-server" = merge(
+      {
+        for key, value in {
+          mountPoints = [{ sourceVolume = local.model_volume, containerPath = var.model_repository, readOnly = true }]
+        } : key => value if var.model_repository_host_path != "" && !local.model_sync
+      },
+      {
+        for key, value in {
+          command     = [for i, arg in local.triton.command : i == length(local.triton.command) - 1 ? replace(arg, local.triton_repository_flag, "${local.triton_repository_flag} ${local.explicit_model_control}") : arg]
+          mountPoints = [{ sourceVolume = local.daemon_volume.name, containerPath = local.daemon_mount.containerPath, readOnly = true }]
+        } : key => value if local.model_sync
+      },
+    )
     "exporter" = {}
     # The module creates the router's own group, so its awslogs driver creates none (and the
     # execution role has no logs:CreateLogGroup).
@@ -91,10 +120,10 @@ resource "aws_ecs_task_definition" "this" {
   container_definitions    = jsonencode(local.containers)
 
   dynamic "volume" {
-    for_each = var.model_repository_host_path == "" ? [] : [var.model_repository_host_path]
+    for_each = local.host_volumes
     content {
-      name      = local.model_volume
-      host_path = volume.value
+      name      = volume.value.name
+      host_path = volume.value.host_path
     }
   }
 

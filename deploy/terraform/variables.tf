@@ -141,6 +141,48 @@ variable "expect_gpu" {
   default     = ""
 }
 
+# --- model sync (optional; docs/modelsync.md) ---------------------------------------------
+
+variable "model_sync_bucket_name" {
+  type        = string
+  description = "Bucket of <prefix><model>.zip archives that modelsync installs on every GPU instance; empty: no model sync (Triton serves model_repository as before). The bucket must send events to EventBridge"
+  default     = ""
+  validation {
+    condition     = can(regex("^([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])?$", var.model_sync_bucket_name))
+    error_message = "The model_sync_bucket_name must be an S3 bucket name (3-63 lowercase letters, digits, . or -), or empty."
+  }
+}
+
+variable "model_sync_prefix" {
+  type        = string
+  description = "Key prefix of the archives, used literally (e.g. models/); empty for the whole bucket"
+  default     = ""
+  validation {
+    condition     = can(regex("^([^/*][^*]{0,500})?$", var.model_sync_prefix))
+    error_message = "The model_sync_prefix must not start with / and must not contain *."
+  }
+}
+
+variable "model_sync_host_path" {
+  type        = string
+  description = "Directory on each GPU instance's local disk holding repository/ and store/ (one filesystem), writable by uid 10001; mounted at /mnt/triton in modelsync (read-write) and Triton (read-only)"
+  default     = "/opt/triton-models"
+  validation {
+    condition     = can(regex("^/[A-Za-z0-9_./-]*$", var.model_sync_host_path))
+    error_message = "The model_sync_host_path must be an absolute path (letters, digits, _ . / -)."
+  }
+}
+
+variable "model_sync_triton_url" {
+  type        = string
+  description = "Triton HTTP endpoint as the daemon (host network) reaches it on its own instance: localhost:8000 when Triton publishes its port on the instance; see docs/modelsync.md for awsvpc tasks"
+  default     = "http://localhost:8000"
+  validation {
+    condition     = can(regex("^https?://[A-Za-z0-9.:\\[\\]-]+(:[0-9]+)?$", var.model_sync_triton_url))
+    error_message = "The model_sync_triton_url must be http(s)://HOST[:PORT]."
+  }
+}
+
 # --- capacity ----------------------------------------------------------------------------
 
 variable "desired_count" {

@@ -1,11 +1,12 @@
 # A root module that deploys ../ (the Triton task, service, logs, IAM, alarms, dashboard and
-# GPU scaling) into an existing GPU cluster behind an existing ALB listener.
+# GPU scaling, and with model_sync_bucket the modelsync daemon, its queue, rule and role) into an
+# existing GPU cluster behind an existing ALB listener.
 #
 #   cp terraform.tfvars.example terraform.tfvars   # then fill in your cluster, network and images
 #   terraform init && terraform plan -out triton.plan && terraform apply triton.plan
 #
-# The module reads deploy/task-definition.json and dashboards/triton.json.tftpl by relative
-# path, so use it from a checkout of the repository (or a git source of the whole repository
+# The module reads deploy/task-definition.json, deploy/modelsync-task-definition.json and
+# dashboards/triton.json.tftpl by relative path, so use it from a checkout of the repository (or a git source of the whole repository
 # with `//deploy/terraform`), not from a copy of deploy/terraform alone.
 #
 # Not run here: `terraform validate` and `plan` need the Terraform binary and the AWS provider,
@@ -65,6 +66,18 @@ variable "model_bucket" {
   description = "S3 bucket of the model repository"
 }
 
+variable "model_sync_bucket" {
+  type        = string
+  description = "Bucket of <prefix><model>.zip archives modelsync installs on every GPU instance (docs/modelsync.md); empty: no model sync"
+  default     = ""
+}
+
+variable "model_sync_prefix" {
+  type        = string
+  description = "Key prefix of the model archives in model_sync_bucket"
+  default     = "triton/"
+}
+
 variable "alarm_topic_arn" {
   type        = string
   description = "SNS topic for the alarms; empty for none"
@@ -94,6 +107,11 @@ module "triton" {
   model_bucket_name = var.model_bucket
   expect_gpu        = "A10G|L4"
 
+  # With a bucket: the modelsync daemon on every GPU instance, and Triton in explicit model-control
+  # mode over the instance's /opt/triton-models (which must exist, owned by uid 10001).
+  model_sync_bucket_name = var.model_sync_bucket
+  model_sync_prefix      = var.model_sync_prefix
+
   desired_count   = 1
   min_capacity    = 1
   max_capacity    = 4
@@ -116,4 +134,12 @@ output "dashboard_name" {
 
 output "alarm_names" {
   value = module.triton.alarm_names
+}
+
+output "model_sync_service_name" {
+  value = module.triton.model_sync_service_name
+}
+
+output "model_sync_queue_url" {
+  value = module.triton.model_sync_queue_url
 }
