@@ -57,8 +57,15 @@ def main() -> int:
     bucket = "bench-models"
     s3.create_bucket(Bucket=bucket)
     s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
-    settings = Settings(bucket=bucket, repository=root / "repo", store=root / "store", triton_url=triton.url,
-                        output=Output("file", path=str(root / "emf.log")), min_free_bytes=0, host="bench")
+    settings = Settings(
+        bucket=bucket,
+        repository=root / "repo",
+        store=root / "store",
+        triton_url=triton.url,
+        output=Output("file", path=str(root / "emf.log")),
+        min_free_bytes=0,
+        host="bench",
+    )
     app = build(settings, s3_client=s3)
     ours: dict[str, list[float]] = {p: [] for p in (*PHASES, "total", "upload_to_ready")}
     ref: dict[str, list[float]] = {"download": [], "extract": [], "total": [], "durable": []}
@@ -111,8 +118,9 @@ def main() -> int:
             done = time.perf_counter()
             assert report.outcomes["bench"].in_sync, report.outcomes["bench"]
             assert os.readlink(root / "repo" / "bench").endswith(sha(data))
-            attempt = [json.loads(line) for line in (root / "emf.log").read_bytes().splitlines()
-                       if b'"SyncAttempts"' in line][-1]
+            attempt = [
+                json.loads(line) for line in (root / "emf.log").read_bytes().splitlines() if b'"SyncAttempts"' in line
+            ][-1]
             for p in PHASES:
                 ours[p].append(attempt[f"Sync{p.title()}Time"] / 1000)
             ours["total"].append(done - uploaded)
@@ -125,8 +133,10 @@ def main() -> int:
     def fmt(values: list[float]) -> str:
         return f"{statistics.median(values) * 1000:9.1f} {min(values) * 1000:9.1f} {max(values) * 1000:9.1f}"
 
-    print(f"archive {size / 1e6:.1f} MB ({args.weights_mib} MiB weights + config + model.py), "
-          f"{args.rounds} rounds, ms: median / min / max")
+    print(
+        f"archive {size / 1e6:.1f} MB ({args.weights_mib} MiB weights + config + model.py), "
+        f"{args.rounds} rounds, ms: median / min / max"
+    )
     print(f"{'':38s}{'median':>9s} {'min':>9s} {'max':>9s}")
     for p in PHASES:
         print(f"  modelsync {p:27s} {fmt(ours[p])}")
@@ -137,8 +147,10 @@ def main() -> int:
     print(f"  reference download + extract             {fmt(ref['total'])}")
     print(f"  reference + sha256 + fsync of every file {fmt(ref['durable'])}")
     dl_ex = [sum(v) for v in zip(ours["download"], ours["verify"], ours["extract"], ours["swap"], strict=True)]
-    print(f"  modelsync download+verify+extract+swap   {fmt(dl_ex)}  "
-          f"({statistics.median(dl_ex) / statistics.median(ref['total']):.2f}x the reference)")
+    print(
+        f"  modelsync download+verify+extract+swap   {fmt(dl_ex)}  "
+        f"({statistics.median(dl_ex) / statistics.median(ref['total']):.2f}x the reference)"
+    )
     return 0
 
 

@@ -86,8 +86,14 @@ def _ours(models: int, repeat: int, workdir: Path) -> dict:
         times.append(time.perf_counter() - start)
         events, size = len(result.events), sum(map(len, result.events))
         model_bytes = sum(len(e) for e in result.events if b'"version":' in e)
-    return {"ms": statistics.median(times) * 1e3, "rss_mb": _rss_mb(), "events": events, "emf_kb": size / 1024,
-            "body_kb": source.paths[0].stat().st_size / 1024, "model_bytes": model_bytes / max(models, 1)}
+    return {
+        "ms": statistics.median(times) * 1e3,
+        "rss_mb": _rss_mb(),
+        "events": events,
+        "emf_kb": size / 1024,
+        "body_kb": source.paths[0].stat().st_size / 1024,
+        "model_bytes": model_bytes / max(models, 1),
+    }
 
 
 def _reference(models: int, repeat: int, workdir: Path) -> dict:
@@ -123,8 +129,13 @@ def _rss_mb() -> float:
 
 
 def _child(kind: str, models: int, repeat: int, workdir: Path) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", kind, str(models), str(repeat), str(workdir)],
-                         capture_output=True, text=True, check=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", kind, str(models), str(repeat), str(workdir)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
     return json.loads(out.stdout)
 
 
@@ -137,8 +148,11 @@ def _write_payloads(models: int, repeat: int, workdir: Path, llm: bool = False) 
     for step in range(1, repeat + 2):
         text = triton_metrics(names, step=step, gpus=["GPU-0"])
         if llm:
-            text += (first_response_metrics(names, step) + llm_metrics(half, step, "vllm")
-                     + llm_metrics(names[models // 2:], step, "tensorrt_llm"))
+            text += (
+                first_response_metrics(names, step)
+                + llm_metrics(half, step, "vllm")
+                + llm_metrics(names[models // 2 :], step, "tensorrt_llm")
+            )
         (workdir / f"metrics-{step:04d}.txt").write_text(text)
 
 
@@ -146,13 +160,16 @@ def _row(label: str, n: int, rounds: int, repeat: int, llm: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         _write_payloads(n, repeat, Path(tmp), llm)
         # Alternate the two, best of --rounds each: the machine is shared and noisy.
-        runs = [(_child("ours", n, repeat, Path(tmp)), _child("reference", n, repeat, Path(tmp)))
-                for _ in range(rounds)]
+        runs = [
+            (_child("ours", n, repeat, Path(tmp)), _child("reference", n, repeat, Path(tmp))) for _ in range(rounds)
+        ]
         ours = min((o for o, _ in runs), key=lambda r: r["ms"])
         ref = min((r for _, r in runs), key=lambda r: r["ms"])
-    print(f"{label:>5} {n:>6} {ours['body_kb']:>8.0f} {ours['events']:>6} {ours['emf_kb']:>7.0f} "
-          f"{ours['model_bytes']:>9.0f} {ours['ms']:>8.1f} {ref['ms']:>8.1f} {ref['ms'] / ours['ms']:>6.1f} "
-          f"{ours['rss_mb']:>11.1f} {ref['rss_mb']:>11.1f}")
+    print(
+        f"{label:>5} {n:>6} {ours['body_kb']:>8.0f} {ours['events']:>6} {ours['emf_kb']:>7.0f} "
+        f"{ours['model_bytes']:>9.0f} {ours['ms']:>8.1f} {ref['ms']:>8.1f} {ref['ms'] / ours['ms']:>6.1f} "
+        f"{ours['rss_mb']:>11.1f} {ref['rss_mb']:>11.1f}"
+    )
 
 
 def _parser_rows(repeat: int, rounds: int) -> None:
@@ -177,11 +194,18 @@ def _startup(rounds: int) -> None:
     bare = best("pass")
     main = best("import exporter.__main__")
     requests = best("import requests")
-    loaded = subprocess.run([sys.executable, "-c", "import sys, exporter.__main__; print('requests' in sys.modules)"],
-                            check=True, cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    print(f"\nstart-up (best of {max(5, rounds * 3)} fresh processes): python -c pass {bare:.0f} ms; "
-          f"import exporter.__main__ {main:.0f} ms (+{main - bare:.0f}); import requests alone {requests:.0f} ms "
-          f"(+{requests - bare:.0f}); requests imported at start-up: {loaded}")
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, exporter.__main__; print('requests' in sys.modules)"],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    print(
+        f"\nstart-up (best of {max(5, rounds * 3)} fresh processes): python -c pass {bare:.0f} ms; "
+        f"import exporter.__main__ {main:.0f} ms (+{main - bare:.0f}); import requests alone {requests:.0f} ms "
+        f"(+{requests - bare:.0f}); requests imported at start-up: {loaded}"
+    )
 
 
 def main() -> None:
@@ -198,8 +222,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    print(f"{'body':>5} {'models':>6} {'body KB':>8} {'events':>6} {'EMF KB':>7} {'B/model':>9} {'ours ms':>8} "
-          f"{'prom ms':>8} {'ratio':>6} {'ours RSS MB':>11} {'prom RSS MB':>11}")
+    print(
+        f"{'body':>5} {'models':>6} {'body KB':>8} {'events':>6} {'EMF KB':>7} {'B/model':>9} {'ours ms':>8} "
+        f"{'prom ms':>8} {'ratio':>6} {'ours RSS MB':>11} {'prom RSS MB':>11}"
+    )
     for n in args.models:
         _row("core", n, args.rounds, args.repeat, llm=False)
     for n in args.llm_models:

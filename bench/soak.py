@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycles", type=int, default=10_000)
     ap.add_argument("--models", type=int, default=50)
     ap.add_argument("--churn-every", type=int, default=5)
-    ap.add_argument("--pool", type=int, default=0,
-                    help="names come back from a pool of this many (0: every newcomer is a new name)")
+    ap.add_argument(
+        "--pool", type=int, default=0, help="names come back from a pool of this many (0: every newcomer is a new name)"
+    )
     ap.add_argument("--warmup", type=int, default=1000)
     ap.add_argument("--http", action="store_true", help="scrape a loopback HTTP server with the real sources")
     ap.add_argument("--max-growth-mb", type=float, default=5.0)
@@ -142,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         server = serve(churn)
         url = f"http://127.0.0.1:{server.server_address[1]}"
         parser = Parser(CATALOG.wanted_samples())
-        sources = [TritonMetricsSource(url + "/metrics", parser, 1.0, settings.max_body_bytes),
-                   TritonIndexSource(url, 1.0, settings.max_body_bytes)]
+        sources = [
+            TritonMetricsSource(url + "/metrics", parser, 1.0, settings.max_body_bytes),
+            TritonIndexSource(url, 1.0, settings.max_body_bytes),
+        ]
     else:
         sources = [ChurnSource(churn), ChurnIndex(churn)]
     pipe = Pipeline(settings, CATALOG, sources)
@@ -177,16 +180,21 @@ def main(argv: list[str] | None = None) -> int:
     from exporter import emf
 
     parser = sources[0].parser
-    caches = (f"parser label cache {len(parser._cache)} blocks / {len(parser._interned)} label sets, "
-              f"dimension-value cache {len(emf._SAFE_CACHE)}")
+    caches = (
+        f"parser label cache {len(parser._cache)} blocks / {len(parser._interned)} label sets, "
+        f"dimension-value cache {len(emf._SAFE_CACHE)}"
+    )
     growth = rss_end - rss_warm
-    print(f"soak: {args.cycles} cycles in {seconds:.1f} s ({1000 * seconds / args.cycles:.2f} ms/cycle), "
-          f"{'loopback HTTP' if args.http else 'fixed-text'} source, {args.models} live models, "
-          f"{distinct} distinct over the run, {events / 1e6:.1f} MB of EMF")
-    print(f"RSS start {rss_start:.1f} MB, after {args.warmup} warm-up cycles {rss_warm:.1f} MB, "
-          f"end {rss_end:.1f} MB (growth after warm-up {growth:+.1f} MB)")
-    print(f"state size: max {state_max} series, largest scrape {per_scrape_max} series, "
-          f"end {pipe.state.size()}")
+    print(
+        f"soak: {args.cycles} cycles in {seconds:.1f} s ({1000 * seconds / args.cycles:.2f} ms/cycle), "
+        f"{'loopback HTTP' if args.http else 'fixed-text'} source, {args.models} live models, "
+        f"{distinct} distinct over the run, {events / 1e6:.1f} MB of EMF"
+    )
+    print(
+        f"RSS start {rss_start:.1f} MB, after {args.warmup} warm-up cycles {rss_warm:.1f} MB, "
+        f"end {rss_end:.1f} MB (growth after warm-up {growth:+.1f} MB)"
+    )
+    print(f"state size: max {state_max} series, largest scrape {per_scrape_max} series, end {pipe.state.size()}")
     print(f"caches at the end: {caches}")
     ok = growth <= args.max_growth_mb and state_max <= per_scrape_max
     print("verdict:", "OK (no growth)" if ok else "FAIL")

@@ -41,22 +41,32 @@ def traffic(server: TritonServer, stop: threading.Event) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
     parser.add_argument("--interval", type=float, default=5.0, help="window of the --once scrape, seconds")
-    parser.add_argument("--keep-running", action="store_true",
-                        help="after --once, run the exporter loop (Ctrl-C to stop)")
+    parser.add_argument(
+        "--keep-running", action="store_true", help="after --once, run the exporter loop (Ctrl-C to stop)"
+    )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="triton-demo-"))
     server = TritonServer(copy_models(None, work / "models"), workdir=work)
     print(f"starting Triton with sample models from {work / 'models'} ...", file=sys.stderr)
     server.start()
-    print(f"Triton up: HTTP {server.url}, metrics {server.metrics_url}; "
-          f"server log {server.log_path}", file=sys.stderr)
+    print(f"Triton up: HTTP {server.url}, metrics {server.metrics_url}; server log {server.log_path}", file=sys.stderr)
     stop = threading.Event()
-    threads = [threading.Thread(target=target, args=(server, stop), daemon=True)
-               for target in (traffic, llm.traffic)]  # LLM requests sleep their time to first token
+    threads = [
+        threading.Thread(target=target, args=(server, stop), daemon=True) for target in (traffic, llm.traffic)
+    ]  # LLM requests sleep their time to first token
     for thread in threads:
         thread.start()
-    cmd = [sys.executable, "-m", "exporter", "--triton-url", server.url, "--metrics-url", server.metrics_url,
-           "--interval", str(args.interval)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "exporter",
+        "--triton-url",
+        server.url,
+        "--metrics-url",
+        server.metrics_url,
+        "--interval",
+        str(args.interval),
+    ]
     try:
         print(f"\n$ python -m exporter --once --interval {args.interval:g} ...\n", file=sys.stderr)
         rc = subprocess.call([*cmd, "--once"])

@@ -22,8 +22,13 @@ from .triton import LLM_MODELS, TritonServer
 TRT, VLLM = LLM_MODELS
 
 
-def vllm_inputs(text: str, max_tokens: int | None = None, ttft_ms: float | None = None,
-                itl_ms: float | None = None, tool_ms: float | None = None) -> list[dict]:
+def vllm_inputs(
+    text: str,
+    max_tokens: int | None = None,
+    ttft_ms: float | None = None,
+    itl_ms: float | None = None,
+    tool_ms: float | None = None,
+) -> list[dict]:
     """One ``vllm_model`` request; the optional inputs left out take the model's defaults."""
     inputs = [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [text]}]
     if max_tokens is not None:
@@ -59,8 +64,10 @@ def trt(server: TritonServer, texts: Sequence[str], max_tokens: Sequence[int] | 
 
 
 # Per model: (Triton's own counter, the model's counter that counts the same thing inside execute()).
-_SAME_COUNT = {VLLM: ("nv_inference_request_success", "vllm:request_params_n_count"),
-               TRT: ("nv_inference_count", "nv_llm_input_token_len_count")}
+_SAME_COUNT = {
+    VLLM: ("nv_inference_request_success", "vllm:request_params_n_count"),
+    TRT: ("nv_inference_count", "nv_llm_input_token_len_count"),
+}
 
 
 def wait_counted(server: TritonServer, timeout: float = 10.0) -> None:
@@ -77,8 +84,15 @@ def wait_counted(server: TritonServer, timeout: float = 10.0) -> None:
         text = server.metrics_text()
         behind = []
         for model, (core, own) in _SAME_COUNT.items():
-            found = [re.search(rf'^{re.escape(name)}{{model="{model}",(?:response_metric_type="[a-z_]+",)?'
-                               rf'version="1"}} (\S+)$', text, re.M) for name in (core, own)]
+            found = [
+                re.search(
+                    rf'^{re.escape(name)}{{model="{model}",(?:response_metric_type="[a-z_]+",)?'
+                    rf'version="1"}} (\S+)$',
+                    text,
+                    re.M,
+                )
+                for name in (core, own)
+            ]
             values = [float(m.group(1)) for m in found if m]
             if len(values) == 2 and values[0] != values[1]:
                 behind.append(model)
@@ -104,8 +118,14 @@ def traffic(server: TritonServer, stop: threading.Event) -> None:
         if stop.is_set():
             return
         prompt = PROMPTS[i % len(PROMPTS)]
-        vllm(server, prompt, max_tokens=16 + 8 * (i % 4), ttft_ms=(25, 45, 65, 120, 300)[i % 5],
-             itl_ms=(18, 22, 30)[i % 3], tool_ms=30.0 if i % 4 == 0 else 0.0)
+        vllm(
+            server,
+            prompt,
+            max_tokens=16 + 8 * (i % 4),
+            ttft_ms=(25, 45, 65, 120, 300)[i % 5],
+            itl_ms=(18, 22, 30)[i % 3],
+            tool_ms=30.0 if i % 4 == 0 else 0.0,
+        )
         rows = 3 + i % 4  # more than the batcher's 4 active slots half the time: some wait
         trt(server, [PROMPTS[(i + j) % len(PROMPTS)] for j in range(rows)], [128 + 64 * j for j in range(rows)])
         stop.wait(0.05)

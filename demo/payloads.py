@@ -153,15 +153,22 @@ TRT_HISTOGRAMS = {
     "nv_llm_output_token_len": ("total_output_tokens", ((80, 10),)),
 }
 TRT_GAUGES = {  # family -> (category label, {value: gauge})
-    "nv_trt_llm_request_metrics": ("request_type", {"active": 4, "max": 64, "scheduled": 4, "context": 1,
-                                                    "waiting": 2}),
-    "nv_trt_llm_runtime_memory_metrics": ("memory_type", {"cpu": 1_073_741_824, "gpu": 21_474_836_480,
-                                                          "pinned": 104_857_600}),
-    "nv_trt_llm_kv_cache_block_metrics": ("kv_cache_block_type", {"max": 1000, "free": 600, "used": 400,
-                                                                  "tokens_per": 64, "reused": 10,
-                                                                  "fraction": 0.4}),
-    "nv_trt_llm_inflight_batcher_metrics": ("inflight_batcher_specific_metric", {
-        "total_context_tokens": 512, "generation_requests": 3, "micro_batch_id": 0, "paused_requests": 0}),
+    "nv_trt_llm_request_metrics": (
+        "request_type",
+        {"active": 4, "max": 64, "scheduled": 4, "context": 1, "waiting": 2},
+    ),
+    "nv_trt_llm_runtime_memory_metrics": (
+        "memory_type",
+        {"cpu": 1_073_741_824, "gpu": 21_474_836_480, "pinned": 104_857_600},
+    ),
+    "nv_trt_llm_kv_cache_block_metrics": (
+        "kv_cache_block_type",
+        {"max": 1000, "free": 600, "used": 400, "tokens_per": 64, "reused": 10, "fraction": 0.4},
+    ),
+    "nv_trt_llm_inflight_batcher_metrics": (
+        "inflight_batcher_specific_metric",
+        {"total_context_tokens": 512, "generation_requests": 3, "micro_batch_id": 0, "paused_requests": 0},
+    ),
     "nv_trt_llm_general_metrics": ("general_type", {"timestamp": 1_796_000_000_000_000, "iteration_counter": 9}),
 }
 
@@ -170,8 +177,9 @@ def _num(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
-def _histogram(family: str, labels: str, buckets: Sequence[float], obs: Sequence[tuple[float, int]],
-               step: int) -> list[str]:
+def _histogram(
+    family: str, labels: str, buckets: Sequence[float], obs: Sequence[tuple[float, int]], step: int
+) -> list[str]:
     """Cumulative bucket lines, _sum and _count after ``step`` rounds of ``obs``."""
     out = []
     for le in (*buckets, float("inf")):
@@ -204,8 +212,9 @@ def llm_metrics(models: Sequence[str] | int, step: int = 1, backend: str = "vllm
             out += [f"# HELP {family} TRT LLM metrics", f"# TYPE {family} gauge"]
             for m in names:
                 for k, v in values.items():  # labels in name order, as Triton prints them
-                    labels = ",".join(f'{n}="{x}"' for n, x in sorted({label: k, "model": _esc(m),
-                                                                         "version": version}.items()))
+                    labels = ",".join(
+                        f'{n}="{x}"' for n, x in sorted({label: k, "model": _esc(m), "version": version}.items())
+                    )
                     out.append(f"{family}{{{labels}}} {_num(v)}")
         for family, (kind, obs) in TRT_HISTOGRAMS.items():
             out += [f"# HELP {family} Token length", f"# TYPE {family} histogram"]
@@ -226,6 +235,11 @@ def first_response_metrics(models: Sequence[str] | int, step: int = 1, version: 
     family = "nv_inference_first_response_histogram_ms"
     out = [f"# HELP {family} Duration from request to first response in milliseconds", f"# TYPE {family} histogram"]
     for m in names:
-        out += _histogram(family, f'model="{_esc(m)}",version="{version}"', FIRST_RESPONSE_BUCKETS,
-                          ((150, 6), (700, 3), (2500, 1)), step)
+        out += _histogram(
+            family,
+            f'model="{_esc(m)}",version="{version}"',
+            FIRST_RESPONSE_BUCKETS,
+            ((150, 6), (700, 3), (2500, 1)),
+            step,
+        )
     return "\n".join(out) + "\n"

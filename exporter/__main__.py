@@ -53,8 +53,13 @@ def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
 
     # One session per source: the pipeline reads sources concurrently.
     sources: list[Source] = [
-        TritonMetricsSource(settings.metrics_url, Parser(catalog.wanted_samples()), settings.connect_timeout,
-                            settings.max_body_bytes, make_session()),
+        TritonMetricsSource(
+            settings.metrics_url,
+            Parser(catalog.wanted_samples()),
+            settings.connect_timeout,
+            settings.max_body_bytes,
+            make_session(),
+        ),
         TritonIndexSource(settings.triton_url, settings.connect_timeout, settings.max_body_bytes, make_session()),
     ]
     if settings.nvml != "off":
@@ -72,8 +77,9 @@ def _nvml_source(settings: Settings) -> Source | None:
         from .sources.nvml import make_nvml_source
     except ImportError as exc:
         if settings.nvml == "on":
-            raise SourceRequired(f"--nvml on (EXPORTER_NVML=on) needs the NVML source, which cannot load: {exc}") \
-                from None
+            raise SourceRequired(
+                f"--nvml on (EXPORTER_NVML=on) needs the NVML source, which cannot load: {exc}"
+            ) from None
         return None
     return make_nvml_source(settings)
 
@@ -83,9 +89,10 @@ def catalog_main(argv: Sequence[str]) -> int:
 
     from .catalog import cli
 
-    parser = argparse.ArgumentParser(prog="python -m exporter catalog",
-                                     description="List every metric the exporter emits with this catalog and "
-                                     "selection.")
+    parser = argparse.ArgumentParser(
+        prog="python -m exporter catalog",
+        description="List every metric the exporter emits with this catalog and selection.",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     cli.add_arguments(parser)
     args = parser.parse_args(cli.attach_selection(argv))
@@ -95,9 +102,18 @@ def catalog_main(argv: Sequence[str]) -> int:
         sys.stderr.write(f"error: invalid catalog: {exc}\n")
         return 2
     rows: list[dict[str, Any]] = [
-        {"name": m.name, "unit": m.unit, "scope": str(m.scope), "kind": str(m.kind),
-         "dimensions": [list(d) for d in m.dimension_sets], "source": m.source,
-         "inputs": m.describe_inputs(), "breakdown_of": m.breakdown_of, "origin": m.origin, "help": m.help}
+        {
+            "name": m.name,
+            "unit": m.unit,
+            "scope": str(m.scope),
+            "kind": str(m.kind),
+            "dimensions": [list(d) for d in m.dimension_sets],
+            "source": m.source,
+            "inputs": m.describe_inputs(),
+            "breakdown_of": m.breakdown_of,
+            "origin": m.origin,
+            "help": m.help,
+        }
         for m in catalog.metrics
     ]
     if args.json:
@@ -114,8 +130,9 @@ def catalog_main(argv: Sequence[str]) -> int:
 def validate_main(argv: Sequence[str]) -> int:
     from .emf_validate import validate
 
-    parser = argparse.ArgumentParser(prog="python -m exporter validate",
-                                     description="Check EMF documents, one JSON object per line.")
+    parser = argparse.ArgumentParser(
+        prog="python -m exporter validate", description="Check EMF documents, one JSON object per line."
+    )
     parser.add_argument("file", help="path, or - for stdin")
     args = parser.parse_args(list(argv))
     try:
@@ -184,8 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    runner = Runner(pipeline, make_sink(settings.output, settings.buffer_events, settings.connect_timeout),
-                    settings.interval, stop)
+    runner = Runner(
+        pipeline, make_sink(settings.output, settings.buffer_events, settings.connect_timeout), settings.interval, stop
+    )
     try:
         runner.run()
     except SinkClosed as exc:

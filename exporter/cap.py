@@ -26,8 +26,7 @@ class ModelCap:
         self.limit = limit
         self.allowed: set[str] = set()
 
-    def apply(self, exp: Exposition, index: list[VersionState] | None,
-              index_keys: dict[str, VersionState]) -> Capped:
+    def apply(self, exp: Exposition, index: list[VersionState] | None, index_keys: dict[str, VersionState]) -> Capped:
         """The samples and index rows of the model versions within the cap."""
         if len(exp.models) <= self.limit and len(exp.models | index_keys.keys()) <= self.limit:
             self.allowed.clear()  # cannot be over the cap (exp.models is a superset): no need to count
@@ -47,8 +46,7 @@ class ModelCap:
         dropped_series = 0
         samples: dict[str, Series] = {}
         for name, series in exp.samples.items():
-            kept = {k: v for k, v in series.items()
-                    if labels[k].entity[0] != "model" or labels[k].entity_key in keep}
+            kept = {k: v for k, v in series.items() if labels[k].entity[0] != "model" or labels[k].entity_key in keep}
             dropped_series += len(series) - len(kept)
             samples[name] = kept
         if index is not None:

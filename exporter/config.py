@@ -139,39 +139,110 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
     ("triton_url", "--triton-url", ("TRITON_URL",), _url, "Triton HTTP API (repository index)"),
     ("metrics_url", "--metrics-url", ("TRITON_METRICS_URL",), _url, "Triton Prometheus endpoint"),
     ("namespace", "--namespace", ("AWS_EMF_NAMESPACE",), _namespace, "CloudWatch namespace"),
-    ("output", "--output", ("EXPORTER_OUTPUT", "AWS_EMF_AGENT_ENDPOINT"), parse_output,
-     "where EMF goes: stdout, tcp://HOST:PORT (CloudWatch agent or Fluent Bit tcp input), udp://HOST:PORT, file:PATH"),
+    (
+        "output",
+        "--output",
+        ("EXPORTER_OUTPUT", "AWS_EMF_AGENT_ENDPOINT"),
+        parse_output,
+        "where EMF goes: stdout, tcp://HOST:PORT (CloudWatch agent or Fluent Bit tcp input), "
+        "udp://HOST:PORT, file:PATH",
+    ),
     ("interval", "--interval", ("EXPORTER_INTERVAL",), _positive(float), "seconds between scrapes (fixed rate)"),
-    ("timeout", "--timeout", ("EXPORTER_TIMEOUT",), _positive(float),
-     "overall deadline per source per cycle, seconds (default: min(5, interval/2))"),
-    ("connect_timeout", "--connect-timeout", ("EXPORTER_CONNECT_TIMEOUT",), _positive(float),
-     "TCP connect timeout, seconds"),
-    ("max_body_bytes", "--max-body-bytes", ("EXPORTER_MAX_BODY_BYTES",), _positive(int),
-     "largest /metrics or index body accepted; larger ones are refused while streaming"),
-    ("max_models", "--max-models", ("EXPORTER_MAX_MODELS",), _positive(int),
-     "cardinality cap: model versions emitted per cycle (bounds the CloudWatch bill)"),
-    ("buffer_events", "--buffer-events", ("EXPORTER_BUFFER_EVENTS",), _positive(int),
-     "tcp/udp sink: events held while the agent is away; oldest dropped (and counted) beyond"),
-    ("nvml", "--nvml", ("EXPORTER_NVML",), _choice("auto", "on", "off"),
-     "GPU telemetry from NVML: auto (use if present; if not, report it down and retry every 300 s), "
-     "on (required: exit 2 at start when NVML cannot initialise), off"),
-    ("storage_resolution", "--storage-resolution", ("EXPORTER_STORAGE_RESOLUTION",), _resolution,
-     "60 (standard) or 1 (high-resolution metrics, billed higher)"),
-    ("ecs_metadata_url", "--ecs-metadata-url", ("ECS_CONTAINER_METADATA_URI_V4",), _url,
-     "ECS task metadata endpoint (set by ECS); task identity goes into properties"),
-    ("log_level", "--log-level", ("EXPORTER_LOG_LEVEL",), _choice("debug", "info", "warning", "error"),
-     "level of the exporter's own JSON log lines on stderr (default: info; error with --once)"),
-    ("catalog_files", "--catalog", ("EXPORTER_CATALOG",), _paths,
-     "a catalog file (TOML, docs/metrics.md) adding, replacing or dropping metrics; repeatable; the variable "
-     f"takes paths separated by {os.pathsep!r}"),
-    ("metrics", "--metrics", ("EXPORTER_METRICS",), _selection,
-     "which metrics to emit: comma-separated globs over EMF names, '-' excludes, left to right "
-     "(e.g. -RequestFailure*,-Compute*)"),
-    ("llm_metrics", "--llm-metrics", ("EXPORTER_LLM_METRICS",), _choice("on", "off"),
-     "the built-in LLM pack (vLLM, TensorRT-LLM families); costs nothing where they are absent"),
-    ("breakdown_zeros", "--breakdown-zeros", ("EXPORTER_BREAKDOWN_ZEROS",), _choice("omit", "emit"),
-     "omit: leave out a breakdown's zeros (failure reasons, an idle LLM's tokens) while its total is zero; "
-     "CloudWatch bills a metric for every hour it receives data"),
+    (
+        "timeout",
+        "--timeout",
+        ("EXPORTER_TIMEOUT",),
+        _positive(float),
+        "overall deadline per source per cycle, seconds (default: min(5, interval/2))",
+    ),
+    (
+        "connect_timeout",
+        "--connect-timeout",
+        ("EXPORTER_CONNECT_TIMEOUT",),
+        _positive(float),
+        "TCP connect timeout, seconds",
+    ),
+    (
+        "max_body_bytes",
+        "--max-body-bytes",
+        ("EXPORTER_MAX_BODY_BYTES",),
+        _positive(int),
+        "largest /metrics or index body accepted; larger ones are refused while streaming",
+    ),
+    (
+        "max_models",
+        "--max-models",
+        ("EXPORTER_MAX_MODELS",),
+        _positive(int),
+        "cardinality cap: model versions emitted per cycle (bounds the CloudWatch bill)",
+    ),
+    (
+        "buffer_events",
+        "--buffer-events",
+        ("EXPORTER_BUFFER_EVENTS",),
+        _positive(int),
+        "tcp/udp sink: events held while the agent is away; oldest dropped (and counted) beyond",
+    ),
+    (
+        "nvml",
+        "--nvml",
+        ("EXPORTER_NVML",),
+        _choice("auto", "on", "off"),
+        "GPU telemetry from NVML: auto (use if present; if not, report it down and retry every 300 s), "
+        "on (required: exit 2 at start when NVML cannot initialise), off",
+    ),
+    (
+        "storage_resolution",
+        "--storage-resolution",
+        ("EXPORTER_STORAGE_RESOLUTION",),
+        _resolution,
+        "60 (standard) or 1 (high-resolution metrics, billed higher)",
+    ),
+    (
+        "ecs_metadata_url",
+        "--ecs-metadata-url",
+        ("ECS_CONTAINER_METADATA_URI_V4",),
+        _url,
+        "ECS task metadata endpoint (set by ECS); task identity goes into properties",
+    ),
+    (
+        "log_level",
+        "--log-level",
+        ("EXPORTER_LOG_LEVEL",),
+        _choice("debug", "info", "warning", "error"),
+        "level of the exporter's own JSON log lines on stderr (default: info; error with --once)",
+    ),
+    (
+        "catalog_files",
+        "--catalog",
+        ("EXPORTER_CATALOG",),
+        _paths,
+        "a catalog file (TOML, docs/metrics.md) adding, replacing or dropping metrics; repeatable; the variable "
+        f"takes paths separated by {os.pathsep!r}",
+    ),
+    (
+        "metrics",
+        "--metrics",
+        ("EXPORTER_METRICS",),
+        _selection,
+        "which metrics to emit: comma-separated globs over EMF names, '-' excludes, left to right "
+        "(e.g. -RequestFailure*,-Compute*)",
+    ),
+    (
+        "llm_metrics",
+        "--llm-metrics",
+        ("EXPORTER_LLM_METRICS",),
+        _choice("on", "off"),
+        "the built-in LLM pack (vLLM, TensorRT-LLM families); costs nothing where they are absent",
+    ),
+    (
+        "breakdown_zeros",
+        "--breakdown-zeros",
+        ("EXPORTER_BREAKDOWN_ZEROS",),
+        _choice("omit", "emit"),
+        "omit: leave out a breakdown's zeros (failure reasons, an idle LLM's tokens) while its total is zero; "
+        "CloudWatch bills a metric for every hour it receives data",
+    ),
 ]
 REPEATABLE = frozenset({"catalog_files"})
 ENV_VARS = tuple(env for _, _, envs, _, _ in OPTIONS for env in envs)
@@ -192,12 +263,19 @@ def build_parser(prog: str = "python -m exporter") -> argparse.ArgumentParser:
         default = getattr(defaults, field)
         hidden = ("ecs_metadata_url", "timeout", "log_level", "catalog_files", "metrics")
         shown = "" if field in hidden else f" (default: {default})"
-        parser.add_argument(flag, dest=field, metavar=field.split("_")[-1].upper(),
-                            action="append" if field in REPEATABLE else "store",
-                            help=f"{text}{shown} [env: {', '.join(envs)}]")
-    parser.add_argument("--once", action="store_true",
-                        help="debugging view: scrape twice --interval apart, print that window's EMF "
-                        "to stdout and a summary table to stderr, then exit")
+        parser.add_argument(
+            flag,
+            dest=field,
+            metavar=field.split("_")[-1].upper(),
+            action="append" if field in REPEATABLE else "store",
+            help=f"{text}{shown} [env: {', '.join(envs)}]",
+        )
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="debugging view: scrape twice --interval apart, print that window's EMF "
+        "to stdout and a summary table to stderr, then exit",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
@@ -231,6 +309,8 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
     if not timeout_given:
         settings = Settings(**{**settings.__dict__, "timeout": min(5.0, settings.interval / 2)})
     if settings.timeout >= settings.interval:
-        raise ConfigError(f"--timeout ({settings.timeout:g}s) must be shorter than --interval "
-                          f"({settings.interval:g}s), or cycles would overlap")
+        raise ConfigError(
+            f"--timeout ({settings.timeout:g}s) must be shorter than --interval "
+            f"({settings.interval:g}s), or cycles would overlap"
+        )
     return settings

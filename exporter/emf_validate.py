@@ -162,8 +162,11 @@ def _distribution(value: dict[str, Any], where: str) -> list[str]:
     missing = sorted(DISTRIBUTION_KEYS - value.keys())
     extra = sorted(value.keys() - DISTRIBUTION_KEYS)
     if missing or extra:
-        return [f"{where}: distribution needs exactly {sorted(DISTRIBUTION_KEYS)}"
-                + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else "")]
+        return [
+            f"{where}: distribution needs exactly {sorted(DISTRIBUTION_KEYS)}"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; unexpected {extra}" if extra else "")
+        ]
     values, counts = value["Values"], value["Counts"]
     if not isinstance(values, list) or not isinstance(counts, list):
         return [f"{where}: Values and Counts must be arrays"]

@@ -20,9 +20,12 @@ from .sources import Collected, GpuInfo
 
 def gpu_samples(catalog: Catalog) -> frozenset[str]:
     """Triton's per-GPU samples: families it serves labelled ``gpu_uuid`` and not per model."""
-    return frozenset(s for f in catalog.families.values()
-                     if f.source == "triton" and "gpu_uuid" in f.labels and "model" not in f.labels
-                     for s in f.samples())
+    return frozenset(
+        s
+        for f in catalog.families.values()
+        if f.source == "triton" and "gpu_uuid" in f.labels and "model" not in f.labels
+        for s in f.samples()
+    )
 
 
 def gpu_uuids(exp: Exposition, samples: Iterable[str]) -> list[str]:

@@ -48,8 +48,9 @@ class CycleResult:
     timestamp_ms: int = 0
 
 
-def _run_all(func: Callable[[Source], tuple[Collected | None, SourceStatus]],
-             sources: Sequence[Source]) -> list[tuple[Collected | None, SourceStatus]]:
+def _run_all(
+    func: Callable[[Source], tuple[Collected | None, SourceStatus]], sources: Sequence[Source]
+) -> list[tuple[Collected | None, SourceStatus]]:
     """``func`` on every source at once; results in source order.
 
     The first source (Triton's /metrics, the one that allocates megabytes)
@@ -65,8 +66,10 @@ def _run_all(func: Callable[[Source], tuple[Collected | None, SourceStatus]],
     def run(i: int) -> None:
         results[i] = func(sources[i])
 
-    threads = [threading.Thread(target=run, args=(i,), name=f"source-{sources[i].name}", daemon=True)
-               for i in range(1, len(sources))]
+    threads = [
+        threading.Thread(target=run, args=(i,), name=f"source-{sources[i].name}", daemon=True)
+        for i in range(1, len(sources))
+    ]
     for t in threads:
         t.start()
     if sources:
@@ -194,37 +197,54 @@ class Pipeline:
         scrape_ms = (self.clock() - started) * 1000.0
         exp = got.samples
         # Logged when the count changes, not every cycle; ParseErrors carries it every cycle.
-        self.conditions.set("malformed /metrics lines",
-                            f"skipping {exp.malformed} malformed /metrics lines per scrape" if exp.malformed else None,
-                            examples=exp.examples)
+        self.conditions.set(
+            "malformed /metrics lines",
+            f"skipping {exp.malformed} malformed /metrics lines per scrape" if exp.malformed else None,
+            examples=exp.examples,
+        )
         index_keys = {} if got.index is None else {model_key(v.model, v.version): v for v in got.index}
         capped = self.cap.apply(exp, got.index, index_keys)
         self.conditions.set(
             "cardinality cap",
             f"{capped.dropped_models} model versions over --max-models={self.cap.limit} are not emitted"
-            if capped.dropped_models else None,
+            if capped.dropped_models
+            else None,
         )
         if capped.index is not got.index:
             index_keys = {k: v for k, v in index_keys.items() if k in self.cap.allowed}
         window = self.state.update(capped.samples, exp.labels, started)
         if window.reset_entities:
-            log.info("counters went down for %d entities (restart or reload): new baseline",
-                     len(window.reset_entities))
-        book = Bookkeeping(scrape_ms, sum(len(s) for s in capped.samples.values()), capped.dropped_series,
-                           exp.malformed, exp.duplicates, len(window.reset_entities), events_dropped)
+            log.info("counters went down for %d entities (restart or reload): new baseline", len(window.reset_entities))
+        book = Bookkeeping(
+            scrape_ms,
+            sum(len(s) for s in capped.samples.values()),
+            capped.dropped_series,
+            exp.malformed,
+            exp.duplicates,
+            len(window.reset_entities),
+            events_dropped,
+        )
         given = {**exporter_values(book, statuses), **index_values(capped.index, index_keys)}
         result = self.transform.evaluate(capped.samples, window, exp.labels, given)
         self.conditions.set(
             "inconsistent histograms",
             f"leaving out {result.inconsistent_histograms} histogram distributions whose bucket counts went down"
-            if result.inconsistent_histograms else None,
+            if result.inconsistent_histograms
+            else None,
         )
         entities = self._events(result, exp.labels, index_keys, got.gpus, triton_gpus, got.properties)
         events = self._encode(entities, timestamp_ms)
         return CycleResult(
-            events=events, entities=entities, statuses=statuses, elapsed=window.elapsed,
-            series_kept=book.series_kept, series_dropped=book.series_dropped,
-            parse_errors=exp.malformed, resets=book.resets, index=capped.index, timestamp_ms=timestamp_ms,
+            events=events,
+            entities=entities,
+            statuses=statuses,
+            elapsed=window.elapsed,
+            series_kept=book.series_kept,
+            series_dropped=book.series_dropped,
+            parse_errors=exp.malformed,
+            resets=book.resets,
+            index=capped.index,
+            timestamp_ms=timestamp_ms,
         )
 
     def _encode(self, entities: list[Event], timestamp_ms: int) -> list[bytes]:
@@ -247,8 +267,13 @@ class Pipeline:
         return events
 
     def _events(
-        self, result: Result, labels: dict[str, LabelSet], index_keys: dict[str, VersionState],
-        gpus: dict[str, GpuInfo], triton_gpus: list[str], properties: dict[str, object],
+        self,
+        result: Result,
+        labels: dict[str, LabelSet],
+        index_keys: dict[str, VersionState],
+        gpus: dict[str, GpuInfo],
+        triton_gpus: list[str],
+        properties: dict[str, object],
     ) -> list[Event]:
         by_entity = _transpose(self.catalog, result)
         dists = _distributions(self.catalog, result)
@@ -298,7 +323,8 @@ class Pipeline:
         self.conditions.set(
             "misplaced series",
             f"ignoring {misplaced} entities whose series lack the model/gpu_uuid label their metric needs"
-            if misplaced else None,
+            if misplaced
+            else None,
         )
         return events
 

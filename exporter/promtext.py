@@ -355,8 +355,9 @@ class Parser:
         out.duplicates += duplicates
         return True
 
-    def _strict(self, out: Exposition, text: str, name: str, start: int, end: int
-                ) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    def _strict(
+        self, out: Exposition, text: str, name: str, start: int, end: int
+    ) -> tuple[tuple[str, ...], tuple[float, ...]]:
         """The full grammar, line by line in the regex: slower, counts malformed lines."""
         blocks, values = [], []
         for _, block, value, bad in self._pattern(name).findall(text, start, end):
@@ -367,8 +368,9 @@ class Parser:
                 self._malformed(out, name + bad)
         return tuple(blocks), tuple(values)
 
-    def _drop_bad_labels(self, out: Exposition, name: str, blocks: Sequence[str], values: Sequence[float],
-                         block: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    def _drop_bad_labels(
+        self, out: Exposition, name: str, blocks: Sequence[str], values: Sequence[float], block: str
+    ) -> tuple[tuple[str, ...], tuple[float, ...]]:
         keep = [(b, v) for b, v in zip(blocks, values, strict=True) if b != block]
         for _ in range(len(blocks) - len(keep)):
             self._malformed(out, f"{name}{{{block}}}")

@@ -153,8 +153,9 @@ class Runner:
             log.info("exporter stopped", extra={"fields": {"cycles": self.cycles}})
 
 
-def run_once(pipeline: Pipeline, sink: Sink, interval: float, stderr: TextIO,
-             sleep: Callable[[float], None] = time.sleep) -> CycleResult:
+def run_once(
+    pipeline: Pipeline, sink: Sink, interval: float, stderr: TextIO, sleep: Callable[[float], None] = time.sleep
+) -> CycleResult:
     """Scrape twice ``interval`` apart, send the window's events, write the summary table."""
     try:
         first = pipeline.cycle()

@@ -68,8 +68,9 @@ def index_values(index: list[VersionState] | None, index_keys: dict[str, Version
     given: dict[str, Column] = {
         "ModelsReady": {"": float(ready)},
         "ModelsNotReady": {"": float(len(counted) - ready)},
-        "ModelReady": {k: 1.0 if v.state == "READY" else 0.0 for k, v in index_keys.items()
-                       if not v.unloaded_on_purpose},
+        "ModelReady": {
+            k: 1.0 if v.state == "READY" else 0.0 for k, v in index_keys.items() if not v.unloaded_on_purpose
+        },
     }
     if ready + failed:
         given["ModelLoadSuccessRate"] = {"": 100.0 * ready / (ready + failed)}

@@ -136,8 +136,9 @@ class UdpSink:
 class TcpSink:
     """Newline-delimited events to a TCP agent, from a sender thread with a bounded FIFO."""
 
-    def __init__(self, host: str, port: int, capacity: int, connect_timeout: float = 1.0,
-                 send_timeout: float = SEND_TIMEOUT) -> None:
+    def __init__(
+        self, host: str, port: int, capacity: int, connect_timeout: float = 1.0, send_timeout: float = SEND_TIMEOUT
+    ) -> None:
         self.addr = (host, port)
         self.capacity = capacity
         self.connect_timeout = connect_timeout
@@ -201,8 +202,11 @@ class TcpSink:
                 sock.sendall(event + b"\n")
             except OSError as exc:
                 self._disconnect()
-                self.conditions.set("tcp_sink", f"EMF agent tcp://{self.addr[0]}:{self.addr[1]} unavailable: "
-                                    f"{exc.strerror or exc}; buffering (capacity {self.capacity} events)")
+                self.conditions.set(
+                    "tcp_sink",
+                    f"EMF agent tcp://{self.addr[0]}:{self.addr[1]} unavailable: "
+                    f"{exc.strerror or exc}; buffering (capacity {self.capacity} events)",
+                )
                 with self.cond:
                     if self.closing:
                         return

@@ -70,30 +70,41 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def render_summary(result: CycleResult) -> str:
     window = f"{result.elapsed:.2f}s" if result.elapsed else "baseline"
-    out = [f"window {window}, {len(result.events)} EMF events, {result.series_kept} series kept, "
-           f"{result.series_dropped} dropped, {result.parse_errors} parse errors, {result.resets} counter resets\n"]
+    out = [
+        f"window {window}, {len(result.events)} EMF events, {result.series_kept} series kept, "
+        f"{result.series_dropped} dropped, {result.parse_errors} parse errors, {result.resets} counter resets\n"
+    ]
     for s in result.statuses:
-        out.append(f"  source {s.name}: {'up' if s.up else 'DOWN'} in {s.duration_ms:.0f} ms"
-                   + (f" - {s.error}" if s.error else "") + "\n")
-    models = sorted((e for e in result.entities if e.scope is Scope.MODEL),
-                    key=lambda e: (e.dimensions.get("model", ""), e.dimensions.get("version", "")))
+        out.append(
+            f"  source {s.name}: {'up' if s.up else 'DOWN'} in {s.duration_ms:.0f} ms"
+            + (f" - {s.error}" if s.error else "")
+            + "\n"
+        )
+    models = sorted(
+        (e for e in result.entities if e.scope is Scope.MODEL),
+        key=lambda e: (e.dimensions.get("model", ""), e.dimensions.get("version", "")),
+    )
     if models:
         rows = []
         for e in models:
             state = str(e.properties.get("state", "-"))
             reason = str(e.properties.get("reason", "")).splitlines()[0][:60] if e.properties.get("reason") else ""
-            rows.append([e.dimensions["model"], e.dimensions["version"], state,
-                         *(_cell(e, c) for c in MODEL_COLUMNS), reason])
+            rows.append(
+                [e.dimensions["model"], e.dimensions["version"], state, *(_cell(e, c) for c in MODEL_COLUMNS), reason]
+            )
         out.append("\n" + _table(["model", "ver", "state", *(c[0] for c in MODEL_COLUMNS), "reason"], rows))
     llm = [e for e in models if any(c[1] in e.values or c[1] in e.distributions for c in LLM_COLUMNS)]
     if llm:
         rows = [[e.dimensions["model"], e.dimensions["version"], *(_cell(e, c) for c in LLM_COLUMNS)] for e in llm]
-        out.append("\nLLM serving (p95 of this task's window)\n"
-                   + _table(["model", "ver", *(c[0] for c in LLM_COLUMNS)], rows))
+        out.append(
+            "\nLLM serving (p95 of this task's window)\n" + _table(["model", "ver", *(c[0] for c in LLM_COLUMNS)], rows)
+        )
     gpus = sorted((e for e in result.entities if e.scope is Scope.GPU), key=lambda e: e.dimensions.get("gpu", ""))
     if gpus:
-        rows = [[e.dimensions["gpu"], str(e.properties.get("gpu_uuid", "")), *(_cell(e, c) for c in GPU_COLUMNS)]
-                for e in gpus]
+        rows = [
+            [e.dimensions["gpu"], str(e.properties.get("gpu_uuid", "")), *(_cell(e, c) for c in GPU_COLUMNS)]
+            for e in gpus
+        ]
         out.append("\n" + _table(["gpu", "uuid", *(c[0] for c in GPU_COLUMNS)], rows))
     else:
         out.append("\nno GPU series (CPU-only host, or no NVML/DCGM)\n")

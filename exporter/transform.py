@@ -153,8 +153,16 @@ class Transform:
         self._entity_keys.update(values)
         return True
 
-    def _general(self, name: str, values: Series, labels: Mapping[str, LabelSet], label: str | None,
-                 selected: set[str] | None, want_total: bool, out: dict[ColumnKey, Column]) -> None:
+    def _general(
+        self,
+        name: str,
+        values: Series,
+        labels: Mapping[str, LabelSet],
+        label: str | None,
+        selected: set[str] | None,
+        want_total: bool,
+        out: dict[ColumnKey, Column],
+    ) -> None:
         total_max = (name, None) in self.use_max
         total: Column = {}
         parts: dict[str, Column] = {}
@@ -181,8 +189,16 @@ class Transform:
             for sv, col in parts.items():
                 out[(name, (label, sv))] = col
 
-    def _planned(self, name: str, label: str, selected: set[str] | None, values: Series,
-                 labels: Mapping[str, LabelSet], want_total: bool, out: dict[ColumnKey, Column]) -> bool:
+    def _planned(
+        self,
+        name: str,
+        label: str,
+        selected: set[str] | None,
+        values: Series,
+        labels: Mapping[str, LabelSet],
+        want_total: bool,
+        out: dict[ColumnKey, Column],
+    ) -> bool:
         if want_total and (name, None) in self.use_max:
             return False
         plan = self._plans.get((name, label))
@@ -203,8 +219,9 @@ class Transform:
         return True
 
     @staticmethod
-    def _plan(label: str, selected: set[str] | None, want_total: bool, values: Series,
-              labels: Mapping[str, LabelSet]) -> _SplitPlan | None:
+    def _plan(
+        label: str, selected: set[str] | None, want_total: bool, values: Series, labels: Mapping[str, LabelSet]
+    ) -> _SplitPlan | None:
         """A plan when each (entity, split value) occurs once; None means use the general loop."""
         keys = list(values)
         positions: dict[str, tuple[list[str], list[int]]] = {}
@@ -230,8 +247,9 @@ class Transform:
 
     # --- one window ----------------------------------------------------------------------------
 
-    def evaluate(self, samples: Mapping[str, Series], window: Window, labels: Mapping[str, LabelSet],
-                 given: Mapping[str, Column]) -> Result:
+    def evaluate(
+        self, samples: Mapping[str, Series], window: Window, labels: Mapping[str, LabelSet], given: Mapping[str, Column]
+    ) -> Result:
         """Every emitted metric's column (without NaN or infinities) and distribution."""
         gauges = {name: finite(s) for name, s in samples.items() if name in self.gauge_samples}
         gcols = self.columns(gauges, labels)
@@ -272,8 +290,14 @@ class Transform:
                 if not col:
                     del values[m.name]
 
-    def compute(self, metric: Metric, gauges: Mapping[ColumnKey, Column], deltas: Mapping[ColumnKey, Column],
-                elapsed: float | None, given: Mapping[str, Column]) -> Column:
+    def compute(
+        self,
+        metric: Metric,
+        gauges: Mapping[ColumnKey, Column],
+        deltas: Mapping[ColumnKey, Column],
+        elapsed: float | None,
+        given: Mapping[str, Column],
+    ) -> Column:
         """Values of one catalog metric (not a distribution) for every entity that has them."""
         kind = metric.kind
         if kind in (Kind.STATE, Kind.SELF):
@@ -315,8 +339,9 @@ class Transform:
 
     # --- histograms ----------------------------------------------------------------------------
 
-    def _histograms(self, metric: Metric, deltas: Mapping[ColumnKey, Column]
-                    ) -> Iterable[tuple[Input, str, _Buckets, list[float]]]:
+    def _histograms(
+        self, metric: Metric, deltas: Mapping[ColumnKey, Column]
+    ) -> Iterable[tuple[Input, str, _Buckets, list[float]]]:
         """(input, entity, layout, cumulative bucket deltas) for every entity, inputs in order."""
         for inp in metric.inputs:
             sample = f"{inp.sample}_bucket"
@@ -356,14 +381,17 @@ class Transform:
         if bounds and bounds[-1][0] == math.inf and len({b for b, _ in bounds}) == len(bounds):
             uppers = tuple(_round(b * scale) if b != math.inf else math.inf for b, _ in bounds)
             lowers = (0.0 if uppers[0] > 0 else uppers[0], *uppers[:-1])
-            values = tuple(lo if hi == math.inf else (hi if lo == hi else _round((lo + hi) / 2))
-                           for lo, hi in zip(lowers, uppers, strict=True))
+            values = tuple(
+                lo if hi == math.inf else (hi if lo == hi else _round((lo + hi) / 2))
+                for lo, hi in zip(lowers, uppers, strict=True)
+            )
             layout = _Buckets(tuple(le for _, le in bounds), uppers, lowers, values)
         self._buckets[key] = layout
         return layout
 
-    def _distributions(self, metric: Metric, deltas: Mapping[ColumnKey, Column],
-                       result: Result) -> dict[str, Distribution]:
+    def _distributions(
+        self, metric: Metric, deltas: Mapping[ColumnKey, Column], result: Result
+    ) -> dict[str, Distribution]:
         out: dict[str, Distribution] = {}
         taken: set[str] = set()
         for inp, ent, layout, cumulative in self._histograms(metric, deltas):
@@ -401,9 +429,12 @@ def distribution(layout: _Buckets, counts: list[float], total_sum: float) -> Dis
     lo, hi = nonzero[0], nonzero[-1]
     upper = layout.uppers[hi]
     return {
-        "Values": values, "Counts": weights,
-        "Max": upper if upper != math.inf else layout.lowers[hi], "Min": layout.lowers[lo],
-        "Count": sum(weights), "Sum": total_sum,
+        "Values": values,
+        "Counts": weights,
+        "Max": upper if upper != math.inf else layout.lowers[hi],
+        "Min": layout.lowers[lo],
+        "Count": sum(weights),
+        "Sum": total_sum,
     }
 
 

@@ -64,8 +64,13 @@ class App:
         self.store.close()
 
 
-def build(settings: Settings, fs: FileSystem | None = None, log: logging.Logger | None = None,
-          s3_client: object | None = None, sqs_client: object | None = None) -> App:
+def build(
+    settings: Settings,
+    fs: FileSystem | None = None,
+    log: logging.Logger | None = None,
+    s3_client: object | None = None,
+    sqs_client: object | None = None,
+) -> App:
     """Wire the parts; raises StoreError when the store cannot be used."""
     fs = fs or LocalFileSystem()
     log = log or logging.getLogger(LOGGER)
@@ -79,8 +84,13 @@ def build(settings: Settings, fs: FileSystem | None = None, log: logging.Logger 
     poller = None
     if settings.queue_url and not settings.once:
         client = sqs_client or make_client("sqs", region_hint=_queue_region(settings.queue_url))
-        poller = QueuePoller(client, settings.queue_url, EventFilter(settings.bucket, settings.prefix), pending,
-                             logging.getLogger(f"{LOGGER}.sqs"))
+        poller = QueuePoller(
+            client,
+            settings.queue_url,
+            EventFilter(settings.bucket, settings.prefix),
+            pending,
+            logging.getLogger(f"{LOGGER}.sqs"),
+        )
     return App(settings, store, syncer, sink, poller, pending)
 
 
@@ -125,10 +135,19 @@ def run_daemon(app: App, stop: threading.Event, log: logging.Logger) -> None:
         app.poller.start()
     start = time.monotonic()
     slot = 0
-    log.info("modelsync started", extra={"fields": {"bucket": app.settings.bucket, "prefix": app.settings.prefix,
-                                                    "repository": str(app.settings.repository),
-                                                    "store": str(app.settings.store_root),
-                                                    "queue": app.settings.queue_url, "interval_s": interval}})
+    log.info(
+        "modelsync started",
+        extra={
+            "fields": {
+                "bucket": app.settings.bucket,
+                "prefix": app.settings.prefix,
+                "repository": str(app.settings.repository),
+                "store": str(app.settings.store_root),
+                "queue": app.settings.queue_url,
+                "interval_s": interval,
+            }
+        },
+    )
     while not stop.is_set():
         try:
             app.syncer.reconcile_all()

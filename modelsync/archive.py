@@ -70,8 +70,12 @@ def _mode_kind(info: zipfile.ZipInfo) -> str:
         return "dir"
     if stat.S_ISREG(mode):
         return "file"
-    return {stat.S_IFCHR: "character device", stat.S_IFBLK: "block device", stat.S_IFIFO: "fifo",
-            stat.S_IFSOCK: "socket"}.get(stat.S_IFMT(mode), f"special file (mode {mode:o})")
+    return {
+        stat.S_IFCHR: "character device",
+        stat.S_IFBLK: "block device",
+        stat.S_IFIFO: "fifo",
+        stat.S_IFSOCK: "socket",
+    }.get(stat.S_IFMT(mode), f"special file (mode {mode:o})")
 
 
 def _clean_path(name: str, model: str) -> PurePosixPath:
@@ -117,8 +121,10 @@ def inspect(zf: zipfile.ZipFile, archive_bytes: int, model: str, limits: Limits)
             raise UnsafeArchive(f"entry {info.filename!r}: a file where the model directory {model}/ must be")
         size = info.file_size
         if size > RATIO_MIN_ENTRY_BYTES and size / max(info.compress_size, 1) > limits.max_ratio:
-            raise UnsafeArchive(f"entry {info.filename!r}: compression ratio {size / max(info.compress_size, 1):.0f}"
-                                f" above the limit of {limits.max_ratio:g} (zip bomb?)")
+            raise UnsafeArchive(
+                f"entry {info.filename!r}: compression ratio {size / max(info.compress_size, 1):.0f}"
+                f" above the limit of {limits.max_ratio:g} (zip bomb?)"
+            )
         total += size
         if total > limits.max_bytes:
             raise UnsafeArchive(f"more than {limits.max_bytes} bytes uncompressed (the limit)")
@@ -129,8 +135,9 @@ def inspect(zf: zipfile.ZipFile, archive_bytes: int, model: str, limits: Limits)
     for path in list(files):  # every parent of a file is a directory, and none of them may be a file
         for parent in list(path.parents)[:-1]:
             if parent in files:
-                raise UnsafeArchive(f"entry {parent.as_posix()!r}: is a file and also a directory of "
-                                    f"{path.as_posix()!r}")
+                raise UnsafeArchive(
+                    f"entry {parent.as_posix()!r}: is a file and also a directory of {path.as_posix()!r}"
+                )
             dirs.add(parent)
     root = PurePosixPath(model)
     if root / "config.pbtxt" not in files:
@@ -147,17 +154,21 @@ def inspect(zf: zipfile.ZipFile, archive_bytes: int, model: str, limits: Limits)
 
 def _check_no_overlap(infos: list[zipfile.ZipInfo], central_directory: int) -> None:
     """Each entry's data must end before the next entry starts (no shared bodies: the overlap zip bomb)."""
-    spans = sorted((i.header_offset, i.header_offset + _LOCAL_HEADER + len(i.orig_filename.encode()) +
-                    i.compress_size, i.filename) for i in infos)
-    for (start, end, name), (next_start, _, next_name) in zip(spans, [*spans[1:], (central_directory, 0, "")],
-                                                               strict=True):
+    spans = sorted(
+        (i.header_offset, i.header_offset + _LOCAL_HEADER + len(i.orig_filename.encode()) + i.compress_size, i.filename)
+        for i in infos
+    )
+    for (start, end, name), (next_start, _, next_name) in zip(
+        spans, [*spans[1:], (central_directory, 0, "")], strict=True
+    ):
         if end > next_start or start < 0:
             where = f"entry {next_name!r}" if next_name else "the central directory"
             raise UnsafeArchive(f"entry {name!r} overlaps {where}: overlapping entries (zip bomb)")
 
 
-def extract(zf: zipfile.ZipFile, plan: Plan, dest: Path, fs: FileSystem,
-            on_bytes: Callable[[int], None] | None = None) -> int:
+def extract(
+    zf: zipfile.ZipFile, plan: Plan, dest: Path, fs: FileSystem, on_bytes: Callable[[int], None] | None = None
+) -> int:
     """Write the plan under ``dest`` (the model directory: exists, empty); returns the bytes written.
 
     Every file is fsync'd, and so is every directory, before the caller may

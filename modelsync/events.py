@@ -67,9 +67,16 @@ def parse(body: str) -> list[ObjectEvent]:
             name = str(rec.get("eventName", ""))
             if "key" not in obj or not (name.startswith("ObjectCreated") or name.startswith("ObjectRemoved")):
                 continue
-            out.append(ObjectEvent(bucket, unquote_plus(str(obj["key"])), name.startswith("ObjectRemoved"),
-                                   str(obj.get("sequencer") or ""), str(rec.get("eventTime") or ""),
-                                   str(obj.get("versionId") or "")))
+            out.append(
+                ObjectEvent(
+                    bucket,
+                    unquote_plus(str(obj["key"])),
+                    name.startswith("ObjectRemoved"),
+                    str(obj.get("sequencer") or ""),
+                    str(rec.get("eventTime") or ""),
+                    str(obj.get("versionId") or ""),
+                )
+            )
         return out
     if doc.get("source") == "aws.s3" and isinstance(doc.get("detail"), dict):
         detail = doc["detail"]
@@ -79,8 +86,17 @@ def parse(body: str) -> list[ObjectEvent]:
             return []
         key = str(obj["key"])
         keys = dict.fromkeys([key, unquote_plus(key)])
-        return [ObjectEvent(bucket, k, kind == "Object Deleted", str(obj.get("sequencer") or ""),
-                            str(doc.get("time") or ""), str(obj.get("version-id") or "")) for k in keys]
+        return [
+            ObjectEvent(
+                bucket,
+                k,
+                kind == "Object Deleted",
+                str(obj.get("sequencer") or ""),
+                str(doc.get("time") or ""),
+                str(obj.get("version-id") or ""),
+            )
+            for k in keys
+        ]
     raise MalformedMessage("neither an S3 notification, an SNS notification nor an EventBridge S3 event")
 
 
@@ -158,8 +174,16 @@ class QueuePoller:
     event is only a hint to do it sooner.
     """
 
-    def __init__(self, client: Any, queue_url: str, filt: EventFilter, pending: Pending, log: Any,
-                 wait_seconds: int = 10, on_message: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        queue_url: str,
+        filt: EventFilter,
+        pending: Pending,
+        log: Any,
+        wait_seconds: int = 10,
+        on_message: Callable[[], None] | None = None,
+    ) -> None:
         self.client = client
         self.queue_url = queue_url
         self.filter = filt
@@ -181,8 +205,9 @@ class QueuePoller:
 
     def poll_once(self) -> int:
         """One ReceiveMessage call; returns the number of messages handled."""
-        resp = self.client.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10,
-                                           WaitTimeSeconds=self.wait_seconds)
+        resp = self.client.receive_message(
+            QueueUrl=self.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=self.wait_seconds
+        )
         messages = resp.get("Messages", [])
         for msg in messages:
             self.received += 1
@@ -190,16 +215,19 @@ class QueuePoller:
                 events = parse(msg.get("Body", ""))
             except MalformedMessage as exc:
                 self.malformed += 1
-                self.log.warning("ignored an SQS message: %s", exc, extra={"fields": {"message_id":
-                                                                                        msg.get("MessageId")}})
+                self.log.warning(
+                    "ignored an SQS message: %s", exc, extra={"fields": {"message_id": msg.get("MessageId")}}
+                )
                 events = []
             for ev in events:
                 model = self.filter.accept(ev)
                 if model is not None:
                     self.pending.put(model, ev)
         if messages:
-            self.client.delete_message_batch(QueueUrl=self.queue_url, Entries=[
-                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)])
+            self.client.delete_message_batch(
+                QueueUrl=self.queue_url,
+                Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
+            )
             if self.on_message:
                 self.on_message()
         return len(messages)

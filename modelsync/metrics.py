@@ -46,24 +46,62 @@ class MetricRow:
 _ALL, _MODEL, _RESULT, _MODEL_RESULT = (), ("model",), ("result",), ("model", "result")
 
 METRICS: tuple[MetricRow, ...] = (
-    MetricRow("SyncAttempts", "Count", ATTEMPT, (_ALL, _RESULT, _MODEL_RESULT),
-              "1 per sync attempt of a model, by result: ok, hash_mismatch, missing_hash, download_error, "
-              "disk_full, unsafe_archive, load_failed, rolled_back."),
-    MetricRow("SyncFailures", "Count", ATTEMPT, (_ALL, _MODEL),
-              "1 per attempt that did not end ok, 0 for one that did; the sync-failure alarm reads it."),
-    *(MetricRow(f"Sync{p.title()}Time", "Milliseconds", ATTEMPT, (_ALL, _MODEL), f"Duration of the {p} phase "
-                "of an attempt (emitted only for the phases the attempt reached).") for p in PHASES),
-    MetricRow("SyncUploadToReady", "Seconds", ATTEMPT, (_ALL, _MODEL),
-              "From the archive's S3 LastModified to the model READY in Triton (successful attempts)."),
+    MetricRow(
+        "SyncAttempts",
+        "Count",
+        ATTEMPT,
+        (_ALL, _RESULT, _MODEL_RESULT),
+        "1 per sync attempt of a model, by result: ok, hash_mismatch, missing_hash, download_error, "
+        "disk_full, unsafe_archive, load_failed, rolled_back.",
+    ),
+    MetricRow(
+        "SyncFailures",
+        "Count",
+        ATTEMPT,
+        (_ALL, _MODEL),
+        "1 per attempt that did not end ok, 0 for one that did; the sync-failure alarm reads it.",
+    ),
+    *(
+        MetricRow(
+            f"Sync{p.title()}Time",
+            "Milliseconds",
+            ATTEMPT,
+            (_ALL, _MODEL),
+            f"Duration of the {p} phase of an attempt (emitted only for the phases the attempt reached).",
+        )
+        for p in PHASES
+    ),
+    MetricRow(
+        "SyncUploadToReady",
+        "Seconds",
+        ATTEMPT,
+        (_ALL, _MODEL),
+        "From the archive's S3 LastModified to the model READY in Triton (successful attempts).",
+    ),
     MetricRow("SyncBytesDownloaded", "Bytes", ATTEMPT, (_ALL, _MODEL), "Archive bytes read from S3 by the attempt."),
-    MetricRow("ModelInSync", "Count", MODEL, (_ALL, _MODEL),
-              "1 when the installed archive is the one in S3 and Triton reports the model READY, else 0; once "
-              "per model per reconcile, with the ModelArtifact property (the sha256 served)."),
+    MetricRow(
+        "ModelInSync",
+        "Count",
+        MODEL,
+        (_ALL, _MODEL),
+        "1 when the installed archive is the one in S3 and Triton reports the model READY, else 0; once "
+        "per model per reconcile, with the ModelArtifact property (the sha256 served).",
+    ),
     MetricRow("ModelsInSync", "Count", HOST, (_ALL,), "Models of the bucket prefix in sync on this host."),
-    MetricRow("ModelsOutOfSync", "Count", HOST, (_ALL,),
-              "Models not in sync on this host: failed, not READY, or removed from S3 but kept."),
-    MetricRow("SecondsSinceLastSuccess", "Seconds", HOST, (_ALL,),
-              "Since the last reconcile that left every model in sync (absent until the first one)."),
+    MetricRow(
+        "ModelsOutOfSync",
+        "Count",
+        HOST,
+        (_ALL,),
+        "Models not in sync on this host: failed, not READY, or removed from S3 but kept.",
+    ),
+    MetricRow(
+        "SecondsSinceLastSuccess",
+        "Seconds",
+        HOST,
+        (_ALL,),
+        "Since the last reconcile that left every model in sync (absent until the first one).",
+    ),
 )
 BY_NAME: dict[str, MetricRow] = {m.name: m for m in METRICS}
 
@@ -74,8 +112,9 @@ def catalog_metrics() -> list[Metric]:
     for row in METRICS:
         if row.dimension_sets[0] != ():
             raise ValueError(f"{row.name}: the first dimension set must be the empty one")
-        out.append(Metric(row.name, Scope.TASK, row.unit, Kind.SELF, row.help, rollups=row.dimension_sets[1:],
-                          source=SOURCE))
+        out.append(
+            Metric(row.name, Scope.TASK, row.unit, Kind.SELF, row.help, rollups=row.dimension_sets[1:], source=SOURCE)
+        )
     return out
 
 
@@ -111,8 +150,9 @@ class ModelState:
 class Recorder:
     """Builds the events and hands the encoded lines to the exporter's sink."""
 
-    def __init__(self, namespace: str, sink: Sink, host: str, storage_resolution: int = 60,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, namespace: str, sink: Sink, host: str, storage_resolution: int = 60, wall: Callable[[], float] = time.time
+    ) -> None:
         self.encoder = Encoder(namespace, catalog_metrics(), storage_resolution)
         self.sink = sink
         self.host = host
@@ -128,8 +168,14 @@ class Recorder:
         return {"model": safe.value}
 
     def attempt(self, a: Attempt) -> None:
-        props: dict[str, object] = {"host": self.host, "sha256": a.sha256, "s3_version_id": a.version_id,
-                                    "etag": a.etag, "key": a.key, "ModelArtifact": a.serving}
+        props: dict[str, object] = {
+            "host": self.host,
+            "sha256": a.sha256,
+            "s3_version_id": a.version_id,
+            "etag": a.etag,
+            "key": a.key,
+            "ModelArtifact": a.serving,
+        }
         if a.reason:
             props["reason"] = clip(a.reason)
         dims = {**self._model_dims(a.model, props), "result": a.result}
@@ -143,15 +189,21 @@ class Recorder:
         self._send(Event(Scope.TASK, dims, values, props))
 
     def model_state(self, s: ModelState) -> None:
-        props: dict[str, object] = {"host": self.host, "ModelArtifact": s.serving, "sha256": s.expected,
-                                    "s3_version_id": s.version_id}
+        props: dict[str, object] = {
+            "host": self.host,
+            "ModelArtifact": s.serving,
+            "sha256": s.expected,
+            "s3_version_id": s.version_id,
+        }
         if s.reason:
             props["reason"] = clip(s.reason)
-        self._send(Event(Scope.TASK, self._model_dims(s.model, props), {"ModelInSync": 1.0 if s.in_sync else 0.0},
-                         props))
+        self._send(
+            Event(Scope.TASK, self._model_dims(s.model, props), {"ModelInSync": 1.0 if s.in_sync else 0.0}, props)
+        )
 
-    def host_state(self, in_sync: int | None, out_of_sync: int | None, since_success: float | None,
-                   **props: object) -> None:
+    def host_state(
+        self, in_sync: int | None, out_of_sync: int | None, since_success: float | None, **props: object
+    ) -> None:
         """Counts are None when S3 could not be listed: no number rather than a wrong one."""
         values: dict[str, float] = {}
         if in_sync is not None and out_of_sync is not None:

@@ -75,9 +75,18 @@ class Memo:
 
 
 class Syncer:
-    def __init__(self, settings: Settings, s3: S3, store: Store, triton: Triton, recorder: Recorder,
-                 fs: FileSystem, log: logging.Logger, wall: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        s3: S3,
+        store: Store,
+        triton: Triton,
+        recorder: Recorder,
+        fs: FileSystem,
+        log: logging.Logger,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.settings = settings
         self.s3 = s3
         self.store = store
@@ -151,8 +160,13 @@ class Syncer:
         except Exception as exc:
             self.log.exception("sync of %s failed unexpectedly", model)
             current = self.store.current(model)
-            return Outcome(model, False, f"unexpected error: {type(exc).__name__}: {exc}", failed=True,
-                           serving=current.sha256 if current else "")
+            return Outcome(
+                model,
+                False,
+                f"unexpected error: {type(exc).__name__}: {exc}",
+                failed=True,
+                serving=current.sha256 if current else "",
+            )
 
     def _reconcile(self, model: str, archive: Archive, wait_for_tag: bool) -> Outcome:
         problem = model_name_problem(model)
@@ -174,8 +188,14 @@ class Syncer:
             return self._ensure_loaded(model, same, archive)
         self.failed.pop(model, None)
         self._record(attempt)
-        return Outcome(model, True, result=Result.OK, serving=attempt.serving, expected=attempt.sha256,
-                       version_id=attempt.version_id)
+        return Outcome(
+            model,
+            True,
+            result=Result.OK,
+            serving=attempt.serving,
+            expected=attempt.sha256,
+            version_id=attempt.version_id,
+        )
 
     def _memo_outdated(self, memo: Memo, archive: Archive) -> bool:
         """A hash mismatch against a tag is retried when the tag changes (metadata cannot change)."""
@@ -192,30 +212,58 @@ class Syncer:
         try:
             ready = self.triton.ready(model)
         except SyncError as exc:  # Triton down or restarting: nothing to attempt now, retried next pass
-            return Outcome(model, False, str(exc), result=exc.result, failed=True, serving=installed.sha256,
-                           expected=installed.sha256, version_id=version)
+            return Outcome(
+                model,
+                False,
+                str(exc),
+                result=exc.result,
+                failed=True,
+                serving=installed.sha256,
+                expected=installed.sha256,
+                version_id=version,
+            )
         if ready:
             return Outcome(model, True, serving=installed.sha256, expected=installed.sha256, version_id=version)
-        attempt = Attempt(model, Result.OK, key=archive.key, etag=archive.etag, serving=installed.sha256,
-                          sha256=installed.sha256, version_id=version)
+        attempt = Attempt(
+            model,
+            Result.OK,
+            key=archive.key,
+            etag=archive.etag,
+            serving=installed.sha256,
+            sha256=installed.sha256,
+            version_id=version,
+        )
         try:
             with self._phase(attempt, "load"):
                 self.triton.load(model)
         except SyncError as exc:  # nothing was flipped: the disk already holds what Triton should serve
             attempt.result, attempt.reason = exc.result, str(exc)
             self._record(attempt)
-            return Outcome(model, False, str(exc), result=exc.result, failed=True, serving=installed.sha256,
-                           expected=installed.sha256, version_id=version)
+            return Outcome(
+                model,
+                False,
+                str(exc),
+                result=exc.result,
+                failed=True,
+                serving=installed.sha256,
+                expected=installed.sha256,
+                version_id=version,
+            )
         self._record(attempt)
-        return Outcome(model, True, result=Result.OK, serving=installed.sha256, expected=installed.sha256,
-                       version_id=version)
+        return Outcome(
+            model, True, result=Result.OK, serving=installed.sha256, expected=installed.sha256, version_id=version
+        )
 
     def _removed(self, model: str) -> Outcome:
         current = self.store.current(model)
         serving = current.sha256 if current else ""
         if not self.settings.delete_removed:
-            return Outcome(model, False, "no longer in S3; kept (run with --delete-removed to unload and delete it)",
-                           serving=serving)
+            return Outcome(
+                model,
+                False,
+                "no longer in S3; kept (run with --delete-removed to unload and delete it)",
+                serving=serving,
+            )
         try:
             self.triton.unload(model)
         except SyncError as exc:
@@ -249,11 +297,14 @@ class Syncer:
     def _free_check(self, need: int, what: str) -> None:
         free = self.fs.free_bytes(self.store.staging)
         if free < need + self.settings.min_free_bytes:
-            raise DiskFull(f"{what} needs {need} bytes plus {self.settings.min_free_bytes} headroom; "
-                           f"{free} free on {self.store.root}")
+            raise DiskFull(
+                f"{what} needs {need} bytes plus {self.settings.min_free_bytes} headroom; "
+                f"{free} free on {self.store.root}"
+            )
 
-    def _install(self, model: str, listed: Archive, installed: Installed | None, attempt: Attempt,
-                 wait_for_tag: bool) -> Installed | None:
+    def _install(
+        self, model: str, listed: Archive, installed: Installed | None, attempt: Attempt, wait_for_tag: bool
+    ) -> Installed | None:
         """Download, verify, extract, swap, load. Returns the installed record when nothing had to change."""
         download: Path | None = None
         extracted: Path | None = None
@@ -263,13 +314,16 @@ class Syncer:
                 archive = self.s3.head(listed)
                 attempt.version_id = archive.version_id
                 if archive.size > self.settings.max_archive_bytes:
-                    raise UnsafeArchive(f"archive is {archive.size} bytes, above --max-archive-bytes "
-                                        f"{self.settings.max_archive_bytes}")
+                    raise UnsafeArchive(
+                        f"archive is {archive.size} bytes, above --max-archive-bytes {self.settings.max_archive_bytes}"
+                    )
                 expected, source = self._expected_hash(archive, wait_for_tag)
                 attempt.sha256 = expected
                 if not expected and not self.settings.allow_unverified:
-                    raise MissingHash(f"s3://{self.s3.bucket}/{archive.key} has no sha256 user metadata or tag "
-                                      "(upload with --metadata sha256=<hex>, or run with --allow-unverified)")
+                    raise MissingHash(
+                        f"s3://{self.s3.bucket}/{archive.key} has no sha256 user metadata or tag "
+                        "(upload with --metadata sha256=<hex>, or run with --allow-unverified)"
+                    )
                 if installed is not None and expected and expected == installed.sha256:
                     return self._same_content(installed, archive)
                 self._free_check(archive.size, f"downloading {archive.key}")
@@ -278,8 +332,10 @@ class Syncer:
                 attempt.bytes_downloaded = count
             with self._phase(attempt, "verify"):
                 if expected and sha != expected:
-                    raise HashMismatch(f"downloaded sha256 {sha} differs from the expected {expected} "
-                                       f"(object {source}); the installed version stays")
+                    raise HashMismatch(
+                        f"downloaded sha256 {sha} differs from the expected {expected} "
+                        f"(object {source}); the installed version stays"
+                    )
                 attempt.sha256 = sha
                 if installed is not None and sha == installed.sha256:  # unverified, and the same bytes
                     return self._same_content(installed, archive)
@@ -296,11 +352,18 @@ class Syncer:
                 zf = None
                 download.unlink()
                 download = None
-                record = {"model": model, "sha256": sha, "key": archive.key, "etag": archive.etag,
-                          "version_id": archive.version_id, "hash_source": source or "unverified",
-                          "last_modified": archive.last_modified.isoformat(),
-                          "installed_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                          "replaced": installed.sha256 if installed else None, "host": self.settings.host}
+                record = {
+                    "model": model,
+                    "sha256": sha,
+                    "key": archive.key,
+                    "etag": archive.etag,
+                    "version_id": archive.version_id,
+                    "hash_source": source or "unverified",
+                    "last_modified": archive.last_modified.isoformat(),
+                    "installed_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "replaced": installed.sha256 if installed else None,
+                    "host": self.settings.host,
+                }
                 final = self.store.commit(model, sha, extracted, record)
                 extracted = None
             with self._phase(attempt, "swap"):
@@ -328,8 +391,13 @@ class Syncer:
                 shutil.rmtree(extracted, ignore_errors=True)
 
     def _same_content(self, installed: Installed, archive: Archive) -> Installed:
-        record = {**installed.record, "etag": archive.etag, "version_id": archive.version_id, "key": archive.key,
-                  "last_modified": archive.last_modified.isoformat()}
+        record = {
+            **installed.record,
+            "etag": archive.etag,
+            "version_id": archive.version_id,
+            "key": archive.key,
+            "last_modified": archive.last_modified.isoformat(),
+        }
         write_json(self.fs, installed.path.parent / f"{installed.sha256}.json", record)
         self.log.info("%s: new object, same sha256 %s: nothing to install", installed.model, installed.sha256)
         return Installed(installed.model, installed.sha256, installed.path, record)
@@ -340,8 +408,10 @@ class Syncer:
         self.store.discard(model, sha)
         if installed is None:
             raise exc
-        raise RolledBack(f"{exc}; rolled back: {model} links to {installed.sha256} again, which Triton keeps "
-                         "serving", transient=exc.transient) from exc
+        raise RolledBack(
+            f"{exc}; rolled back: {model} links to {installed.sha256} again, which Triton keeps serving",
+            transient=exc.transient,
+        ) from exc
 
     # --- bookkeeping ------------------------------------------------------------------------
 
@@ -352,8 +422,16 @@ class Syncer:
         self._record(attempt)
         if not exc.transient:
             self.failed[model] = Memo(archive.etag, attempt.sha256, exc.result, str(exc))
-        return Outcome(model, False, str(exc), result=exc.result, failed=True, serving=attempt.serving,
-                       expected=attempt.sha256, version_id=attempt.version_id)
+        return Outcome(
+            model,
+            False,
+            str(exc),
+            result=exc.result,
+            failed=True,
+            serving=attempt.serving,
+            expected=attempt.sha256,
+            version_id=attempt.version_id,
+        )
 
     def _fail_once(self, model: str, archive: Archive, exc: SyncError) -> Outcome:
         """A failure known from the listing alone (a bad name): one attempt event per object, not per pass."""
@@ -367,9 +445,14 @@ class Syncer:
     def _record(self, attempt: Attempt) -> None:
         self.attempts += 1
         total = sum(attempt.phases.values())
-        fields = {"model": attempt.model, "result": str(attempt.result), "sha256": attempt.sha256,
-                  "s3_version_id": attempt.version_id, "seconds": round(total, 3),
-                  **{f"{p}_s": round(s, 3) for p, s in attempt.phases.items()}}
+        fields = {
+            "model": attempt.model,
+            "result": str(attempt.result),
+            "sha256": attempt.sha256,
+            "s3_version_id": attempt.version_id,
+            "seconds": round(total, 3),
+            **{f"{p}_s": round(s, 3) for p, s in attempt.phases.items()},
+        }
         if attempt.result == Result.OK:
             self.log.info("%s in sync: serving %s", attempt.model, attempt.serving, extra={"fields": fields})
         else:

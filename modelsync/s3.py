@@ -117,11 +117,17 @@ class S3:
         try:
             resp = self.client.head_object(Bucket=self.bucket, Key=archive.key, IfMatch=archive.etag)
         except Exception as exc:
-            raise DownloadError(f"HEAD s3://{self.bucket}/{archive.key}: {_error(exc)} (replaced or deleted "
-                                "since the listing?)") from exc
+            raise DownloadError(
+                f"HEAD s3://{self.bucket}/{archive.key}: {_error(exc)} (replaced or deleted since the listing?)"
+            ) from exc
         sha = valid_hash((resp.get("Metadata") or {}).get("sha256"))
-        return replace(archive, version_id=resp.get("VersionId") or "", size=int(resp["ContentLength"]),
-                       sha256=sha, hash_source="metadata" if sha else "")
+        return replace(
+            archive,
+            version_id=resp.get("VersionId") or "",
+            size=int(resp["ContentLength"]),
+            sha256=sha,
+            hash_source="metadata" if sha else "",
+        )
 
     def tag_hash(self, archive: Archive) -> str:
         """The ``sha256`` object tag of this version, "" when absent (or unreadable: metadata may still do)."""
@@ -133,8 +139,9 @@ class S3:
         tags = {t.get("Key"): t.get("Value") for t in resp.get("TagSet", [])}
         return valid_hash(tags.get("sha256"))
 
-    def download(self, archive: Archive, dest: Path, fs: FileSystem,
-                 on_bytes: Callable[[int], None] | None = None) -> tuple[str, int]:
+    def download(
+        self, archive: Archive, dest: Path, fs: FileSystem, on_bytes: Callable[[int], None] | None = None
+    ) -> tuple[str, int]:
         """Stream the pinned version into ``dest``; returns (sha256 hex, bytes). Leaves nothing on failure."""
         pin = {"VersionId": archive.version_id} if archive.version_id else {"IfMatch": archive.etag}
         digest = hashlib.sha256()
@@ -160,8 +167,10 @@ class S3:
             raise DownloadError(f"GET s3://{self.bucket}/{archive.key}: {_error(exc)}") from exc
         if count != length or count != archive.size:
             dest.unlink(missing_ok=True)
-            raise DownloadError(f"GET s3://{self.bucket}/{archive.key}: truncated body, {count} of {length} bytes "
-                                f"(listed size {archive.size})")
+            raise DownloadError(
+                f"GET s3://{self.bucket}/{archive.key}: truncated body, {count} of {length} bytes "
+                f"(listed size {archive.size})"
+            )
         return digest.hexdigest(), count
 
 

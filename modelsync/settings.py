@@ -58,8 +58,11 @@ class Settings:
 
     @property
     def store_root(self) -> Path:
-        return self.store if str(self.store) not in ("", ".") else self.repository.with_name(
-            self.repository.name + ".store")
+        return (
+            self.store
+            if str(self.store) not in ("", ".")
+            else self.repository.with_name(self.repository.name + ".store")
+        )
 
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -172,38 +175,103 @@ def _host(text: str) -> str:
 OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = [
     ("bucket", "--bucket", ("MODELSYNC_BUCKET",), _bucket, "S3 bucket holding <prefix><model>.zip archives (required)"),
     ("prefix", "--prefix", ("MODELSYNC_PREFIX",), _prefix, "key prefix, used literally (include a trailing '/')"),
-    ("repository", "--repository", ("MODELSYNC_REPOSITORY",), _path,
-     "Triton's model repository: holds only symbolic links, one per model, to complete store directories"),
-    ("store", "--store", ("MODELSYNC_STORE",), _path,
-     "where archives are extracted, <store>/<model>/<sha256>/; same filesystem as the repository, never inside "
-     "it (default: <repository>.store beside it)"),
+    (
+        "repository",
+        "--repository",
+        ("MODELSYNC_REPOSITORY",),
+        _path,
+        "Triton's model repository: holds only symbolic links, one per model, to complete store directories",
+    ),
+    (
+        "store",
+        "--store",
+        ("MODELSYNC_STORE",),
+        _path,
+        "where archives are extracted, <store>/<model>/<sha256>/; same filesystem as the repository, never inside "
+        "it (default: <repository>.store beside it)",
+    ),
     ("triton_url", "--triton-url", ("TRITON_URL",), _url, "Triton HTTP API (explicit model-control mode)"),
-    ("queue_url", "--queue-url", ("MODELSYNC_QUEUE_URL",), _queue_url,
-     "optional SQS queue fed by S3 or EventBridge object events; events only trigger a reconcile of the model"),
+    (
+        "queue_url",
+        "--queue-url",
+        ("MODELSYNC_QUEUE_URL",),
+        _queue_url,
+        "optional SQS queue fed by S3 or EventBridge object events; events only trigger a reconcile of the model",
+    ),
     ("interval", "--interval", ("MODELSYNC_INTERVAL",), _positive, "seconds between full reconciles with S3"),
-    ("output", "--output", ("MODELSYNC_OUTPUT", "AWS_EMF_AGENT_ENDPOINT"), parse_output,
-     "where EMF goes: stdout, tcp://HOST:PORT, udp://HOST:PORT, file:PATH"),
+    (
+        "output",
+        "--output",
+        ("MODELSYNC_OUTPUT", "AWS_EMF_AGENT_ENDPOINT"),
+        parse_output,
+        "where EMF goes: stdout, tcp://HOST:PORT, udp://HOST:PORT, file:PATH",
+    ),
     ("namespace", "--namespace", ("AWS_EMF_NAMESPACE",), _namespace, "CloudWatch namespace"),
-    ("allow_unverified", "--allow-unverified", ("MODELSYNC_ALLOW_UNVERIFIED",), _bool,
-     "install archives that carry no expected sha256 (metadata or tag); refused otherwise"),
-    ("delete_removed", "--delete-removed", ("MODELSYNC_DELETE_REMOVED",), _bool,
-     "unload and delete models whose archive left S3; otherwise they are kept and reported"),
-    ("max_archive_bytes", "--max-archive-bytes", ("MODELSYNC_MAX_ARCHIVE_BYTES",), _positive_size,
-     "largest archive downloaded (K/M/G/T suffixes)"),
-    ("max_extracted_bytes", "--max-extracted-bytes", ("MODELSYNC_MAX_EXTRACTED_BYTES",), _positive_size,
-     "largest total of uncompressed entry sizes in one archive"),
+    (
+        "allow_unverified",
+        "--allow-unverified",
+        ("MODELSYNC_ALLOW_UNVERIFIED",),
+        _bool,
+        "install archives that carry no expected sha256 (metadata or tag); refused otherwise",
+    ),
+    (
+        "delete_removed",
+        "--delete-removed",
+        ("MODELSYNC_DELETE_REMOVED",),
+        _bool,
+        "unload and delete models whose archive left S3; otherwise they are kept and reported",
+    ),
+    (
+        "max_archive_bytes",
+        "--max-archive-bytes",
+        ("MODELSYNC_MAX_ARCHIVE_BYTES",),
+        _positive_size,
+        "largest archive downloaded (K/M/G/T suffixes)",
+    ),
+    (
+        "max_extracted_bytes",
+        "--max-extracted-bytes",
+        ("MODELSYNC_MAX_EXTRACTED_BYTES",),
+        _positive_size,
+        "largest total of uncompressed entry sizes in one archive",
+    ),
     ("max_entries", "--max-entries", ("MODELSYNC_MAX_ENTRIES",), _positive_int, "most entries in one archive"),
-    ("max_ratio", "--max-ratio", ("MODELSYNC_MAX_RATIO",), _positive,
-     "highest compression ratio of an entry over 1 MiB, and of the whole archive (zip bombs)"),
-    ("min_free_bytes", "--min-free-bytes", ("MODELSYNC_MIN_FREE_BYTES",), parse_size,
-     "free space that must remain on the store's filesystem after download and extraction"),
-    ("hash_tag_wait", "--hash-tag-wait", ("MODELSYNC_HASH_TAG_WAIT",), _non_negative,
-     "seconds to wait for a sha256 object tag when an event arrives before the tag"),
-    ("load_timeout", "--load-timeout", ("MODELSYNC_LOAD_TIMEOUT",), _positive,
-     "seconds one Triton load call may take (the call blocks until loaded or failed)"),
+    (
+        "max_ratio",
+        "--max-ratio",
+        ("MODELSYNC_MAX_RATIO",),
+        _positive,
+        "highest compression ratio of an entry over 1 MiB, and of the whole archive (zip bombs)",
+    ),
+    (
+        "min_free_bytes",
+        "--min-free-bytes",
+        ("MODELSYNC_MIN_FREE_BYTES",),
+        parse_size,
+        "free space that must remain on the store's filesystem after download and extraction",
+    ),
+    (
+        "hash_tag_wait",
+        "--hash-tag-wait",
+        ("MODELSYNC_HASH_TAG_WAIT",),
+        _non_negative,
+        "seconds to wait for a sha256 object tag when an event arrives before the tag",
+    ),
+    (
+        "load_timeout",
+        "--load-timeout",
+        ("MODELSYNC_LOAD_TIMEOUT",),
+        _positive,
+        "seconds one Triton load call may take (the call blocks until loaded or failed)",
+    ),
     ("host", "--host-id", ("MODELSYNC_HOST",), _host, "this host's name in the EMF properties (default: hostname)"),
-    ("log_level", "--log-level", ("MODELSYNC_LOG_LEVEL",), _choice("debug", "info", "warning", "error"),
-     "level of modelsync's own JSON log lines on stderr"),
+    (
+        "log_level",
+        "--log-level",
+        ("MODELSYNC_LOG_LEVEL",),
+        _choice("debug", "info", "warning", "error"),
+        "level of modelsync's own JSON log lines on stderr",
+    ),
 ]
 BOOLEAN_FIELDS = {f.name for f in fields(Settings) if f.type in ("bool", bool)} - {"once"}
 ENV_VARS = tuple(env for _, _, envs, _, _ in OPTIONS for env in envs)
@@ -230,16 +298,30 @@ def build_parser(prog: str = "python -m modelsync") -> argparse.ArgumentParser:
     for field, flag, envs, _, text in OPTIONS:
         default = getattr(defaults, field)
         if field in BOOLEAN_FIELDS:
-            parser.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, default=None,
-                                help=f"{text} (default: {str(default).lower()}) [env: {', '.join(envs)}]")
+            parser.add_argument(
+                flag,
+                dest=field,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"{text} (default: {str(default).lower()}) [env: {', '.join(envs)}]",
+            )
             continue
-        shown = {"bucket": "", "store": "", "host": "", "prefix": " (default: empty)",
-                 "queue_url": " (default: none)"}.get(field, f" (default: {_shown(default)})")
-        parser.add_argument(flag, dest=field, metavar=field.split("_")[-1].upper(),
-                            help=f"{text}{shown} [env: {', '.join(envs)}]")
-    parser.add_argument("--once", action="store_true",
-                        help="reconcile once and exit: 0 when every model in S3 is installed and READY, 1 "
-                        "otherwise (one line per failed model on stderr)")
+        shown = {
+            "bucket": "",
+            "store": "",
+            "host": "",
+            "prefix": " (default: empty)",
+            "queue_url": " (default: none)",
+        }.get(field, f" (default: {_shown(default)})")
+        parser.add_argument(
+            flag, dest=field, metavar=field.split("_")[-1].upper(), help=f"{text}{shown} [env: {', '.join(envs)}]"
+        )
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="reconcile once and exit: 0 when every model in S3 is installed and READY, 1 "
+        "otherwise (one line per failed model on stderr)",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
@@ -272,8 +354,10 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
     settings = Settings(**values)
     repo, store = settings.repository, settings.store_root
     if repo == store or store.is_relative_to(repo) or repo.is_relative_to(store):
-        raise ConfigError(f"--store={store}: must be outside --repository={repo} (every directory there is a "
-                          "model to Triton) and must not contain it")
+        raise ConfigError(
+            f"--store={store}: must be outside --repository={repo} (every directory there is a "
+            "model to Triton) and must not contain it"
+        )
     if settings.max_extracted_bytes < 1 or settings.max_archive_bytes < 1:
         raise ConfigError("archive limits must be positive")
     return settings

@@ -49,8 +49,10 @@ class StoreError(Exception):
 def model_name_problem(name: str) -> str | None:
     """Why ``name`` cannot be a model directory, or None."""
     if not _NAME.fullmatch(name):
-        return (f"model name {name!r} is not allowed: 1-200 characters from A-Z a-z 0-9 . _ ~ ! $ & ' ( ) * + , ; "
-                "= : @ -, not starting with '.' (Triton serves names verbatim in URL paths)")
+        return (
+            f"model name {name!r} is not allowed: 1-200 characters from A-Z a-z 0-9 . _ ~ ! $ & ' ( ) * + , ; "
+            "= : @ -, not starting with '.' (Triton serves names verbatim in URL paths)"
+        )
     return None
 
 
@@ -86,11 +88,15 @@ class Store:
                 if not os.access(d, os.W_OK | os.X_OK):
                     raise PermissionError(13, "not writable", str(d))
         except OSError as exc:
-            raise StoreError(f"cannot use {exc.filename or d}: {exc.strerror or exc} (the daemon runs as uid "
-                             f"{os.getuid()}; the directory must be writable by it)") from exc
+            raise StoreError(
+                f"cannot use {exc.filename or d}: {exc.strerror or exc} (the daemon runs as uid "
+                f"{os.getuid()}; the directory must be writable by it)"
+            ) from exc
         if os.stat(self.repository).st_dev != os.stat(self.root).st_dev:
-            raise StoreError(f"--store {self.root} and --repository {self.repository} are on different filesystems: "
-                             "the link flip renames across them; put both on the same one")
+            raise StoreError(
+                f"--store {self.root} and --repository {self.repository} are on different filesystems: "
+                "the link flip renames across them; put both on the same one"
+            )
         fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -195,8 +201,10 @@ class Store:
             fsync_dir(self.repository)
             return
         if self.unmanaged(model):
-            raise LoadFailed(f"{link} exists and is not a modelsync link (a directory placed by hand?): move it "
-                             "away to let modelsync manage this model")
+            raise LoadFailed(
+                f"{link} exists and is not a modelsync link (a directory placed by hand?): move it "
+                "away to let modelsync manage this model"
+            )
         tmp = self._unique("link", model)
         try:
             self.fs.symlink(os.path.relpath(target, self.repository), tmp)

@@ -35,8 +35,12 @@ class Triton:
 
     def _post(self, path: str, timeout: float, body: object | None = None) -> requests.Response:
         try:
-            return self.session.post(self.url + path, json=body if body is not None else {},
-                                     timeout=(CONNECT_TIMEOUT, timeout), allow_redirects=False)
+            return self.session.post(
+                self.url + path,
+                json=body if body is not None else {},
+                timeout=(CONNECT_TIMEOUT, timeout),
+                allow_redirects=False,
+            )
         except requests.RequestException as exc:
             raise TritonUnavailable(f"Triton at {self.url} unreachable: {type(exc).__name__}: {exc}") from exc
 

@@ -32,12 +32,17 @@ def words(n: int, tag: str) -> str:
 
 # (prompt words, max_tokens, ttft ms, itl ms) per vllm_model request
 VLLM_WARMUP = [(4, 8, 25, 30)] * 3
-VLLM_WINDOW = [(3, 8, 25, 30), (5, 20, 25, 30), (12, 1, 65, 30), (40, 64, 120, 30), (7, 16, 300, 80),
-               (120, 200, 45, 30)]
+VLLM_WINDOW = [
+    (3, 8, 25, 30),
+    (5, 20, 25, 30),
+    (12, 1, 65, 30),
+    (40, 64, 120, 30),
+    (7, 16, 300, 80),
+    (120, 200, 45, 30),
+]
 # one list of (prompt words, max_tokens) per tensorrt_llm request; the last request sets the gauges
 TRT_WARMUP = [[(10, 20), (10, 20)]]
-TRT_WINDOW = [[(200, 100), (30, 1500), (600, 5)],
-              [(5, 10), (60, 20), (100, 30), (20, 40), (7, 50), (3, 60)]]
+TRT_WINDOW = [[(200, 100), (30, 1500), (600, 5)], [(5, 10), (60, 20), (100, 30), (20, 40), (7, 50), (3, 60)]]
 
 
 def _vllm_traffic(server: TritonServer, requests: list[tuple[int, int, int, int]], tag: str) -> None:

@@ -125,8 +125,12 @@ class FakeHttp:
         self.close()
 
 
-def head(status: int = 200, content_type: str = "text/plain; version=0.0.4", length: int | None = None,
-         extra: dict[str, str] | None = None) -> bytes:
+def head(
+    status: int = 200,
+    content_type: str = "text/plain; version=0.0.4",
+    length: int | None = None,
+    extra: dict[str, str] | None = None,
+) -> bytes:
     reason = {200: "OK", 302: "Found", 301: "Moved Permanently", 404: "Not Found", 503: "Service Unavailable"}
     lines = [f"HTTP/1.1 {status} {reason.get(status, 'X')}", f"Content-Type: {content_type}", "Connection: close"]
     if length is not None:

@@ -194,7 +194,7 @@ def onigmo_to_python(pattern: str) -> str:
                     i += len(opener)
                     break
             else:
-                raise OnigmoError(f"group syntax {pattern[i:i + 4]!r} not in the common subset: {pattern!r}")
+                raise OnigmoError(f"group syntax {pattern[i : i + 4]!r} not in the common subset: {pattern!r}")
             continue
         if c in "*+?" and out and out[-1] in ("*", "+", "?", "}") and c == "+":
             raise OnigmoError(f"possessive quantifier in {pattern!r}")
@@ -236,8 +236,10 @@ def check_template(template: str) -> None:
         rest = template[m.end() :]
         if rest and rest[0] not in ".,":
             raise ConfigError(f"template {template!r}: ${m.group(1)} is followed by {rest[0]!r}")
-        if not m.group(1).startswith("TAG") and not m.group(1).isdigit() and not re.fullmatch(
-            r"[A-Za-z_][A-Za-z0-9_]*", m.group(1)
+        if (
+            not m.group(1).startswith("TAG")
+            and not m.group(1).isdigit()
+            and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", m.group(1))
         ):
             raise ConfigError(f"template {template!r}: key ${m.group(1)} would include stray characters")
 
@@ -278,18 +280,59 @@ def translate(template: str, tag: str, record: dict | None = None, groups: tuple
 COMMON_KEYS = {"name", "match", "match_regex", "alias", "log_level"}
 # Options used here that exist under these names on both Fluent Bit 1.9.10 and 4.1.
 PLUGIN_KEYS: dict[tuple[str, str], set[str]] = {
-    ("INPUT", "tcp"): {"tag", "listen", "port", "format", "separator", "chunk_size", "buffer_size",
-                       "mem_buf_limit", "storage.type"},
-    ("FILTER", "multiline"): {"multiline.key_content", "multiline.parser", "mode", "buffer", "flush_ms",
-                              "emitter_name", "emitter_storage.type", "emitter_mem_buf_limit"},
+    ("INPUT", "tcp"): {
+        "tag",
+        "listen",
+        "port",
+        "format",
+        "separator",
+        "chunk_size",
+        "buffer_size",
+        "mem_buf_limit",
+        "storage.type",
+    },
+    ("FILTER", "multiline"): {
+        "multiline.key_content",
+        "multiline.parser",
+        "mode",
+        "buffer",
+        "flush_ms",
+        "emitter_name",
+        "emitter_storage.type",
+        "emitter_mem_buf_limit",
+    },
     ("FILTER", "rewrite_tag"): {"rule", "emitter_name", "emitter_storage.type", "emitter_mem_buf_limit"},
-    ("FILTER", "modify"): {"condition", "set", "add", "remove", "rename", "hard_rename", "copy", "hard_copy",
-                           "remove_wildcard", "remove_regex"},
+    ("FILTER", "modify"): {
+        "condition",
+        "set",
+        "add",
+        "remove",
+        "rename",
+        "hard_rename",
+        "copy",
+        "hard_copy",
+        "remove_wildcard",
+        "remove_regex",
+    },
     ("FILTER", "parser"): {"key_name", "parser", "reserve_data", "preserve_key", "unescape_key"},
-    ("OUTPUT", "cloudwatch_logs"): {"region", "log_group_name", "log_group_template", "log_stream_name",
-                                    "log_stream_prefix", "log_stream_template", "log_key", "log_format",
-                                    "auto_create_group", "log_retention_days", "role_arn", "endpoint",
-                                    "sts_endpoint", "workers", "retry_limit", "auto_retry_requests"},
+    ("OUTPUT", "cloudwatch_logs"): {
+        "region",
+        "log_group_name",
+        "log_group_template",
+        "log_stream_name",
+        "log_stream_prefix",
+        "log_stream_template",
+        "log_key",
+        "log_format",
+        "auto_create_group",
+        "log_retention_days",
+        "role_arn",
+        "endpoint",
+        "sts_endpoint",
+        "workers",
+        "retry_limit",
+        "auto_retry_requests",
+    },
 }
 REQUIRED_KEYS: dict[tuple[str, str], set[str]] = {
     ("INPUT", "tcp"): {"tag", "port"},
@@ -298,12 +341,45 @@ REQUIRED_KEYS: dict[tuple[str, str], set[str]] = {
     ("FILTER", "parser"): {"key_name", "parser"},
     ("OUTPUT", "cloudwatch_logs"): {"region", "log_group_name"},
 }
-PARSER_KEYS = {"name", "format", "regex", "time_key", "time_format", "time_keep", "time_offset",
-               "decode_field", "decode_field_as", "types", "skip_empty_values"}
+PARSER_KEYS = {
+    "name",
+    "format",
+    "regex",
+    "time_key",
+    "time_format",
+    "time_keep",
+    "time_offset",
+    "decode_field",
+    "decode_field_as",
+    "types",
+    "skip_empty_values",
+}
 MULTILINE_KEYS = {"name", "type", "flush_timeout", "rule", "key_content", "parser", "match_string", "negate"}
 LOG_GROUP_RE = re.compile(r"[\.\-_/#A-Za-z0-9]{1,512}")
-RETENTION_DAYS = {1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
-                  2922, 3288, 3653}
+RETENTION_DAYS = {
+    1,
+    3,
+    5,
+    7,
+    14,
+    30,
+    60,
+    90,
+    120,
+    150,
+    180,
+    365,
+    400,
+    545,
+    731,
+    1096,
+    1827,
+    2192,
+    2557,
+    2922,
+    3288,
+    3653,
+}
 
 
 @dataclass
@@ -355,8 +431,14 @@ def load_parsers(path: Path) -> tuple[dict[str, Parser], dict[str, MLParser]]:
             name = s.get("Name") or ""
             if name in parsers:
                 raise ConfigError(f"{s.where()}: duplicate parser {name}")
-            parsers[name] = Parser(name, compile_onigmo(s.get("Regex") or ""), s.get("Time_Key"),
-                                   s.get("Time_Format"), _bool(s.get("Time_Keep")), decoders)
+            parsers[name] = Parser(
+                name,
+                compile_onigmo(s.get("Regex") or ""),
+                s.get("Time_Key"),
+                s.get("Time_Format"),
+                _bool(s.get("Time_Keep")),
+                decoders,
+            )
             if parsers[name].time_key and parsers[name].time_key not in parsers[name].regex.groupindex:
                 raise ConfigError(f"{s.where()}: Time_Key {parsers[name].time_key} is not a capture")
         elif s.kind == "MULTILINE_PARSER":
@@ -416,8 +498,18 @@ def tag_matches(section: Section, tag: str) -> bool:
 
 def unescape(text: str, utf8: bool) -> str:
     """flb_unescape_string: backslash escapes of a quoted message (``\\uXXXX`` for escaped_utf8)."""
-    simple = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "a": "\a", "v": "\v",
-              '"': '"', "\\": "\\", "/": "/"}
+    simple = {
+        "n": "\n",
+        "t": "\t",
+        "r": "\r",
+        "b": "\b",
+        "f": "\f",
+        "a": "\a",
+        "v": "\v",
+        '"': '"',
+        "\\": "\\",
+        "/": "/",
+    }
     out, i = [], 0
     while i < len(text):
         c = text[i]
@@ -449,8 +541,9 @@ def parse_time(value: str, fmt: str, now: datetime) -> float:
 class Pipeline:
     """The include file plus the parsers file it names, ready to run records through."""
 
-    def __init__(self, conf: Path, env: dict[str, str], image_paths: dict[str, Path] | None = None,
-                 now: datetime | None = None) -> None:
+    def __init__(
+        self, conf: Path, env: dict[str, str], image_paths: dict[str, Path] | None = None, now: datetime | None = None
+    ) -> None:
         self.conf = conf
         self.env = env
         self.now = now or datetime.now(UTC)
@@ -657,9 +750,7 @@ class Pipeline:
         matched = False
         if state["rule"] is not None:
             for r in ml.rules:
-                if r.from_state == state["rule"].to_state and r.from_state != "start_state" and r.regex.search(
-                    content
-                ):
+                if r.from_state == state["rule"].to_state and r.from_state != "start_state" and r.regex.search(content):
                     if state["buf"] and not state["buf"].endswith("\n"):
                         state["buf"] += "\n"
                     state["buf"] += content if content else "\n"
@@ -744,8 +835,13 @@ class Pipeline:
                         continue
                     for rule in f.all("Rule"):
                         _, _, new_tag, _ = self._rule(rule)
-                        for sample in (("x",), ("a", "b"), ("a", "b", "c"), ("a", "b", "c", "d"),
-                                       ("a", "b", "c", "d", "e")):
+                        for sample in (
+                            ("x",),
+                            ("a", "b"),
+                            ("a", "b", "c"),
+                            ("a", "b", "c", "d"),
+                            ("a", "b", "c", "d", "e"),
+                        ):
                             t = translate(new_tag, tag, {}, ("whole", *sample))
                             if t not in tags and t.count(".") < 12:
                                 tags.add(t)
@@ -788,11 +884,14 @@ class FireLensTask:
     def records(self, lines: Iterable[str], stream: str = "stderr", t0: float = 1.7e9) -> list[Record]:
         out: list[Record] = []
         for i, line in enumerate(lines):
-            base = {"source": stream, "container_id": "c0ffee" * 10 + "abcd",
-                    "container_name": f"/ecs-triton-1-{self.container}-0000",
-                    "ecs_cluster": self.cluster,
-                    "ecs_task_arn": f"arn:aws:ecs:us-east-1:123456789012:task/{self.cluster}/{self.task_id}",
-                    "ecs_task_definition": "triton:1"}
+            base = {
+                "source": stream,
+                "container_id": "c0ffee" * 10 + "abcd",
+                "container_name": f"/ecs-triton-1-{self.container}-0000",
+                "ecs_cluster": self.cluster,
+                "ecs_task_arn": f"arn:aws:ecs:us-east-1:123456789012:task/{self.cluster}/{self.task_id}",
+                "ecs_task_definition": "triton:1",
+            }
             data = line.encode()
             if len(data) <= self.partial_limit:
                 out.append(Record(self.tag, t0 + i * 1e-3, {"log": line, **base}))
@@ -800,10 +899,20 @@ class FireLensTask:
             self._partial_seq += 1
             chunks = [data[k : k + self.partial_limit] for k in range(0, len(data), self.partial_limit)]
             for n, chunk in enumerate(chunks, 1):
-                out.append(Record(self.tag, t0 + i * 1e-3, {
-                    "log": chunk.decode(errors="surrogateescape"), **base, "partial_message": "true",
-                    "partial_id": f"p{self._partial_seq}", "partial_ordinal": str(n),
-                    "partial_last": "true" if n == len(chunks) else "false"}))
+                out.append(
+                    Record(
+                        self.tag,
+                        t0 + i * 1e-3,
+                        {
+                            "log": chunk.decode(errors="surrogateescape"),
+                            **base,
+                            "partial_message": "true",
+                            "partial_id": f"p{self._partial_seq}",
+                            "partial_ordinal": str(n),
+                            "partial_last": "true" if n == len(chunks) else "false",
+                        },
+                    )
+                )
         return out
 
 

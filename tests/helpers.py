@@ -22,8 +22,9 @@ CATALOG = build()  # the built-in catalog, as the sidecar builds it with default
 
 def pipeline_for(server, **overrides) -> Pipeline:
     """A Pipeline with the real Triton sources pointed at a demo.triton.TritonServer."""
-    settings = replace(Settings(triton_url=server.url, metrics_url=server.metrics_url, nvml="off", timeout=5.0),
-                       **overrides)
+    settings = replace(
+        Settings(triton_url=server.url, metrics_url=server.metrics_url, nvml="off", timeout=5.0), **overrides
+    )
     return Pipeline(settings, CATALOG, build_sources(settings, CATALOG))
 
 

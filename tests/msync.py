@@ -51,9 +51,14 @@ class Moto:
     url: str
 
     def client(self, service: str, url: str | None = None) -> Any:
-        return boto3.client(service, endpoint_url=url or self.url, region_name=REGION,
-                            aws_access_key_id="testing", aws_secret_access_key="testing",
-                            config=Config(retries={"mode": "standard", "max_attempts": 2}))
+        return boto3.client(
+            service,
+            endpoint_url=url or self.url,
+            region_name=REGION,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            config=Config(retries={"mode": "standard", "max_attempts": 2}),
+        )
 
     def env(self, url: str | None = None) -> dict[str, str]:
         """The environment a modelsync subprocess gets: the standard AWS variables only."""
@@ -97,7 +102,7 @@ output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 instance_group [{{ kind: KIND_CPU }}]
 """
 
-MODEL_PY = '''import numpy as np
+MODEL_PY = """import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
@@ -108,18 +113,24 @@ class TritonPythonModel:
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", (x + {add}).astype(np.float32))]))
         return out
-'''
+"""
 
 BROKEN_PY = 'raise RuntimeError("boom: this build does not load")\n'
 
 
 def model_files(name: str, add: float = 1.0, broken: bool = False, version: str = "1") -> dict[str, bytes]:
-    return {f"{name}/config.pbtxt": CONFIG.format(name=name).encode(),
-            f"{name}/{version}/model.py": (BROKEN_PY if broken else MODEL_PY.format(add=add)).encode()}
+    return {
+        f"{name}/config.pbtxt": CONFIG.format(name=name).encode(),
+        f"{name}/{version}/model.py": (BROKEN_PY if broken else MODEL_PY.format(add=add)).encode(),
+    }
 
 
-def make_zip(files: dict[str, bytes], symlinks: dict[str, str] | None = None,
-             raw: list[zipfile.ZipInfo] | None = None, compression: int = zipfile.ZIP_DEFLATED) -> bytes:
+def make_zip(
+    files: dict[str, bytes],
+    symlinks: dict[str, str] | None = None,
+    raw: list[zipfile.ZipInfo] | None = None,
+    compression: int = zipfile.ZIP_DEFLATED,
+) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression) as zf:
         for name, data in files.items():
@@ -136,8 +147,9 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def upload(moto: Moto, bucket: str, key: str, data: bytes, digest: str | None = "auto",
-           tag: str | None = None) -> dict[str, Any]:
+def upload(
+    moto: Moto, bucket: str, key: str, data: bytes, digest: str | None = "auto", tag: str | None = None
+) -> dict[str, Any]:
     """PUT like the docs' ``aws s3 cp --metadata sha256=...``; ``digest=None`` for no metadata."""
     s3 = moto.client("s3")
     meta = {} if digest is None else {"sha256": sha(data) if digest == "auto" else digest}
@@ -171,15 +183,28 @@ class Env:
         return self.root / "store"
 
     def settings(self, **kw: Any) -> Settings:
-        base = Settings(bucket=self.bucket, repository=self.repository, store=self.store, triton_url=self.triton.url,
-                        interval=5.0, output=Output("file", path=str(self.emf)), min_free_bytes=0, hash_tag_wait=0.0,
-                        load_timeout=60.0, host="test-host")
+        base = Settings(
+            bucket=self.bucket,
+            repository=self.repository,
+            store=self.store,
+            triton_url=self.triton.url,
+            interval=5.0,
+            output=Output("file", path=str(self.emf)),
+            min_free_bytes=0,
+            hash_tag_wait=0.0,
+            load_timeout=60.0,
+            host="test-host",
+        )
         return replace(base, **kw)
 
     def app(self, **kw: Any) -> App:
         fs = kw.pop("fs", self.fs)
-        return build(self.settings(**kw), fs=fs, s3_client=self.moto.client("s3", self.s3_url or None),
-                     sqs_client=self.moto.client("sqs"))
+        return build(
+            self.settings(**kw),
+            fs=fs,
+            s3_client=self.moto.client("s3", self.s3_url or None),
+            sqs_client=self.moto.client("sqs"),
+        )
 
     def sync(self, **kw: Any) -> Report:
         app = self.app(**kw)
@@ -207,8 +232,9 @@ class Env:
         return os.readlink(self.repository / model)
 
     def infer(self, model: str, value: float = 1.0) -> float:
-        status, body = self.triton.infer(model, [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1],
-                                                  "data": [value]}])
+        status, body = self.triton.infer(
+            model, [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [value]}]
+        )
         assert status == 200, body
         return body["outputs"][0]["data"][0]
 
@@ -267,8 +293,9 @@ class FaultFileSystem(LocalFileSystem):
     """The real file system, with one fault armed: ENOSPC once ``write_budget`` bytes were written,
     a reported free space, or a crash (``os._exit``) right before the link flip."""
 
-    def __init__(self, write_budget: int | None = None, free: int | None = None,
-                 crash_before_flip: bool = False) -> None:
+    def __init__(
+        self, write_budget: int | None = None, free: int | None = None, crash_before_flip: bool = False
+    ) -> None:
         self.budget = [write_budget if write_budget is not None else 1 << 62]
         self.free = free
         self.crash_before_flip = crash_before_flip

@@ -95,13 +95,23 @@ class _EventSet:
 class FakeNvml:
     """Module-like: use it wherever the ``pynvml`` module is expected."""
 
-    NEW_FUNCTIONS = frozenset({
-        "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetTemperatureV", "nvmlDeviceGetMemoryInfo_v2",
-    })
+    NEW_FUNCTIONS = frozenset(
+        {
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetTemperatureV",
+            "nvmlDeviceGetMemoryInfo_v2",
+        }
+    )
 
     def __init__(
-        self, gpus: list[FakeGpu] | None = None, *, library: bool = True, init_error: int | None = None,
-        driver_version: str = "550.127.05", old_driver: bool = False, newer_error: int | None = None,
+        self,
+        gpus: list[FakeGpu] | None = None,
+        *,
+        library: bool = True,
+        init_error: int | None = None,
+        driver_version: str = "550.127.05",
+        old_driver: bool = False,
+        newer_error: int | None = None,
     ) -> None:
         self.gpus = list(gpus or [])
         self.library = library
@@ -138,8 +148,9 @@ class FakeNvml:
         """A critical XID on GPU ``index``: queued on every event set that registered for it."""
         for s in self.event_sets:
             if not s.freed and s.registered.get(index, 0) & pynvml.nvmlEventTypeXidCriticalError:
-                s.pending.append(FakeEventData(FakeHandle(index), pynvml.nvmlEventTypeXidCriticalError, xid,
-                                               gpu_instance))
+                s.pending.append(
+                    FakeEventData(FakeHandle(index), pynvml.nvmlEventTypeXidCriticalError, xid, gpu_instance)
+                )
 
     def reset_counters(self) -> None:
         """Driver reload or GPU reset: energy, volatile ECC and PCIe replay counters restart from zero."""
@@ -168,8 +179,11 @@ class FakeNvml:
         if self.refcount == 0:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
         if self.init_error is not None:  # driver went away after init
-            raise _err(pynvml.NVML_ERROR_UNINITIALIZED if self.init_error == pynvml.NVML_ERROR_DRIVER_NOT_LOADED
-                       else self.init_error)
+            raise _err(
+                pynvml.NVML_ERROR_UNINITIALIZED
+                if self.init_error == pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+                else self.init_error
+            )
 
     def _gpu(self, handle: FakeHandle, fn: str) -> FakeGpu:
         self._enter(fn)
@@ -289,8 +303,9 @@ class FakeNvml:
         if not version:
             # v1 counts the driver's reservation as used
             return pynvml.c_nvmlMemory_t(total=g.mem_total, free=free, used=g.mem_used + g.mem_reserved)
-        return pynvml.c_nvmlMemory_v2_t(version=version, total=g.mem_total, reserved=g.mem_reserved, free=free,
-                                        used=g.mem_used)
+        return pynvml.c_nvmlMemory_v2_t(
+            version=version, total=g.mem_total, reserved=g.mem_reserved, free=free, used=g.mem_used
+        )
 
     def nvmlDeviceGetPowerUsage(self, handle: FakeHandle) -> int:
         return self._gpu(handle, "nvmlDeviceGetPowerUsage").power_mw
@@ -392,8 +407,10 @@ UUIDS = [f"GPU-{i:08x}-1111-2222-3333-44445555{i:04x}" for i in range(16)]
 
 
 def gpus(n: int) -> list[FakeGpu]:
-    return [FakeGpu(UUIDS[i], pci_bus_id=f"00000000:{0x10 + i:02X}:00.0", util_gpu=10 + i, temp_gpu=40 + i)
-            for i in range(n)]
+    return [
+        FakeGpu(UUIDS[i], pci_bus_id=f"00000000:{0x10 + i:02X}:00.0", util_gpu=10 + i, temp_gpu=40 + i)
+        for i in range(n)
+    ]
 
 
 def two_healthy() -> FakeNvml:

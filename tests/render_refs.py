@@ -16,8 +16,7 @@ Ref = tuple[str, str, frozenset[str]]
 
 _SEARCH = re.compile(r"SEARCH\(\s*'\{(?P<schema>[^}]*)\}\s+(?P<rest>[^']*)'")
 _METRIC_NAME = re.compile(r'MetricName\s*=\s*"(?P<name>[^"]+)"')
-_INSIGHTS = re.compile(
-    r"SELECT\s+\w+\((?P<name>[^)]+)\)\s+FROM\s+SCHEMA\((?P<schema>[^)]*)\)", re.IGNORECASE)
+_INSIGHTS = re.compile(r"SELECT\s+\w+\((?P<name>[^)]+)\)\s+FROM\s+SCHEMA\((?P<schema>[^)]*)\)", re.IGNORECASE)
 
 
 def _unquote(term: str) -> str:
@@ -32,7 +31,7 @@ def expression_refs(expression: str) -> list[Ref]:
         ns, *dims = [_unquote(t) for t in m.group("schema").split(",")]
         names = _METRIC_NAME.findall(m.group("rest"))
         if len(names) != 1:
-            raise ValueError(f"SEARCH without exactly one MetricName=\"...\": {expression}")
+            raise ValueError(f'SEARCH without exactly one MetricName="...": {expression}')
         out.append((ns, names[0], frozenset(dims)))
     for m in _INSIGHTS.finditer(expression):
         ns, *dims = [_unquote(t) for t in m.group("schema").split(",")]

@@ -41,15 +41,25 @@ def write(tmp_path: Path, text: str, name: str = "user.toml") -> Path:
 def test_builtin_packs_hold_the_core_and_llm_metrics() -> None:
     names = [m.name for m in CATALOG.metrics]
     assert len(names) == len(set(names))
-    assert {"RequestSuccess", "GpuUtilization", "ExporterHeartbeat", "TimeToFirstToken", "KvCacheUtilization",
-            "GenerationTokensPerSecond", "InterTokenLatency", "RequestsWaiting"} <= set(names)
+    assert {
+        "RequestSuccess",
+        "GpuUtilization",
+        "ExporterHeartbeat",
+        "TimeToFirstToken",
+        "KvCacheUtilization",
+        "GenerationTokensPerSecond",
+        "InterTokenLatency",
+        "RequestsWaiting",
+    } <= set(names)
     core = build(packs=("core",))
     assert "KvCacheUtilization" not in [m.name for m in core.metrics]
     # The LLM pack replaces the core time to first token: vLLM's histogram first, Triton's second.
     assert [i.family for i in core.get("TimeToFirstToken").inputs] == ["nv_inference_first_response_histogram_ms"]
     ttft = CATALOG.get("TimeToFirstToken")
-    assert [i.family for i in ttft.inputs] == ["vllm:time_to_first_token_seconds",
-                                               "nv_inference_first_response_histogram_ms"]
+    assert [i.family for i in ttft.inputs] == [
+        "vllm:time_to_first_token_seconds",
+        "nv_inference_first_response_histogram_ms",
+    ]
     assert ttft.inputs[0].scale == 1000.0 and ttft.kind is Kind.DISTRIBUTION and ttft.origin.startswith("llm.toml")
     assert CATALOG.files == tuple(f"{p}.toml (built in)" for p in BUILTIN_PACKS)
 
@@ -59,8 +69,10 @@ def test_state_and_self_metrics_are_exactly_what_the_pipeline_provides() -> None
     from exporter.sources import SourceKind, VersionState
 
     given = exporter_values(Bookkeeping(1.0, 2, 3, 4, 5, 6, 7), [SourceStatus("s", SourceKind.TRITON, True, 1.0)])
-    given |= index_values([VersionState("a", "1", "READY"), VersionState("b", "1", "UNAVAILABLE", "x")],
-                          {"k": VersionState("a", "1", "READY")})
+    given |= index_values(
+        [VersionState("a", "1", "READY"), VersionState("b", "1", "UNAVAILABLE", "x")],
+        {"k": VersionState("a", "1", "READY")},
+    )
     assert set(given) == SELF_METRICS | STATE_METRICS
     assert {m.name for m in CATALOG.metrics if m.kind in (Kind.STATE, Kind.SELF)} == SELF_METRICS | STATE_METRICS
 
@@ -97,7 +109,9 @@ def test_the_shipped_example_file_loads_and_is_the_documented_one() -> None:
 
 
 def test_override_replaces_and_drop_removes(tmp_path: Path) -> None:
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         drop = ["RequestFailureCanceled", "GpuLost"]
 
         [[metric]]
@@ -109,7 +123,8 @@ def test_override_replaces_and_drop_removes(tmp_path: Path) -> None:
         combine = "max"
         inputs = ["nv_inference_pending_request_count"]
         help = "Worst GPU instance's queue."
-    """)
+    """,
+    )
     catalog = build([path])
     names = [m.name for m in catalog.metrics]
     assert "RequestFailureCanceled" not in names and "GpuLost" not in names
@@ -131,34 +146,49 @@ help = "x"
 """
 
 
-@pytest.mark.parametrize(("change", "problem"), [
-    ({"kind": '"sum_of_squares"'}, "unknown kind 'sum_of_squares'"),
-    ({"unit": '"Watts"'}, "unit 'Watts' is not a CloudWatch unit"),
-    ({"name": '"RequestSuccess"'}, "duplicate EMF name (already defined in core.toml (built in))"),
-    ({"kind": '"ratio"'}, "a ratio needs denominators"),
-    ({"name": '"' + "N" * 256 + '"'}, "name is 256 characters; CloudWatch allows 255"),
-    ({"name": '"model"'}, "name must start with an upper-case letter"),
-    ({"inputs": '[{ family = "nv_inference_count", split = "reason", select = "BACKEND" }]'},
-     "family 'nv_inference_count' has no label 'reason' to split on"),
-    ({"inputs": '["nv_no_such_family"]'}, "unknown family 'nv_no_such_family'"),
-    ({"inputs": '["nv_inference_pending_request_count"]'}, "kind delta cannot read gauge family"),
-    ({"inputs": '["vllm:time_to_first_token_seconds"]'}, "use sample = \"sum\" or \"count\""),
-    ({"scope": '"gpu"'}, "scope gpu needs a family labelled gpu_uuid"),
-    ({"scope": '"task"'}, "scope task cannot read 'nv_inference_count'"),
-    ({"scope": '"pod"'}, "unknown scope 'pod'"),
-    ({"rollups": '[["gpu"]]'}, "must be a subset of the scope's dimensions"),
-    ({"colour": '"red"'}, "unknown key(s) ['colour']"),
-    ({"kind": '"percentile"', "inputs": '["vllm:time_to_first_token_seconds"]'}, "a percentile needs quantile"),
-    ({"kind": '"self"'}, "kind self takes no inputs"),
-    ({"breakdown_of": '"NoSuchTotal"'}, "breakdown_of 'NoSuchTotal': no such metric"),
-    ({"combine": '"max"', "name": '"ExecutionsMax"', "inputs": '["nv_inference_exec_count"]'},
-     "combines 'nv_inference_exec_count' by max but 'ExecutionCount' combines it by sum"),
-    ({"help": '""'}, "help must be a non-empty string"),
-])
-def test_invalid_user_files_are_refused_naming_file_entry_and_problem(tmp_path: Path, change: dict[str, str],
-                                                                       problem: str) -> None:
-    fields = {"name": '"X"', "scope": '"model"', "unit": '"Count"', "kind": '"delta"',
-              "inputs": '["nv_inference_count"]', "help": '"x"', **change}
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"kind": '"sum_of_squares"'}, "unknown kind 'sum_of_squares'"),
+        ({"unit": '"Watts"'}, "unit 'Watts' is not a CloudWatch unit"),
+        ({"name": '"RequestSuccess"'}, "duplicate EMF name (already defined in core.toml (built in))"),
+        ({"kind": '"ratio"'}, "a ratio needs denominators"),
+        ({"name": '"' + "N" * 256 + '"'}, "name is 256 characters; CloudWatch allows 255"),
+        ({"name": '"model"'}, "name must start with an upper-case letter"),
+        (
+            {"inputs": '[{ family = "nv_inference_count", split = "reason", select = "BACKEND" }]'},
+            "family 'nv_inference_count' has no label 'reason' to split on",
+        ),
+        ({"inputs": '["nv_no_such_family"]'}, "unknown family 'nv_no_such_family'"),
+        ({"inputs": '["nv_inference_pending_request_count"]'}, "kind delta cannot read gauge family"),
+        ({"inputs": '["vllm:time_to_first_token_seconds"]'}, 'use sample = "sum" or "count"'),
+        ({"scope": '"gpu"'}, "scope gpu needs a family labelled gpu_uuid"),
+        ({"scope": '"task"'}, "scope task cannot read 'nv_inference_count'"),
+        ({"scope": '"pod"'}, "unknown scope 'pod'"),
+        ({"rollups": '[["gpu"]]'}, "must be a subset of the scope's dimensions"),
+        ({"colour": '"red"'}, "unknown key(s) ['colour']"),
+        ({"kind": '"percentile"', "inputs": '["vllm:time_to_first_token_seconds"]'}, "a percentile needs quantile"),
+        ({"kind": '"self"'}, "kind self takes no inputs"),
+        ({"breakdown_of": '"NoSuchTotal"'}, "breakdown_of 'NoSuchTotal': no such metric"),
+        (
+            {"combine": '"max"', "name": '"ExecutionsMax"', "inputs": '["nv_inference_exec_count"]'},
+            "combines 'nv_inference_exec_count' by max but 'ExecutionCount' combines it by sum",
+        ),
+        ({"help": '""'}, "help must be a non-empty string"),
+    ],
+)
+def test_invalid_user_files_are_refused_naming_file_entry_and_problem(
+    tmp_path: Path, change: dict[str, str], problem: str
+) -> None:
+    fields = {
+        "name": '"X"',
+        "scope": '"model"',
+        "unit": '"Count"',
+        "kind": '"delta"',
+        "inputs": '["nv_inference_count"]',
+        "help": '"x"',
+        **change,
+    }
     path = write(tmp_path, "[[metric]]\n" + "\n".join(f"{k} = {v}" for k, v in fields.items()) + "\n")
     with pytest.raises(CatalogError) as err:
         build([path])
@@ -168,18 +198,23 @@ def test_invalid_user_files_are_refused_naming_file_entry_and_problem(tmp_path: 
     assert problem in message, message
 
 
-@pytest.mark.parametrize(("text", "problem"), [
-    ("[[metric]\nname = 1", "not valid TOML"),
-    ("colour = 1", "unknown top-level key(s) ['colour']"),
-    ('drop = ["NoSuchMetric"]', "drop: no metric named 'NoSuchMetric'"),
-    ('[families]\n"bad name" = { type = "gauge" }', "family 'bad name': not a Prometheus metric name"),
-    ('[families]\nx = { type = "enum" }', "type must be one of"),
-    ('[families]\nx = { type = "histogram", labels = ["le"] }', "a histogram carries 'le' by itself"),
-    ('[families]\nnv_inference_count = { type = "gauge", labels = ["model", "version"] }',
-     "declared differently in an earlier file"),
-    (BASE.replace('name = "X"', 'name = "X"\noverride = true'), "override = true, but no earlier file"),
-    (BASE + BASE, "duplicate EMF name in this file"),
-])
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("[[metric]\nname = 1", "not valid TOML"),
+        ("colour = 1", "unknown top-level key(s) ['colour']"),
+        ('drop = ["NoSuchMetric"]', "drop: no metric named 'NoSuchMetric'"),
+        ('[families]\n"bad name" = { type = "gauge" }', "family 'bad name': not a Prometheus metric name"),
+        ('[families]\nx = { type = "enum" }', "type must be one of"),
+        ('[families]\nx = { type = "histogram", labels = ["le"] }', "a histogram carries 'le' by itself"),
+        (
+            '[families]\nnv_inference_count = { type = "gauge", labels = ["model", "version"] }',
+            "declared differently in an earlier file",
+        ),
+        (BASE.replace('name = "X"', 'name = "X"\noverride = true'), "override = true, but no earlier file"),
+        (BASE + BASE, "duplicate EMF name in this file"),
+    ],
+)
 def test_invalid_file_shapes_are_refused(tmp_path: Path, text: str, problem: str) -> None:
     path = write(tmp_path, text)
     with pytest.raises(CatalogError) as err:
@@ -194,15 +229,34 @@ def test_unreadable_file_is_one_line(tmp_path: Path) -> None:
 
 def test_bad_catalog_stops_the_sidecar_at_start_with_one_line(tmp_path: Path) -> None:
     path = write(tmp_path, BASE.replace('unit = "Count"', 'unit = "Watts"'))
-    proc = subprocess.run([sys.executable, "-m", "exporter", "--once", "--catalog", str(path),
-                           "--triton-url", "http://127.0.0.1:9", "--metrics-url", "http://127.0.0.1:9/metrics"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--once",
+            "--catalog",
+            str(path),
+            "--triton-url",
+            "http://127.0.0.1:9",
+            "--metrics-url",
+            "http://127.0.0.1:9/metrics",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith(f"error: invalid catalog: {path}: metric 'X': unit 'Watts'")
     # the variable works the same way
-    proc = subprocess.run([sys.executable, "-m", "exporter", "--once"], capture_output=True, text=True, timeout=60,
-                          env={"EXPORTER_CATALOG": str(path), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"EXPORTER_CATALOG": str(path), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 2 and "unit 'Watts'" in proc.stderr
 
 
@@ -215,7 +269,11 @@ def test_selection_patterns_apply_left_to_right() -> None:
     assert parse_selection("Gpu*,RequestSuccess", names) == ["RequestSuccess", "GpuUtilization"]
     assert parse_selection("Request*,-RequestFailure?*", names) == ["RequestSuccess", "RequestFailure"]
     assert parse_selection("-RequestFailure*,RequestFailure", names) == [
-        "RequestSuccess", "RequestFailure", "ComputeLatencyAvg", "GpuUtilization"]
+        "RequestSuccess",
+        "RequestFailure",
+        "ComputeLatencyAvg",
+        "GpuUtilization",
+    ]
     with pytest.raises(CatalogError, match="pattern 'Gpus\\*' matches no metric"):
         parse_selection("-Gpus*", names)
     with pytest.raises(CatalogError, match="empty pattern"):
@@ -232,14 +290,19 @@ def test_selection_keeps_breakdown_totals_computed_but_not_emitted() -> None:
 
 def test_catalog_command_honours_catalog_and_selection(tmp_path: Path) -> None:
     path = write(tmp_path, CUSTOM)
-    proc = subprocess.run([sys.executable, "-m", "exporter", "catalog", "--catalog", str(path), "--metrics",
-                           "App*,RequestSuccess"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "catalog", "--catalog", str(path), "--metrics", "App*,RequestSuccess"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert [ln.split()[0] for ln in lines[:-1]] == ["RequestSuccess", "AppQueueDepthHigh"]
     assert lines[-1] == f"2 of {len(CATALOG.defined) + 1} metrics selected"
-    proc = subprocess.run([sys.executable, "-m", "exporter", "catalog", "--metrics", "Nope*"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "catalog", "--metrics", "Nope*"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and "matches no metric" in proc.stderr and proc.stderr.count("\n") == 1
 
 
@@ -269,8 +332,9 @@ def test_cost_prices_the_selection(capsys: pytest.CaptureFixture[str]) -> None:
     def metrics(*argv: str) -> int:
         assert cost.main(["--models", "10", "--gpus", "0", *argv]) == 0
         out = capsys.readouterr().out
-        return int(next(line for line in out.splitlines() if line.startswith("custom metrics:")).split()[2]
-                   .replace(",", ""))
+        return int(
+            next(line for line in out.splitlines() if line.startswith("custom metrics:")).split()[2].replace(",", "")
+        )
 
     everything = metrics()
     fewer = metrics("--metrics", "-Compute*")

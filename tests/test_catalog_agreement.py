@@ -39,8 +39,12 @@ VLLM, TRT = ["vllm_model"], ["tensorrt_llm"]  # served by the LLM backends (thei
 
 def _body(step: int, uuids: list[str]) -> str:
     """A GPU host's /metrics: plain models, a vLLM and a TensorRT-LLM model, histogram_latencies on."""
-    return (triton_metrics(MODELS + VLLM + TRT, step, gpus=uuids) + first_response_metrics(TRT, step)
-            + llm_metrics(VLLM, step, "vllm") + llm_metrics(TRT, step, "tensorrt_llm"))
+    return (
+        triton_metrics(MODELS + VLLM + TRT, step, gpus=uuids)
+        + first_response_metrics(TRT, step)
+        + llm_metrics(VLLM, step, "vllm")
+        + llm_metrics(TRT, step, "tensorrt_llm")
+    )
 
 
 def run_exporter(namespace: str = "Triton") -> list[bytes]:
@@ -52,14 +56,25 @@ def run_exporter(namespace: str = "Triton") -> list[bytes]:
     uuids = [g.uuid for g in fake_gpus]
     parser = Parser(CATALOG.wanted_samples())
     metrics = FixedSource("triton_metrics", lambda: Collected(samples=parser.parse(_body(step[0], uuids))))
-    index = FixedSource("triton_index", lambda: Collected(index=[
-        *(VersionState(m, "1", "READY") for m in MODELS + VLLM + TRT),
-        VersionState("broken", "1", "UNAVAILABLE", "boom")]))
+    index = FixedSource(
+        "triton_index",
+        lambda: Collected(
+            index=[
+                *(VersionState(m, "1", "READY") for m in MODELS + VLLM + TRT),
+                VersionState("broken", "1", "UNAVAILABLE", "boom"),
+            ]
+        ),
+    )
     source = NvmlSource(nvml, environ={})
     source.start()
     clock = [0.0]
-    pipeline = Pipeline(Settings(namespace=namespace), CATALOG, [metrics, index, source], clock=lambda: clock[0],
-                        wall=lambda: 1_700_000_000.0)
+    pipeline = Pipeline(
+        Settings(namespace=namespace),
+        CATALOG,
+        [metrics, index, source],
+        clock=lambda: clock[0],
+        wall=lambda: 1_700_000_000.0,
+    )
     pipeline.cycle()
     step[0] += 1
     clock[0] += 60.0
@@ -75,8 +90,17 @@ def run_modelsync(namespace: str = "Triton") -> list[bytes]:
     rec = Recorder(namespace, StreamSink(buf), "host-1")
     for result in Result:
         phases = {p: 0.1 for p in PHASES} if result is Result.OK else {"download": 0.1}
-        rec.attempt(Attempt("add", str(result), phases=phases, bytes_downloaded=100, sha256="a" * 64,
-                            serving="a" * 64, upload_to_ready=3.0 if result is Result.OK else None))
+        rec.attempt(
+            Attempt(
+                "add",
+                str(result),
+                phases=phases,
+                bytes_downloaded=100,
+                sha256="a" * 64,
+                serving="a" * 64,
+                upload_to_ready=3.0 if result is Result.OK else None,
+            )
+        )
     rec.model_state(ModelState("add", True, serving="a" * 64, expected="a" * 64))
     rec.host_state(1, 0, 5.0)
     return buf.getvalue().splitlines()
@@ -102,22 +126,44 @@ def _committed_alarm_files() -> list[dict]:
 def test_fixture_run_emits_the_nvml_and_model_metrics_the_dashboards_need(emitted_refs) -> None:
     names = {name for _, name, _ in emitted_refs}
     # Without these the agreement below would be vacuous for the GPU and latency widgets.
-    assert {"GpuTemperatureCelsius", "GpuXidErrors", "GpuEccCorrectedErrors", "GpuThrottleThermal",
-            "RequestLatencyP95", "RequestFailureBackend", "ModelLoadSuccessRate", "ExporterHeartbeat"} <= names
+    assert {
+        "GpuTemperatureCelsius",
+        "GpuXidErrors",
+        "GpuEccCorrectedErrors",
+        "GpuThrottleThermal",
+        "RequestLatencyP95",
+        "RequestFailureBackend",
+        "ModelLoadSuccessRate",
+        "ExporterHeartbeat",
+    } <= names
     assert ("Triton", "RequestFailure", frozenset({"model"})) in emitted_refs
     assert ("Triton", "GpuUtilization", frozenset()) in emitted_refs
     # ...and for the LLM section: distributions and TensorRT-LLM gauges.
-    assert {"TimeToFirstToken", "InterTokenLatency", "GenerationTokens", "KvCacheUtilization",
-            "RequestsWaiting", "EndToEndLatency"} <= names
+    assert {
+        "TimeToFirstToken",
+        "InterTokenLatency",
+        "GenerationTokens",
+        "KvCacheUtilization",
+        "RequestsWaiting",
+        "EndToEndLatency",
+    } <= names
 
 
 def test_committed_dashboard_reads_only_emitted_metrics(emitted_refs) -> None:
     body = json.loads((ROOT / "dashboards" / "triton.json").read_text())
     refs = dashboard_refs(body)
     assert len(refs) > 40
-    assert sum(1 for w in body["widgets"] if w["type"] == "metric"
-               for row in w["properties"]["metrics"] for c in row
-               if isinstance(c, dict) and "SEARCH(" in c.get("expression", "")) >= 20
+    assert (
+        sum(
+            1
+            for w in body["widgets"]
+            if w["type"] == "metric"
+            for row in w["properties"]["metrics"]
+            for c in row
+            if isinstance(c, dict) and "SEARCH(" in c.get("expression", "")
+        )
+        >= 20
+    )
     missing = sorted({r for r in refs if r not in emitted_refs}, key=str)
     assert missing == []
 

@@ -55,8 +55,9 @@ def test_invalid_settings_name_the_setting(argv, env, needle):
 
 
 def test_cli_exits_2_with_one_line_for_invalid_settings():
-    proc = subprocess.run([sys.executable, "-m", "exporter", "--output", "kafka://x:1"],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "--output", "kafka://x:1"], capture_output=True, text=True, timeout=30
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: invalid setting: --output='kafka://x:1': use stdout, tcp://HOST:PORT, udp://HOST:PORT or file:PATH"
@@ -88,10 +89,12 @@ def test_catalog_command_lists_every_metric(tmp_path):
 
 def test_validate_command(tmp_path):
     good = tmp_path / "emf.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "exporter", "validate", str(good)], capture_output=True,
-                          text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "validate", str(good)], capture_output=True, text=True, timeout=30
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("error: cannot read") and "Traceback" not in proc.stderr
     good.write_text('{"_aws":{"Timestamp":1,"CloudWatchMetrics":[]}}\n')
-    proc = subprocess.run([sys.executable, "-m", "exporter", "validate", str(good)], capture_output=True,
-                          text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "validate", str(good)], capture_output=True, text=True, timeout=30
+    )
     assert proc.returncode == 1 and "0 valid, 1 invalid" in proc.stdout

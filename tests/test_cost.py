@@ -23,12 +23,12 @@ from .helpers import CATALOG, FixedSource
 ROOT = Path(__file__).resolve().parent.parent
 
 
-
 OPTS = Options(catalog=CATALOG)
 
 
-def pipeline_events(models: int, versions: int, n_gpus: int, llm: int = 0, backend: str = "vllm",
-                    histograms: bool = False) -> list[bytes]:
+def pipeline_events(
+    models: int, versions: int, n_gpus: int, llm: int = 0, backend: str = "vllm", histograms: bool = False
+) -> list[bytes]:
     """The second cycle of the real pipeline: models x versions, n_gpus on NVML (HBM boards) and DCGM series.
 
     The first ``llm`` models also publish ``backend``'s families; ``histograms``: every model has Triton's
@@ -63,8 +63,7 @@ def pipeline_events(models: int, versions: int, n_gpus: int, llm: int = 0, backe
         nv.start()
         srcs.append(nv)
     clock = [0.0]
-    p = Pipeline(Settings(), CATALOG, srcs,
-                 clock=lambda: clock[0], wall=lambda: 1_700_000_000.0)
+    p = Pipeline(Settings(), CATALOG, srcs, clock=lambda: clock[0], wall=lambda: 1_700_000_000.0)
     p.cycle()
     step[0] += 1
     clock[0] += 60.0
@@ -89,15 +88,32 @@ def distinct_metrics(events: list[bytes]) -> set[tuple[str, str, tuple[tuple[str
 BUSY = frozenset({"RequestSuccess", "RequestFailure"})
 
 
-@pytest.mark.parametrize(("models", "versions", "n_gpus", "llm", "backend", "histograms"),
-                         [(5, 1, 1, 0, "vllm", False), (7, 2, 2, 0, "vllm", False), (3, 1, 0, 0, "vllm", False),
-                          (5, 1, 1, 2, "vllm", False), (6, 2, 1, 3, "tensorrt_llm", True),
-                          (4, 1, 1, 2, "vllm", True)])
-def test_metric_count_equals_what_the_pipeline_emits(models: int, versions: int, n_gpus: int, llm: int,
-                                                     backend: str, histograms: bool) -> None:
+@pytest.mark.parametrize(
+    ("models", "versions", "n_gpus", "llm", "backend", "histograms"),
+    [
+        (5, 1, 1, 0, "vllm", False),
+        (7, 2, 2, 0, "vllm", False),
+        (3, 1, 0, 0, "vllm", False),
+        (5, 1, 1, 2, "vllm", False),
+        (6, 2, 1, 3, "tensorrt_llm", True),
+        (4, 1, 1, 2, "vllm", True),
+    ],
+)
+def test_metric_count_equals_what_the_pipeline_emits(
+    models: int, versions: int, n_gpus: int, llm: int, backend: str, histograms: bool
+) -> None:
     events = pipeline_events(models, versions, n_gpus, llm, backend, histograms)
-    d = cost.Deployment(models=models, versions=versions, gpus=n_gpus, load_duration=False, ecs_metadata=False,
-                        llm_models=llm, llm_backend=backend, histograms=histograms, busy_totals=BUSY)
+    d = cost.Deployment(
+        models=models,
+        versions=versions,
+        gpus=n_gpus,
+        load_duration=False,
+        ecs_metadata=False,
+        llm_models=llm,
+        llm_backend=backend,
+        histograms=histograms,
+        busy_totals=BUSY,
+    )
     assert cost.metric_count(CATALOG, d) == len(distinct_metrics(events))
 
 

@@ -23,8 +23,9 @@ TRITON_FIRST = "nv_inference_first_response_histogram_ms"
 INF = math.inf
 
 
-def histogram(family: str, per_model: dict[str, tuple[dict[float, float], float]], **extra: str
-              ) -> tuple[dict[str, dict[str, float]], dict[str, LabelSet]]:
+def histogram(
+    family: str, per_model: dict[str, tuple[dict[float, float], float]], **extra: str
+) -> tuple[dict[str, dict[str, float]], dict[str, LabelSet]]:
     """Samples of ``family``: per model (cumulative counts by upper bound, sum)."""
     samples: dict[str, dict[str, float]] = {f"{family}_bucket": {}, f"{family}_sum": {}}
     labels: dict[str, LabelSet] = {}
@@ -66,8 +67,14 @@ def test_bucket_deltas_become_values_counts_at_midpoints_in_milliseconds() -> No
     obs = [0.05] * 4 + [0.07] * 5 + [0.3]  # this window: 4 in (0.04, 0.06], 5 in (0.06, 0.08], 1 in (0.25, 0.5]
     after, _ = histogram(TTFT, {"m": (cumulative([0.05] * 3 + obs), 0.15 + sum(obs))})
     dist = window(before, after, labels).distributions["TimeToFirstToken"][key("m")]
-    assert dist == {"Values": [50.0, 70.0, 375.0], "Counts": [4.0, 5.0, 1.0], "Max": 500.0, "Min": 40.0,
-                    "Count": 10.0, "Sum": pytest.approx(sum(obs) * 1000)}
+    assert dist == {
+        "Values": [50.0, 70.0, 375.0],
+        "Counts": [4.0, 5.0, 1.0],
+        "Max": 500.0,
+        "Min": 40.0,
+        "Count": 10.0,
+        "Sum": pytest.approx(sum(obs) * 1000),
+    }
 
 
 def test_first_bucket_starts_at_zero_and_inf_bucket_is_its_lower_edge() -> None:
@@ -157,8 +164,13 @@ def test_distributions_encode_to_valid_emf() -> None:
     after, _ = histogram(TTFT, {"m": (cumulative([0.05, 0.3, 12.0]), 12.35)})
     dists = window(before, after, labels).distributions
     enc = Encoder("Triton", CATALOG.metrics)
-    event = Event(Scope.MODEL, {"model": "m", "version": "1"}, {"RequestSuccess": 3.0}, {},
-                  {name: d[key("m")] for name, d in dists.items()})
+    event = Event(
+        Scope.MODEL,
+        {"model": "m", "version": "1"},
+        {"RequestSuccess": 3.0},
+        {},
+        {name: d[key("m")] for name, d in dists.items()},
+    )
     [doc] = enc.encode(event, 1_796_000_000_000)
     assert validate(doc, now_ms=1_796_000_000_000) == []
     parsed = orjson.loads(doc)
@@ -168,8 +180,10 @@ def test_distributions_encode_to_valid_emf() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(min_value=0, max_value=50), min_size=len(BUCKETS), max_size=len(BUCKETS)),
-       st.floats(min_value=0, max_value=1e6))
+@given(
+    st.lists(st.integers(min_value=0, max_value=50), min_size=len(BUCKETS), max_size=len(BUCKETS)),
+    st.floats(min_value=0, max_value=1e6),
+)
 def test_any_bucket_deltas_give_a_valid_truthful_distribution(per_bucket: list[int], total: float) -> None:
     cum, running = {}, 0
     for bound, n in zip(BUCKETS, per_bucket, strict=True):
@@ -186,11 +200,17 @@ def test_any_bucket_deltas_give_a_valid_truthful_distribution(per_bucket: list[i
     assert dist["Min"] <= min(dist["Values"]) and max(dist["Values"]) <= dist["Max"]
     lowers = (0.0, *(b * 1000 for b in BUCKETS[:-1]))
     uppers = tuple(b * 1000 for b in BUCKETS)
-    expected = [(lo + hi) / 2 if hi != INF else lo
-                for lo, hi, n in zip(lowers, uppers, per_bucket, strict=True) if n > 0]
+    expected = [
+        (lo + hi) / 2 if hi != INF else lo for lo, hi, n in zip(lowers, uppers, per_bucket, strict=True) if n > 0
+    ]
     assert dist["Values"] == pytest.approx(expected)
-    doc = {"_aws": {"Timestamp": 1, "CloudWatchMetrics": [{"Namespace": "T", "Dimensions": [[]],
-                                                           "Metrics": [{"Name": "D"}]}]}, "D": dist}
+    doc = {
+        "_aws": {
+            "Timestamp": 1,
+            "CloudWatchMetrics": [{"Namespace": "T", "Dimensions": [[]], "Metrics": [{"Name": "D"}]}],
+        },
+        "D": dist,
+    }
     assert [e for e in validate(doc, now_ms=1) if "Timestamp" not in e] == []
 
 
@@ -198,26 +218,35 @@ def test_any_bucket_deltas_give_a_valid_truthful_distribution(per_bucket: list[i
 
 
 def _doc(value: object) -> dict:
-    return {"_aws": {"Timestamp": 1, "CloudWatchMetrics": [{"Namespace": "T", "Dimensions": [[]],
-                                                            "Metrics": [{"Name": "D", "Unit": "Milliseconds"}]}]},
-            "D": value}
+    return {
+        "_aws": {
+            "Timestamp": 1,
+            "CloudWatchMetrics": [
+                {"Namespace": "T", "Dimensions": [[]], "Metrics": [{"Name": "D", "Unit": "Milliseconds"}]}
+            ],
+        },
+        "D": value,
+    }
 
 
 GOOD = {"Values": [1.0, 2.0], "Counts": [3.0, 1.0], "Max": 2.5, "Min": 0.5, "Count": 4.0, "Sum": 5.0}
 
 
-@pytest.mark.parametrize(("change", "error"), [
-    ({}, None),
-    ({"Values": [float(i) for i in range(101)], "Counts": [1.0] * 101, "Count": 101.0}, "1-100 value/count pairs"),
-    ({"Counts": [3.0, 0.0], "Count": 3.0}, "Counts must be finite numbers > 0"),
-    ({"Counts": [3.0, -1.0], "Count": 2.0}, "Counts must be finite numbers > 0"),
-    ({"Values": [1.0, float("nan")]}, "Values must be finite numbers"),
-    ({"Count": 5.0}, "Count 5.0 is not the sum of Counts"),
-    ({"Min": 3.0}, "Min 3.0 > Max 2.5"),
-    ({"Sum": float("inf")}, "Sum must be finite numbers"),
-    ({"Values": [1.0]}, "1 Values but 2 Counts"),
-    ({"Extra": 1}, "unexpected ['Extra']"),
-])
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({}, None),
+        ({"Values": [float(i) for i in range(101)], "Counts": [1.0] * 101, "Count": 101.0}, "1-100 value/count pairs"),
+        ({"Counts": [3.0, 0.0], "Count": 3.0}, "Counts must be finite numbers > 0"),
+        ({"Counts": [3.0, -1.0], "Count": 2.0}, "Counts must be finite numbers > 0"),
+        ({"Values": [1.0, float("nan")]}, "Values must be finite numbers"),
+        ({"Count": 5.0}, "Count 5.0 is not the sum of Counts"),
+        ({"Min": 3.0}, "Min 3.0 > Max 2.5"),
+        ({"Sum": float("inf")}, "Sum must be finite numbers"),
+        ({"Values": [1.0]}, "1 Values but 2 Counts"),
+        ({"Extra": 1}, "unexpected ['Extra']"),
+    ],
+)
 def test_validator_knows_the_distribution_shape(change: dict, error: str | None) -> None:
     value = {**GOOD, **change}
     errors = [e for e in validate(_doc(value), now_ms=1) if "Timestamp" not in e]
@@ -252,8 +281,9 @@ REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
 @pytest.mark.parametrize("emit", [False, True])
 def test_reason_zeros_are_left_out_while_no_request_failed(emit: bool) -> None:
     before, labels = failures({"idle": dict.fromkeys(REASONS, 1.0), "failing": dict.fromkeys(REASONS, 1.0)})
-    after, _ = failures({"idle": dict.fromkeys(REASONS, 1.0), "failing": {**dict.fromkeys(REASONS, 1.0),
-                                                                          "BACKEND": 4.0}})
+    after, _ = failures(
+        {"idle": dict.fromkeys(REASONS, 1.0), "failing": {**dict.fromkeys(REASONS, 1.0), "BACKEND": 4.0}}
+    )
     values = window(before, after, labels, Transform(CATALOG, breakdown_zeros=emit)).values
     assert values["RequestFailure"] == {key("idle"): 0.0, key("failing"): 3.0}  # totals keep their data points
     assert values["RequestFailureBackend"][key("failing")] == 3.0
@@ -265,8 +295,9 @@ def test_reason_zeros_are_left_out_while_no_request_failed(emit: bool) -> None:
 def test_a_deselected_total_still_decides_its_breakdowns_zeros() -> None:
     catalog = CATALOG.select("-RequestFailure")
     before, labels = failures({"idle": dict.fromkeys(REASONS, 0.0), "failing": dict.fromkeys(REASONS, 0.0)})
-    after, _ = failures({"idle": dict.fromkeys(REASONS, 0.0), "failing": {**dict.fromkeys(REASONS, 0.0),
-                                                                          "REJECTED": 2.0}})
+    after, _ = failures(
+        {"idle": dict.fromkeys(REASONS, 0.0), "failing": {**dict.fromkeys(REASONS, 0.0), "REJECTED": 2.0}}
+    )
     values = window(before, after, labels, Transform(catalog)).values
     assert "RequestFailure" not in values
     assert values["RequestFailureCanceled"] == {key("failing"): 0.0}

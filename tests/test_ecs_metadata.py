@@ -60,10 +60,18 @@ def test_metadata_is_read_once_and_cached(metadata_server):
     source = EcsMetadataSource(url, connect_timeout=1.0)
     first = source.collect(2.0).properties
     second = source.collect(2.0).properties
-    assert first == second == {
-        "ecs_cluster": TASK["Cluster"], "ecs_task_arn": TASK["TaskARN"], "ecs_task_family": "triton",
-        "ecs_task_revision": "7", "availability_zone": "us-east-1b", "ecs_launch_type": "EC2",
-    }
+    assert (
+        first
+        == second
+        == {
+            "ecs_cluster": TASK["Cluster"],
+            "ecs_task_arn": TASK["TaskARN"],
+            "ecs_task_family": "triton",
+            "ecs_task_revision": "7",
+            "availability_zone": "us-east-1b",
+            "ecs_launch_type": "EC2",
+        }
+    )
     assert hits == ["/v4/abc/task"]
 
 
@@ -75,8 +83,9 @@ def test_unreachable_metadata_is_a_source_error():
 @pytest.mark.triton
 def test_task_identity_is_a_property_on_events_not_a_dimension(triton, metadata_server):
     url, _ = metadata_server
-    settings = replace(Settings(triton_url=triton.url, metrics_url=triton.metrics_url, nvml="off"),
-                       ecs_metadata_url=url)
+    settings = replace(
+        Settings(triton_url=triton.url, metrics_url=triton.metrics_url, nvml="off"), ecs_metadata_url=url
+    )
     docs = documents(Pipeline(settings, CATALOG, build_sources(settings, CATALOG)).cycle())
     task = task_doc(docs)
     assert task["ecs_task_arn"] == TASK["TaskARN"] and task["availability_zone"] == "us-east-1b"

@@ -127,8 +127,10 @@ def test_changed_names_stay_distinct_and_keep_the_original():
         (lambda d: d.update(M0="1"), "not a finite number"),
         (lambda d: d.update(M0=[1.0] * 101), "1-100 values"),
         (lambda d: d["_aws"]["CloudWatchMetrics"][0]["Dimensions"].append([f"k{i}" for i in range(31)]), "over 30"),
-        (lambda d: d["_aws"]["CloudWatchMetrics"][0]["Metrics"].extend([{"Name": f"X{i}"} for i in range(100)]),
-         "over 100"),
+        (
+            lambda d: d["_aws"]["CloudWatchMetrics"][0]["Metrics"].extend([{"Name": f"X{i}"} for i in range(100)]),
+            "over 100",
+        ),
     ],
 )
 def test_validator_catches_each_rule(mutate, message):

@@ -221,8 +221,16 @@ def test_model_churn_releases_state_of_vanished_series(triton_factory):
     pipe.cycle()
     full = pipe.state.size()
     sizes = []
-    plan = [("unload", "slow"), ("unload", "text"), ("load", "slow"), ("unload", "add"), ("load", "text"),
-            ("load", "add"), ("unload", "slow"), ("unload", "text")]
+    plan = [
+        ("unload", "slow"),
+        ("unload", "text"),
+        ("load", "slow"),
+        ("unload", "add"),
+        ("load", "text"),
+        ("load", "add"),
+        ("unload", "slow"),
+        ("unload", "text"),
+    ]
     for action, model in plan:
         assert getattr(server, action)(model) == 200
         result = pipe.cycle()
@@ -252,8 +260,9 @@ class StepSource:
 
     def collect(self, timeout: float) -> Collected:
         self.calls += 1
-        return Collected(samples=self.parser.parse(triton_metrics(self.models(self.calls), self.calls,
-                                                                  summaries=self.summaries)))
+        return Collected(
+            samples=self.parser.parse(triton_metrics(self.models(self.calls), self.calls, summaries=self.summaries))
+        )
 
     def close(self) -> None:
         pass
@@ -282,17 +291,22 @@ def hung_pipeline(behaviour, **overrides) -> tuple[Pipeline, FakeHttp, FakeHttp]
     index = FakeHttp(respond(b'[{"name":"a","version":"1","state":"READY"}]', content_type="application/json"))
     settings = replace(Settings(nvml="off", metrics_url=metrics.url + "/metrics", triton_url=index.url), **overrides)
     sources = [
-        TritonMetricsSource(settings.metrics_url, Parser(CATALOG.wanted_samples()), settings.connect_timeout,
-                            settings.max_body_bytes),
+        TritonMetricsSource(
+            settings.metrics_url, Parser(CATALOG.wanted_samples()), settings.connect_timeout, settings.max_body_bytes
+        ),
         TritonIndexSource(settings.triton_url, settings.connect_timeout, settings.max_body_bytes),
     ]
     return Pipeline(settings, CATALOG, sources), metrics, index
 
 
-@pytest.mark.parametrize("behaviour, reason", [
-    (silent, "no answer within 0.4s"),
-    (drip(triton_metrics(["a"], 1).encode(), every=0.05), "body not complete within 0.4s"),
-], ids=["silent", "byte-per-tick"])
+@pytest.mark.parametrize(
+    "behaviour, reason",
+    [
+        (silent, "no answer within 0.4s"),
+        (drip(triton_metrics(["a"], 1).encode(), every=0.05), "body not complete within 0.4s"),
+    ],
+    ids=["silent", "byte-per-tick"],
+)
 def test_metrics_that_never_answers_or_drips_ends_the_cycle_on_time(behaviour, reason, tmp_path):
     pipe, metrics, index = hung_pipeline(behaviour, timeout=0.4, connect_timeout=0.2)
     try:
@@ -330,7 +344,9 @@ def test_triton_frozen_with_sigstop_then_continued(triton_factory, tmp_path):
             time.sleep(0.1)
         for docs in frozen:
             assert {d["source"]: d["SourceUp"] for d in docs if "SourceUp" in d} == {
-                "triton_metrics": 0, "triton_index": 0}
+                "triton_metrics": 0,
+                "triton_index": 0,
+            }
         assert add_success(after) == 4
         assert_on_schedule(loop, 0.7)  # the freeze did not stall the schedule
         no_negative(loop.cycles())
@@ -373,8 +389,9 @@ def test_agent_outage_of_12_cycles_loses_no_interval_and_delivers_in_order():
         stamps = [d["_aws"]["Timestamp"] for d in beats]
         assert stamps == sorted(stamps)
         assert all(b["EventsDropped"] == 0 for b in beats)
-        windows = [[d for d in docs if d.get("model") == "model_000" and d["_aws"]["Timestamp"] == ts]
-                   for ts in stamps[1:]]
+        windows = [
+            [d for d in docs if d.get("model") == "model_000" and d["_aws"]["Timestamp"] == ts] for ts in stamps[1:]
+        ]
         assert all(len(w) == 1 and w[0]["RequestSuccess"] == 9 for w in windows)  # every interval is there
         assert loop.runner.missed == 0
     finally:
@@ -396,15 +413,29 @@ def test_agent_refusing_with_a_small_buffer_counts_drops_in_the_task_event(tmp_p
 
 
 def _exporter(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "exporter", "--nvml", "off", *args], cwd=ROOT,
-                            stdout=kw.pop("stdout", subprocess.DEVNULL), stderr=subprocess.PIPE, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--nvml", "off", *args],
+        cwd=ROOT,
+        stdout=kw.pop("stdout", subprocess.DEVNULL),
+        stderr=subprocess.PIPE,
+        **kw,
+    )
 
 
 def test_stdout_closed_by_the_reader_gives_a_clear_message_and_a_clean_exit():
-    with FakeHttp(respond(triton_metrics(["a"], 1).encode())) as metrics, \
-            FakeHttp(respond(b"[]", content_type="application/json")) as index:
-        proc = _exporter("--interval", "0.3", "--metrics-url", metrics.url + "/metrics", "--triton-url", index.url,
-                         stdout=subprocess.PIPE)
+    with (
+        FakeHttp(respond(triton_metrics(["a"], 1).encode())) as metrics,
+        FakeHttp(respond(b"[]", content_type="application/json")) as index,
+    ):
+        proc = _exporter(
+            "--interval",
+            "0.3",
+            "--metrics-url",
+            metrics.url + "/metrics",
+            "--triton-url",
+            index.url,
+            stdout=subprocess.PIPE,
+        )
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith(b'{"_aws"')
         proc.stdout.close()  # the reader goes away
@@ -422,8 +453,18 @@ def test_sigterm_while_a_cycle_is_stuck_on_frozen_triton_exits_within_2s(triton_
     server = triton_factory(["add"])
     server.freeze()
     try:
-        proc = _exporter("--interval", "20", "--timeout", "10", "--output", f"file:{tmp_path / 'emf.log'}",
-                         "--metrics-url", server.metrics_url, "--triton-url", server.url)
+        proc = _exporter(
+            "--interval",
+            "20",
+            "--timeout",
+            "10",
+            "--output",
+            f"file:{tmp_path / 'emf.log'}",
+            "--metrics-url",
+            server.metrics_url,
+            "--triton-url",
+            server.url,
+        )
         assert proc.stderr is not None
         assert b"exporter started" in proc.stderr.readline()
         time.sleep(0.7)  # inside the first cycle's /metrics request, which cannot finish for 10 s
@@ -441,12 +482,24 @@ def test_sigterm_while_a_cycle_is_stuck_on_frozen_triton_exits_within_2s(triton_
 
 
 def test_sigterm_with_a_stuck_agent_exits_within_2s_counting_the_undelivered():
-    with FakeHttp(respond(triton_metrics(300, 1).encode())) as metrics, \
-            FakeHttp(respond(b"[]", content_type="application/json")) as index:
+    with (
+        FakeHttp(respond(triton_metrics(300, 1).encode())) as metrics,
+        FakeHttp(respond(b"[]", content_type="application/json")) as index,
+    ):
         agent = FakeAgent(mode="never_read")
         try:
-            proc = _exporter("--interval", "0.15", "--timeout", "0.1", "--output", f"tcp://{LOOPBACK}:{agent.port}",
-                             "--metrics-url", metrics.url + "/metrics", "--triton-url", index.url)
+            proc = _exporter(
+                "--interval",
+                "0.15",
+                "--timeout",
+                "0.1",
+                "--output",
+                f"tcp://{LOOPBACK}:{agent.port}",
+                "--metrics-url",
+                metrics.url + "/metrics",
+                "--triton-url",
+                index.url,
+            )
             time.sleep(2.0)  # ~15 cycles of ~300 events (~450 KB): the socket buffers are full, the sender stuck
             start = time.monotonic()
             proc.send_signal(signal.SIGTERM)
@@ -480,8 +533,12 @@ def test_wall_clock_jumps_change_timestamps_but_not_windows():
         now_mono[0], now_wall[0] = float(next(mono)), next(walls)
         results.append(pipe.cycle())
     assert [r.elapsed for r in results] == [None, 60.0, 60.0, 60.0]
-    assert [r.timestamp_ms for r in results] == [1_700_000_000_000, 1_700_003_660_000, 1_699_996_520_000,
-                                                 1_700_000_180_000]
+    assert [r.timestamp_ms for r in results] == [
+        1_700_000_000_000,
+        1_700_003_660_000,
+        1_699_996_520_000,
+        1_700_000_180_000,
+    ]
     for r in results[1:]:
         docs = documents_with_time(r)
         a = model_doc(docs, "a")

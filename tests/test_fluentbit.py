@@ -118,8 +118,11 @@ def _variant(tmp_path: Path, old: str, new: str) -> Path:
         ("Parser        triton_model_loading", "Parser        triton_model_nope", "not defined"),
         ("Match         exporter-firelens-*", "Match         exporter-firelens-* \n    Bogus_Key 1", "unknown keys"),
         ("Name          tcp", "Name          forward", "forward"),
-        ("Match         triton.line.*\n    Rule          $level", "Match         triton.*\n    Rule          $level",
-         "caught by its own Match"),
+        (
+            "Match         triton.line.*\n    Rule          $level",
+            "Match         triton.*\n    Rule          $level",
+            "caught by its own Match",
+        ),
         ("Match               triton.m4.*", "Match               triton.m9.*", "never reached"),
         ("log_retention_days  ${TRITON_LOG_RETENTION_DAYS}", "log_retention_days  42", "not a CloudWatch value"),
     ],
@@ -133,8 +136,11 @@ def test_checker_rejects_broken_variants(tmp_path: Path, old: str, new: str, com
 
 
 def test_a_cycle_is_caught_when_records_run(tmp_path: Path) -> None:
-    conf = _variant(tmp_path, "Rule          $log .* triton.line.$TAG false",
-                    "Rule          $log .* triton-server-firelens-x.$TAG false")
+    conf = _variant(
+        tmp_path,
+        "Rule          $log .* triton.line.$TAG false",
+        "Rule          $log .* triton-server-firelens-x.$TAG false",
+    )
     p = Pipeline(conf, {"AWS_REGION": "x", "TRITON_LOG_GROUP_PREFIX": PREFIX, "TRITON_LOG_RETENTION_DAYS": "30"})
     with pytest.raises(ConfigError, match="cycle"):
         p.run(FireLensTask("triton-server").records(['I1130 16:38:37.074716 1 a.cc:1] "x"']))
@@ -149,15 +155,30 @@ ISO_I = "2026-11-30T16:42:57Z I 10412 model_lifecycle.cc:624] "
 GOLDEN = [
     # line, groups, level, model, version
     (INF + '"loading: add:1"', ["model/add"], "INFO", "add", "1"),
-    (INF + '"successfully loaded \'add\'"', ["model/add"], "INFO", "add", None),
-    (ISO_I + '"successfully unloaded \'add\' version 1"', ["model/add"], "INFO", "add", "1"),
-    (ERR + '"failed to load \'broken\' version 1: Internal: boom\\n\\nAt:\\n x"', ["errors", "model/broken"],
-     "ERROR", "broken", "1"),
-    (INF + '"failed to load \'broken\'"', ["model/broken"], "INFO", "broken", None),
-    ('2026-11-30T16:42:45Z E 10412 tritonserver.cc:2607] "Internal: failed to load all models"',
-     ["errors", "server"], "ERROR", None, None),
-    ('W1130 18:29:15.846125 4131 metrics.cc:798] "DCGM unable to start: DCGM initialization error"',
-     ["errors", "server"], "WARNING", None, None),
+    (INF + "\"successfully loaded 'add'\"", ["model/add"], "INFO", "add", None),
+    (ISO_I + "\"successfully unloaded 'add' version 1\"", ["model/add"], "INFO", "add", "1"),
+    (
+        ERR + "\"failed to load 'broken' version 1: Internal: boom\\n\\nAt:\\n x\"",
+        ["errors", "model/broken"],
+        "ERROR",
+        "broken",
+        "1",
+    ),
+    (INF + "\"failed to load 'broken'\"", ["model/broken"], "INFO", "broken", None),
+    (
+        '2026-11-30T16:42:45Z E 10412 tritonserver.cc:2607] "Internal: failed to load all models"',
+        ["errors", "server"],
+        "ERROR",
+        None,
+        None,
+    ),
+    (
+        'W1130 18:29:15.846125 4131 metrics.cc:798] "DCGM unable to start: DCGM initialization error"',
+        ["errors", "server"],
+        "WARNING",
+        None,
+        None,
+    ),
     (INF + '"loading: ns::ranker:12"', ["model/ns.ranker"], "INFO", "ns::ranker", "12"),
     (INF + '"loading: m@x.v2+b:1"', ["model/m.x.v2.b"], "INFO", "m@x.v2+b", "1"),
     (INF + '"loading: modèle-ü:1"', ["model/mod.le-"], "INFO", "modèle-ü", "1"),
@@ -165,7 +186,7 @@ GOLDEN = [
     (INF + "\"successfully loaded 'it's'\"", ["model/it.s"], "INFO", "it's", None),
     # names that cannot be used: more than 4 parts, no safe character, over 200 characters
     (INF + '"loading: a/b/c/d/e:1"', ["server"], "INFO", "a/b/c/d/e", "1"),
-    (ERR + '"failed to load \'üü\' version 1: Internal: x"', ["errors", "server"], "ERROR", "üü", "1"),
+    (ERR + "\"failed to load 'üü' version 1: Internal: x\"", ["errors", "server"], "ERROR", "üü", "1"),
     (INF + f'"loading: {"m" * 201}:1"', ["server"], "INFO", "m" * 201, "1"),
     # no Triton prefix at all: kept whole, never dropped
     ("Error: Failed to initialize NVML", ["server"], None, None, None),
@@ -173,8 +194,9 @@ GOLDEN = [
 
 
 @pytest.mark.parametrize(("line", "groups", "level", "model", "version"), GOLDEN)
-def test_golden_routing(line: str, groups: list[str], level: str | None, model: str | None,
-                        version: str | None) -> None:
+def test_golden_routing(
+    line: str, groups: list[str], level: str | None, model: str | None, version: str | None
+) -> None:
     events = run_lines([line])
     assert sorted(e.group for e in events) == [f"{PREFIX}/{g}" for g in groups]
     for e in events:
@@ -188,8 +210,10 @@ def test_golden_routing(line: str, groups: list[str], level: str | None, model: 
 
 
 def test_unescaped_message_record_time_pid_source_and_stream() -> None:
-    line = ('E1130 16:38:37.101382 2570 model_lifecycle.cc:642] '
-            '"failed to load \'broken\' version 1: Internal: boom \\"x\\"\\n\\nAt:\\n  /m.py(1): <module>\\n"')
+    line = (
+        "E1130 16:38:37.101382 2570 model_lifecycle.cc:642] "
+        '"failed to load \'broken\' version 1: Internal: boom \\"x\\"\\n\\nAt:\\n  /m.py(1): <module>\\n"'
+    )
     (model_ev,) = [e for e in run_lines([line], stream="stdout") if e.group.endswith("/broken")]
     rec = model_ev.record
     assert rec["message"] == "failed to load 'broken' version 1: Internal: boom \"x\"\n\nAt:\n  /m.py(1): <module>\n"
@@ -209,8 +233,12 @@ def test_bare_pre_2405_fixture() -> None:
     events = run_lines(lines)
     groups = by_group(events)
     models = {e.record["model"]: e.group for e in events if "model" in e.record}
-    assert models == {"resnet50": f"{PREFIX}/model/resnet50", "ns::ranker": f"{PREFIX}/model/ns.ranker",
-                      "it's": f"{PREFIX}/model/it.s", "legacy": f"{PREFIX}/model/legacy"}
+    assert models == {
+        "resnet50": f"{PREFIX}/model/resnet50",
+        "ns::ranker": f"{PREFIX}/model/ns.ranker",
+        "it's": f"{PREFIX}/model/it.s",
+        "legacy": f"{PREFIX}/model/legacy",
+    }
     failed = [e for e in groups[f"{PREFIX}/model/ns.ranker"] if e.record["level"] == "ERROR"]
     assert failed[0].record["version"] == "3"
     assert failed[0].record["message"].endswith("allowed outputs are: x")
@@ -243,9 +271,17 @@ def assert_nothing_lost(lines: list[str], events: list[Event]) -> None:
 
 
 def _emf(size: int = 0) -> str:
-    doc = {"_aws": {"Timestamp": 1764520000000, "CloudWatchMetrics": [
-        {"Namespace": "Triton", "Dimensions": [["model"]], "Metrics": [{"Name": "Requests", "Unit": "Count"}]}]},
-        "model": "add", "Requests": 3, "pad": "p" * size}
+    doc = {
+        "_aws": {
+            "Timestamp": 1764520000000,
+            "CloudWatchMetrics": [
+                {"Namespace": "Triton", "Dimensions": [["model"]], "Metrics": [{"Name": "Requests", "Unit": "Count"}]}
+            ],
+        },
+        "model": "add",
+        "Requests": 3,
+        "pad": "p" * size,
+    }
     return json.dumps(doc, separators=(",", ":"))
 
 
@@ -319,8 +355,11 @@ def test_real_triton_logs_route_as_structured_records(tmp_path: Path, log_format
     huge = [e for e in groups[f"{PREFIX}/model/huge"] if e.record["level"] == "ERROR"]
     assert len(huge) == 1 and "h" * 20000 in huge[0].record["message"]  # 16 KB partials re-joined
 
-    loads = {(e.record["model"], e.record.get("version")) for e in events if
-             e.record.get("message", "").startswith("loading: ")}
+    loads = {
+        (e.record["model"], e.record.get("version"))
+        for e in events
+        if e.record.get("message", "").startswith("loading: ")
+    }
     assert {("add", "1"), ("broken", "1"), ("m@x.v2+b", "1"), ("huge", "1")} <= loads
     unloaded = "successfully unloaded 'add' version 1"
     assert any(e.record.get("message") == unloaded for e in groups[f"{PREFIX}/model/add"])
@@ -331,8 +370,11 @@ def test_real_triton_logs_route_as_structured_records(tmp_path: Path, log_format
     assert all(e.record["source"].startswith("pb_stub.cc:") and e.record["level"] == "INFO" for e in stub)
     tables = [e for e in events if e.record.get("message", "").startswith("+---")]
     assert any("| broken " in e.record["message"] and "| m@x.v2+b |" in e.record["message"] for e in tables)
-    assert not [line for line in lines if line.startswith(("|", "+")) and not any(
-        line in e.record.get("message", "") for e in tables)]  # every table row stays in its table
+    assert not [
+        line
+        for line in lines
+        if line.startswith(("|", "+")) and not any(line in e.record.get("message", "") for e in tables)
+    ]  # every table row stays in its table
     assert any(e.record.get("log") == "Error: Failed to initialize NVML" for e in groups[f"{PREFIX}/server"])
     prefixed = re.compile(r"[IWEF]\d{4} \d\d:|\d{4}-\d\d-\d\dT")
     assert not [e for e in events if prefixed.match(e.record.get("log", ""))]  # every Triton entry was parsed

@@ -35,9 +35,41 @@ SEED = triton_metrics(["add", 'q"uo\\te', "modèle"], 3, gpus=["GPU-0000"])
 SEED_LINES = SEED.splitlines(keepends=True)
 PARSER = Parser(CATALOG.wanted_samples())
 
-TOKENS = ["{", "}", '"', "\\", "\n", "\r\n", " ", "\t", ",", "=", "#", "# TYPE ", "# HELP ", "NaN", "+Inf", "-Inf",
-          "1e309", "nv_inference_request_success", "_count", "_sum", "quantile=", 'model="', "\x00", "\ufffd",
-          "é", "🚀", "le=", "0x1", "--1", "1 2 3", "summary", "counter", "histogram"]
+TOKENS = [
+    "{",
+    "}",
+    '"',
+    "\\",
+    "\n",
+    "\r\n",
+    " ",
+    "\t",
+    ",",
+    "=",
+    "#",
+    "# TYPE ",
+    "# HELP ",
+    "NaN",
+    "+Inf",
+    "-Inf",
+    "1e309",
+    "nv_inference_request_success",
+    "_count",
+    "_sum",
+    "quantile=",
+    'model="',
+    "\x00",
+    "\ufffd",
+    "é",
+    "🚀",
+    "le=",
+    "0x1",
+    "--1",
+    "1 2 3",
+    "summary",
+    "counter",
+    "histogram",
+]
 
 
 @st.composite
@@ -48,8 +80,12 @@ def mutated(draw) -> str:
         op = draw(st.sampled_from(["insert", "delete", "replace", "duplicate", "swap", "truncate", "line"]))
         text = "".join(lines)
         if op == "line":
-            lines.insert(draw(st.integers(0, len(lines))), draw(st.sampled_from([*SEED_LINES, ""]))
-                         .replace(draw(st.sampled_from(TOKENS)), draw(st.sampled_from(TOKENS)), 1))
+            lines.insert(
+                draw(st.integers(0, len(lines))),
+                draw(st.sampled_from([*SEED_LINES, ""])).replace(
+                    draw(st.sampled_from(TOKENS)), draw(st.sampled_from(TOKENS)), 1
+                ),
+            )
             continue
         if op in ("duplicate", "swap") and len(lines) > 1:
             i, j = draw(st.integers(0, len(lines) - 1)), draw(st.integers(0, len(lines) - 1))
@@ -62,9 +98,9 @@ def mutated(draw) -> str:
         if op == "insert":
             text = text[:pos] + draw(st.one_of(st.sampled_from(TOKENS), st.text(max_size=5))) + text[pos:]
         elif op == "delete":
-            text = text[:pos] + text[pos + draw(st.integers(1, 40)):]
+            text = text[:pos] + text[pos + draw(st.integers(1, 40)) :]
         elif op == "replace":
-            text = text[:pos] + draw(st.sampled_from(TOKENS)) + text[pos + 1:]
+            text = text[:pos] + draw(st.sampled_from(TOKENS)) + text[pos + 1 :]
         else:
             text = text[:pos]
         lines = text.splitlines(keepends=True)
@@ -72,8 +108,11 @@ def mutated(draw) -> str:
 
 
 texts = st.one_of(st.text(), mutated(), st.lists(st.sampled_from(SEED_LINES + TOKENS)).map("".join))
-bodies = st.one_of(st.binary(), texts.map(lambda t: t.encode("utf-8", "surrogatepass")),
-                   mutated().map(lambda t: t.encode("latin-1", "replace")))
+bodies = st.one_of(
+    st.binary(),
+    texts.map(lambda t: t.encode("utf-8", "surrogatepass")),
+    mutated().map(lambda t: t.encode("latin-1", "replace")),
+)
 
 
 def _check_exposition(exp) -> None:
@@ -138,11 +177,19 @@ def test_pipeline_never_raises_and_emits_only_valid_emf(first, second, seed_firs
 
 
 @FUZZ
-@given(st.one_of(st.binary(), st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(),
-    lambda children: st.lists(children) | st.dictionaries(st.sampled_from(["name", "version", "state", "reason", "x"]),
-                                                          children),
-    max_leaves=20).map(lambda v: __import__("orjson").dumps(v))))
+@given(
+    st.one_of(
+        st.binary(),
+        st.recursive(
+            st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(),
+            lambda children: (
+                st.lists(children)
+                | st.dictionaries(st.sampled_from(["name", "version", "state", "reason", "x"]), children)
+            ),
+            max_leaves=20,
+        ).map(lambda v: __import__("orjson").dumps(v)),
+    )
+)
 def test_index_parser_raises_only_source_error(body):
     try:
         rows = parse_index(body)

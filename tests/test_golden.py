@@ -40,7 +40,8 @@ def run_case(case: Path) -> list[bytes]:
     texts = [(case / f"metrics-{i}.txt").read_text() for i in (1, 2)]
     clock = [100.0]
     pipe = Pipeline(
-        Settings(namespace="Triton", nvml="off"), CATALOG,
+        Settings(namespace="Triton", nvml="off"),
+        CATALOG,
         [TextSource(*texts), IndexSource((case / "index.json").read_bytes())],
         clock=lambda: clock[0],
         wall=lambda: T0_WALL + clock[0],
@@ -106,8 +107,14 @@ def test_golden_values_are_the_arithmetic_of_the_fixture():
     assert resnet["ModelLoadDuration"] == 12.5
     # bucket deltas: <=100: 10, <=500: 50, <=2000: 90, <=5000: 90, +Inf: 90 -> per bucket 10, 40, 40 at the
     # midpoints 50, 300, 1250; Min/Max are the edges of the lowest and highest non-empty buckets; Sum is _sum's delta
-    assert resnet["TimeToFirstToken"] == {"Values": [50.0, 300.0, 1250.0], "Counts": [10.0, 40.0, 40.0],
-                                          "Max": 2000.0, "Min": 0.0, "Count": 90.0, "Sum": 161399 - 99999}
+    assert resnet["TimeToFirstToken"] == {
+        "Values": [50.0, 300.0, 1250.0],
+        "Counts": [10.0, 40.0, 40.0],
+        "Max": 2000.0,
+        "Min": 0.0,
+        "Count": 90.0,
+        "Sum": 161399 - 99999,
+    }
     gpus = {d["gpu"]: d for d in docs if "gpu" in d}
     assert gpus["0"]["gpu_uuid"] == "GPU-aaaa" and gpus["0"]["GpuUtilization"] == pytest.approx(91)
     assert gpus["0"]["GpuMemoryUsedPercent"] == pytest.approx(100 * 23 / 24)
@@ -130,7 +137,11 @@ def test_golden_hostile_names_are_safe_and_kept():
     docs = [orjson.loads(x) for x in run_case(GOLDEN / "hostile_names")]
     models = [d for d in docs if "model" in d]
     assert {d.get("model_original", d["model"]) for d in models} == {
-        "m@x.v2+b", "modèle-ü", 'quote"and\\back', "x" * 2000, "tab\tname"
+        "m@x.v2+b",
+        "modèle-ü",
+        'quote"and\\back',
+        "x" * 2000,
+        "tab\tname",
     }
     for d in models:
         assert d["model"].isascii() and d["model"].isprintable() and len(d["model"]) <= 1024
@@ -171,10 +182,22 @@ def test_golden_vllm_is_the_arithmetic_of_the_captured_traffic():
     assert (e2e["Values"], e2e["Counts"], e2e["Min"], e2e["Max"]) == ([0.5, 1.75, 7.5], [3.0, 2.0, 1.0], 0.0, 10.0)
     assert e2e["Sum"] == pytest.approx(0.235 + 0.595 + 0.065 + 2.010 + 1.500 + 6.015)
     # 1-2-5 length buckets: prompts 3, 5 in (2, 5]; 7 in (5, 10]; 12 in (10, 20]; 40 in (20, 50]; 120 in (100, 200]
-    assert v["PromptLength"] == {"Values": [3.5, 7.5, 15.0, 35.0, 150.0], "Counts": [2.0, 1.0, 1.0, 1.0, 1.0],
-                                 "Max": 200.0, "Min": 2.0, "Count": 6.0, "Sum": 187.0}
-    assert v["GenerationLength"] == {"Values": [0.5, 7.5, 15.0, 75.0, 150.0], "Counts": [1.0, 1.0, 2.0, 1.0, 1.0],
-                                     "Max": 200.0, "Min": 0.0, "Count": 6.0, "Sum": 309.0}
+    assert v["PromptLength"] == {
+        "Values": [3.5, 7.5, 15.0, 35.0, 150.0],
+        "Counts": [2.0, 1.0, 1.0, 1.0, 1.0],
+        "Max": 200.0,
+        "Min": 2.0,
+        "Count": 6.0,
+        "Sum": 187.0,
+    }
+    assert v["GenerationLength"] == {
+        "Values": [0.5, 7.5, 15.0, 75.0, 150.0],
+        "Counts": [1.0, 1.0, 2.0, 1.0, 1.0],
+        "Max": 200.0,
+        "Min": 0.0,
+        "Count": 6.0,
+        "Sum": 309.0,
+    }
 
 
 def test_golden_tensorrt_llm_is_the_arithmetic_of_the_captured_traffic():
@@ -193,8 +216,20 @@ def test_golden_tensorrt_llm_is_the_arithmetic_of_the_captured_traffic():
     assert t["RuntimeGpuMemory"] == 256 * 2 * 1024 * 1024
     # buckets 10 50 100 500 1000: inputs 5, 7, 3 in (0, 10]; 30, 20 in (10, 50]; 60, 100 in (50, 100];
     # 200 in (100, 500]; 600 in (500, 1000]. Outputs: 1500 is in +Inf, whose value is its lower edge 1000
-    assert t["PromptLength"] == {"Values": [5.0, 30.0, 75.0, 300.0, 750.0], "Counts": [3.0, 2.0, 2.0, 1.0, 1.0],
-                                 "Max": 1000.0, "Min": 0.0, "Count": 9.0, "Sum": 1025.0}
-    assert t["GenerationLength"] == {"Values": [5.0, 30.0, 75.0, 1000.0], "Counts": [2.0, 4.0, 2.0, 1.0],
-                                     "Max": 1000.0, "Min": 0.0, "Count": 9.0, "Sum": 1815.0}
+    assert t["PromptLength"] == {
+        "Values": [5.0, 30.0, 75.0, 300.0, 750.0],
+        "Counts": [3.0, 2.0, 2.0, 1.0, 1.0],
+        "Max": 1000.0,
+        "Min": 0.0,
+        "Count": 9.0,
+        "Sum": 1025.0,
+    }
+    assert t["GenerationLength"] == {
+        "Values": [5.0, 30.0, 75.0, 1000.0],
+        "Counts": [2.0, 4.0, 2.0, 1.0],
+        "Max": 1000.0,
+        "Min": 0.0,
+        "Count": 9.0,
+        "Sum": 1815.0,
+    }
     assert "TimeToFirstToken" not in t  # Triton 2.51 prints no first-response histogram

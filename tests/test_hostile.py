@@ -47,11 +47,16 @@ def run(*texts: str, index: bytes = INDEX_AB, **overrides) -> list[list[dict]]:
 
 def http_pipeline(metrics_url: str, triton_url: str, **overrides) -> Pipeline:
     settings = replace(SETTINGS, metrics_url=metrics_url, triton_url=triton_url, **overrides)
-    return Pipeline(settings, CATALOG, [
-        TritonMetricsSource(metrics_url, Parser(CATALOG.wanted_samples()), settings.connect_timeout,
-                            settings.max_body_bytes),
-        TritonIndexSource(triton_url, settings.connect_timeout, settings.max_body_bytes),
-    ])
+    return Pipeline(
+        settings,
+        CATALOG,
+        [
+            TritonMetricsSource(
+                metrics_url, Parser(CATALOG.wanted_samples()), settings.connect_timeout, settings.max_body_bytes
+            ),
+            TritonIndexSource(triton_url, settings.connect_timeout, settings.max_body_bytes),
+        ],
+    )
 
 
 def status(result, name: str):
@@ -93,13 +98,18 @@ def test_malformed_and_truncated_lines_are_skipped_and_counted_the_rest_kept():
 def test_nan_and_infinities_never_reach_emf_and_mark_a_reset():
     first = triton_metrics(["a", "b"], 1)
     second = triton_metrics(["a", "b"], 2)
-    second = second.replace('nv_inference_request_success{model="a",version="1"} 18',
-                            'nv_inference_request_success{model="a",version="1"} NaN')
-    second = second.replace('nv_inference_pending_request_count{model="b",version="1"} 0',
-                            'nv_inference_pending_request_count{model="b",version="1"} +Inf')
+    second = second.replace(
+        'nv_inference_request_success{model="a",version="1"} 18',
+        'nv_inference_request_success{model="a",version="1"} NaN',
+    )
+    second = second.replace(
+        'nv_inference_pending_request_count{model="b",version="1"} 0',
+        'nv_inference_pending_request_count{model="b",version="1"} +Inf',
+    )
     second = second.replace("nv_cpu_utilization 0.25", "nv_cpu_utilization -Inf")
-    second = re.sub(r'(nv_inference_request_summary_us\{model="b",version="1",quantile="0.95"\}) \d+',
-                    r"\1 Nan", second)
+    second = re.sub(
+        r'(nv_inference_request_summary_us\{model="b",version="1",quantile="0.95"\}) \d+', r"\1 Nan", second
+    )
     third = triton_metrics(["a", "b"], 3)
     cycles = run(first, second, third)  # documents() rejects any non-finite value
     docs = cycles[1]
@@ -193,8 +203,13 @@ RSS_PROBE = textwrap.dedent("""
 def test_200mb_metrics_body_is_refused_at_the_cap_without_holding_it():
     total = 200 * 1024 * 1024
     with FakeHttp(huge(total)) as server:
-        proc = subprocess.run([sys.executable, "-c", RSS_PROBE, server.url + "/metrics"],
-                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, "-c", RSS_PROBE, server.url + "/metrics"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
         sent = server.bytes_sent
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr
@@ -207,8 +222,10 @@ def test_200mb_metrics_body_is_refused_at_the_cap_without_holding_it():
 
 
 def test_body_over_a_small_cap_fails_the_source_and_the_cycle_goes_on():
-    with FakeHttp(huge(50 * 1024 * 1024)) as metrics, FakeHttp(respond(INDEX_AB, content_type="application/json")) \
-            as index:
+    with (
+        FakeHttp(huge(50 * 1024 * 1024)) as metrics,
+        FakeHttp(respond(INDEX_AB, content_type="application/json")) as index,
+    ):
         pipe = http_pipeline(metrics.url + "/metrics", index.url, max_body_bytes=1024 * 1024)
         t = time.monotonic()
         result = pipe.cycle()
@@ -228,8 +245,14 @@ def test_ten_thousand_models_are_capped_with_a_warning_and_a_dropped_count():
     logger = logging.getLogger("exporter.pipeline")
     logger.addHandler(capture)
     try:
-        pipe = Pipeline(SETTINGS, CATALOG, [TextSource(triton_metrics(names, 1, summaries=False),
-                                              triton_metrics(names, 2, summaries=False)), IndexSource()])
+        pipe = Pipeline(
+            SETTINGS,
+            CATALOG,
+            [
+                TextSource(triton_metrics(names, 1, summaries=False), triton_metrics(names, 2, summaries=False)),
+                IndexSource(),
+            ],
+        )
         pipe.cycle()
         result = pipe.cycle()
     finally:
@@ -252,8 +275,9 @@ def test_ten_thousand_models_are_capped_with_a_warning_and_a_dropped_count():
 
 
 @pytest.mark.triton
-@pytest.mark.parametrize("body", [b"<html><body>502 Bad Gateway</body></html>", b"not json at all", b'{"a": 1}',
-                                  b"\xff\xfe\x00garbage", b""])
+@pytest.mark.parametrize(
+    "body", [b"<html><body>502 Bad Gateway</body></html>", b"not json at all", b'{"a": 1}', b"\xff\xfe\x00garbage", b""]
+)
 def test_repository_index_that_is_not_a_json_list_fails_only_that_source(triton, body):
     with FakeHttp(respond(body, content_type="text/html")) as fake:
         pipe = http_pipeline(triton.metrics_url, fake.url)
@@ -270,23 +294,36 @@ def test_repository_index_that_is_not_a_json_list_fails_only_that_source(triton,
 
 
 def test_index_rows_that_are_not_models_are_skipped():
-    body = orjson.dumps([{"name": "a", "version": "1", "state": "READY"}, 7, None, {"version": "1"},
-                         {"name": 5}, {"name": "b", "version": 2, "state": "LOADING"}])
+    body = orjson.dumps(
+        [
+            {"name": "a", "version": "1", "state": "READY"},
+            7,
+            None,
+            {"version": "1"},
+            {"name": 5},
+            {"name": "b", "version": 2, "state": "LOADING"},
+        ]
+    )
     docs = run(triton_metrics(["a"], 1), index=body)[0]
     assert model_doc(docs, "a")["ModelReady"] == 1
     assert model_doc(docs, "b", "2")["ModelReady"] == 0
     assert task_doc(docs)["ModelsReady"] == 1
 
 
-@pytest.mark.parametrize("status_code, ctype, body", [
-    (200, "text/html; charset=utf-8", b"<!DOCTYPE html><html><h1>Login</h1></html>"),
-    (200, "text/plain", b"\n  <html><body>nv_inference_request_success 1</body></html>"),
-    (503, "text/html", b"<html>Service Unavailable</html>"),
-    (200, "text/plain", b"# just a comment\nsome_other_metric 1\n"),
-])
+@pytest.mark.parametrize(
+    "status_code, ctype, body",
+    [
+        (200, "text/html; charset=utf-8", b"<!DOCTYPE html><html><h1>Login</h1></html>"),
+        (200, "text/plain", b"\n  <html><body>nv_inference_request_success 1</body></html>"),
+        (503, "text/html", b"<html>Service Unavailable</html>"),
+        (200, "text/plain", b"# just a comment\nsome_other_metric 1\n"),
+    ],
+)
 def test_html_or_foreign_page_instead_of_metrics_fails_the_source_with_a_reason(status_code, ctype, body):
-    with FakeHttp(respond(body, status_code, ctype)) as metrics, \
-            FakeHttp(respond(INDEX_AB, content_type="application/json")) as index:
+    with (
+        FakeHttp(respond(body, status_code, ctype)) as metrics,
+        FakeHttp(respond(INDEX_AB, content_type="application/json")) as index,
+    ):
         result = http_pipeline(metrics.url + "/metrics", index.url).cycle()
     st = status(result, "triton_metrics")
     assert not st.up
@@ -314,8 +351,10 @@ def test_image_runs_as_a_non_root_user():
 
 def test_redirects_are_not_followed_and_the_target_receives_nothing():
     with FakeHttp(respond(triton_metrics(["a"], 1).encode())) as target:
-        with FakeHttp(redirect(target.url + "/metrics")) as metrics, \
-                FakeHttp(redirect(target.url + "/v2/repository/index", 307)) as index:
+        with (
+            FakeHttp(redirect(target.url + "/metrics")) as metrics,
+            FakeHttp(redirect(target.url + "/v2/repository/index", 307)) as index,
+        ):
             result = http_pipeline(metrics.url + "/metrics", index.url).cycle()
         assert target.connections == 0 and target.requests == []
     for name in ("triton_metrics", "triton_index"):
@@ -325,8 +364,11 @@ def test_redirects_are_not_followed_and_the_target_receives_nothing():
 
 
 def test_proxy_and_netrc_from_the_environment_are_ignored(monkeypatch, tmp_path):
-    with FakeHttp(respond(b"")) as proxy, FakeHttp(respond(triton_metrics(["a"], 1).encode())) as metrics, \
-            FakeHttp(respond(INDEX_AB, content_type="application/json")) as index:
+    with (
+        FakeHttp(respond(b"")) as proxy,
+        FakeHttp(respond(triton_metrics(["a"], 1).encode())) as metrics,
+        FakeHttp(respond(INDEX_AB, content_type="application/json")) as index,
+    ):
         for var in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "ALL_PROXY"):
             monkeypatch.setenv(var, proxy.url)
         monkeypatch.delenv("NO_PROXY", raising=False)
@@ -364,13 +406,30 @@ def _listening_inodes(pid: int) -> tuple[set[str], set[str]]:
 
 
 def test_the_running_exporter_opens_no_listening_socket(tmp_path):
-    with FakeHttp(respond(triton_metrics(["a"], 1).encode())) as metrics, \
-            FakeHttp(respond(INDEX_AB, content_type="application/json")) as index:
+    with (
+        FakeHttp(respond(triton_metrics(["a"], 1).encode())) as metrics,
+        FakeHttp(respond(INDEX_AB, content_type="application/json")) as index,
+    ):
         out = tmp_path / "emf.log"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "--interval", "0.3", "--output", f"file:{out}",
-             "--metrics-url", metrics.url + "/metrics", "--triton-url", index.url, "--nvml", "off"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "--interval",
+                "0.3",
+                "--output",
+                f"file:{out}",
+                "--metrics-url",
+                metrics.url + "/metrics",
+                "--triton-url",
+                index.url,
+                "--nvml",
+                "off",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
         )
         try:
             held: set[str] = set()
@@ -391,11 +450,28 @@ def test_credentials_in_urls_never_reach_the_logs(tmp_path):
     with FakeHttp(silent) as hung:
         port = closed_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "--interval", "0.4", "--timeout", "0.2", "--output",
-             f"file:{tmp_path / 'emf.log'}", "--log-level", "debug", "--nvml", "off",
-             "--metrics-url", f"http://bob:s3cr3t-m@127.0.0.1:{port}/metrics",
-             "--triton-url", f"http://alice:s3cr3t-t@127.0.0.1:{hung.port}"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "--interval",
+                "0.4",
+                "--timeout",
+                "0.2",
+                "--output",
+                f"file:{tmp_path / 'emf.log'}",
+                "--log-level",
+                "debug",
+                "--nvml",
+                "off",
+                "--metrics-url",
+                f"http://bob:s3cr3t-m@127.0.0.1:{port}/metrics",
+                "--triton-url",
+                f"http://alice:s3cr3t-t@127.0.0.1:{hung.port}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
         )
         time.sleep(1.5)
         proc.send_signal(signal.SIGTERM)
@@ -412,7 +488,8 @@ def test_credentials_in_urls_never_reach_the_logs(tmp_path):
 def test_extreme_numbers_are_finite_in_emf_or_absent(value):
     second = triton_metrics(["a"], 2, summaries=False).replace(
         'nv_inference_request_success{model="a",version="1"} 18',
-        f'nv_inference_request_success{{model="a",version="1"}} {value}')
+        f'nv_inference_request_success{{model="a",version="1"}} {value}',
+    )
     docs = run(triton_metrics(["a"], 1, summaries=False), second)[1]
     doc = model_doc(docs, "a")
     for name in metric_names(doc):

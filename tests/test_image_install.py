@@ -266,8 +266,16 @@ def test_dev_lock_pins_everything_setup_installs_with_the_runtime_pins():
     assert_pinned_with_hashes(dev, "requirements-dev.lock")
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     tools = [line.split("#", 1)[0].strip() for line in (ROOT / "requirements-test.txt").read_text().splitlines()]
-    assert_covers(dev, [*pyproject["project"]["dependencies"], *pyproject["project"]["optional-dependencies"]["dev"],
-                        *[t for t in tools if t], *pyproject["build-system"]["requires"]], "requirements-dev.lock")
+    assert_covers(
+        dev,
+        [
+            *pyproject["project"]["dependencies"],
+            *pyproject["project"]["optional-dependencies"]["dev"],
+            *[t for t in tools if t],
+            *pyproject["build-system"]["requires"],
+        ],
+        "requirements-dev.lock",
+    )
     for name, pinned in lock_entries().items():
         assert dev.get(name) == pinned, f"{name}: requirements-dev.lock and requirements.lock disagree"
     setup = (ROOT / "scripts" / "setup.sh").read_text()
@@ -390,8 +398,9 @@ def test_replayed_image_has_only_the_lock_and_runs_help(image):
     )  # fmt: skip
     where, *dists = listing.stdout.splitlines()
     assert where.startswith(str(venv)), where
-    native = subprocess.run([str(venv / "bin" / "python"), "-c", "import exporter._scan"], cwd=cwd, env=env,
-                            capture_output=True, text=True)
+    native = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import exporter._scan"], cwd=cwd, env=env, capture_output=True, text=True
+    )
     assert native.returncode == 0, "the image must carry the C scanner: " + native.stderr
     installed = {canonicalize_name(d.split("==")[0]): d.split("==")[1] for d in dists}
     expected = {name: version for name, (version, _) in lock_entries().items()}
@@ -465,8 +474,11 @@ def test_wheel_and_image_hold_only_what_runs(image):
     with zipfile.ZipFile(wheels[0]) as whl:
         assert [n for n in modules if n.endswith(".py") and importers.search(whl.read(n).decode())] == []
     site = next((root / "opt" / "venv" / "lib").glob("python3*/site-packages"))
-    installed = sorted(p.relative_to(site).as_posix() for p in (site / "exporter").rglob("*")
-                       if p.is_file() and "__pycache__" not in p.parts)
+    installed = sorted(
+        p.relative_to(site).as_posix()
+        for p in (site / "exporter").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    )
     assert installed == sorted(n for n in names if n.startswith("exporter/") and not n.endswith("/"))
 
 

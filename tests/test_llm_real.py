@@ -46,10 +46,23 @@ pytestmark = pytest.mark.triton
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_CATALOG = ROOT / "exporter" / "catalog" / "example.toml"
 # Every metric the LLM pack derives from a counter or histogram (none may survive a reset window).
-COUNTER_DERIVED = ("PromptTokens", "GenerationTokens", "PromptTokensPerSecond", "GenerationTokensPerSecond",
-                   "TimeToFirstToken", "InterTokenLatency", "EndToEndLatency", "PromptLength", "GenerationLength",
-                   "TimeToFirstTokenP50", "TimeToFirstTokenP95", "TimeToFirstTokenP99", "InterTokenLatencyP95",
-                   "EndToEndLatencyP95", "RequestSuccess")
+COUNTER_DERIVED = (
+    "PromptTokens",
+    "GenerationTokens",
+    "PromptTokensPerSecond",
+    "GenerationTokensPerSecond",
+    "TimeToFirstToken",
+    "InterTokenLatency",
+    "EndToEndLatency",
+    "PromptLength",
+    "GenerationLength",
+    "TimeToFirstTokenP50",
+    "TimeToFirstTokenP95",
+    "TimeToFirstTokenP99",
+    "InterTokenLatencyP95",
+    "EndToEndLatencyP95",
+    "RequestSuccess",
+)
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +119,22 @@ def test_token_deltas_and_rates_equal_what_the_models_counted(llm):
     assert v["PromptTokensPerSecond"] == pytest.approx(20 / result.elapsed)
     assert v["GenerationTokensPerSecond"] == pytest.approx(29 / result.elapsed)
     # vLLM's 1-2-5 length buckets: 3 and 5 in (2, 5], 12 in (10, 20]; 1 in (0, 1], 8 in (5, 10], 20 in (10, 20]
-    assert v["PromptLength"] == {"Values": [3.5, 15.0], "Counts": [2.0, 1.0], "Max": 20.0, "Min": 2.0,
-                                 "Count": 3.0, "Sum": 20.0}
-    assert v["GenerationLength"] == {"Values": [0.5, 7.5, 15.0], "Counts": [1.0, 1.0, 1.0], "Max": 20.0,
-                                     "Min": 0.0, "Count": 3.0, "Sum": 29.0}
+    assert v["PromptLength"] == {
+        "Values": [3.5, 15.0],
+        "Counts": [2.0, 1.0],
+        "Max": 20.0,
+        "Min": 2.0,
+        "Count": 3.0,
+        "Sum": 20.0,
+    }
+    assert v["GenerationLength"] == {
+        "Values": [0.5, 7.5, 15.0],
+        "Counts": [1.0, 1.0, 1.0],
+        "Max": 20.0,
+        "Min": 0.0,
+        "Count": 3.0,
+        "Sum": 29.0,
+    }
 
     t = model_doc(docs, TRT)
     assert t["RequestSuccess"] == 1 and t["InferenceCount"] == 6  # one request, six sequences
@@ -118,10 +143,22 @@ def test_token_deltas_and_rates_equal_what_the_models_counted(llm):
     assert t["PromptTokensPerSecond"] == pytest.approx(195 / result.elapsed)
     assert t["GenerationTokensPerSecond"] == pytest.approx(210 / result.elapsed)
     # TensorRT-LLM's buckets 10 50 100 500 1000: 5, 7, 3 in (0, 10]; 20 in (10, 50]; 60, 100 in (50, 100]
-    assert t["PromptLength"] == {"Values": [5.0, 30.0, 75.0], "Counts": [3.0, 1.0, 2.0], "Max": 100.0,
-                                 "Min": 0.0, "Count": 6.0, "Sum": 195.0}
-    assert t["GenerationLength"] == {"Values": [5.0, 30.0, 75.0], "Counts": [1.0, 4.0, 1.0], "Max": 100.0,
-                                     "Min": 0.0, "Count": 6.0, "Sum": 210.0}
+    assert t["PromptLength"] == {
+        "Values": [5.0, 30.0, 75.0],
+        "Counts": [3.0, 1.0, 2.0],
+        "Max": 100.0,
+        "Min": 0.0,
+        "Count": 6.0,
+        "Sum": 195.0,
+    }
+    assert t["GenerationLength"] == {
+        "Values": [5.0, 30.0, 75.0],
+        "Counts": [1.0, 4.0, 1.0],
+        "Max": 100.0,
+        "Min": 0.0,
+        "Count": 6.0,
+        "Sum": 210.0,
+    }
 
     idle = documents(cycle(pipe, llm))  # no traffic: the idle model's token zeros and distributions are left out
     for model in (VLLM, TRT):
@@ -184,10 +221,18 @@ GAUGE_METRICS = {  # EMF name -> (family, category label, value, scale)
     "RuntimeGpuMemory": ("nv_trt_llm_runtime_memory_metrics", "memory_type", "gpu", 1),
     "RuntimeCpuMemory": ("nv_trt_llm_runtime_memory_metrics", "memory_type", "cpu", 1),
     "RuntimePinnedMemory": ("nv_trt_llm_runtime_memory_metrics", "memory_type", "pinned", 1),
-    "InflightContextTokens": ("nv_trt_llm_inflight_batcher_metrics", "inflight_batcher_specific_metric",
-                              "total_context_tokens", 1),
-    "InflightGenerationRequests": ("nv_trt_llm_inflight_batcher_metrics", "inflight_batcher_specific_metric",
-                                   "generation_requests", 1),
+    "InflightContextTokens": (
+        "nv_trt_llm_inflight_batcher_metrics",
+        "inflight_batcher_specific_metric",
+        "total_context_tokens",
+        1,
+    ),
+    "InflightGenerationRequests": (
+        "nv_trt_llm_inflight_batcher_metrics",
+        "inflight_batcher_specific_metric",
+        "generation_requests",
+        1,
+    ),
 }
 
 
@@ -197,11 +242,21 @@ def test_trt_gauges_equal_what_triton_prints(llm):
     # ceil(15/16) + ceil(80/16) + ceil(130/16) + ceil(60/16) = 1 + 5 + 9 + 4 = 19 of 256 in use
     trt(llm, [unique(n) for n in (5, 60, 100, 20, 7, 3)], [10, 20, 30, 40, 50, 60])
     doc = model_doc(documents(cycle(pipe, llm)), TRT)  # gauges need no baseline
-    expected = {"RequestsActive": 4, "RequestsScheduled": 4, "RequestsWaiting": 2, "RequestsMax": 4,
-                "KvCacheUtilization": 100 * 19 / 256, "KvCacheBlocksUsed": 19, "KvCacheBlocksFree": 237,
-                "KvCacheBlocksMax": 256, "RuntimeGpuMemory": 256 * 2 * 1024 * 1024,
-                "RuntimeCpuMemory": 256 * 1024 * 1024, "RuntimePinnedMemory": 64 * 1024 * 1024,
-                "InflightContextTokens": 5 + 60 + 100 + 20, "InflightGenerationRequests": 4}
+    expected = {
+        "RequestsActive": 4,
+        "RequestsScheduled": 4,
+        "RequestsWaiting": 2,
+        "RequestsMax": 4,
+        "KvCacheUtilization": 100 * 19 / 256,
+        "KvCacheBlocksUsed": 19,
+        "KvCacheBlocksFree": 237,
+        "KvCacheBlocksMax": 256,
+        "RuntimeGpuMemory": 256 * 2 * 1024 * 1024,
+        "RuntimeCpuMemory": 256 * 1024 * 1024,
+        "RuntimePinnedMemory": 64 * 1024 * 1024,
+        "InflightContextTokens": 5 + 60 + 100 + 20,
+        "InflightGenerationRequests": 4,
+    }
     printed = {}
     for name, (family, label, value, scale) in GAUGE_METRICS.items():
         printed[name] = triton_gauges(llm, family, label)[value] * scale
@@ -214,7 +269,8 @@ def test_trt_gauges_equal_what_triton_prints(llm):
     assert (doc["RequestsActive"], doc["RequestsWaiting"], doc["InflightGenerationRequests"]) == (2, 0, 1)
     assert doc["KvCacheUtilization"] == pytest.approx(100 * (2 + 1) / 256)  # ceil(32/16) + ceil(2/16)
     assert doc["KvCacheUtilization"] == pytest.approx(
-        100 * triton_gauges(llm, "nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type")["fraction"])
+        100 * triton_gauges(llm, "nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type")["fraction"]
+    )
     # Triton 2.51 (24.10) has no time-to-first-response histogram (24.11+): nothing to read for TTFT here
     assert "nv_inference_first_response_histogram_ms" not in llm.metrics_text()
     assert "TimeToFirstToken" not in doc
@@ -284,8 +340,14 @@ def test_reload_with_fewer_requests_within_one_window_is_a_reset(llm):
     vllm(llm, unique(3), max_tokens=2, ttft_ms=3)
     after = model_doc(documents(cycle(pipe, llm)), VLLM)  # the next window is exact again
     assert (after["PromptTokens"], after["GenerationTokens"]) == (3, 2)
-    assert after["TimeToFirstToken"] == {"Values": [3.0], "Counts": [1.0], "Max": 5.0, "Min": 1.0, "Count": 1.0,
-                                         "Sum": pytest.approx(3.0)}
+    assert after["TimeToFirstToken"] == {
+        "Values": [3.0],
+        "Counts": [1.0],
+        "Max": 5.0,
+        "Min": 1.0,
+        "Count": 1.0,
+        "Sum": pytest.approx(3.0),
+    }
 
 
 # --- catalog files on the real entry point -----------------------------------------------------------
@@ -338,12 +400,29 @@ class GatedMetrics:
         self.httpd.server_close()
 
 
-def once(server: TritonServer, *args: str, metrics_url: str | None = None,
-         interval: str = "1") -> subprocess.Popen[str]:
+def once(
+    server: TritonServer, *args: str, metrics_url: str | None = None, interval: str = "1"
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--once", "--interval", interval, "--triton-url", server.url,
-         "--metrics-url", metrics_url or server.metrics_url, "--nvml", "off", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--once",
+            "--interval",
+            interval,
+            "--triton-url",
+            server.url,
+            "--metrics-url",
+            metrics_url or server.metrics_url,
+            "--nvml",
+            "off",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
 
 
@@ -379,8 +458,14 @@ def test_user_catalog_file_adds_a_custom_family(llm):
     elapsed = float(re.search(r"^window ([0-9.]+)s", err, re.M).group(1))
     assert v["PromptCacheHitsPerSecond"] == pytest.approx(2 / elapsed, rel=0.02)  # the table rounds elapsed
     # tool-call buckets 0.05 0.1 0.5 1 5 s: 30 ms twice in (0, 50], 70 ms in (50, 100]
-    assert v["ToolCallTime"] == {"Values": [25.0, 75.0], "Counts": [2.0, 1.0], "Max": 100.0, "Min": 0.0,
-                                 "Count": 3.0, "Sum": pytest.approx(130.0)}
+    assert v["ToolCallTime"] == {
+        "Values": [25.0, 75.0],
+        "Counts": [2.0, 1.0],
+        "Max": 100.0,
+        "Min": 0.0,
+        "Count": 3.0,
+        "Sum": pytest.approx(130.0),
+    }
     assert v["PromptTokens"] == 20 and v["RequestSuccess"] == 4  # the built-in packs are still there
     unit = {m["Name"]: m["Unit"] for d in v["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]}
     assert unit["ToolCallTime"] == "Milliseconds" and unit["PromptCacheHitsPerSecond"] == "Count/Second"
@@ -389,30 +474,55 @@ def test_user_catalog_file_adds_a_custom_family(llm):
 
 
 BAD_CATALOGS = {  # case -> (file text, the entry named, the problem named)
-    "unknown kind": ('[[metric]]\nname = "Foo"\nscope = "model"\nunit = "Count"\nkind = "average"\n'
-                     'help = "h"\ninputs = ["vllm:prompt_tokens_total"]\n', "metric 'Foo'", "unknown kind 'average'"),
-    "bad unit": ('[[metric]]\nname = "Foo"\nscope = "model"\nunit = "Tokens"\nkind = "delta"\nhelp = "h"\n'
-                 'inputs = ["vllm:prompt_tokens_total"]\n', "metric 'Foo'", "unit 'Tokens' is not a CloudWatch unit"),
+    "unknown kind": (
+        '[[metric]]\nname = "Foo"\nscope = "model"\nunit = "Count"\nkind = "average"\n'
+        'help = "h"\ninputs = ["vllm:prompt_tokens_total"]\n',
+        "metric 'Foo'",
+        "unknown kind 'average'",
+    ),
+    "bad unit": (
+        '[[metric]]\nname = "Foo"\nscope = "model"\nunit = "Tokens"\nkind = "delta"\nhelp = "h"\n'
+        'inputs = ["vllm:prompt_tokens_total"]\n',
+        "metric 'Foo'",
+        "unit 'Tokens' is not a CloudWatch unit",
+    ),
     "split label the family lacks": (
         '[families]\n"app:hits_total" = { type = "counter", labels = ["model", "version"] }\n\n'
         '[[metric]]\nname = "Foo"\nscope = "model"\nunit = "Count"\nkind = "delta"\nhelp = "h"\n'
         'inputs = [{ family = "app:hits_total", split = "reason", select = "BACKEND" }]\n',
-        "metric 'Foo'", "family 'app:hits_total' has no label 'reason' to split on"),
-    "duplicate EMF name": ('[[metric]]\nname = "PromptTokens"\nscope = "model"\nunit = "Count"\nkind = "delta"\n'
-                           'help = "h"\ninputs = ["vllm:prompt_tokens_total"]\n', "metric 'PromptTokens'",
-                           "duplicate EMF name (already defined in llm.toml (built in))"),
-    "ratio without denominator": ('[[metric]]\nname = "Foo"\nscope = "model"\nunit = "None"\nkind = "ratio"\n'
-                                  'help = "h"\ninputs = ["vllm:prompt_tokens_total"]\n', "metric 'Foo'",
-                                  "a ratio needs denominators"),
-    "name over 255 characters": (f'[[metric]]\nname = "{"N" * 256}"\nscope = "model"\nunit = "Count"\n'
-                                 'kind = "delta"\nhelp = "h"\ninputs = ["vllm:prompt_tokens_total"]\n',
-                                 f"metric '{'N' * 256}'", "name is 256 characters; CloudWatch allows 255"),
-    "unknown family": ('[[metric]]\nname = "Foo"\nscope = "model"\nunit = "Count"\nkind = "delta"\nhelp = "h"\n'
-                       'inputs = ["app:nope_total"]\n', "metric 'Foo'", "unknown family 'app:nope_total'"),
+        "metric 'Foo'",
+        "family 'app:hits_total' has no label 'reason' to split on",
+    ),
+    "duplicate EMF name": (
+        '[[metric]]\nname = "PromptTokens"\nscope = "model"\nunit = "Count"\nkind = "delta"\n'
+        'help = "h"\ninputs = ["vllm:prompt_tokens_total"]\n',
+        "metric 'PromptTokens'",
+        "duplicate EMF name (already defined in llm.toml (built in))",
+    ),
+    "ratio without denominator": (
+        '[[metric]]\nname = "Foo"\nscope = "model"\nunit = "None"\nkind = "ratio"\n'
+        'help = "h"\ninputs = ["vllm:prompt_tokens_total"]\n',
+        "metric 'Foo'",
+        "a ratio needs denominators",
+    ),
+    "name over 255 characters": (
+        f'[[metric]]\nname = "{"N" * 256}"\nscope = "model"\nunit = "Count"\n'
+        'kind = "delta"\nhelp = "h"\ninputs = ["vllm:prompt_tokens_total"]\n',
+        f"metric '{'N' * 256}'",
+        "name is 256 characters; CloudWatch allows 255",
+    ),
+    "unknown family": (
+        '[[metric]]\nname = "Foo"\nscope = "model"\nunit = "Count"\nkind = "delta"\nhelp = "h"\n'
+        'inputs = ["app:nope_total"]\n',
+        "metric 'Foo'",
+        "unknown family 'app:nope_total'",
+    ),
     "histogram read as a counter": (
         '[[metric]]\nname = "Foo"\nscope = "model"\nunit = "Count"\nkind = "delta"\nhelp = "h"\n'
-        'inputs = ["vllm:time_to_first_token_seconds"]\n', "metric 'Foo'",
-        "kind delta cannot read histogram family 'vllm:time_to_first_token_seconds'"),
+        'inputs = ["vllm:time_to_first_token_seconds"]\n',
+        "metric 'Foo'",
+        "kind delta cannot read histogram family 'vllm:time_to_first_token_seconds'",
+    ),
     "not TOML": ('[[metric]\nname = "Foo"\n', "", "not valid TOML"),
 }
 
@@ -459,8 +569,13 @@ def test_once_shows_the_llm_table_for_the_demo_traffic(llm):
 
 def test_health_probe_smoke_inference_passes_on_the_llm_models(llm):
     """The session server leaves the LLM models out; the probe's synthesised request must suit them too."""
-    proc = subprocess.run([sys.executable, "-m", "exporter", "health", "--url", llm.url, "--smoke", "--json"],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "health", "--url", llm.url, "--smoke", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     smoke = {c["model"]: c["status"] for c in orjson.loads(proc.stdout)["checks"] if c["check"] == "smoke"}
     assert smoke == {TRT: "ok", VLLM: "ok"}

@@ -55,17 +55,38 @@ class Host:
         return self.root / "store"
 
     def args(self, bucket: str, *extra: str) -> list[str]:
-        return ["--bucket", bucket, "--repository", str(self.repository), "--store", str(self.store),
-                "--triton-url", self.triton.url, "--output", f"file:{self.emf}", "--min-free-bytes", "0",
-                "--host-id", self.root.name, *extra]
+        return [
+            "--bucket",
+            bucket,
+            "--repository",
+            str(self.repository),
+            "--store",
+            str(self.store),
+            "--triton-url",
+            self.triton.url,
+            "--output",
+            f"file:{self.emf}",
+            "--min-free-bytes",
+            "0",
+            "--host-id",
+            self.root.name,
+            *extra,
+        ]
 
     def once(self, moto: Moto, bucket: str, *extra: str) -> subprocess.CompletedProcess[str]:  # noqa: F811
-        return subprocess.run([sys.executable, "-m", "modelsync", "--once", *self.args(bucket, *extra)],
-                              cwd=ROOT, env=moto.env(), capture_output=True, text=True, timeout=180)
+        return subprocess.run(
+            [sys.executable, "-m", "modelsync", "--once", *self.args(bucket, *extra)],
+            cwd=ROOT,
+            env=moto.env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
 
     def infer(self, model: str) -> float:
-        status, body = self.triton.infer(model, [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1],
-                                                  "data": [1.0]}])
+        status, body = self.triton.infer(
+            model, [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]
+        )
         return body["outputs"][0]["data"][0] if status == 200 else float("nan")
 
     def docs(self) -> list[dict]:
@@ -109,8 +130,14 @@ def test_once_exit_code_and_one_line_per_failed_model(moto, host: Host) -> None:
 
 def test_unreachable_s3_is_one_line_and_exit_1(moto, host: Host) -> None:  # noqa: F811
     env = {**moto.env(), "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
-    proc = subprocess.run([sys.executable, "-m", "modelsync", "--once", *host.args("some-bucket")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "modelsync", "--once", *host.args("some-bucket")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     lines = [line for line in proc.stderr.splitlines() if line.startswith("modelsync: ")]
     assert len(lines) == 1 and "cannot list s3://some-bucket/" in lines[0]
@@ -124,8 +151,14 @@ def test_crash_between_extract_and_flip_leaves_a_clean_repository(moto, host: Ho
     assert host.once(moto, bucket).returncode == 0
     v2 = make_zip(model_files(model, 2))
     upload(moto, bucket, f"{model}.zip", v2)
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "modelsync_crash.py"), *host.args(bucket)],
-                          cwd=ROOT, env=moto.env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "modelsync_crash.py"), *host.args(bucket)],
+        cwd=ROOT,
+        env=moto.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 137, proc.stderr  # died at the flip
     # What the crash left: the new directory complete in the store but not linked, a temporary link in staging.
     assert (host.store / model / sha(v2) / "config.pbtxt").exists()
@@ -147,18 +180,34 @@ def test_two_daemons_on_one_bucket_converge(moto, tmp_path: Path) -> None:  # no
     sqs = moto.client("sqs")
     queue = sqs.create_queue(QueueName=unique("fleet-"))["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    moto.client("s3").put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={
-        "QueueConfigurations": [{"QueueArn": arn, "Events": ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"],
-                                 "Filter": {"Key": {"FilterRules": [{"Name": "suffix", "Value": ".zip"}]}}}]})
+    moto.client("s3").put_bucket_notification_configuration(
+        Bucket=bucket,
+        NotificationConfiguration={
+            "QueueConfigurations": [
+                {
+                    "QueueArn": arn,
+                    "Events": ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"],
+                    "Filter": {"Key": {"FilterRules": [{"Name": "suffix", "Value": ".zip"}]}},
+                }
+            ]
+        },
+    )
     hosts = [Host(tmp_path / name) for name in ("host-a", "host-b")]
     procs = []
     try:
         for h in hosts:
             h.triton.start()
         for h in hosts:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "modelsync", *h.args(bucket, "--queue-url", queue, "--interval", "3")],
-                cwd=ROOT, env=moto.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "modelsync", *h.args(bucket, "--queue-url", queue, "--interval", "3")],
+                    cwd=ROOT,
+                    env=moto.env(),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         v1, v2 = make_zip(model_files(model, 1)), make_zip(model_files(model, 2))
         upload(moto, bucket, f"{model}.zip", v1)
         wait_for(lambda: all(h.infer(model) == 2.0 for h in hosts), timeout=60, step=0.3)
@@ -170,8 +219,12 @@ def test_two_daemons_on_one_bucket_converge(moto, tmp_path: Path) -> None:  # no
             p.send_signal(signal.SIGTERM)
         for p in procs:
             assert p.wait(timeout=20) == 0, p.stderr.read() if p.stderr else ""
-        artifacts = {(h.root.name, d["ModelArtifact"]) for h in hosts for d in h.docs()
-                     if d.get("model") == model and "ModelInSync" in d and d["ModelInSync"] == 1}
+        artifacts = {
+            (h.root.name, d["ModelArtifact"])
+            for h in hosts
+            for d in h.docs()
+            if d.get("model") == model and "ModelInSync" in d and d["ModelInSync"] == 1
+        }
         assert ("host-a", sha(v2)) in artifacts and ("host-b", sha(v2)) in artifacts
     finally:
         for p in procs:
@@ -189,8 +242,10 @@ def tmpfs(path: Path, options: str) -> Iterator[None]:
     path.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()}); test_disk_full_during_a_write_leaves_"
-                    "nothing covers ENOSPC through the write layer")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({proc.stderr.strip()}); test_disk_full_during_a_write_leaves_"
+            "nothing covers ENOSPC through the write layer"
+        )
     try:
         yield
     finally:

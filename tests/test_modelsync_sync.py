@@ -93,7 +93,11 @@ def test_new_model_is_installed_and_ready(env: Env) -> None:
     assert attempt["SyncBytesDownloaded"] == len(data)
     assert 0 < attempt["SyncUploadToReady"] < 120
     assert (attempt["sha256"], attempt["ModelArtifact"], attempt["s3_version_id"], attempt["host"]) == (
-        digest, digest, put["VersionId"], "test-host")
+        digest,
+        digest,
+        put["VersionId"],
+        "test-host",
+    )
     directives = {m["Name"]: d["Dimensions"] for d in attempt["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]}
     assert directives["SyncAttempts"] == [[], ["result"], ["model", "result"]]
     assert directives["SyncLoadTime"] == [[], ["model"]]
@@ -115,8 +119,9 @@ def test_update_swaps_in_under_continuous_inference_without_a_failed_request(env
 
     def traffic() -> None:
         while not stop.is_set():
-            status, body = env.triton.infer(model, [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1],
-                                                     "data": [1.0]}])
+            status, body = env.triton.infer(
+                model, [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]
+            )
             results.append((status, body["outputs"][0]["data"][0] if status == 200 else None))
             time.sleep(0.02)
 
@@ -189,8 +194,12 @@ def test_missing_hash_is_refused_until_a_tag_names_it(env: Env) -> None:
     assert outcome.result == "missing_hash" and "--allow-unverified" in outcome.reason
     assert_untouched(env, model, v1, before)
     # The uploader adds the tag afterwards (allowed: the tag is read per object version).
-    env.moto.client("s3").put_object_tagging(Bucket=env.bucket, Key=f"{model}.zip", VersionId=put["VersionId"],
-                                             Tagging={"TagSet": [{"Key": "sha256", "Value": sha(data)}]})
+    env.moto.client("s3").put_object_tagging(
+        Bucket=env.bucket,
+        Key=f"{model}.zip",
+        VersionId=put["VersionId"],
+        Tagging={"TagSet": [{"Key": "sha256", "Value": sha(data)}]},
+    )
     assert env.sync().outcomes[model].in_sync
     assert env.infer(model, 1.0) == 3.0
     record = json.loads((env.store / model / f"{sha(data)}.json").read_text())
@@ -270,8 +279,13 @@ def test_hostile_archive_is_refused_with_nothing_written_outside_the_store(env: 
     upload(env.moto, env.bucket, f"{model}.zip", HOSTILE[kind](model, env.root))
     outcome = env.sync().outcomes[model]
     assert outcome.result == "unsafe_archive", outcome
-    expected = {"traversal": "'..' in the path", "absolute": "absolute path", "symlink": "a symlink",
-                "outside": "outside", "zip_bomb": "compression ratio"}[kind]
+    expected = {
+        "traversal": "'..' in the path",
+        "absolute": "absolute path",
+        "symlink": "a symlink",
+        "outside": "outside",
+        "zip_bomb": "compression ratio",
+    }[kind]
     assert expected in outcome.reason
     assert_untouched(env, model, v1, before)
     assert env.files_outside_store() == outside
@@ -335,10 +349,22 @@ def test_rollback_on_purpose_re_extracts_the_old_archive(env: Env) -> None:
 
 
 def s3_record(bucket: str, key: str, sequencer: str, version: str, name: str = "ObjectCreated:Put") -> str:
-    return json.dumps({"Records": [{"eventVersion": "2.1", "eventSource": "aws:s3", "eventName": name,
-                                    "eventTime": "2026-11-30T12:00:00.000Z",
-                                    "s3": {"bucket": {"name": bucket},
-                                           "object": {"key": key, "sequencer": sequencer, "versionId": version}}}]})
+    return json.dumps(
+        {
+            "Records": [
+                {
+                    "eventVersion": "2.1",
+                    "eventSource": "aws:s3",
+                    "eventName": name,
+                    "eventTime": "2026-11-30T12:00:00.000Z",
+                    "s3": {
+                        "bucket": {"name": bucket},
+                        "object": {"key": key, "sequencer": sequencer, "versionId": version},
+                    },
+                }
+            ]
+        }
+    )
 
 
 def test_duplicate_and_out_of_order_events_never_load_an_older_archive(env: Env) -> None:

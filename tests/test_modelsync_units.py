@@ -30,26 +30,38 @@ LIMITS = Limits(max_entries=100, max_bytes=10 * 1024 * 1024, max_ratio=50)
 
 
 def test_flag_wins_over_variable_and_variable_over_default() -> None:
-    env = {"MODELSYNC_BUCKET": "env-bucket", "MODELSYNC_INTERVAL": "30", "MODELSYNC_ALLOW_UNVERIFIED": "true",
-           "AWS_EMF_AGENT_ENDPOINT": "udp://127.0.0.1:25888", "MODELSYNC_MAX_ARCHIVE_BYTES": "2G"}
+    env = {
+        "MODELSYNC_BUCKET": "env-bucket",
+        "MODELSYNC_INTERVAL": "30",
+        "MODELSYNC_ALLOW_UNVERIFIED": "true",
+        "AWS_EMF_AGENT_ENDPOINT": "udp://127.0.0.1:25888",
+        "MODELSYNC_MAX_ARCHIVE_BYTES": "2G",
+    }
     s = load(["--bucket", "flag-bucket", "--no-allow-unverified"], env)
-    assert (s.bucket, s.interval, s.allow_unverified, str(s.output)) == ("flag-bucket", 30.0, False,
-                                                                         "udp://127.0.0.1:25888")
+    assert (s.bucket, s.interval, s.allow_unverified, str(s.output)) == (
+        "flag-bucket",
+        30.0,
+        False,
+        "udp://127.0.0.1:25888",
+    )
     assert s.max_archive_bytes == 2 * 1024**3 and s.prefix == "" and s.triton_url == "http://localhost:8000"
     assert str(s.repository) == "/mnt/triton-models" and str(s.store_root) == "/mnt/triton-models.store"
     assert load(["--bucket", "abc", "--output", "file:/tmp/x"], env).output.path == "/tmp/x"
     assert load([], env).allow_unverified is True
 
 
-@pytest.mark.parametrize(("argv", "needle"), [
-    ([], "--bucket (or MODELSYNC_BUCKET) is required"),
-    (["--bucket", "Bad_Bucket"], "--bucket='Bad_Bucket'"),
-    (["--bucket", "abc", "--interval", "-1"], "--interval='-1'"),
-    (["--bucket", "abc", "--repository", "relative/path"], "must be an absolute path"),
-    (["--bucket", "abc", "--repository", "/m", "--store", "/m/store"], "must be outside --repository"),
-    (["--bucket", "abc", "--max-archive-bytes", "lots"], "--max-archive-bytes='lots'"),
-    (["--bucket", "abc", "--triton-url", "localhost:8000"], "--triton-url="),
-])
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        ([], "--bucket (or MODELSYNC_BUCKET) is required"),
+        (["--bucket", "Bad_Bucket"], "--bucket='Bad_Bucket'"),
+        (["--bucket", "abc", "--interval", "-1"], "--interval='-1'"),
+        (["--bucket", "abc", "--repository", "relative/path"], "must be an absolute path"),
+        (["--bucket", "abc", "--repository", "/m", "--store", "/m/store"], "must be outside --repository"),
+        (["--bucket", "abc", "--max-archive-bytes", "lots"], "--max-archive-bytes='lots'"),
+        (["--bucket", "abc", "--triton-url", "localhost:8000"], "--triton-url="),
+    ],
+)
 def test_invalid_settings_are_one_line_and_exit_2(argv: list[str], needle: str, capsys, monkeypatch) -> None:
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
@@ -69,9 +81,22 @@ def test_help_lists_every_flag_and_variable(capsys) -> None:
         assert flag in out
         for env in envs:
             assert env in out
-    for flag in ("--once", "--bucket", "--prefix", "--repository", "--store", "--triton-url", "--queue-url",
-                 "--interval", "--output", "--allow-unverified", "--delete-removed", "--max-entries",
-                 "--max-ratio", "--max-extracted-bytes"):
+    for flag in (
+        "--once",
+        "--bucket",
+        "--prefix",
+        "--repository",
+        "--store",
+        "--triton-url",
+        "--queue-url",
+        "--interval",
+        "--output",
+        "--allow-unverified",
+        "--delete-removed",
+        "--max-entries",
+        "--max-ratio",
+        "--max-extracted-bytes",
+    ):
         assert flag in out
 
 
@@ -82,8 +107,10 @@ def test_sizes() -> None:
 
 
 def test_one_line_reason() -> None:
-    assert one_line("Internal: RuntimeError: boom\n\nAt:\n  model.py(1)\n;\n; rolled back") == \
-        "Internal: RuntimeError: boom / At: / model.py(1) / rolled back"
+    assert (
+        one_line("Internal: RuntimeError: boom\n\nAt:\n  model.py(1)\n;\n; rolled back")
+        == "Internal: RuntimeError: boom / At: / model.py(1) / rolled back"
+    )
 
 
 # --- archive checks -----------------------------------------------------------------------------------
@@ -112,36 +139,41 @@ def special(name: str, mode: int) -> bytes:
 def test_a_plain_model_archive_is_accepted_and_extracted(tmp_path: Path) -> None:
     files = {**model_files("m"), "m/labels.txt": b"a\nb\n", "m/2/model.py": b"# v2"}
     plan = check(make_zip(files))
-    assert sorted(e.path.as_posix() for e in plan.files) == ["1/model.py", "2/model.py", "config.pbtxt",
-                                                             "labels.txt"]
+    assert sorted(e.path.as_posix() for e in plan.files) == ["1/model.py", "2/model.py", "config.pbtxt", "labels.txt"]
     dest = tmp_path / "m"
     dest.mkdir()
     assert extract(zf_of(make_zip(files)), plan, dest, LocalFileSystem()) == plan.total_bytes
     assert (dest / "2" / "model.py").read_bytes() == b"# v2" and (dest / "labels.txt").stat().st_mode & 0o777 == 0o644
 
 
-@pytest.mark.parametrize(("files", "needle"), [
-    ({"m/../evil": b"x"}, "'..' in the path"),
-    ({"/etc/evil": b"x"}, "absolute path"),
-    ({"C:/evil": b"x"}, "absolute path"),
-    ({"m\\1\\evil": b"x"}, "backslash"),
-    ({"other/x": b"x"}, "outside m/"),
-    ({"M/x": b"x"}, "outside m/"),
-    ({"m/latest/model.py": b"x"}, "must be numeric versions, found latest"),
-    ({"m": b"x"}, "a file where the model directory"),
-])
+@pytest.mark.parametrize(
+    ("files", "needle"),
+    [
+        ({"m/../evil": b"x"}, "'..' in the path"),
+        ({"/etc/evil": b"x"}, "absolute path"),
+        ({"C:/evil": b"x"}, "absolute path"),
+        ({"m\\1\\evil": b"x"}, "backslash"),
+        ({"other/x": b"x"}, "outside m/"),
+        ({"M/x": b"x"}, "outside m/"),
+        ({"m/latest/model.py": b"x"}, "must be numeric versions, found latest"),
+        ({"m": b"x"}, "a file where the model directory"),
+    ],
+)
 def test_unsafe_paths_are_refused(files: dict[str, bytes], needle: str) -> None:
     with pytest.raises(UnsafeArchive, match=None) as exc:
         check(make_zip({**model_files("m"), **files}))
     assert needle in str(exc.value)
 
 
-@pytest.mark.parametrize(("name", "mode", "kind"), [
-    ("m/1/link", stat.S_IFLNK | 0o777, "a symlink"),
-    ("m/1/dev", stat.S_IFCHR | 0o600, "a character device"),
-    ("m/1/disk", stat.S_IFBLK | 0o600, "a block device"),
-    ("m/1/pipe", stat.S_IFIFO | 0o600, "a fifo"),
-])
+@pytest.mark.parametrize(
+    ("name", "mode", "kind"),
+    [
+        ("m/1/link", stat.S_IFLNK | 0o777, "a symlink"),
+        ("m/1/dev", stat.S_IFCHR | 0o600, "a character device"),
+        ("m/1/disk", stat.S_IFBLK | 0o600, "a block device"),
+        ("m/1/pipe", stat.S_IFIFO | 0o600, "a fifo"),
+    ],
+)
 def test_non_regular_entries_are_refused(name: str, mode: int, kind: str) -> None:
     with pytest.raises(UnsafeArchive) as exc:
         check(special(name, mode))
@@ -208,15 +240,27 @@ def test_overlapping_entries_are_refused() -> None:
 
 
 def test_envelopes_are_parsed_and_keys_decoded() -> None:
-    s3 = {"Records": [{"eventSource": "aws:s3", "eventName": "ObjectCreated:Put", "eventTime": "t1",
-                       "s3": {"bucket": {"name": "b"}, "object": {"key": "models/a+b%2Bc.zip", "sequencer": "0A"}}}]}
+    s3 = {
+        "Records": [
+            {
+                "eventSource": "aws:s3",
+                "eventName": "ObjectCreated:Put",
+                "eventTime": "t1",
+                "s3": {"bucket": {"name": "b"}, "object": {"key": "models/a+b%2Bc.zip", "sequencer": "0A"}},
+            }
+        ]
+    }
     (ev,) = parse(json.dumps(s3))
     assert (ev.bucket, ev.key, ev.removed, ev.sequencer) == ("b", "models/a b+c.zip", False, "0A")
     (via_sns,) = parse(json.dumps({"Type": "Notification", "Message": json.dumps(s3)}))
     assert via_sns == ev
     assert parse(json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"})) == []
-    bridge = {"source": "aws.s3", "detail-type": "Object Deleted", "time": "t2",
-              "detail": {"bucket": {"name": "b"}, "object": {"key": "m+x.zip", "sequencer": "0B"}}}
+    bridge = {
+        "source": "aws.s3",
+        "detail-type": "Object Deleted",
+        "time": "t2",
+        "detail": {"bucket": {"name": "b"}, "object": {"key": "m+x.zip", "sequencer": "0B"}},
+    }
     assert [(e.key, e.removed) for e in parse(json.dumps(bridge))] == [("m+x.zip", True), ("m x.zip", True)]
     for junk in ("nope", "[]", json.dumps({"hello": 1})):
         with pytest.raises(MalformedMessage):
@@ -334,9 +378,18 @@ def test_model_names_triton_takes_are_accepted() -> None:
 def test_every_event_the_recorder_writes_is_valid_emf() -> None:
     buf = io.BytesIO()
     rec = Recorder("Triton", StreamSink(buf), "host-1")
-    rec.attempt(Attempt("m@x", "ok", phases={"download": 0.1, "verify": 0.01, "extract": 0.2, "swap": 0.001,
-                                               "load": 1.5}, bytes_downloaded=123, sha256="a" * 64,
-                        version_id="v1", serving="a" * 64, upload_to_ready=4.2))
+    rec.attempt(
+        Attempt(
+            "m@x",
+            "ok",
+            phases={"download": 0.1, "verify": 0.01, "extract": 0.2, "swap": 0.001, "load": 1.5},
+            bytes_downloaded=123,
+            sha256="a" * 64,
+            version_id="v1",
+            serving="a" * 64,
+            upload_to_ready=4.2,
+        )
+    )
     rec.attempt(Attempt("modèle", "rolled_back", reason="boom\n" * 2000, serving="b" * 64))
     rec.model_state(ModelState("m@x", True, serving="a" * 64, expected="a" * 64))
     rec.host_state(3, 1, 12.5)

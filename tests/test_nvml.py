@@ -170,9 +170,20 @@ def test_old_driver_uses_older_entry_points_once_found() -> None:
 
 
 def test_error_numbers_and_constants_are_pynvmls() -> None:
-    for name in ("NOT_SUPPORTED", "NO_PERMISSION", "NOT_FOUND", "DRIVER_NOT_LOADED", "TIMEOUT", "UNINITIALIZED",
-                 "LIBRARY_NOT_FOUND", "FUNCTION_NOT_FOUND", "GPU_IS_LOST", "LIB_RM_VERSION_MISMATCH",
-                 "INVALID_ARGUMENT", "ARGUMENT_VERSION_MISMATCH"):
+    for name in (
+        "NOT_SUPPORTED",
+        "NO_PERMISSION",
+        "NOT_FOUND",
+        "DRIVER_NOT_LOADED",
+        "TIMEOUT",
+        "UNINITIALIZED",
+        "LIBRARY_NOT_FOUND",
+        "FUNCTION_NOT_FOUND",
+        "GPU_IS_LOST",
+        "LIB_RM_VERSION_MISMATCH",
+        "INVALID_ARGUMENT",
+        "ARGUMENT_VERSION_MISMATCH",
+    ):
         assert getattr(nvml, name) == getattr(pynvml, f"NVML_ERROR_{name}"), name
     assert pynvml.nvmlMemory_v2 == nvml.MEMORY_V2
     assert nvml.MEMORY_TEMP_FIELD == pynvml.NVML_FI_DEV_MEMORY_TEMP
@@ -182,14 +193,24 @@ def test_error_numbers_and_constants_are_pynvmls() -> None:
 # field -> (newer entry point, older entry point, a series it yields, GPU 0's value through the older call)
 FALLBACKS = {
     "temperature": ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature", "nvml_temperature_gpu_celsius", 40.0),
-    "memory": ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo", "nvml_memory_used_bytes",
-               float(6 * 1024**3 + 300 * 1024**2)),  # v1: used includes the driver's reservation
-    "throttle": ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
-                 "nvml_throttle_thermal", 1.0),
+    "memory": (
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetMemoryInfo",
+        "nvml_memory_used_bytes",
+        float(6 * 1024**3 + 300 * 1024**2),
+    ),  # v1: used includes the driver's reservation
+    "throttle": (
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvml_throttle_thermal",
+        1.0,
+    ),
 }
-NEWER_ERRORS = {"FUNCTION_NOT_FOUND": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-                "ARGUMENT_VERSION_MISMATCH": pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
-                "NOT_SUPPORTED": pynvml.NVML_ERROR_NOT_SUPPORTED}
+NEWER_ERRORS = {
+    "FUNCTION_NOT_FOUND": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    "ARGUMENT_VERSION_MISMATCH": pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+    "NOT_SUPPORTED": pynvml.NVML_ERROR_NOT_SUPPORTED,
+}
 
 
 def _fallback_fake() -> fk.FakeNvml:
@@ -292,18 +313,21 @@ def test_cuda_visible_devices_with_a_mig_uuid_selects_its_parent() -> None:
 FOUND = [(0, U[0]), (1, U[1]), (2, U[2]), (3, U[3])]
 
 
-@pytest.mark.parametrize(("nvidia", "cuda", "expected"), [
-    (None, None, [U[0], U[1], U[2], U[3]]),
-    ("all", None, [U[0], U[1], U[2], U[3]]),
-    ("void", "", [U[0], U[1], U[2], U[3]]),  # empty CUDA_VISIBLE_DEVICES: the exporter does not use CUDA
-    (f"{U[2]},{U[0]}", None, [U[0], U[2]]),  # runtime list: NVML (PCI) order kept
-    ("3,1", None, [U[1], U[3]]),  # indices, and NVML sees the whole host: host indices
-    (None, "2,0", [U[2], U[0]]),  # CUDA order is the gpu dimension
-    (None, f"{U[3][:12]},1", [U[3], U[1]]),  # unique UUID prefix
-    (None, "1,7,0", [U[1]]),  # CUDA stops at the first invalid entry
-    (None, "GPU-0000000", []),  # ambiguous prefix matches nothing
-    (f"{U[1]},{U[2]}", "1", [U[2]]),  # CUDA indexes what the runtime left
-])
+@pytest.mark.parametrize(
+    ("nvidia", "cuda", "expected"),
+    [
+        (None, None, [U[0], U[1], U[2], U[3]]),
+        ("all", None, [U[0], U[1], U[2], U[3]]),
+        ("void", "", [U[0], U[1], U[2], U[3]]),  # empty CUDA_VISIBLE_DEVICES: the exporter does not use CUDA
+        (f"{U[2]},{U[0]}", None, [U[0], U[2]]),  # runtime list: NVML (PCI) order kept
+        ("3,1", None, [U[1], U[3]]),  # indices, and NVML sees the whole host: host indices
+        (None, "2,0", [U[2], U[0]]),  # CUDA order is the gpu dimension
+        (None, f"{U[3][:12]},1", [U[3], U[1]]),  # unique UUID prefix
+        (None, "1,7,0", [U[1]]),  # CUDA stops at the first invalid entry
+        (None, "GPU-0000000", []),  # ambiguous prefix matches nothing
+        (f"{U[1]},{U[2]}", "1", [U[2]]),  # CUDA indexes what the runtime left
+    ],
+)
 def test_select_rules(nvidia: str | None, cuda: str | None, expected: list[str]) -> None:
     assert select(FOUND, nvidia, cuda) == expected
 
@@ -342,8 +366,9 @@ def test_library_missing_auto_on_a_cpu_host_warns_once_and_reports_down(tmp_path
 
 
 def test_library_missing_auto_with_gpu_hints_reports_the_source_down(tmp_path: Path) -> None:
-    source = make_nvml_source(Settings(nvml="auto"), fk.library_missing(), {"NVIDIA_VISIBLE_DEVICES": "all"},
-                              dev=tmp_path)
+    source = make_nvml_source(
+        Settings(nvml="auto"), fk.library_missing(), {"NVIDIA_VISIBLE_DEVICES": "all"}, dev=tmp_path
+    )
     assert source is not None
     with pytest.raises(SourceError, match=r"libnvidia-ml\.so\.1"):
         source.collect(5.0)
@@ -379,13 +404,19 @@ def test_pynvml_not_installed_reports_down(tmp_path: Path) -> None:
     source.close()
 
 
-@pytest.mark.parametrize(("fake", "environ", "cause"), [
-    (fk.library_missing, {"NVIDIA_VISIBLE_DEVICES": "all"}, r"NVML error 12\); libnvidia-ml\.so\.1 is not in"),
-    (lambda: fk.FakeNvml(fk.gpus(1), init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED), {}, r"error 9\).*not loaded"),
-    (lambda: fk.FakeNvml(fk.gpus(1), init_error=pynvml.NVML_ERROR_NO_PERMISSION), {}, r"/dev/nvidiactl"),
-    (lambda: fk.FakeNvml(fk.gpus(2)), {"NVIDIA_VISIBLE_DEVICES": "none", "CUDA_VISIBLE_DEVICES": "7"},
-     r"no GPU visible"),
-])
+@pytest.mark.parametrize(
+    ("fake", "environ", "cause"),
+    [
+        (fk.library_missing, {"NVIDIA_VISIBLE_DEVICES": "all"}, r"NVML error 12\); libnvidia-ml\.so\.1 is not in"),
+        (lambda: fk.FakeNvml(fk.gpus(1), init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED), {}, r"error 9\).*not loaded"),
+        (lambda: fk.FakeNvml(fk.gpus(1), init_error=pynvml.NVML_ERROR_NO_PERMISSION), {}, r"/dev/nvidiactl"),
+        (
+            lambda: fk.FakeNvml(fk.gpus(2)),
+            {"NVIDIA_VISIBLE_DEVICES": "none", "CUDA_VISIBLE_DEVICES": "7"},
+            r"no GPU visible",
+        ),
+    ],
+)
 def test_on_without_nvml_refuses_to_start_naming_the_cause(fake, environ, cause, tmp_path: Path) -> None:
     api = fake()
     with pytest.raises(SourceRequired, match=cause) as info:
@@ -559,8 +590,7 @@ def test_one_event_per_gpu_with_triton_and_nvml_metrics_joined_on_uuid() -> None
 def test_nvml_alone_fills_the_shared_gpu_metrics() -> None:
     fake = fk.two_healthy()
     triton = TextSource(*(triton_metrics(["m"], step) for step in (1, 2)))  # no nv_gpu_* (DCGM off)
-    results = run([triton, IndexSource(), NvmlSource(fake, {}, clock=Clock())], 2,
-                  between=lambda n: fake.advance(60))
+    results = run([triton, IndexSource(), NvmlSource(fake, {}, clock=Clock())], 2, between=lambda n: fake.advance(60))
     d = {doc["gpu_uuid"]: doc for doc in gpu_docs(results[1])}[U[1]]
     assert d["GpuUtilization"] == 11.0
     assert d["GpuEnergyJoules"] == pytest.approx(120.5 * 60)  # delta of NVML's mJ counter, in J
@@ -587,8 +617,9 @@ def test_xid_errors_per_window_and_last_xid_property_in_emf() -> None:
             fake.inject_xid(0, 79)
             fake.inject_xid(0, 94)
 
-    results = run([TextSource(triton_metrics(["m"], 1)), IndexSource(), NvmlSource(fake, {}, clock=Clock())], 3,
-                  between=between)
+    results = run(
+        [TextSource(triton_metrics(["m"], 1)), IndexSource(), NvmlSource(fake, {}, clock=Clock())], 3, between=between
+    )
     first = {d["gpu_uuid"]: d for d in gpu_docs(results[1])}
     assert first[U[0]]["GpuXidErrors"] == 2.0 and first[U[0]]["last_xid"] == 94
     assert first[U[1]]["GpuXidErrors"] == 0.0 and "last_xid" not in first[U[1]]
@@ -606,8 +637,9 @@ def test_counter_reset_after_driver_reload_drops_one_window_then_recovers() -> N
         if n == 2:
             fake.reset_counters()
 
-    results = run([TextSource(triton_metrics(["m"], 1)), IndexSource(), NvmlSource(fake, {}, clock=Clock())], 4,
-                  between=between)
+    results = run(
+        [TextSource(triton_metrics(["m"], 1)), IndexSource(), NvmlSource(fake, {}, clock=Clock())], 4, between=between
+    )
     normal = {d["gpu_uuid"]: d for d in gpu_docs(results[1])}[U[0]]
     assert normal["GpuEccCorrectedErrors"] == 2.0 and normal["GpuPcieReplays"] == 1.0
     assert normal["GpuEnergyJoules"] == pytest.approx(120.5 * 60)
@@ -621,8 +653,11 @@ def test_counter_reset_after_driver_reload_drops_one_window_then_recovers() -> N
 
 def test_lost_gpu_in_emf() -> None:
     fake = fk.gpu_lost()
-    results = run([TextSource(triton_metrics(["m"], 1)), IndexSource(), NvmlSource(fake, {}, clock=Clock())], 2,
-                  between=lambda n: fake.lose(1) if n == 1 else None)
+    results = run(
+        [TextSource(triton_metrics(["m"], 1)), IndexSource(), NvmlSource(fake, {}, clock=Clock())],
+        2,
+        between=lambda n: fake.lose(1) if n == 1 else None,
+    )
     docs = {d["gpu_uuid"]: d for d in gpu_docs(results[1])}
     assert docs[U[1]]["GpuLost"] == 1.0 and docs[U[1]]["gpu"] == "1"
     assert "GpuTemperatureCelsius" not in docs[U[1]]
@@ -675,15 +710,33 @@ def test_real_entry_point_on_without_nvml_exits_2_with_one_line(tmp_path: Path) 
     closed = f"http://127.0.0.1:{closed_port()}"
     out = tmp_path / "emf.log"
     proc = subprocess.run(
-        [sys.executable, "-m", "exporter", "--nvml", "on", "--interval", "0.3", "--output", f"file:{out}",
-         "--triton-url", closed, "--metrics-url", closed + "/metrics"],
-        cwd=ROOT, env=_exporter_env(), capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--nvml",
+            "on",
+            "--interval",
+            "0.3",
+            "--output",
+            f"file:{out}",
+            "--triton-url",
+            closed,
+            "--metrics-url",
+            closed + "/metrics",
+        ],
+        cwd=ROOT,
+        env=_exporter_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: --nvml on (EXPORTER_NVML=on) needs NVML, which is unavailable: "
-                               "NVML cannot initialise: ")
+    assert lines[0].startswith(
+        "error: --nvml on (EXPORTER_NVML=on) needs NVML, which is unavailable: NVML cannot initialise: "
+    )
     assert NVML_ABSENT in lines[0]
     assert proc.stdout == "" and not out.exists()  # stopped before any cycle
 
@@ -693,9 +746,25 @@ def test_real_entry_point_auto_without_nvml_keeps_running_and_reports_the_source
     closed = f"http://127.0.0.1:{closed_port()}"
     out = tmp_path / "emf.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--nvml", "auto", "--interval", "0.3", "--output", f"file:{out}",
-         "--triton-url", closed, "--metrics-url", closed + "/metrics"],
-        cwd=ROOT, env=_exporter_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--nvml",
+            "auto",
+            "--interval",
+            "0.3",
+            "--output",
+            f"file:{out}",
+            "--triton-url",
+            closed,
+            "--metrics-url",
+            closed + "/metrics",
+        ],
+        cwd=ROOT,
+        env=_exporter_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 30

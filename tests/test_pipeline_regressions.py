@@ -20,11 +20,14 @@ from .helpers import CATALOG, IndexSource, TextSource, documents, model_doc, pip
 from .test_faults import Loop, starts
 
 
-@pytest.mark.parametrize("line", [
-    'nv_inference_pending_request_count{version="1"} 0',  # model label missing
-    "nv_inference_pending_request_count 0",  # no labels at all
-    "nv_gpu_utilization 0.5",  # GPU family without gpu_uuid
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        'nv_inference_pending_request_count{version="1"} 0',  # model label missing
+        "nv_inference_pending_request_count 0",  # no labels at all
+        "nv_gpu_utilization 0.5",  # GPU family without gpu_uuid
+    ],
+)
 def test_series_without_its_entity_label_is_skipped_not_fatal(line):
     body = triton_metrics(["a"], 1, gpus=["GPU-1"])
     family = line.split("{")[0].split(" ")[0]

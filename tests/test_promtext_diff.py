@@ -58,12 +58,15 @@ FAMILIES = [
     ("app:other_seconds", "histogram"),
 ]
 # Bucket bounds as Triton prints them (vLLM's TTFT and e2e, TensorRT-LLM's lengths) and as others may.
-LE_SETS = [("100", "500", "+Inf"), ("0.001", "0.04", "0.25", "2.5", "10", "+Inf"), ("1", "2.5", "60", "+Inf"),
-           ("10", "50", "100", "500", "1000", "+Inf"), ("1e-3", "1.0", "+Inf")]
+LE_SETS = [
+    ("100", "500", "+Inf"),
+    ("0.001", "0.04", "0.25", "2.5", "10", "+Inf"),
+    ("1", "2.5", "60", "+Inf"),
+    ("10", "50", "100", "500", "1000", "+Inf"),
+    ("1e-3", "1.0", "+Inf"),
+]
 
-label_names = st.from_regex(r"[a-zA-Z][a-zA-Z0-9_]{0,6}", fullmatch=True).filter(
-    lambda s: s not in ("quantile", "le")
-)
+label_names = st.from_regex(r"[a-zA-Z][a-zA-Z0-9_]{0,6}", fullmatch=True).filter(lambda s: s not in ("quantile", "le"))
 label_values = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 
 
@@ -161,7 +164,8 @@ def ours(text: str, parser: Parser) -> dict[tuple[str, frozenset], float]:
     assert exp.malformed == 0, exp.examples
     return {
         (name, frozenset(exp.labels[key].labels.items())): value
-        for name, series in exp.samples.items() for key, value in series.items()
+        for name, series in exp.samples.items()
+        for key, value in series.items()
     }
 
 
@@ -211,11 +215,14 @@ def test_agrees_with_prometheus_client_on_real_bodies(path, body):
         assert {"nv_llm_output_token_len_bucket", "nv_llm_input_token_len_sum", "nv_trt_llm_request_metrics"} <= names
 
 
-@pytest.mark.parametrize("text", [
-    "nv_inference_count_extra 0\n",  # only a longer name with the wanted one as its prefix
-    "x# TYPE nv_inference_count_extra counter\nnv_inference_count_extra{} 0\n\n",  # found by hypothesis
-    "# TYPE nv_inference_count counter\n# TYPE vllm:time_to_first_token_seconds histogram\n",  # empty families
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "nv_inference_count_extra 0\n",  # only a longer name with the wanted one as its prefix
+        "x# TYPE nv_inference_count_extra counter\nnv_inference_count_extra{} 0\n\n",  # found by hypothesis
+        "# TYPE nv_inference_count counter\n# TYPE vllm:time_to_first_token_seconds histogram\n",  # empty families
+    ],
+)
 def test_a_name_without_samples_has_no_entry_on_either_path(text):
     """Regression: the Python path kept an empty series for nv_inference_count where the C path had none."""
     assert PARSERS["native"].parse(text).samples == PARSERS["python"].parse(text).samples == {}
@@ -240,7 +247,8 @@ def test_garbage_never_crashes_and_never_invents_samples(text, cut, junk):
     exp = native
     got = {
         (name, frozenset(exp.labels[key].labels.items())): value
-        for name, series in exp.samples.items() for key, value in series.items()
+        for name, series in exp.samples.items()
+        for key, value in series.items()
     }
     original = reference(text)
     assert len(set(got) - set(original)) <= 2

@@ -35,9 +35,14 @@ SESSION = botocore.session.get_session()
 CLOUDWATCH = SESSION.get_service_model("cloudwatch")
 AUTOSCALING = SESSION.get_service_model("application-autoscaling")
 WIDGET_TYPES = {"metric", "text", "log", "alarm"}
-RICH = Options(catalog=CATALOG, models=("add", "m@x.v2+b", "modèle-ü"),
-               sns_topic_arn="arn:aws:sns:eu-west-1:111122223333:ops",
-               namespace="Prod/Triton", region="eu-west-1", account_id="111122223333")
+RICH = Options(
+    catalog=CATALOG,
+    models=("add", "m@x.v2+b", "modèle-ü"),
+    sns_topic_arn="arn:aws:sns:eu-west-1:111122223333:ops",
+    namespace="Prod/Triton",
+    region="eu-west-1",
+    account_id="111122223333",
+)
 
 
 def _validate(model: Any, operation: str, params: dict[str, Any]) -> None:
@@ -58,8 +63,11 @@ def rich_files() -> dict[str, str]:
 
 
 def test_committed_files_equal_a_fresh_render(default_files) -> None:
-    differ = [rel for rel, text in default_files.items()
-              if not (ROOT / rel).is_file() or (ROOT / rel).read_text(encoding="utf-8") != text]
+    differ = [
+        rel
+        for rel, text in default_files.items()
+        if not (ROOT / rel).is_file() or (ROOT / rel).read_text(encoding="utf-8") != text
+    ]
     assert differ == [], "run: python -m exporter render"
     assert stale_files(ROOT, default_files) == []
 
@@ -158,16 +166,35 @@ def test_rich_dashboard_is_a_valid_body_with_model_log_groups(rich_files) -> Non
 def test_dashboard_covers_the_sections_the_issue_lists(default_files) -> None:
     body = json.loads(default_files["dashboards/triton.json"])
     text = json.dumps(body)
-    for name in ("TritonUp", "ModelsReady", "ModelsNotReady", "ModelLoadSuccessRate", "RequestSuccess",
-                 "RequestFailureBackend", "RequestFailureRejected", "RequestsPerSecond", "RequestLatencyAvg",
-                 "RequestLatencyP95", "RequestLatencyP99", "QueueLatencyAvg", "ComputeLatencyAvg", "AverageBatchSize",
-                 "PendingRequests", "GpuUtilization", "GpuMemoryUsedPercent", "GpuPowerWatts",
-                 "GpuTemperatureCelsius", "GpuThrottleThermal", "GpuXidErrors", "GpuEccUncorrectedErrors"):
-        assert f'{name}' in text, name
+    for name in (
+        "TritonUp",
+        "ModelsReady",
+        "ModelsNotReady",
+        "ModelLoadSuccessRate",
+        "RequestSuccess",
+        "RequestFailureBackend",
+        "RequestFailureRejected",
+        "RequestsPerSecond",
+        "RequestLatencyAvg",
+        "RequestLatencyP95",
+        "RequestLatencyP99",
+        "QueueLatencyAvg",
+        "ComputeLatencyAvg",
+        "AverageBatchSize",
+        "PendingRequests",
+        "GpuUtilization",
+        "GpuMemoryUsedPercent",
+        "GpuPowerWatts",
+        "GpuTemperatureCelsius",
+        "GpuThrottleThermal",
+        "GpuXidErrors",
+        "GpuEccUncorrectedErrors",
+    ):
+        assert f"{name}" in text, name
     types = [w["type"] for w in body["widgets"]]
     assert types.count("alarm") == 1 and types.count("log") >= 2
     # Per-model graphs are SEARCH expressions on the model schema: new models need no edit.
-    assert "SEARCH('{\\\"Triton\\\",model,version} MetricName=\\\"RequestsPerSecond\\\"'" in text
+    assert 'SEARCH(\'{\\"Triton\\",model,version} MetricName=\\"RequestsPerSecond\\"\'' in text
     # One explaining line per section at the top.
     intro = body["widgets"][0]["properties"]["markdown"]
     assert all(s in intro for s in ("**Overview**", "**Per model**", "**GPU**", "**Logs**"))
@@ -213,8 +240,9 @@ def test_cli_files_pass_botocore_validation(which: str, request: pytest.FixtureR
     assert len(alarms) == (10 if which == "default_files" else 19)
     for body in alarms.values():
         _validate(CLOUDWATCH, "PutMetricAlarm", body)
-    _validate(AUTOSCALING, "RegisterScalableTarget",
-              json.loads(files["alarms/cli/scaling/register-scalable-target.json"]))
+    _validate(
+        AUTOSCALING, "RegisterScalableTarget", json.loads(files["alarms/cli/scaling/register-scalable-target.json"])
+    )
     for key in ("scale-out", "scale-in", "scale-out-memory"):
         _validate(AUTOSCALING, "PutScalingPolicy", json.loads(files[f"alarms/cli/scaling/policy-{key}.json"]))
 
@@ -239,20 +267,35 @@ def test_alarm_semantics(default_files) -> None:
         assert len(body.get("Metrics", [])) <= 10
         assert body["DatapointsToAlarm"] <= body["EvaluationPeriods"]
     hb = a["exporter-heartbeat-missing"]
-    assert (hb["MetricName"], hb["TreatMissingData"], hb["ComparisonOperator"]) == \
-        ("ExporterHeartbeat", "breaching", "LessThanThreshold")
+    assert (hb["MetricName"], hb["TreatMissingData"], hb["ComparisonOperator"]) == (
+        "ExporterHeartbeat",
+        "breaching",
+        "LessThanThreshold",
+    )
     mem = a["gpu-memory-high"]
-    assert (mem["MetricName"], mem["Threshold"], mem["Period"] * mem["EvaluationPeriods"]) == \
-        ("GpuMemoryUsedPercent", 95.0, 600)
+    assert (mem["MetricName"], mem["Threshold"], mem["Period"] * mem["EvaluationPeriods"]) == (
+        "GpuMemoryUsedPercent",
+        95.0,
+        600,
+    )
     assert mem["Dimensions"] == []  # the service rollup: no task id, aggregated across tasks
     hi, lo = a["gpu-utilization-high"], a["gpu-utilization-low"]
-    assert (hi["Threshold"], hi["Period"] * hi["EvaluationPeriods"], hi["ComparisonOperator"]) == \
-        (85.0, 300, "GreaterThanThreshold")
-    assert (lo["Threshold"], lo["Period"] * lo["EvaluationPeriods"], lo["ComparisonOperator"]) == \
-        (40.0, 900, "LessThanThreshold")
+    assert (hi["Threshold"], hi["Period"] * hi["EvaluationPeriods"], hi["ComparisonOperator"]) == (
+        85.0,
+        300,
+        "GreaterThanThreshold",
+    )
+    assert (lo["Threshold"], lo["Period"] * lo["EvaluationPeriods"], lo["ComparisonOperator"]) == (
+        40.0,
+        900,
+        "LessThanThreshold",
+    )
     load = a["model-load-failed"]
-    assert (load["MetricName"], load["Threshold"], load["ComparisonOperator"]) == \
-        ("ModelLoadSuccessRate", 100.0, "LessThanThreshold")
+    assert (load["MetricName"], load["Threshold"], load["ComparisonOperator"]) == (
+        "ModelLoadSuccessRate",
+        100.0,
+        "LessThanThreshold",
+    )
     fail = a["model-failures"]["Metrics"][0]
     assert fail["Period"] == 300 and "GROUP BY model" in fail["Expression"]
     assert 'SCHEMA("Triton", model)' in fail["Expression"]
@@ -272,9 +315,15 @@ def test_model_sync_section_and_alarm(default_files) -> None:
     assert "count_distinct(artifact) as builds" in query
     assert "Sync failures per model" in titles and "Sync attempts by result (all hosts)" in titles
     alarm = json.loads(default_files["alarms/cli/alarm-model-sync-failures.json"])
-    assert (alarm["MetricName"], alarm["Dimensions"], alarm["Statistic"], alarm["Period"], alarm["Threshold"],
-            alarm["ComparisonOperator"], alarm["TreatMissingData"]) == (
-        "SyncFailures", [], "Sum", 300, 0.0, "GreaterThanThreshold", "notBreaching")
+    assert (
+        alarm["MetricName"],
+        alarm["Dimensions"],
+        alarm["Statistic"],
+        alarm["Period"],
+        alarm["Threshold"],
+        alarm["ComparisonOperator"],
+        alarm["TreatMissingData"],
+    ) == ("SyncFailures", [], "Sum", 300, 0.0, "GreaterThanThreshold", "notBreaching")
 
 
 def test_model_sync_render_refuses_a_metric_modelsync_does_not_emit() -> None:
@@ -293,9 +342,11 @@ def test_scaling_steps_add_and_remove_one_task(default_files) -> None:
     assert target["ResourceId"] == "service/triton/triton"
     assert target["ScalableDimension"] == "ecs:service:DesiredCount"
     assert out["StepScalingPolicyConfiguration"]["StepAdjustments"] == [
-        {"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}]
+        {"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}
+    ]
     assert into["StepScalingPolicyConfiguration"]["StepAdjustments"] == [
-        {"MetricIntervalUpperBound": 0, "ScalingAdjustment": -1}]
+        {"MetricIntervalUpperBound": 0, "ScalingAdjustment": -1}
+    ]
 
 
 def test_sns_topic_goes_into_notification_alarms_only(rich_files) -> None:
@@ -365,7 +416,8 @@ def test_template_alarms_equal_the_cli_alarms(rich_files) -> None:
         seen += 1
     assert seen == len(cli)
     assert template["Resources"]["ScalableTarget"]["Properties"]["ResourceId"] == {
-        "Fn::Sub": "service/${ClusterName}/${ServiceName}"}
+        "Fn::Sub": "service/${ClusterName}/${ServiceName}"
+    }
 
 
 def _unwrap(obj: dict[str, Any], values: dict[str, Any]) -> Any:
@@ -393,21 +445,27 @@ def test_llm_alarms_use_percentiles_of_the_distribution_and_the_kv_gauge(default
     assert named["ExtendedStatistic"] == "p95" and named["Dimensions"] == [{"Name": "model", "Value": "add"}]
     # the dashboard's LLM section reads the same distributions with percentile statistics
     body = json.loads(default_files["dashboards/triton.json"])
-    ttft_rows = [c["expression"] for w in body["widgets"] if w["type"] == "metric"
-                 for row in w["properties"]["metrics"] for c in row
-                 if isinstance(c, dict) and 'MetricName="TimeToFirstToken"' in c.get("expression", "")]
+    ttft_rows = [
+        c["expression"]
+        for w in body["widgets"]
+        if w["type"] == "metric"
+        for row in w["properties"]["metrics"]
+        for c in row
+        if isinstance(c, dict) and 'MetricName="TimeToFirstToken"' in c.get("expression", "")
+    ]
     assert {e.rsplit("'", 2)[-2] for e in ttft_rows} == {"p50", "p95", "p99"}
 
 
 def _names_in(files: dict[str, str]) -> set[str]:
     text = files["dashboards/triton.json"] + "".join(t for rel, t in files.items() if "/alarm-" in rel)
-    return set(re.findall(r'[A-Z][A-Za-z0-9]+', text))
+    return set(re.findall(r"[A-Z][A-Za-z0-9]+", text))
 
 
 def test_a_selection_renders_only_what_is_emitted() -> None:
     """render honours --metrics: no widget, alarm or scaling on a metric the exporter leaves out."""
-    catalog = CATALOG.select("-TimeToFirstToken*,-InterTokenLatency*,-GenerationTokens*,-KvCache*,"
-                             "-RequestsWaiting,-EndToEndLatency*,-Gpu*")
+    catalog = CATALOG.select(
+        "-TimeToFirstToken*,-InterTokenLatency*,-GenerationTokens*,-KvCache*,-RequestsWaiting,-EndToEndLatency*,-Gpu*"
+    )
     files = render(Options(catalog=catalog))
     body = json.loads(files["dashboards/triton.json"])
     _check_dashboard(body, "us-east-1")

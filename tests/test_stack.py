@@ -49,15 +49,20 @@ VALUES = {
     "SubnetIds": "subnet-0123456789abcdef0,subnet-0fedcba9876543210",
     "SecurityGroupIds": "sg-0123456789abcdef0",
     "ListenerArn": f"arn:aws:elasticloadbalancing:{REGION}:{ACCOUNT}:listener/app/shared/50dc6c495c0c9188/"
-                   "f2f7dc8efc522ab2",
+    "f2f7dc8efc522ab2",
     "TritonImage": f"{REGISTRY}/triton-server:{SAMPLE['TritonTag']}",
     "ExporterImage": f"{REGISTRY}/triton-emf-exporter:{SAMPLE['ExporterTag']}",
     "LogRouterImage": f"{REGISTRY}/triton-log-router:{SAMPLE['LogRouterTag']}",
     "ModelRepository": SAMPLE["ModelRepository"],
     "ExpectGpu": SAMPLE["ExpectGpu"],
 }
-PSEUDO = {"AWS::Region": REGION, "AWS::AccountId": ACCOUNT, "AWS::Partition": "aws", "AWS::StackName": "triton",
-          "AWS::URLSuffix": "amazonaws.com"}
+PSEUDO = {
+    "AWS::Region": REGION,
+    "AWS::AccountId": ACCOUNT,
+    "AWS::Partition": "aws",
+    "AWS::StackName": "triton",
+    "AWS::URLSuffix": "amazonaws.com",
+}
 NO_VALUE = object()
 
 
@@ -132,7 +137,7 @@ class Stack:
         if not isinstance(x, dict):
             return x
         if len(x) == 1:
-            (key, arg), = x.items()
+            ((key, arg),) = x.items()
             if key == "Ref":
                 return self.ref(arg)
             if key == "Fn::Sub":
@@ -189,8 +194,9 @@ def lint(text: str) -> list[str]:
     # uploads; that is the intended use, and test_nested_alarms_stack checks the path.
     # I4010 (informational) only asks for Metadata "Context" descriptions, as in test_render.
     # Informational and experimental rules on, like lint_all, in three regions rather than all (10x faster).
-    config = ManualArgs(include_checks=["I"], include_experimental=True, regions=["us-east-1", "eu-west-1",
-                                                                                  "ap-northeast-1"])
+    config = ManualArgs(
+        include_checks=["I"], include_experimental=True, regions=["us-east-1", "eu-west-1", "ap-northeast-1"]
+    )
     return [str(m) for m in cfn_lint(text, config=config) if m.rule.id not in ("W3002", "I4010")]
 
 
@@ -208,10 +214,26 @@ def test_cfn_lint_is_not_vacuous() -> None:
 
 
 def test_the_brief_parameters_exist(template) -> None:
-    for name in ("ClusterName", "VpcId", "SubnetIds", "SecurityGroupIds", "TritonImage", "ExporterImage",
-                 "LogRouterImage", "ModelRepository", "ModelRepositoryHostPath", "DesiredCount", "MinCapacity",
-                 "MaxCapacity", "AlarmTopicArn", "LogGroupPrefix", "LogRetentionDays", "Namespace", "EnableExec",
-                 "ListenerArn"):
+    for name in (
+        "ClusterName",
+        "VpcId",
+        "SubnetIds",
+        "SecurityGroupIds",
+        "TritonImage",
+        "ExporterImage",
+        "LogRouterImage",
+        "ModelRepository",
+        "ModelRepositoryHostPath",
+        "DesiredCount",
+        "MinCapacity",
+        "MaxCapacity",
+        "AlarmTopicArn",
+        "LogGroupPrefix",
+        "LogRetentionDays",
+        "Namespace",
+        "EnableExec",
+        "ListenerArn",
+    ):
         assert name in template["Parameters"], name
     assert template["Parameters"]["EnableExec"]["Default"] == "false"
 
@@ -248,8 +270,10 @@ def by_name(td: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_containers_equal_the_task_definition_json(stack) -> None:
     """Same containers, images, commands, env names and values, health check, dependsOn, essential..."""
     ours, theirs = stack_taskdef(stack), sample_taskdef()
-    assert (ours["networkMode"], ours["requiresCompatibilities"]) == (theirs["networkMode"],
-                                                                      theirs["requiresCompatibilities"])
+    assert (ours["networkMode"], ours["requiresCompatibilities"]) == (
+        theirs["networkMode"],
+        theirs["requiresCompatibilities"],
+    )
     expected = by_name(theirs)
     # The one intended difference: the stack pre-creates the router's own group, so the
     # awslogs driver needs no CreateLogGroup (and the execution role does not get it).
@@ -264,8 +288,14 @@ def test_stack_task_definition_is_valid_for_ecs(stack) -> None:
 
 
 def test_values_follow_the_parameters(template) -> None:
-    s = mk(template, Namespace="Prod/Triton", LogGroupPrefix="/prod/inf", LogRetentionDays="90",
-              ExpectGpu="L4", ModelRepository="s3://other/repo")
+    s = mk(
+        template,
+        Namespace="Prod/Triton",
+        LogGroupPrefix="/prod/inf",
+        LogRetentionDays="90",
+        ExpectGpu="L4",
+        ModelRepository="s3://other/repo",
+    )
     c = by_name(stack_taskdef(s))
     env = {name: {e["name"]: e["value"] for e in c[name]["environment"]} for name in c}
     assert env["exporter"]["AWS_EMF_NAMESPACE"] == "Prod/Triton"
@@ -399,8 +429,14 @@ def test_task_role_writes_exactly_the_fluent_bit_groups(template, prefix: str) -
         for action in CREATE:  # only groups the stack cannot create: the per-model ones
             for arn in (group_arn(group), group_arn(group) + ":*"):
                 assert allowed(sts, action, arn) == (group not in precreated), (action, group)
-    outside = [f"{prefix}/log-router", f"{prefix}-other/server", f"{prefix}2/model/add", "/ecs/other/server",
-               "/aws/lambda/x", f"{prefix}/modelx"]
+    outside = [
+        f"{prefix}/log-router",
+        f"{prefix}-other/server",
+        f"{prefix}2/model/add",
+        "/ecs/other/server",
+        "/aws/lambda/x",
+        f"{prefix}/modelx",
+    ]
     for group in outside:
         for action in (*WRITE, *CREATE):
             assert not allowed(sts, action, stream_arn(group)) and not allowed(sts, action, group_arn(group)), group
@@ -418,8 +454,12 @@ def test_task_role_extras_follow_their_parameters(template, stack) -> None:
     s = mk(template, EnableExec="true", ModelBucketName="example-models")
     sts = statements(s, "TaskRole")
     assert s.props("Service")["EnableExecuteCommand"] is True
-    for action in ("ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
-                   "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel"):
+    for action in (
+        "ssmmessages:CreateControlChannel",
+        "ssmmessages:CreateDataChannel",
+        "ssmmessages:OpenControlChannel",
+        "ssmmessages:OpenDataChannel",
+    ):
         assert allowed(sts, action, "*"), action
     assert allowed(sts, "s3:GetObject", "arn:aws:s3:::example-models/triton/add/1/model.py")
     assert allowed(sts, "s3:ListBucket", "arn:aws:s3:::example-models")
@@ -481,8 +521,12 @@ def test_roles_trust_only_ecs_tasks_of_this_account(stack) -> None:
 
 def test_service_target_group_and_listener_rule(template, stack) -> None:
     tg = stack.props("TargetGroup")
-    assert (tg["HealthCheckPath"], tg["Port"], tg["Protocol"], tg["TargetType"]) == ("/v2/health/ready", 8000,
-                                                                                      "HTTP", "ip")
+    assert (tg["HealthCheckPath"], tg["Port"], tg["Protocol"], tg["TargetType"]) == (
+        "/v2/health/ready",
+        8000,
+        "HTTP",
+        "ip",
+    )
     assert tg["HealthCheckPort"] in ("traffic-port", "8000") and tg["VpcId"] == VALUES["VpcId"]
     svc = stack.props("Service")
     (lb,) = svc["LoadBalancers"]
@@ -502,8 +546,10 @@ def test_service_target_group_and_listener_rule(template, stack) -> None:
     assert [c["Field"] for c in rule["Conditions"]] == ["path-pattern"]
     assert template["Resources"]["Service"]["DependsOn"] == "ListenerRule"  # ECS needs the TG on a listener
     s = mk(template, ListenerHostHeader="triton.example.com")
-    assert s.props("ListenerRule")["Conditions"][1] == {"Field": "host-header",
-                                                        "HostHeaderConfig": {"Values": ["triton.example.com"]}}
+    assert s.props("ListenerRule")["Conditions"][1] == {
+        "Field": "host-header",
+        "HostHeaderConfig": {"Values": ["triton.example.com"]},
+    }
 
 
 # --- the nested alarms stack -----------------------------------------------------------------
@@ -528,7 +574,8 @@ def test_nested_alarms_stack_gets_every_parameter(template, alarms_template, sta
     # The service name the scalable target uses is the one the stack creates.
     assert stack.props("Service")["ServiceName"] == stack.params["ServiceName"]
     assert alarms_template["Resources"]["ScalableTarget"]["Properties"]["ResourceId"] == {
-        "Fn::Sub": "service/${ClusterName}/${ServiceName}"}
+        "Fn::Sub": "service/${ClusterName}/${ServiceName}"
+    }
 
 
 def test_dashboard_output_follows_the_nested_condition(template, alarms_template) -> None:
@@ -556,7 +603,11 @@ def test_docs_deploy_command_sets_every_required_parameter(template) -> None:
 
 def test_sample_values_are_what_the_stack_would_accept(template) -> None:
     """The evaluator's parameter checks are live: a wrong value is refused like CloudFormation would."""
-    for bad in ({"TritonImage": "nvcr.io/nvidia/tritonserver:24.10-py3"}, {"LogGroupPrefix": "/ecs/triton/"},
-                {"LogRetentionDays": "42"}, {"EnableExec": "yes"}):
+    for bad in (
+        {"TritonImage": "nvcr.io/nvidia/tritonserver:24.10-py3"},
+        {"LogGroupPrefix": "/ecs/triton/"},
+        {"LogRetentionDays": "42"},
+        {"EnableExec": "yes"},
+    ):
         with pytest.raises(AssertionError):
             Stack(template, **(copy.deepcopy(VALUES) | bad))

@@ -35,11 +35,20 @@ MODELSYNC_TASK_DEF = ROOT / "deploy" / "modelsync-task-definition.json"
 DOCS = ROOT / "docs" / "modelsync.md"
 # The file's placeholders -> values of the shape a user would substitute (see docs/modelsync.md).
 MODELSYNC_SAMPLE = {k: SAMPLE[k] for k in ("AccountId", "Region", "ExporterTag")} | {
-    "ModelSyncBucketName": "example-models", "ModelSyncPrefix": "triton/",
-    "ModelSyncQueueUrl": f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/triton-modelsync"}
+    "ModelSyncBucketName": "example-models",
+    "ModelSyncPrefix": "triton/",
+    "ModelSyncQueueUrl": f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/triton-modelsync",
+}
 ON = {"ModelSyncBucketName": "example-models", "ModelSyncPrefix": "triton/"}
-MODELSYNC_RESOURCES = {"ModelSyncLogGroup", "ModelSyncQueue", "ModelSyncEventRule", "ModelSyncQueuePolicy",
-                       "ModelSyncTaskRole", "ModelSyncTaskDefinition", "ModelSyncService"}
+MODELSYNC_RESOURCES = {
+    "ModelSyncLogGroup",
+    "ModelSyncQueue",
+    "ModelSyncEventRule",
+    "ModelSyncQueuePolicy",
+    "ModelSyncTaskRole",
+    "ModelSyncTaskDefinition",
+    "ModelSyncService",
+}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +80,9 @@ def test_daemon_task_definition_equals_the_json_file(on: Stack) -> None:
     # The stack's own roles, where the file names roles a user creates.
     assert (ours.pop("executionRoleArn"), ours.pop("taskRoleArn")) == ("<ExecutionRole.Arn>", "<ModelSyncTaskRole.Arn>")
     assert {theirs.pop("executionRoleArn"), theirs.pop("taskRoleArn")} == {
-        f"arn:aws:iam::{ACCOUNT}:role/triton-task-execution", f"arn:aws:iam::{ACCOUNT}:role/triton-modelsync"}
+        f"arn:aws:iam::{ACCOUNT}:role/triton-task-execution",
+        f"arn:aws:iam::{ACCOUNT}:role/triton-modelsync",
+    }
     # As for the main task: the stack creates the group, so its awslogs driver creates none.
     del theirs["containerDefinitions"][0]["logConfiguration"]["options"]["awslogs-create-group"]
     assert ours == theirs
@@ -87,8 +98,11 @@ def test_the_json_file_is_valid_for_ecs_and_its_placeholders_are_documented() ->
     validate_parameters(td, SESSION.get_service_model("ecs").operation_model("RegisterTaskDefinition").input_shape)
     (c,) = td["containerDefinitions"]
     settings = load([], {e["name"]: e["value"] for e in c["environment"]})
-    assert (settings.bucket, settings.prefix, settings.queue_url) == ("example-models", "triton/",
-                                                                      MODELSYNC_SAMPLE["ModelSyncQueueUrl"])
+    assert (settings.bucket, settings.prefix, settings.queue_url) == (
+        "example-models",
+        "triton/",
+        MODELSYNC_SAMPLE["ModelSyncQueueUrl"],
+    )
 
 
 def test_daemon_task_definition_and_service_are_valid_for_ecs(on: Stack) -> None:
@@ -117,8 +131,11 @@ def test_container_environment_is_a_valid_modelsync_configuration(on: Stack) -> 
     assert env["MODELSYNC_QUEUE_URL"] == "<ModelSyncQueue>"  # Ref of a queue is its URL
     env["MODELSYNC_QUEUE_URL"] = f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/triton-ModelSyncQueue-1A2B3C"
     settings = load([], env)
-    assert (settings.bucket, settings.prefix, settings.queue_url) == ("example-models", "triton/",
-                                                                      env["MODELSYNC_QUEUE_URL"])
+    assert (settings.bucket, settings.prefix, settings.queue_url) == (
+        "example-models",
+        "triton/",
+        env["MODELSYNC_QUEUE_URL"],
+    )
     assert str(settings.output) == "stdout"  # awslogs: each stdout line is one event, CloudWatch extracts the EMF
     mount = c["mountPoints"][0]["containerPath"]
     # Repository and store inside the one mounted directory: one filesystem, the store outside the repository.
@@ -151,11 +168,19 @@ def test_task_role_reads_only_the_prefix_and_consumes_only_its_queue(on: Stack) 
     (listing,) = [st for st in sts if st["Action"] == "s3:ListBucket"]
     assert listing["Resource"] == "arn:aws:s3:::example-models"
     assert listing["Condition"] == {"StringLike": {"s3:prefix": "triton/*"}}
-    assert allowed(sts, "sqs:ReceiveMessage", "<ModelSyncQueue.Arn>") and allowed(sts, "sqs:DeleteMessage",
-                                                                                  "<ModelSyncQueue.Arn>")
+    assert allowed(sts, "sqs:ReceiveMessage", "<ModelSyncQueue.Arn>") and allowed(
+        sts, "sqs:DeleteMessage", "<ModelSyncQueue.Arn>"
+    )
     actions = {a for st in sts for a in _as_list(st["Action"])}
-    assert actions == {"s3:ListBucket", "s3:GetObject", "s3:GetObjectVersion", "s3:GetObjectTagging",
-                       "s3:GetObjectVersionTagging", "sqs:ReceiveMessage", "sqs:DeleteMessage"}
+    assert actions == {
+        "s3:ListBucket",
+        "s3:GetObject",
+        "s3:GetObjectVersion",
+        "s3:GetObjectTagging",
+        "s3:GetObjectVersionTagging",
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+    }
     assert not any(r == "*" for st in sts for r in _as_list(st["Resource"]))
     # Its logs go through the execution role's awslogs driver, to its own group only.
     ex = [st for p in on.props("ExecutionRole")["Policies"] for st in p["PolicyDocument"]["Statement"]]
@@ -172,22 +197,41 @@ def matches(pattern: Any, event: Any) -> bool:
 
 
 def s3_event(bucket: str, key: str, kind: str = "Object Created") -> dict[str, Any]:
-    return {"version": "0", "id": "17793124-05d4-b198-2fde-7ededc63b103", "detail-type": kind, "source": "aws.s3",
-            "account": ACCOUNT, "time": "2026-11-12T00:00:00Z", "region": REGION,
-            "resources": [f"arn:aws:s3:::{bucket}"],
-            "detail": {"version": "0", "bucket": {"name": bucket},
-                       "object": {"key": key, "size": 5, "etag": "b1946ac92492d2347c6235b4d2611184",
-                                  "sequencer": "00617F08299329D189"}, "request-id": "N4N7GDK58NMKJ12R",
-                       "requester": ACCOUNT, "reason": "PutObject"}}
+    return {
+        "version": "0",
+        "id": "17793124-05d4-b198-2fde-7ededc63b103",
+        "detail-type": kind,
+        "source": "aws.s3",
+        "account": ACCOUNT,
+        "time": "2026-11-12T00:00:00Z",
+        "region": REGION,
+        "resources": [f"arn:aws:s3:::{bucket}"],
+        "detail": {
+            "version": "0",
+            "bucket": {"name": bucket},
+            "object": {
+                "key": key,
+                "size": 5,
+                "etag": "b1946ac92492d2347c6235b4d2611184",
+                "sequencer": "00617F08299329D189",
+            },
+            "request-id": "N4N7GDK58NMKJ12R",
+            "requester": ACCOUNT,
+            "reason": "PutObject",
+        },
+    }
 
 
 def test_event_rule_sends_the_prefix_object_events_to_the_queue(on: Stack) -> None:
     rule = on.props("ModelSyncEventRule")
     events = SESSION.get_service_model("events")
-    validate_parameters({"Name": "modelsync", "EventPattern": json.dumps(rule["EventPattern"]), "State": "ENABLED"},
-                        events.operation_model("PutRule").input_shape)
-    validate_parameters({"Rule": "modelsync", "Targets": rule["Targets"]}, events.operation_model("PutTargets")
-                        .input_shape)
+    validate_parameters(
+        {"Name": "modelsync", "EventPattern": json.dumps(rule["EventPattern"]), "State": "ENABLED"},
+        events.operation_model("PutRule").input_shape,
+    )
+    validate_parameters(
+        {"Rule": "modelsync", "Targets": rule["Targets"]}, events.operation_model("PutTargets").input_shape
+    )
     pattern = rule["EventPattern"]
     assert matches(pattern, s3_event("example-models", "triton/add.zip"))
     assert matches(pattern, s3_event("example-models", "triton/add.zip", "Object Deleted"))

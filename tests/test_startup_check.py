@@ -209,8 +209,10 @@ def test_gpu_device_missing_while_driver_answers(tmp_path, capsys):
     fake_smi(tmp_path, A10G_QUERY, A10G_TABLE)
     fake_dev(tmp_path, ("nvidiactl", "nvidia-uvm"))
     assert run(tmp_path) == startup_check.EXIT_DRIVER
-    assert capsys.readouterr().err.splitlines()[0].startswith(
-        f"startup_check: FAIL devices: no {tmp_path}/dev/nvidiaN GPU device"
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[0]
+        .startswith(f"startup_check: FAIL devices: no {tmp_path}/dev/nvidiaN GPU device")
     )
 
 
@@ -269,9 +271,7 @@ def test_runs_as_a_script_with_exit_code_and_one_line(tmp_path):
         "STARTUP_DEV_DIR": str(tmp_path / "dev"),
         "STARTUP_EXPECT_GPU": "A10G|L4",
     }
-    proc = subprocess.run(
-        [sys.executable, "-I", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30
-    )
+    proc = subprocess.run([sys.executable, "-I", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == startup_check.EXIT_GPU_MODEL
     assert proc.stdout == ""
     assert proc.stderr == "startup_check: FAIL gpu-model: GPU 0 is 'NVIDIA L40S'; expected /A10G|L4/\n"

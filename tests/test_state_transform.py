@@ -95,8 +95,11 @@ def test_ratios_only_with_a_positive_denominator():
     d0, _ = series(a=1000, b=1000)
     s1, _ = series(a=14, b=10)
     d1, _ = series(a=1400, b=1000)
-    cols = run({"nv_inference_request_success": s0, "nv_inference_request_duration_us": d0},
-               {"nv_inference_request_success": s1, "nv_inference_request_duration_us": d1}, labels)
+    cols = run(
+        {"nv_inference_request_success": s0, "nv_inference_request_duration_us": d0},
+        {"nv_inference_request_success": s1, "nv_inference_request_duration_us": d1},
+        labels,
+    )
     a = LabelSet.of(model="a", version="1").key
     b = LabelSet.of(model="b", version="1").key
     assert cols["RequestLatencyAvg"] == {a: 100.0}  # b had no requests: no average, not 0, not NaN
@@ -114,8 +117,11 @@ def test_quantiles_only_when_requests_arrived_and_finite():
     s0, l2 = series(a=1, b=1, c=1)
     s1, _ = series(a=3, b=1, c=9)
     labels.update(l2)
-    cols = run({"nv_inference_request_success": s0},
-               {"nv_inference_request_success": s1, "nv_inference_request_summary_us": q}, labels)
+    cols = run(
+        {"nv_inference_request_success": s0},
+        {"nv_inference_request_success": s1, "nv_inference_request_summary_us": q},
+        labels,
+    )
     assert cols["RequestLatencyP95"] == {LabelSet.of(model="a", version="1").key: 1500.0}
 
 

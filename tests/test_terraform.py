@@ -61,27 +61,62 @@ TF_ONLY = {"task_family", "tags"}  # variables with no stack parameter, document
 # Scenarios: the same CloudFormation parameter values go into both.
 SCENARIOS = {
     "defaults": {},
-    "renamed": {"Namespace": "Prod/Triton", "LogGroupPrefix": "/prod/inf", "LogRetentionDays": "90",
-                "ServiceName": "inference", "ExpectGpu": 'A10G|L4\\d"', "ModelRepository": "s3://other/repo"},
-    "extras": {"EnableExec": "true", "ModelBucketName": "example-models", "ModelRepositoryHostPath": "/mnt/efs/models",
-               "ModelRepository": "/models", "ListenerHostHeader": "triton.example.com", "DesiredCount": "2",
-               "ListenerRulePriority": "7", "HealthCheckGracePeriodSeconds": "900",
-               "TritonImage": f"{REGISTRY}/team/ml/triton-server@sha256:{'a' * 64}",
-               "ExporterImage": "210987654321.dkr.ecr.eu-west-1.amazonaws.com/shared/exporter:1"},
-    "alarms": {"EnableScaling": "false", "CreateDashboard": "false",
-               "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops", "FailureThreshold": "7",
-               "LatencySloMicroseconds": "250000", "GpuMemoryThreshold": "90",
-               "AlarmNamePrefix": "prod-triton", "DashboardName": "Prod", "MinCapacity": "2", "MaxCapacity": "8"},
-    "topic-and-scaling": {"AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops", "GpuScaleOutUtilization": "70",
-                          "GpuScaleInUtilization": "20", "LoadSuccessRateThreshold": "99.5"},
+    "renamed": {
+        "Namespace": "Prod/Triton",
+        "LogGroupPrefix": "/prod/inf",
+        "LogRetentionDays": "90",
+        "ServiceName": "inference",
+        "ExpectGpu": 'A10G|L4\\d"',
+        "ModelRepository": "s3://other/repo",
+    },
+    "extras": {
+        "EnableExec": "true",
+        "ModelBucketName": "example-models",
+        "ModelRepositoryHostPath": "/mnt/efs/models",
+        "ModelRepository": "/models",
+        "ListenerHostHeader": "triton.example.com",
+        "DesiredCount": "2",
+        "ListenerRulePriority": "7",
+        "HealthCheckGracePeriodSeconds": "900",
+        "TritonImage": f"{REGISTRY}/team/ml/triton-server@sha256:{'a' * 64}",
+        "ExporterImage": "210987654321.dkr.ecr.eu-west-1.amazonaws.com/shared/exporter:1",
+    },
+    "alarms": {
+        "EnableScaling": "false",
+        "CreateDashboard": "false",
+        "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops",
+        "FailureThreshold": "7",
+        "LatencySloMicroseconds": "250000",
+        "GpuMemoryThreshold": "90",
+        "AlarmNamePrefix": "prod-triton",
+        "DashboardName": "Prod",
+        "MinCapacity": "2",
+        "MaxCapacity": "8",
+    },
+    "topic-and-scaling": {
+        "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops",
+        "GpuScaleOutUtilization": "70",
+        "GpuScaleInUtilization": "20",
+        "LoadSuccessRateThreshold": "99.5",
+    },
     # Model sync with its defaults, over a host path that it then replaces on Triton.
-    "modelsync": {"ModelSyncBucketName": "example-models", "ModelRepositoryHostPath": "/mnt/efs/models",
-                  "ModelRepository": "/models"},
+    "modelsync": {
+        "ModelSyncBucketName": "example-models",
+        "ModelRepositoryHostPath": "/mnt/efs/models",
+        "ModelRepository": "/models",
+    },
     # Model sync with every one of its parameters and the ones it reads (prefix, namespace, exec) changed.
-    "modelsync-renamed": {"ModelSyncBucketName": "prod.models-1", "ModelSyncPrefix": "triton/v2/",
-                          "ModelSyncHostPath": "/local/nvme/triton", "ModelSyncTritonUrl": "http://10.0.0.5:8000",
-                          "EnableExec": "true", "Namespace": "Prod/Triton", "LogGroupPrefix": "/prod/inf",
-                          "ServiceName": "inference", "LogRetentionDays": "90"},
+    "modelsync-renamed": {
+        "ModelSyncBucketName": "prod.models-1",
+        "ModelSyncPrefix": "triton/v2/",
+        "ModelSyncHostPath": "/local/nvme/triton",
+        "ModelSyncTritonUrl": "http://10.0.0.5:8000",
+        "EnableExec": "true",
+        "Namespace": "Prod/Triton",
+        "LogGroupPrefix": "/prod/inf",
+        "ServiceName": "inference",
+        "LogRetentionDays": "90",
+    },
 }
 
 
@@ -150,8 +185,9 @@ def module_for(params: dict[str, str], directory: Path = TF) -> Module:
     return Module(directory, tf_inputs(params), DATA)
 
 
-def stacks_for(template: dict[str, Any], alarms_template: dict[str, Any],
-               params: dict[str, str]) -> tuple[Stack, Stack]:
+def stacks_for(
+    template: dict[str, Any], alarms_template: dict[str, Any], params: dict[str, str]
+) -> tuple[Stack, Stack]:
     stack = Stack(template, **params)
     passed = stack.props("Alarms")["Parameters"]
     passed["ServiceName"] = stack.props("Service")["ServiceName"]  # what GetAtt Service.Name returns
@@ -263,7 +299,7 @@ def matched(stack: Stack, plan: dict[str, Any], cfn_type: str) -> list[tuple[str
 
 def _family(family: Any, base: Any) -> Any:
     """The family relative to the deployment's name (the stack's own name there, <cluster>-<service> here)."""
-    return "<family>" + family[len(base):] if isinstance(family, str) and family.startswith(base) else family
+    return "<family>" + family[len(base) :] if isinstance(family, str) and family.startswith(base) else family
 
 
 def task_definition(stack: Stack, plan: dict[str, Any]) -> list[str]:
@@ -273,12 +309,18 @@ def task_definition(stack: Stack, plan: dict[str, Any]) -> list[str]:
     for logical, address in matched(stack, plan, "AWS::ECS::TaskDefinition"):
         cfn = placeholders(api_shape(stack.props(logical)))
         td = Mapper(address, plan[address])
-        tf = {"family": td.take("family"), "networkMode": td.take("network_mode"),
-              "requiresCompatibilities": td.take("requires_compatibilities"),
-              "executionRoleArn": td.take("execution_role_arn"), "taskRoleArn": td.take("task_role_arn")}
+        tf = {
+            "family": td.take("family"),
+            "networkMode": td.take("network_mode"),
+            "requiresCompatibilities": td.take("requires_compatibilities"),
+            "executionRoleArn": td.take("execution_role_arn"),
+            "taskRoleArn": td.take("task_role_arn"),
+        }
         containers = json.loads(td.take("container_definitions"))
-        volumes = [{"name": v.pop("name"), "host": {"sourcePath": v.pop("host_path")}, **v}
-                   for v in map(dict, td.take("volume", []))]  # copies: the plan stays as it was
+        volumes = [
+            {"name": v.pop("name"), "host": {"sourcePath": v.pop("host_path")}, **v}
+            for v in map(dict, td.take("volume", []))
+        ]  # copies: the plan stays as it was
         if volumes:
             tf["volumes"] = volumes
         diffs += td.done()
@@ -286,8 +328,9 @@ def task_definition(stack: Stack, plan: dict[str, Any]) -> list[str]:
         cfn_containers = {c["name"]: c for c in cfn.pop("containerDefinitions")}
         tf_containers = {c["name"]: c for c in containers}
         if set(cfn_containers) != set(tf_containers):
-            diffs.append(f"containers of {logical}: stack {sorted(cfn_containers)} "
-                         f"!= terraform {sorted(tf_containers)}")
+            diffs.append(
+                f"containers of {logical}: stack {sorted(cfn_containers)} != terraform {sorted(tf_containers)}"
+            )
         for name in sorted(set(cfn_containers) & set(tf_containers)):
             if cfn_containers[name] != tf_containers[name]:  # exact: ECS takes these strings as they are
                 for key in sorted(set(cfn_containers[name]) | set(tf_containers[name])):
@@ -305,27 +348,42 @@ def service(stack: Stack, plan: dict[str, Any]) -> list[str]:
         net, lb = m.optional_block("network_configuration"), m.optional_block("load_balancer")
         breaker = m.optional_block("deployment_circuit_breaker")
         tf: dict[str, Any] = {
-            "ServiceName": m.take("name"), "Cluster": m.take("cluster"), "TaskDefinition": m.take("task_definition"),
-            "LaunchType": m.take("launch_type"), "SchedulingStrategy": m.take("scheduling_strategy"),
-            "DesiredCount": m.take("desired_count"), "EnableExecuteCommand": m.take("enable_execute_command"),
+            "ServiceName": m.take("name"),
+            "Cluster": m.take("cluster"),
+            "TaskDefinition": m.take("task_definition"),
+            "LaunchType": m.take("launch_type"),
+            "SchedulingStrategy": m.take("scheduling_strategy"),
+            "DesiredCount": m.take("desired_count"),
+            "EnableExecuteCommand": m.take("enable_execute_command"),
             "HealthCheckGracePeriodSeconds": m.take("health_check_grace_period_seconds"),
             "PropagateTags": m.take("propagate_tags"),
             "DeploymentConfiguration": {
                 "MinimumHealthyPercent": m.take("deployment_minimum_healthy_percent"),
-                "MaximumPercent": m.take("deployment_maximum_percent")},
+                "MaximumPercent": m.take("deployment_maximum_percent"),
+            },
         }
         if net:
-            tf["NetworkConfiguration"] = {"AwsvpcConfiguration": {
-                "Subnets": net.take("subnets"), "SecurityGroups": net.take("security_groups"),
-                # ECS's default when the stack leaves it out.
-                "AssignPublicIp": {False: None, True: "ENABLED"}[net.take("assign_public_ip", False)]}}
+            tf["NetworkConfiguration"] = {
+                "AwsvpcConfiguration": {
+                    "Subnets": net.take("subnets"),
+                    "SecurityGroups": net.take("security_groups"),
+                    # ECS's default when the stack leaves it out.
+                    "AssignPublicIp": {False: None, True: "ENABLED"}[net.take("assign_public_ip", False)],
+                }
+            }
         if lb:
-            tf["LoadBalancers"] = [{"ContainerName": lb.take("container_name"),
-                                    "ContainerPort": lb.take("container_port"),
-                                    "TargetGroupArn": lb.take("target_group_arn")}]
+            tf["LoadBalancers"] = [
+                {
+                    "ContainerName": lb.take("container_name"),
+                    "ContainerPort": lb.take("container_port"),
+                    "TargetGroupArn": lb.take("target_group_arn"),
+                }
+            ]
         if breaker:
-            tf["DeploymentConfiguration"]["DeploymentCircuitBreaker"] = {"Enable": breaker.take("enable"),
-                                                                         "Rollback": breaker.take("rollback")}
+            tf["DeploymentConfiguration"]["DeploymentCircuitBreaker"] = {
+                "Enable": breaker.take("enable"),
+                "Rollback": breaker.take("rollback"),
+            }
         diffs += m.done() + [d for b in (net, lb, breaker) if b for d in b.done()]
         diffs += compare(f"service {logical}", stack.props(logical), tf)
     return diffs
@@ -335,15 +393,23 @@ def target_group(stack: Stack, plan: dict[str, Any]) -> list[str]:
     m = Mapper("aws_lb_target_group", one_of(plan, "aws_lb_target_group.this"))
     hc = m.block("health_check")
     tf = {
-        "VpcId": m.take("vpc_id"), "TargetType": m.take("target_type"), "Protocol": m.take("protocol"),
-        "ProtocolVersion": m.take("protocol_version"), "Port": m.take("port"),
-        "TargetGroupAttributes": [{"Key": "deregistration_delay.timeout_seconds",
-                                   "Value": str(m.take("deregistration_delay"))}],
-        "HealthCheckEnabled": hc.take("enabled"), "HealthCheckProtocol": hc.take("protocol"),
-        "HealthCheckPort": hc.take("port"), "HealthCheckPath": hc.take("path"),
-        "HealthCheckIntervalSeconds": hc.take("interval"), "HealthCheckTimeoutSeconds": hc.take("timeout"),
+        "VpcId": m.take("vpc_id"),
+        "TargetType": m.take("target_type"),
+        "Protocol": m.take("protocol"),
+        "ProtocolVersion": m.take("protocol_version"),
+        "Port": m.take("port"),
+        "TargetGroupAttributes": [
+            {"Key": "deregistration_delay.timeout_seconds", "Value": str(m.take("deregistration_delay"))}
+        ],
+        "HealthCheckEnabled": hc.take("enabled"),
+        "HealthCheckProtocol": hc.take("protocol"),
+        "HealthCheckPort": hc.take("port"),
+        "HealthCheckPath": hc.take("path"),
+        "HealthCheckIntervalSeconds": hc.take("interval"),
+        "HealthCheckTimeoutSeconds": hc.take("timeout"),
         "HealthyThresholdCount": hc.take("healthy_threshold"),
-        "UnhealthyThresholdCount": hc.take("unhealthy_threshold"), "Matcher": {"HttpCode": hc.take("matcher")},
+        "UnhealthyThresholdCount": hc.take("unhealthy_threshold"),
+        "Matcher": {"HttpCode": hc.take("matcher")},
     }
     return m.done() + hc.done() + compare("target group", stack.props("TargetGroup"), tf)
 
@@ -357,14 +423,20 @@ def listener_rule(stack: Stack, plan: dict[str, Any]) -> list[str]:
         field, config = fields[kind]
         conditions.append({"Field": field, config: {"Values": block["values"]}})
     (action,) = m.take("action")
-    tf = {"ListenerArn": m.take("listener_arn"), "Priority": m.take("priority"), "Conditions": conditions,
-          "Actions": [{"Type": action["type"], "TargetGroupArn": action["target_group_arn"]}]}
+    tf = {
+        "ListenerArn": m.take("listener_arn"),
+        "Priority": m.take("priority"),
+        "Conditions": conditions,
+        "Actions": [{"Type": action["type"], "TargetGroupArn": action["target_group_arn"]}],
+    }
     return m.done() + compare("listener rule", stack.props("ListenerRule"), tf)
 
 
 def log_groups(stack: Stack, plan: dict[str, Any]) -> list[str]:
-    cfn = {stack.props(n)["LogGroupName"]: stack.props(n)["RetentionInDays"]
-           for n in stack.resources("AWS::Logs::LogGroup")}
+    cfn = {
+        stack.props(n)["LogGroupName"]: stack.props(n)["RetentionInDays"]
+        for n in stack.resources("AWS::Logs::LogGroup")
+    }
     tf = {}
     diffs = []
     for address, r in of_type(plan, "aws_cloudwatch_log_group").items():
@@ -392,8 +464,10 @@ def roles(stack: Stack, plan: dict[str, Any]) -> list[str]:
     for logical, address in pairs:
         props = stack.props(logical)
         m = Mapper(address, plan[address])
-        tf: dict[str, Any] = {"Description": m.take("description"),
-                              "AssumeRolePolicyDocument": json.loads(m.take("assume_role_policy"))}
+        tf: dict[str, Any] = {
+            "Description": m.take("description"),
+            "AssumeRolePolicyDocument": json.loads(m.take("assume_role_policy")),
+        }
         diffs += m.done()
         tf_policies = {}
         for paddress, p in policies.items():
@@ -413,10 +487,12 @@ def queues(stack: Stack, plan: dict[str, Any]) -> list[str]:
     diffs = []
     for logical, address in matched(stack, plan, "AWS::SQS::Queue"):
         m = Mapper(address, plan[address])
-        tf = {"SqsManagedSseEnabled": m.take("sqs_managed_sse_enabled"),
-              "MessageRetentionPeriod": m.take("message_retention_seconds"),
-              "ReceiveMessageWaitTimeSeconds": m.take("receive_wait_time_seconds"),
-              "VisibilityTimeout": m.take("visibility_timeout_seconds")}
+        tf = {
+            "SqsManagedSseEnabled": m.take("sqs_managed_sse_enabled"),
+            "MessageRetentionPeriod": m.take("message_retention_seconds"),
+            "ReceiveMessageWaitTimeSeconds": m.take("receive_wait_time_seconds"),
+            "VisibilityTimeout": m.take("visibility_timeout_seconds"),
+        }
         diffs += m.done() + compare(f"queue {logical}", stack.props(logical), tf)
     return diffs
 
@@ -445,26 +521,50 @@ def event_rules(stack: Stack, plan: dict[str, Any]) -> list[str]:
             if str(tm.take("rule")) == f"<{address}.name>":
                 tf_targets.append({"Id": tm.take("target_id"), "Arn": tm.take("arn")})
                 diffs += tm.done()
-        tf = {"Description": m.take("description"), "State": m.take("state"),
-              "EventPattern": json.loads(m.take("event_pattern")), "Targets": tf_targets}
+        tf = {
+            "Description": m.take("description"),
+            "State": m.take("state"),
+            "EventPattern": json.loads(m.take("event_pattern")),
+            "Targets": tf_targets,
+        }
         diffs += m.done() + compare(f"event rule {logical}", stack.props(logical), tf)
     rules = {f"<{address}.name>" for _, address in pairs}
-    return diffs + [f"event target {a} on an unknown rule {t.get('rule')}" for a, t in targets.items()
-                    if str(t.get("rule")) not in rules]
+    return diffs + [
+        f"event target {a} on an unknown rule {t.get('rule')}"
+        for a, t in targets.items()
+        if str(t.get("rule")) not in rules
+    ]
 
 
 ALARM_FIELDS = {  # aws_cloudwatch_metric_alarm argument -> AWS::CloudWatch::Alarm property
-    "alarm_name": "AlarmName", "alarm_description": "AlarmDescription", "actions_enabled": "ActionsEnabled",
-    "namespace": "Namespace", "metric_name": "MetricName", "statistic": "Statistic",
-    "extended_statistic": "ExtendedStatistic", "period": "Period", "unit": "Unit",
-    "evaluation_periods": "EvaluationPeriods", "datapoints_to_alarm": "DatapointsToAlarm", "threshold": "Threshold",
-    "threshold_metric_id": "ThresholdMetricId", "comparison_operator": "ComparisonOperator",
+    "alarm_name": "AlarmName",
+    "alarm_description": "AlarmDescription",
+    "actions_enabled": "ActionsEnabled",
+    "namespace": "Namespace",
+    "metric_name": "MetricName",
+    "statistic": "Statistic",
+    "extended_statistic": "ExtendedStatistic",
+    "period": "Period",
+    "unit": "Unit",
+    "evaluation_periods": "EvaluationPeriods",
+    "datapoints_to_alarm": "DatapointsToAlarm",
+    "threshold": "Threshold",
+    "threshold_metric_id": "ThresholdMetricId",
+    "comparison_operator": "ComparisonOperator",
     "treat_missing_data": "TreatMissingData",
     "evaluate_low_sample_count_percentiles": "EvaluateLowSampleCountPercentile",
-    "alarm_actions": "AlarmActions", "ok_actions": "OKActions", "insufficient_data_actions": "InsufficientDataActions",
+    "alarm_actions": "AlarmActions",
+    "ok_actions": "OKActions",
+    "insufficient_data_actions": "InsufficientDataActions",
 }
-QUERY_FIELDS = {"id": "Id", "expression": "Expression", "label": "Label", "return_data": "ReturnData",
-                "period": "Period", "account_id": "AccountId"}
+QUERY_FIELDS = {
+    "id": "Id",
+    "expression": "Expression",
+    "label": "Label",
+    "return_data": "ReturnData",
+    "period": "Period",
+    "account_id": "AccountId",
+}
 
 
 def _dimensions(d: dict[str, str] | None) -> list[dict[str, str]]:
@@ -483,9 +583,16 @@ def _alarm_as_cfn(address: str, args: dict[str, Any]) -> tuple[dict[str, Any], l
         entry = {QUERY_FIELDS[k]: qm.take(k) for k in list(qm.args) if k in QUERY_FIELDS}
         for metric in qm.take("metric", []):
             mm = Mapper(f"{address}.metric_query.metric", metric, ignore=())
-            entry["MetricStat"] = {"Metric": {"Namespace": mm.take("namespace"), "MetricName": mm.take("metric_name"),
-                                              "Dimensions": _dimensions(mm.take("dimensions"))},
-                                   "Period": mm.take("period"), "Stat": mm.take("stat"), "Unit": mm.take("unit")}
+            entry["MetricStat"] = {
+                "Metric": {
+                    "Namespace": mm.take("namespace"),
+                    "MetricName": mm.take("metric_name"),
+                    "Dimensions": _dimensions(mm.take("dimensions")),
+                },
+                "Period": mm.take("period"),
+                "Stat": mm.take("stat"),
+                "Unit": mm.take("unit"),
+            }
             diffs += mm.done()
         queries.append(entry)
         diffs += qm.done()
@@ -505,8 +612,9 @@ def _sorted_dims(props: dict[str, Any]) -> dict[str, Any]:
 
 
 def alarms(nested: Stack, plan: dict[str, Any]) -> list[str]:
-    cfn = {nested.props(n)["AlarmName"]: _sorted_dims(nested.props(n))
-           for n in nested.resources("AWS::CloudWatch::Alarm")}
+    cfn = {
+        nested.props(n)["AlarmName"]: _sorted_dims(nested.props(n)) for n in nested.resources("AWS::CloudWatch::Alarm")
+    }
     tf, diffs = {}, []
     for address, args in of_type(plan, "aws_cloudwatch_metric_alarm").items():
         props, d = _alarm_as_cfn(address, args)
@@ -529,29 +637,46 @@ def scaling(nested: Stack, plan: dict[str, Any]) -> list[str]:
     for (_, args), logical in zip(targets.items(), cfn_targets, strict=True):
         m = Mapper("aws_appautoscaling_target", args)
         target_args = dict(m.args)
-        tf = {"ServiceNamespace": m.take("service_namespace"), "ResourceId": m.take("resource_id"),
-              "ScalableDimension": m.take("scalable_dimension"), "MinCapacity": m.take("min_capacity"),
-              "MaxCapacity": m.take("max_capacity")}
+        tf = {
+            "ServiceNamespace": m.take("service_namespace"),
+            "ResourceId": m.take("resource_id"),
+            "ScalableDimension": m.take("scalable_dimension"),
+            "MinCapacity": m.take("min_capacity"),
+            "MaxCapacity": m.take("max_capacity"),
+        }
         diffs += m.done() + compare("scalable target", nested.props(logical), tf)
-    cfn_policies = {nested.props(n)["PolicyName"]: nested.props(n)
-                    for n in nested.resources("AWS::ApplicationAutoScaling::ScalingPolicy")}
+    cfn_policies = {
+        nested.props(n)["PolicyName"]: nested.props(n)
+        for n in nested.resources("AWS::ApplicationAutoScaling::ScalingPolicy")
+    }
     tf_policies = {}
     for address, args in of_type(plan, "aws_appautoscaling_policy").items():
         m = Mapper(address, args, ignore=())
-        same_target = all(m.take(k) == target_args.get(k)
-                          for k in ("service_namespace", "resource_id", "scalable_dimension"))
+        same_target = all(
+            m.take(k) == target_args.get(k) for k in ("service_namespace", "resource_id", "scalable_dimension")
+        )
         config = m.block("step_scaling_policy_configuration")
-        steps = [{"MetricIntervalLowerBound": s.get("metric_interval_lower_bound"),
-                  "MetricIntervalUpperBound": s.get("metric_interval_upper_bound"),
-                  "ScalingAdjustment": s.get("scaling_adjustment")} for s in config.take("step_adjustment", [])]
+        steps = [
+            {
+                "MetricIntervalLowerBound": s.get("metric_interval_lower_bound"),
+                "MetricIntervalUpperBound": s.get("metric_interval_upper_bound"),
+                "ScalingAdjustment": s.get("scaling_adjustment"),
+            }
+            for s in config.take("step_adjustment", [])
+        ]
         name = m.take("name")
         tf_policies[name] = {
-            "PolicyName": name, "PolicyType": m.take("policy_type"),
+            "PolicyName": name,
+            "PolicyType": m.take("policy_type"),
             "ScalingTargetId": "<ScalableTarget>" if same_target else "another target",
             "StepScalingPolicyConfiguration": {
-                "AdjustmentType": config.take("adjustment_type"), "Cooldown": config.take("cooldown"),
+                "AdjustmentType": config.take("adjustment_type"),
+                "Cooldown": config.take("cooldown"),
                 "MetricAggregationType": config.take("metric_aggregation_type"),
-                "MinAdjustmentMagnitude": config.take("min_adjustment_magnitude"), "StepAdjustments": steps}}
+                "MinAdjustmentMagnitude": config.take("min_adjustment_magnitude"),
+                "StepAdjustments": steps,
+            },
+        }
         diffs += m.done() + config.done()
     if set(cfn_policies) != set(tf_policies):
         diffs.append(f"scaling policies: stack {sorted(cfn_policies)} != terraform {sorted(tf_policies)}")
@@ -561,54 +686,85 @@ def scaling(nested: Stack, plan: dict[str, Any]) -> list[str]:
 
 
 def dashboard(nested: Stack, plan: dict[str, Any]) -> list[str]:
-    cfn = {nested.props(n)["DashboardName"]: json.loads(nested.props(n)["DashboardBody"])
-           for n in nested.resources("AWS::CloudWatch::Dashboard")}
+    cfn = {
+        nested.props(n)["DashboardName"]: json.loads(nested.props(n)["DashboardBody"])
+        for n in nested.resources("AWS::CloudWatch::Dashboard")
+    }
     tf, diffs = {}, []
     for address, args in of_type(plan, "aws_cloudwatch_dashboard").items():
         m = Mapper(address, args)
         tf[m.take("dashboard_name")] = json.loads(m.take("dashboard_body"))
         diffs += m.done()
     if cfn != tf:  # exact: the same JSON document
-        diffs.append(f"dashboards differ: stack {sorted(cfn)}, terraform {sorted(tf)}"
-                     + ("" if set(cfn) != set(tf) else " (same names, different bodies)"))
+        diffs.append(
+            f"dashboards differ: stack {sorted(cfn)}, terraform {sorted(tf)}"
+            + ("" if set(cfn) != set(tf) else " (same names, different bodies)")
+        )
     return diffs
 
 
 COMPARED = {
-    "aws_ecs_task_definition": task_definition, "aws_ecs_service": service, "aws_lb_target_group": target_group,
-    "aws_lb_listener_rule": listener_rule, "aws_cloudwatch_log_group": log_groups, "aws_iam_role": roles,
-    "aws_iam_role_policy": roles, "aws_sqs_queue": queues, "aws_sqs_queue_policy": queue_policies,
-    "aws_cloudwatch_event_rule": event_rules, "aws_cloudwatch_event_target": event_rules,
+    "aws_ecs_task_definition": task_definition,
+    "aws_ecs_service": service,
+    "aws_lb_target_group": target_group,
+    "aws_lb_listener_rule": listener_rule,
+    "aws_cloudwatch_log_group": log_groups,
+    "aws_iam_role": roles,
+    "aws_iam_role_policy": roles,
+    "aws_sqs_queue": queues,
+    "aws_sqs_queue_policy": queue_policies,
+    "aws_cloudwatch_event_rule": event_rules,
+    "aws_cloudwatch_event_target": event_rules,
 }
-NESTED = {"aws_cloudwatch_metric_alarm": alarms, "aws_appautoscaling_target": scaling,
-          "aws_appautoscaling_policy": scaling, "aws_cloudwatch_dashboard": dashboard}
+NESTED = {
+    "aws_cloudwatch_metric_alarm": alarms,
+    "aws_appautoscaling_target": scaling,
+    "aws_appautoscaling_policy": scaling,
+    "aws_cloudwatch_dashboard": dashboard,
+}
 # CloudFormation resource type -> the Terraform type that stands for it (the nested stack is its resources).
-CFN_TYPES = {"AWS::ECS::TaskDefinition": "aws_ecs_task_definition", "AWS::ECS::Service": "aws_ecs_service",
-             "AWS::ElasticLoadBalancingV2::TargetGroup": "aws_lb_target_group",
-             "AWS::ElasticLoadBalancingV2::ListenerRule": "aws_lb_listener_rule",
-             "AWS::Logs::LogGroup": "aws_cloudwatch_log_group", "AWS::IAM::Role": "aws_iam_role",
-             "AWS::SQS::Queue": "aws_sqs_queue", "AWS::SQS::QueuePolicy": "aws_sqs_queue_policy",
-             "AWS::Events::Rule": "aws_cloudwatch_event_rule",
-             "AWS::CloudWatch::Alarm": "aws_cloudwatch_metric_alarm",
-             "AWS::ApplicationAutoScaling::ScalableTarget": "aws_appautoscaling_target",
-             "AWS::ApplicationAutoScaling::ScalingPolicy": "aws_appautoscaling_policy",
-             "AWS::CloudWatch::Dashboard": "aws_cloudwatch_dashboard"}
+CFN_TYPES = {
+    "AWS::ECS::TaskDefinition": "aws_ecs_task_definition",
+    "AWS::ECS::Service": "aws_ecs_service",
+    "AWS::ElasticLoadBalancingV2::TargetGroup": "aws_lb_target_group",
+    "AWS::ElasticLoadBalancingV2::ListenerRule": "aws_lb_listener_rule",
+    "AWS::Logs::LogGroup": "aws_cloudwatch_log_group",
+    "AWS::IAM::Role": "aws_iam_role",
+    "AWS::SQS::Queue": "aws_sqs_queue",
+    "AWS::SQS::QueuePolicy": "aws_sqs_queue_policy",
+    "AWS::Events::Rule": "aws_cloudwatch_event_rule",
+    "AWS::CloudWatch::Alarm": "aws_cloudwatch_metric_alarm",
+    "AWS::ApplicationAutoScaling::ScalableTarget": "aws_appautoscaling_target",
+    "AWS::ApplicationAutoScaling::ScalingPolicy": "aws_appautoscaling_policy",
+    "AWS::CloudWatch::Dashboard": "aws_cloudwatch_dashboard",
+}
 # Stack logical id -> the Terraform address that stands for it, for the types matched one to one (log
 # groups, policies, alarms, scaling and the dashboard are matched by name). Conditional resources are
 # [0] of a `count`: the stack creating one and the plan not (or the other way round) is a difference.
 COUNTERPARTS = {
-    "TaskDefinition": "aws_ecs_task_definition.this", "Service": "aws_ecs_service.this",
-    "TargetGroup": "aws_lb_target_group.this", "ListenerRule": "aws_lb_listener_rule.this",
-    "ExecutionRole": "aws_iam_role.execution", "TaskRole": "aws_iam_role.task",
+    "TaskDefinition": "aws_ecs_task_definition.this",
+    "Service": "aws_ecs_service.this",
+    "TargetGroup": "aws_lb_target_group.this",
+    "ListenerRule": "aws_lb_listener_rule.this",
+    "ExecutionRole": "aws_iam_role.execution",
+    "TaskRole": "aws_iam_role.task",
     "ModelSyncTaskDefinition": "aws_ecs_task_definition.modelsync[0]",
     "ModelSyncService": "aws_ecs_service.modelsync[0]",
-    "ModelSyncTaskRole": "aws_iam_role.modelsync[0]", "ModelSyncQueue": "aws_sqs_queue.modelsync[0]",
+    "ModelSyncTaskRole": "aws_iam_role.modelsync[0]",
+    "ModelSyncQueue": "aws_sqs_queue.modelsync[0]",
     "ModelSyncQueuePolicy": "aws_sqs_queue_policy.modelsync[0]",
     "ModelSyncEventRule": "aws_cloudwatch_event_rule.modelsync[0]",
 }
-ONE_TO_ONE = ("AWS::ECS::TaskDefinition", "AWS::ECS::Service", "AWS::ElasticLoadBalancingV2::TargetGroup",
-              "AWS::ElasticLoadBalancingV2::ListenerRule", "AWS::IAM::Role", "AWS::SQS::Queue",
-              "AWS::SQS::QueuePolicy", "AWS::Events::Rule")
+ONE_TO_ONE = (
+    "AWS::ECS::TaskDefinition",
+    "AWS::ECS::Service",
+    "AWS::ElasticLoadBalancingV2::TargetGroup",
+    "AWS::ElasticLoadBalancingV2::ListenerRule",
+    "AWS::IAM::Role",
+    "AWS::SQS::Queue",
+    "AWS::SQS::QueuePolicy",
+    "AWS::Events::Rule",
+)
 
 
 def counterparts(stack: Stack, plan: dict[str, Any]) -> list[str]:
@@ -622,8 +778,11 @@ def counterparts(stack: Stack, plan: dict[str, Any]) -> list[str]:
                 diffs.append(f"stack resource {name} ({cfn_type}) exists; terraform plan has no {COUNTERPARTS[name]}")
             expected.add(COUNTERPARTS.get(name))
     tf_types = {CFN_TYPES[t] for t in ONE_TO_ONE}
-    diffs += [f"terraform creates {a}, which the stack does not" for a in sorted(plan)
-              if a.split(".")[0] in tf_types and a not in expected]
+    diffs += [
+        f"terraform creates {a}, which the stack does not"
+        for a in sorted(plan)
+        if a.split(".")[0] in tf_types and a not in expected
+    ]
     return diffs
 
 
@@ -651,8 +810,15 @@ def differences(stack: Stack, nested: Stack, plan: dict[str, Any]) -> list[str]:
 
 def test_every_tf_file_parses_with_python_hcl2() -> None:
     files = sorted(TF.rglob("*.tf"))
-    assert {f.name for f in files} >= {"main.tf", "variables.tf", "outputs.tf", "iam.tf", "logs.tf", "dashboard.tf",
-                                        "versions.tf"}
+    assert {f.name for f in files} >= {
+        "main.tf",
+        "variables.tf",
+        "outputs.tf",
+        "iam.tf",
+        "logs.tf",
+        "dashboard.tf",
+        "versions.tf",
+    }
     assert EXAMPLES / "main.tf" in files
     for f in files:
         with f.open() as fh:
@@ -669,29 +835,79 @@ def test_every_variable_has_a_type_and_a_description(directory: Path) -> None:
     assert decl and set(decl) == set(variables(directory))
     for name, var in decl.items():
         assert var.get("type", "").removeprefix("${").removesuffix("}") in (
-            "string", "number", "bool", "list(string)", "map(string)"), f"variable {name}: type {var.get('type')}"
+            "string",
+            "number",
+            "bool",
+            "list(string)",
+            "map(string)",
+        ), f"variable {name}: type {var.get('type')}"
         assert isinstance(var.get("description"), str) and len(var["description"]) > 10, f"variable {name}"
 
 
 def test_the_issue_resources_variables_and_outputs_exist() -> None:
     blocks = parse_directory(TF)
     resources = {b.labels[0] for b in blocks if b.type == "resource"}
-    assert resources >= {"aws_ecs_task_definition", "aws_ecs_service", "aws_lb_target_group", "aws_lb_listener_rule",
-                         "aws_cloudwatch_log_group", "aws_iam_role", "aws_iam_role_policy", "aws_cloudwatch_dashboard",
-                         "aws_cloudwatch_metric_alarm", "aws_appautoscaling_target", "aws_appautoscaling_policy",
-                         "aws_sqs_queue", "aws_sqs_queue_policy", "aws_cloudwatch_event_rule",
-                         "aws_cloudwatch_event_target"}
+    assert resources >= {
+        "aws_ecs_task_definition",
+        "aws_ecs_service",
+        "aws_lb_target_group",
+        "aws_lb_listener_rule",
+        "aws_cloudwatch_log_group",
+        "aws_iam_role",
+        "aws_iam_role_policy",
+        "aws_cloudwatch_dashboard",
+        "aws_cloudwatch_metric_alarm",
+        "aws_appautoscaling_target",
+        "aws_appautoscaling_policy",
+        "aws_sqs_queue",
+        "aws_sqs_queue_policy",
+        "aws_cloudwatch_event_rule",
+        "aws_cloudwatch_event_target",
+    }
     assert set(variables()) >= {
-        "cluster_name", "service_name", "vpc_id", "subnet_ids", "security_group_ids", "listener_arn", "triton_image",
-        "exporter_image", "log_router_image", "namespace", "log_group_prefix", "log_retention_days", "desired_count",
-        "min_capacity", "max_capacity", "failure_threshold", "latency_slo_microseconds", "gpu_memory_threshold",
-        "gpu_scale_out_utilization", "gpu_scale_in_utilization", "load_success_rate_threshold", "alarm_topic_arn",
-        "model_sync_bucket_name", "model_sync_prefix", "model_sync_host_path", "model_sync_triton_url"}
+        "cluster_name",
+        "service_name",
+        "vpc_id",
+        "subnet_ids",
+        "security_group_ids",
+        "listener_arn",
+        "triton_image",
+        "exporter_image",
+        "log_router_image",
+        "namespace",
+        "log_group_prefix",
+        "log_retention_days",
+        "desired_count",
+        "min_capacity",
+        "max_capacity",
+        "failure_threshold",
+        "latency_slo_microseconds",
+        "gpu_memory_threshold",
+        "gpu_scale_out_utilization",
+        "gpu_scale_in_utilization",
+        "load_success_rate_threshold",
+        "alarm_topic_arn",
+        "model_sync_bucket_name",
+        "model_sync_prefix",
+        "model_sync_host_path",
+        "model_sync_triton_url",
+    }
     outputs = {b.labels[0] for b in blocks if b.type == "output"}
-    assert outputs >= {"service_name", "dashboard_name", "log_groups", "task_role_arn", "execution_role_arn",
-                       "alarm_names", "task_definition_arn", "model_sync_service_name", "model_sync_queue_url",
-                       "model_sync_queue_arn", "model_sync_task_role_arn", "model_sync_log_group",
-                       "model_sync_task_definition_arn"}
+    assert outputs >= {
+        "service_name",
+        "dashboard_name",
+        "log_groups",
+        "task_role_arn",
+        "execution_role_arn",
+        "alarm_names",
+        "task_definition_arn",
+        "model_sync_service_name",
+        "model_sync_queue_url",
+        "model_sync_queue_arn",
+        "model_sync_task_role_arn",
+        "model_sync_log_group",
+        "model_sync_task_definition_arn",
+    }
     # What the issue names in the task definition, as the plan has it.
     plan = module_for(VALUES).plan()
     td = plan["aws_ecs_task_definition.this"]
@@ -770,44 +986,79 @@ DRIFTS = [
     ("main.tf", "deregistration_delay = 30", "deregistration_delay = 31", "target group.TargetGroupAttributes"),
     ("iam.tf", '"logs:PutRetentionPolicy", ', "", "TaskRole policies"),
     ("logs.tf", '"metrics", ', "", "log groups"),
-    ("main.tf", 'AWS_EMF_NAMESPACE = var.namespace', 'AWS_EMF_NAMESPACE = "Triton"', "container exporter.environment"),
+    ("main.tf", "AWS_EMF_NAMESPACE = var.namespace", 'AWS_EMF_NAMESPACE = "Triton"', "container exporter.environment"),
     ("main.tf", 'if key != "awslogs-create-group"', 'if key != "x"', "container log_router.logConfiguration"),
     ("../task-definition.json", '"retries": 5', '"retries": 4', "container triton-server.healthCheck"),
     ("alarms.tf.json", '"evaluation_periods": 15', '"evaluation_periods": 14', "alarm triton-gpu-utilization-low"),
-    ("alarms.tf.json", '"metric_interval_upper_bound": 0', '"metric_interval_upper_bound": 5',
-     "scaling policy triton-gpu-scale-in"),
+    (
+        "alarms.tf.json",
+        '"metric_interval_upper_bound": 0',
+        '"metric_interval_upper_bound": 5',
+        "scaling policy triton-gpu-scale-in",
+    ),
     ("../../dashboards/triton.json.tftpl", '"period": 60', '"period": 300', "dashboards differ"),
     # A model-sync resource created without a bucket, where the stack creates none.
-    ("modelsync.tf", "count       = local.model_sync ? 1 : 0\n  description = \"Object",
-     "count       = 1\n  description = \"Object", "terraform creates aws_cloudwatch_event_rule.modelsync[0]"),
+    (
+        "modelsync.tf",
+        'count       = local.model_sync ? 1 : 0\n  description = "Object',
+        'count       = 1\n  description = "Object',
+        "terraform creates aws_cloudwatch_event_rule.modelsync[0]",
+    ),
 ]
 MODELSYNC_DRIFTS = [
     ("modelsync.tf", 'Action    = "sqs:SendMessage"', 'Action    = "sqs:*"', "queue policy ModelSyncQueuePolicy"),
-    ("modelsync.tf", "host_path = var.model_sync_host_path", 'host_path = "/opt/triton-models"',
-     "task definition ModelSyncTaskDefinition.volumes"),
-    ("main.tf", "host_path = var.model_sync_host_path", 'host_path = "/opt/triton-models"',
-     "task definition TaskDefinition.volumes"),
+    (
+        "modelsync.tf",
+        "host_path = var.model_sync_host_path",
+        'host_path = "/opt/triton-models"',
+        "task definition ModelSyncTaskDefinition.volumes",
+    ),
+    (
+        "main.tf",
+        "host_path = var.model_sync_host_path",
+        'host_path = "/opt/triton-models"',
+        "task definition TaskDefinition.volumes",
+    ),
     ("modelsync.tf", '"s3:GetObjectVersionTagging"', '"s3:PutObject"', "ModelSyncTaskRole policies"),
     ("modelsync.tf", '"${var.model_sync_prefix}*"', '"*"', "ModelSyncTaskRole policies"),
     ("iam.tf", 'Sid      = "ModelSyncOwnLogs"', 'Sid      = "ModelSyncLogs"', "ExecutionRole policies"),
     ("modelsync.tf", "prefix = var.model_sync_prefix", 'prefix = ""', "event rule ModelSyncEventRule.EventPattern"),
     ("modelsync.tf", 'target_id = "modelsync-queue"', 'target_id = "queue"', "event rule ModelSyncEventRule.Targets"),
-    ("modelsync.tf", "receive_wait_time_seconds  = 20", "receive_wait_time_seconds  = 0",
-     "queue ModelSyncQueue.ReceiveMessageWaitTimeSeconds"),
-    ("modelsync.tf", 'scheduling_strategy = "DAEMON"', 'scheduling_strategy = "REPLICA"',
-     "service ModelSyncService.SchedulingStrategy"),
-    ("modelsync.tf", "TRITON_URL          = var.model_sync_triton_url",
-     'TRITON_URL          = "http://localhost:8000"', "container modelsync.environment"),
+    (
+        "modelsync.tf",
+        "receive_wait_time_seconds  = 20",
+        "receive_wait_time_seconds  = 0",
+        "queue ModelSyncQueue.ReceiveMessageWaitTimeSeconds",
+    ),
+    (
+        "modelsync.tf",
+        'scheduling_strategy = "DAEMON"',
+        'scheduling_strategy = "REPLICA"',
+        "service ModelSyncService.SchedulingStrategy",
+    ),
+    (
+        "modelsync.tf",
+        "TRITON_URL          = var.model_sync_triton_url",
+        'TRITON_URL          = "http://localhost:8000"',
+        "container modelsync.environment",
+    ),
     ("../modelsync-task-definition.json", '"stopTimeout": 60', '"stopTimeout": 30', "container modelsync.stopTimeout"),
-    ("main.tf", '"--model-control-mode=explicit --load-model=*"', '"--model-control-mode=explicit"',
-     "container triton-server.command"),
+    (
+        "main.tf",
+        '"--model-control-mode=explicit --load-model=*"',
+        '"--model-control-mode=explicit"',
+        "container triton-server.command",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("scenario", "path", "old", "new", "expect"),
-                         [("renamed", *d) for d in DRIFTS] + [("modelsync-renamed", *d) for d in MODELSYNC_DRIFTS])
-def test_a_drifted_module_fails_the_comparison(template, alarms_template, tmp_path: Path, scenario: str, path: str,
-                                               old: str, new: str, expect: str) -> None:
+@pytest.mark.parametrize(
+    ("scenario", "path", "old", "new", "expect"),
+    [("renamed", *d) for d in DRIFTS] + [("modelsync-renamed", *d) for d in MODELSYNC_DRIFTS],
+)
+def test_a_drifted_module_fails_the_comparison(
+    template, alarms_template, tmp_path: Path, scenario: str, path: str, old: str, new: str, expect: str
+) -> None:
     module_dir = _copy_module(tmp_path)
     target = (module_dir / path).resolve()
     text = target.read_text()
@@ -824,7 +1075,8 @@ def test_a_drifted_stack_fails_the_comparison(template, alarms_template) -> None
     plan = module_for(VALUES).plan()
     t = copy.deepcopy(template)
     t["Resources"]["TaskRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"][0]["Action"].append(
-        "logs:DescribeLogGroups")
+        "logs:DescribeLogGroups"
+    )
     t["Resources"]["Service"]["Properties"]["PlacementConstraints"] = [{"Type": "distinctInstance"}]
     t["Resources"]["Queue"] = {"Type": "AWS::SQS::Queue", "Properties": {}}
     a = copy.deepcopy(alarms_template)
@@ -852,8 +1104,10 @@ def test_a_drifted_stack_fails_the_comparison_with_model_sync(template, alarms_t
     del t["Resources"]["ModelSyncEventRule"]["Condition"]
     stack, nested = stacks_for(t, alarms_template, VALUES)
     diffs = differences(stack, nested, module_for(VALUES).plan())
-    assert any(d.startswith("stack resource ModelSyncEventRule (AWS::Events::Rule) exists; terraform plan has no")
-               for d in diffs), diffs
+    assert any(
+        d.startswith("stack resource ModelSyncEventRule (AWS::Events::Rule) exists; terraform plan has no")
+        for d in diffs
+    ), diffs
 
 
 def test_a_rich_render_is_the_same_in_both(tmp_path: Path) -> None:
@@ -867,8 +1121,11 @@ def test_a_rich_render_is_the_same_in_both(tmp_path: Path) -> None:
         (tmp_path / rel).write_text(files[rel])
     alarms_template = json.loads(files["alarms/triton-alarms.template.json"])
     nested = Stack(alarms_template)  # every parameter at its default: the render options
-    params = {k: v["Default"] for k, v in alarms_template["Parameters"].items()
-              if tfrender.variable_name(k) in variables(module_dir)}
+    params = {
+        k: v["Default"]
+        for k, v in alarms_template["Parameters"].items()
+        if tfrender.variable_name(k) in variables(module_dir)
+    }
     params |= {k: v for k, v in VALUES.items() if k not in params}
     plan = module_for({k: str(v) for k, v in params.items()}, module_dir).plan()
     assert differences_nested(nested, plan) == []
@@ -886,7 +1143,7 @@ def differences_nested(nested: Stack, plan: dict[str, Any]) -> list[str]:
 def test_every_stack_parameter_is_a_variable_with_its_default(template) -> None:
     decl = variables()
     names = {tfrender.variable_name(p): p for p in template["Parameters"]}
-    assert set(decl) - TF_ONLY == set(names), (set(decl) - TF_ONLY ^ set(names))
+    assert set(decl) - TF_ONLY == set(names), set(decl) - TF_ONLY ^ set(names)
     m = module_for(VALUES)
     for var, param in names.items():
         p = template["Parameters"][param]
@@ -921,11 +1178,24 @@ def _probes(name: str, p: dict[str, Any]) -> list[str]:
             out |= {f"{b:g}", f"{b - 1:g}", f"{b + 1:g}", f"{b - 0.5:g}", f"{b + 0.5:g}"}
     out |= {str(v) for v in p.get("AllowedValues", [])} | ({"nope", "0", "True"} if "AllowedValues" in p else set())
     if "AllowedPattern" in p or "MinLength" in p:
-        out |= {"", "x", "a b", "/ecs/triton/", "/ecs/triton", "A" * 300, "Prod/Triton", "é", "gpu cluster",
-                "nvcr.io/nvidia/tritonserver:24.10-py3", f"{REGISTRY}/repo:tag", f"{REGISTRY}/Repo:tag",
-                f"{REGISTRY}/repo@sha256:{'a' * 64}", f"{REGISTRY}/repo",
-                "arn:aws:elasticloadbalancing:us-east-1:123456789012:listener/app/x/1/2",
-                "arn:aws:elasticloadbalancing:us-east-1:123456789012:loadbalancer/app/x/1"}
+        out |= {
+            "",
+            "x",
+            "a b",
+            "/ecs/triton/",
+            "/ecs/triton",
+            "A" * 300,
+            "Prod/Triton",
+            "é",
+            "gpu cluster",
+            "nvcr.io/nvidia/tritonserver:24.10-py3",
+            f"{REGISTRY}/repo:tag",
+            f"{REGISTRY}/Repo:tag",
+            f"{REGISTRY}/repo@sha256:{'a' * 64}",
+            f"{REGISTRY}/repo",
+            "arn:aws:elasticloadbalancing:us-east-1:123456789012:listener/app/x/1/2",
+            "arn:aws:elasticloadbalancing:us-east-1:123456789012:loadbalancer/app/x/1",
+        }
     return sorted(out)
 
 
@@ -1001,8 +1271,9 @@ def test_example_root_module_with_model_sync_uncommented() -> None:
     assert (svc["scheduling_strategy"], svc["name"], svc["cluster"]) == ("DAEMON", "triton-modelsync", "my-gpu-cluster")
     rule = json.loads(plan["module.triton.aws_cloudwatch_event_rule.modelsync[0]"]["event_pattern"])
     assert rule["detail"] == {"bucket": {"name": ["my-models"]}, "object": {"key": [{"prefix": "triton/"}]}}
-    containers = {c["name"]: c for c in json.loads(plan["module.triton.aws_ecs_task_definition.this"]
-                                                    ["container_definitions"])}
+    containers = {
+        c["name"]: c for c in json.loads(plan["module.triton.aws_ecs_task_definition.this"]["container_definitions"])
+    }
     assert "--model-control-mode=explicit" in containers["triton-server"]["command"][-1]
     # The evaluator names an unknown by its address inside the module.
     assert root.outputs()["model_sync_queue_url"] == Unknown("aws_sqs_queue.modelsync[0].url")

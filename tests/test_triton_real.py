@@ -81,8 +81,11 @@ def test_model_that_raises_is_counted_as_failed_with_reason_backend_and_breaches
     # The committed failure alarm reads RequestFailure on the model rollup; this window alone breaches it.
     alarm = orjson.loads((ROOT / "alarms" / "cli" / "alarm-model-failures.json").read_bytes())
     assert alarm_refs(alarm) == [("Triton", "RequestFailure", frozenset({"model"}))]
-    declared = [d["Dimensions"] for d in fails["_aws"]["CloudWatchMetrics"]
-                if any(m["Name"] == "RequestFailure" for m in d["Metrics"])]
+    declared = [
+        d["Dimensions"]
+        for d in fails["_aws"]["CloudWatchMetrics"]
+        if any(m["Name"] == "RequestFailure" for m in d["Metrics"])
+    ]
     assert ["model"] in declared[0]
     assert fails["RequestFailure"] > alarm["Threshold"]
 
@@ -160,9 +163,22 @@ def test_once_prints_valid_emf_and_a_summary(triton):
     thread.start()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "exporter", "--once", "--interval", "1",
-             "--triton-url", triton.url, "--metrics-url", triton.metrics_url],
-            capture_output=True, text=True, timeout=60, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "--once",
+                "--interval",
+                "1",
+                "--triton-url",
+                triton.url,
+                "--metrics-url",
+                triton.metrics_url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
         )
     finally:
         stop.set()
@@ -176,14 +192,27 @@ def test_once_prints_valid_emf_and_a_summary(triton):
     assert model_doc(docs, "add")["RequestSuccess"] > 0
     table = proc.stderr
     assert "model" in table and "broken" in table and "UNAVAILABLE" in table
-    assert not any(line.startswith("{\"_aws\"") for line in table.splitlines())  # EMF never on stderr
+    assert not any(line.startswith('{"_aws"') for line in table.splitlines())  # EMF never on stderr
 
 
 def test_once_against_unreachable_triton_names_the_url(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "exporter", "--once", "--interval", "1",
-         "--triton-url", "http://127.0.0.1:9", "--metrics-url", "http://127.0.0.1:9/metrics"],
-        capture_output=True, text=True, timeout=30, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--once",
+            "--interval",
+            "1",
+            "--triton-url",
+            "http://127.0.0.1:9",
+            "--metrics-url",
+            "http://127.0.0.1:9/metrics",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
     )
     assert proc.returncode == 1
     [last] = proc.stderr.strip().splitlines()  # one line: --once logs below error level are held back
@@ -195,9 +224,22 @@ def test_once_against_unreachable_triton_names_the_url(tmp_path):
 def test_loop_emits_on_schedule_and_stops_on_sigterm_within_2s(triton, tmp_path):
     out = tmp_path / "emf.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--interval", "0.5", "--output", f"file:{out}",
-         "--triton-url", triton.url, "--metrics-url", triton.metrics_url],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--interval",
+            "0.5",
+            "--output",
+            f"file:{out}",
+            "--triton-url",
+            triton.url,
+            "--metrics-url",
+            triton.metrics_url,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
     )
     try:
         deadline = time.monotonic() + 20

@@ -233,6 +233,7 @@ def tf_str(value: Any) -> str:
 
 def go_json(value: Any) -> str:
     """jsonencode: compact, object keys sorted (cty objects are), <>& escaped as Go does."""
+
     def prep(v: Any) -> Any:
         if isinstance(v, Unknown):
             return str(v)
@@ -245,8 +246,7 @@ def go_json(value: Any) -> str:
         return v
 
     text = json.dumps(prep(value), separators=(",", ":"), ensure_ascii=False)
-    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
-                    ("\u2029", "\\u2029")):
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         text = text.replace(ch, esc)
     return text
 
@@ -266,12 +266,12 @@ def _unescape(text: str) -> str:
                 i += 2
             elif n in "uU":
                 width = 4 if n == "u" else 8
-                out.append(chr(int(text[i + 2:i + 2 + width], 16)))
+                out.append(chr(int(text[i + 2 : i + 2 + width], 16)))
                 i += 2 + width
             else:
                 raise TfError(f"invalid escape \\{n}")
         elif text.startswith("$${", i) or text.startswith("%%{", i):
-            out.append(text[i + 1:i + 3])
+            out.append(text[i + 1 : i + 3])
             i += 3
         else:
             out.append(c)
@@ -284,7 +284,7 @@ def template_parts(text: str) -> Iterator[str | Tree]:
     i, lit = 0, []
     while i < len(text):
         if text.startswith("$${", i) or text.startswith("%%{", i):
-            lit.append(text[i + 1:i + 3])
+            lit.append(text[i + 1 : i + 3])
             i += 3
         elif text.startswith("%{", i):
             raise TfError("template directives (%{...}) are not supported by this evaluator")
@@ -293,7 +293,7 @@ def template_parts(text: str) -> Iterator[str | Tree]:
             if lit:
                 yield "".join(lit)
                 lit = []
-            attr = _trees(_trees(hcl2.parses_to_tree("x = " + text[i + 2:end].strip()))[0])[0]
+            attr = _trees(_trees(hcl2.parses_to_tree("x = " + text[i + 2 : end].strip()))[0])[0]
             yield _children(attr)[-1]
             i = end + 1
         else:
@@ -479,8 +479,7 @@ class Module:
                 pairs = sorted(items.items())
             else:
                 raise TfError(f"{base}: for_each takes a map or a set of strings, got {type(items).__name__}")
-            return {k: ResourceRef(self, f'{base}["{k}"]', block, {"each": {"key": k, "value": v}})
-                    for k, v in pairs}
+            return {k: ResourceRef(self, f'{base}["{k}"]', block, {"each": {"key": k, "value": v}}) for k, v in pairs}
         return ResourceRef(self, base, block, {})
 
     def module(self, name: str) -> Module:
@@ -839,8 +838,14 @@ def _both_numbers(a: Any, b: Any) -> bool:
 
 
 _ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
-    "<": lambda a, b: a < b, ">": lambda a, b: a > b, "<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b,
-    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b,
+    "<": lambda a, b: a < b,
+    ">": lambda a, b: a > b,
+    "<=": lambda a, b: a <= b,
+    ">=": lambda a, b: a >= b,
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b,
     "%": lambda a, b: a % b,
 }
 
@@ -848,8 +853,9 @@ _ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
 def _source_text(node: Any) -> str:
     if isinstance(node, Token):
         return str(node)
-    return "".join(_source_text(c) for c in node.children
-                   if not (isinstance(c, Tree) and c.data == "new_line_or_comment"))
+    return "".join(
+        _source_text(c) for c in node.children if not (isinstance(c, Tree) and c.data == "new_line_or_comment")
+    )
 
 
 # --- types -----------------------------------------------------------------------------------
@@ -1040,7 +1046,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "concat": _concat,
     "distinct": _distinct,
     "toset": _toset,
-    "trimprefix": _string_fn(lambda s, p: s[len(p):] if s.startswith(p) else s),
+    "trimprefix": _string_fn(lambda s, p: s[len(p) :] if s.startswith(p) else s),
     "trimsuffix": _string_fn(lambda s, p: s[: -len(p)] if p and s.endswith(p) else s),
     "replace": _string_fn(_replace),
     "alltrue": _alltrue,

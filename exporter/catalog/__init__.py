@@ -58,8 +58,14 @@ class Catalog:
     carries information.
     """
 
-    def __init__(self, definitions: Sequence[Metric], families: Mapping[str, Family],
-                 selected: Iterable[str] | None = None, files: Sequence[str] = (), selection: str = "") -> None:
+    def __init__(
+        self,
+        definitions: Sequence[Metric],
+        families: Mapping[str, Family],
+        selected: Iterable[str] | None = None,
+        files: Sequence[str] = (),
+        selection: str = "",
+    ) -> None:
         self.defined: tuple[Metric, ...] = tuple(definitions)
         self.families: Mapping[str, Family] = dict(families)
         self.files = tuple(files)
@@ -69,8 +75,9 @@ class Catalog:
         self._definitions = {m.name: m for m in self.defined}
         self._selected = {m.name: m for m in self.metrics}
         needed = {m.breakdown_of for m in self.metrics if m.breakdown_of}
-        self.computed: tuple[Metric, ...] = tuple(m for m in self.defined
-                                                  if m.name in self._selected or m.name in needed)
+        self.computed: tuple[Metric, ...] = tuple(
+            m for m in self.defined if m.name in self._selected or m.name in needed
+        )
 
     def __len__(self) -> int:
         return len(self.metrics)
@@ -157,8 +164,10 @@ def parse_selection(text: str, names: Sequence[str]) -> list[str]:
         pattern = term[1:] if term[0] in "+-" else term
         matched = [n for n in names if fnmatchcase(n, pattern)]
         if not matched:
-            raise CatalogError(f"--metrics: pattern {pattern!r} matches no metric in the catalog "
-                               "(python -m exporter catalog lists them)")
+            raise CatalogError(
+                f"--metrics: pattern {pattern!r} matches no metric in the catalog "
+                "(python -m exporter catalog lists them)"
+            )
         for n in matched:
             if exclude:
                 chosen.pop(n, None)

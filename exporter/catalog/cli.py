@@ -17,13 +17,25 @@ VARIABLES = {"catalog": "EXPORTER_CATALOG", "metrics": "EXPORTER_METRICS", "llm_
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--catalog", action="append", default=None, metavar="PATH",
-                        help="a user catalog file (repeatable) [env: EXPORTER_CATALOG, paths separated by "
-                        f"{os.pathsep!r}]")
-    parser.add_argument("--metrics", default=None, metavar="PATTERNS",
-                        help="selection: comma-separated globs over EMF names, '-' excludes [env: EXPORTER_METRICS]")
-    parser.add_argument("--llm-metrics", choices=("on", "off"), default=None,
-                        help="the built-in LLM pack (default: on) [env: EXPORTER_LLM_METRICS]")
+    parser.add_argument(
+        "--catalog",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help=f"a user catalog file (repeatable) [env: EXPORTER_CATALOG, paths separated by {os.pathsep!r}]",
+    )
+    parser.add_argument(
+        "--metrics",
+        default=None,
+        metavar="PATTERNS",
+        help="selection: comma-separated globs over EMF names, '-' excludes [env: EXPORTER_METRICS]",
+    )
+    parser.add_argument(
+        "--llm-metrics",
+        choices=("on", "off"),
+        default=None,
+        help="the built-in LLM pack (default: on) [env: EXPORTER_LLM_METRICS]",
+    )
 
 
 def attach_selection(argv: Sequence[str]) -> list[str]:

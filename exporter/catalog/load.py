@@ -53,8 +53,21 @@ SELF_METRICS = frozenset({
 """The exporter's own metrics (kind ``self``); the pipeline provides exactly these."""
 
 FAMILY_KEYS = {"type", "labels", "source", "help", "requires", "override"}
-METRIC_KEYS = {"name", "scope", "unit", "kind", "help", "inputs", "denominators", "guard", "quantile",
-               "combine", "rollups", "breakdown_of", "override"}
+METRIC_KEYS = {
+    "name",
+    "scope",
+    "unit",
+    "kind",
+    "help",
+    "inputs",
+    "denominators",
+    "guard",
+    "quantile",
+    "combine",
+    "rollups",
+    "breakdown_of",
+    "override",
+}
 INPUT_KEYS = {"family", "sample", "split", "select", "scale"}
 SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -106,8 +119,9 @@ def read(files: Sequence[tuple[str, str]]) -> Loaded:
                 if earlier is None:
                     raise where.error("override = true, but no earlier file defines this metric")
             elif earlier is not None:
-                raise where.error(f"duplicate EMF name (already defined in {earlier.origin}); "
-                                  "set override = true to replace it")
+                raise where.error(
+                    f"duplicate EMF name (already defined in {earlier.origin}); set override = true to replace it"
+                )
             out.metrics[metric.name] = metric
         drop = doc.get("drop", [])
         if not isinstance(drop, list) or not all(isinstance(d, str) for d in drop):
@@ -210,8 +224,10 @@ def _metric(raw: dict[str, Any], families: Mapping[str, Family], where: _Where) 
     if len(name) > MAX_METRIC_NAME_LENGTH:
         raise where.error(f"name is {len(name)} characters; CloudWatch allows {MAX_METRIC_NAME_LENGTH}")
     if not METRIC_NAME.fullmatch(name):
-        raise where.error("name must start with an upper-case letter and hold only letters, digits, _ . - "
-                          "(dimension and property keys are lower case and share the EMF root)")
+        raise where.error(
+            "name must start with an upper-case letter and hold only letters, digits, _ . - "
+            "(dimension and property keys are lower case and share the EMF root)"
+        )
     scope = _enum(raw, "scope", Scope, where)
     kind = _enum(raw, "kind", Kind, where)
     unit = raw["unit"]
@@ -261,24 +277,38 @@ def _metric(raw: dict[str, Any], families: Mapping[str, Family], where: _Where) 
     if breakdown is not None and (not isinstance(breakdown, str) or breakdown == name):
         raise where.error("breakdown_of must name another metric (its total)")
     source = {Kind.STATE: "index", Kind.SELF: "exporter"}.get(kind) or families[inputs[0].family].source
-    return Metric(name, scope, unit, kind, help_text.strip(), inputs, denominators, guard, quantile, combine,
-                  rollups, breakdown, where.file, source)
+    return Metric(
+        name,
+        scope,
+        unit,
+        kind,
+        help_text.strip(),
+        inputs,
+        denominators,
+        guard,
+        quantile,
+        combine,
+        rollups,
+        breakdown,
+        where.file,
+        source,
+    )
 
 
-def _inputs(raw: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str, Family],
-            where: _Where) -> tuple[Input, ...]:
+def _inputs(
+    raw: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str, Family], where: _Where
+) -> tuple[Input, ...]:
     if not isinstance(raw, list):
         raise where.error(f"{key} must be a list")
     return tuple(_input(item, key, kind, scope, families, where) for item in raw)
 
 
-def _input(item: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str, Family],
-           where: _Where) -> Input:
+def _input(item: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str, Family], where: _Where) -> Input:
     spec: dict[str, Any] = {"family": item} if isinstance(item, str) else _table(item, where)
     _no_unknown(spec, INPUT_KEYS, _Where(where.file, f"{where.entry}: {key}"))
     name = spec.get("family")
     if not isinstance(name, str):
-        raise where.error(f"{key}: each input needs family = \"name\"")
+        raise where.error(f'{key}: each input needs family = "name"')
     sample = spec.get("sample")
     family = families.get(name)
     if family is None and sample is None:
@@ -298,23 +328,25 @@ def _input(item: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str,
         sample_name, ftype = family.name, family.type
     allowed = _TYPES_FOR.get(kind, ())
     if ftype not in allowed:
-        hint = " (use sample = \"sum\" or \"count\", or kind distribution/percentile)" if ftype == "histogram" else ""
+        hint = ' (use sample = "sum" or "count", or kind distribution/percentile)' if ftype == "histogram" else ""
         raise where.error(f"{key}: kind {kind} cannot read {ftype} family {family.name!r}{hint}")
     _check_scope(scope, family, where)
     where_label = None
     if ("split" in spec) != ("select" in spec):
-        raise where.error(f"{key}: split and select go together (split = \"label\", select = \"value\")")
+        raise where.error(f'{key}: split and select go together (split = "label", select = "value")')
     if "split" in spec:
         label, value = spec["split"], spec["select"]
         if not isinstance(label, str) or not isinstance(value, str):
             raise where.error(f"{key}: split and select must be strings")
         labels = (*family.labels, *(("quantile",) if family.type == "summary" else ()))
         if label not in labels:
-            raise where.error(f"{key}: family {family.name!r} has no label {label!r} to split on "
-                              f"(its labels: {', '.join(labels) or 'none'})")
+            raise where.error(
+                f"{key}: family {family.name!r} has no label {label!r} to split on "
+                f"(its labels: {', '.join(labels) or 'none'})"
+            )
         where_label = (label, value)
     elif kind is Kind.QUANTILE and key == "inputs":
-        raise where.error(f"{key}: a quantile selects one: split = \"quantile\", select = \"0.95\"")
+        raise where.error(f'{key}: a quantile selects one: split = "quantile", select = "0.95"')
     scale = spec.get("scale", 1.0)
     if not isinstance(scale, int | float) or isinstance(scale, bool) or not math.isfinite(scale) or scale <= 0:
         raise where.error(f"{key}: scale must be a positive number")
@@ -324,18 +356,24 @@ def _input(item: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str,
 _GAUGES = ("gauge", "untyped")
 _COUNTERS = ("counter", "untyped")
 _TYPES_FOR: dict[Kind, tuple[str, ...]] = {
-    Kind.GAUGE: _GAUGES, Kind.GAUGE_RATIO: _GAUGES, Kind.DELTA: _COUNTERS, Kind.RATE: _COUNTERS,
-    Kind.RATIO: _COUNTERS, Kind.QUANTILE: ("summary",), Kind.DISTRIBUTION: ("histogram",),
+    Kind.GAUGE: _GAUGES,
+    Kind.GAUGE_RATIO: _GAUGES,
+    Kind.DELTA: _COUNTERS,
+    Kind.RATE: _COUNTERS,
+    Kind.RATIO: _COUNTERS,
+    Kind.QUANTILE: ("summary",),
+    Kind.DISTRIBUTION: ("histogram",),
     Kind.PERCENTILE: ("histogram",),
 }
-
 
 
 def _check_scope(scope: Scope, family: Family, where: _Where) -> None:
     labels = set(family.labels)
     if scope is Scope.MODEL and not {"model", "version"} <= labels:
-        raise where.error(f"scope model needs a family labelled model and version; {family.name!r} has "
-                          f"{sorted(labels) or 'no labels'} (use scope task for a family without them)")
+        raise where.error(
+            f"scope model needs a family labelled model and version; {family.name!r} has "
+            f"{sorted(labels) or 'no labels'} (use scope task for a family without them)"
+        )
     if scope is Scope.GPU and "gpu_uuid" not in labels:
         raise where.error(f"scope gpu needs a family labelled gpu_uuid; {family.name!r} is not")
     if scope is Scope.TASK and labels & {"model", "gpu_uuid"}:
@@ -345,7 +383,7 @@ def _check_scope(scope: Scope, family: Family, where: _Where) -> None:
 def _rollups(raw: Any, scope: Scope, where: _Where) -> tuple[tuple[str, ...], ...]:
     base = BASE_DIMENSIONS[scope]
     if not isinstance(raw, list) or not all(isinstance(r, list) and all(isinstance(d, str) for d in r) for r in raw):
-        raise where.error("rollups must be a list of dimension lists, e.g. [[\"model\"], []]")
+        raise where.error('rollups must be a list of dimension lists, e.g. [["model"], []]')
     out: list[tuple[str, ...]] = []
     for r in raw:
         dims = tuple(r)
@@ -372,5 +410,7 @@ def _check_references(out: Loaded) -> None:
             other = combine.setdefault((sample, i.where), (m.combine, m.name))
             if other[0] is not m.combine:
                 shown = i.describe().split(" x ")[0]
-                raise where.error(f"combines {shown!r} by {m.combine} but {other[1]!r} combines it by {other[0]}; "
-                                  "one series is merged across GPU instances one way")
+                raise where.error(
+                    f"combines {shown!r} by {m.combine} but {other[1]!r} combines it by {other[0]}; "
+                    "one series is merged across GPU instances one way"
+                )

@@ -58,22 +58,23 @@ PARAMETERS: dict[str, Param] = {
     "LogGroupPrefix": Param("String", "Fluent Bit log group prefix (TRITON_LOG_GROUP_PREFIX)"),
     "DashboardName": Param("String", "Name of the CloudWatch dashboard"),
     "CreateDashboard": Param("String", "Create the dashboard", allowed=("true", "false")),
-    "EnableScaling": Param("String", "Create the scalable target, scaling policies and scaling alarms",
-                           allowed=("true", "false")),
+    "EnableScaling": Param(
+        "String", "Create the scalable target, scaling policies and scaling alarms", allowed=("true", "false")
+    ),
     "FailureThreshold": Param("Number", "Alarm when a model has more failed requests than this in 5 minutes", 0),
     "LatencySloMicroseconds": Param("Number", "p95 latency SLO per model, microseconds", 0),
-    "LoadSuccessRateThreshold": Param("Number", "Alarm when the model load success rate is below this percent",
-                                      0, 100),
-    "GpuMemoryThreshold": Param("Number", "GPU memory used percent that alarms and adds a task (10 minutes)",
-                                0, 100),
-    "GpuScaleOutUtilization": Param("Number", "Service GPU utilization percent that adds a task (5 minutes)",
-                                    0, 100),
-    "GpuScaleInUtilization": Param("Number", "Service GPU utilization percent that removes a task (15 minutes)",
-                                   0, 100),
-    "TtftP95Milliseconds": Param("Number", "Alarm when time to first token p95 (all tasks) stays above this, ms "
-                                 "(5 minutes)", 0),
-    "KvCacheUtilizationThreshold": Param("Number", "Alarm when a model's KV-cache utilization stays above this "
-                                         "percent (5 minutes)", 0, 100),
+    "LoadSuccessRateThreshold": Param("Number", "Alarm when the model load success rate is below this percent", 0, 100),
+    "GpuMemoryThreshold": Param("Number", "GPU memory used percent that alarms and adds a task (10 minutes)", 0, 100),
+    "GpuScaleOutUtilization": Param("Number", "Service GPU utilization percent that adds a task (5 minutes)", 0, 100),
+    "GpuScaleInUtilization": Param(
+        "Number", "Service GPU utilization percent that removes a task (15 minutes)", 0, 100
+    ),
+    "TtftP95Milliseconds": Param(
+        "Number", "Alarm when time to first token p95 (all tasks) stays above this, ms (5 minutes)", 0
+    ),
+    "KvCacheUtilizationThreshold": Param(
+        "Number", "Alarm when a model's KV-cache utilization stays above this percent (5 minutes)", 0, 100
+    ),
     "MinCapacity": Param("Number", "Fewest tasks scaling may leave", 0),
     "MaxCapacity": Param("Number", "Most tasks scaling may start", 1),
 }
@@ -81,14 +82,25 @@ PARAMETERS: dict[str, Param] = {
 
 def parameter_values(opts: Options) -> dict[str, Any]:
     return {
-        "Namespace": opts.namespace, "AlarmNamePrefix": opts.alarm_prefix, "AlarmTopicArn": opts.sns_topic_arn,
-        "ClusterName": opts.cluster, "ServiceName": opts.service, "LogGroupPrefix": opts.log_group_prefix,
-        "DashboardName": opts.dashboard_name, "CreateDashboard": "true", "EnableScaling": "true",
-        "FailureThreshold": opts.failure_threshold, "LatencySloMicroseconds": opts.latency_slo_us,
-        "LoadSuccessRateThreshold": opts.load_success_rate, "GpuMemoryThreshold": opts.gpu_memory,
-        "GpuScaleOutUtilization": opts.gpu_scale_out, "GpuScaleInUtilization": opts.gpu_scale_in,
-        "TtftP95Milliseconds": opts.ttft_p95_ms, "KvCacheUtilizationThreshold": opts.kv_cache_utilization,
-        "MinCapacity": opts.min_capacity, "MaxCapacity": opts.max_capacity,
+        "Namespace": opts.namespace,
+        "AlarmNamePrefix": opts.alarm_prefix,
+        "AlarmTopicArn": opts.sns_topic_arn,
+        "ClusterName": opts.cluster,
+        "ServiceName": opts.service,
+        "LogGroupPrefix": opts.log_group_prefix,
+        "DashboardName": opts.dashboard_name,
+        "CreateDashboard": "true",
+        "EnableScaling": "true",
+        "FailureThreshold": opts.failure_threshold,
+        "LatencySloMicroseconds": opts.latency_slo_us,
+        "LoadSuccessRateThreshold": opts.load_success_rate,
+        "GpuMemoryThreshold": opts.gpu_memory,
+        "GpuScaleOutUtilization": opts.gpu_scale_out,
+        "GpuScaleInUtilization": opts.gpu_scale_in,
+        "TtftP95Milliseconds": opts.ttft_p95_ms,
+        "KvCacheUtilizationThreshold": opts.kv_cache_utilization,
+        "MinCapacity": opts.min_capacity,
+        "MaxCapacity": opts.max_capacity,
     }
 
 
@@ -110,37 +122,73 @@ def _check(opts: Options, name: str, dims: tuple[str, ...], pack: bool = False) 
 Spec = dict[str, Any]
 
 
-def _classic(opts: Options, suffix: str, description: str, name: str, dims: dict[str, str], stat: str,
-             period: int, points: int, threshold: Ref | float, op: str, missing: str,
-             actions: tuple[str, ...], pack: bool = False) -> Spec | None:
+def _classic(
+    opts: Options,
+    suffix: str,
+    description: str,
+    name: str,
+    dims: dict[str, str],
+    stat: str,
+    period: int,
+    points: int,
+    threshold: Ref | float,
+    op: str,
+    missing: str,
+    actions: tuple[str, ...],
+    pack: bool = False,
+) -> Spec | None:
     """A single-metric alarm; ``stat`` ``pNN`` is an extended statistic (a percentile of a distribution)."""
     metric = _check(opts, name, tuple(dims), pack)
     if metric is None:
         return None
     statistic = {"ExtendedStatistic": stat} if re.fullmatch(r"p\d+(\.\d+)?", stat) else {"Statistic": stat}
     return {
-        "_file": suffix, "_actions": actions, "_metric": metric,
-        "AlarmName": f"${{AlarmNamePrefix}}-{suffix}", "AlarmDescription": description,
-        "Namespace": "${Namespace}", "MetricName": metric,
+        "_file": suffix,
+        "_actions": actions,
+        "_metric": metric,
+        "AlarmName": f"${{AlarmNamePrefix}}-{suffix}",
+        "AlarmDescription": description,
+        "Namespace": "${Namespace}",
+        "MetricName": metric,
         "Dimensions": [{"Name": k, "Value": v} for k, v in dims.items()],
-        **statistic, "Period": period, "EvaluationPeriods": points, "DatapointsToAlarm": points,
-        "Threshold": threshold, "ComparisonOperator": op, "TreatMissingData": missing,
+        **statistic,
+        "Period": period,
+        "EvaluationPeriods": points,
+        "DatapointsToAlarm": points,
+        "Threshold": threshold,
+        "ComparisonOperator": op,
+        "TreatMissingData": missing,
     }
 
 
-def _insights(opts: Options, suffix: str, description: str, func: str, name: str, period: int, points: int,
-              threshold: Ref, label: str, pack: bool = False) -> Spec | None:
+def _insights(
+    opts: Options,
+    suffix: str,
+    description: str,
+    func: str,
+    name: str,
+    period: int,
+    points: int,
+    threshold: Ref,
+    label: str,
+    pack: bool = False,
+) -> Spec | None:
     metric = _check(opts, name, ("model",), pack)
     if metric is None:
         return None
-    query = (f'SELECT {func}({metric}) FROM SCHEMA("${{Namespace}}", model) '
-             f"GROUP BY model ORDER BY {func}() DESC")
+    query = f'SELECT {func}({metric}) FROM SCHEMA("${{Namespace}}", model) GROUP BY model ORDER BY {func}() DESC'
     return {
-        "_file": suffix, "_actions": ("notify",), "_metric": metric,
-        "AlarmName": f"${{AlarmNamePrefix}}-{suffix}", "AlarmDescription": description,
+        "_file": suffix,
+        "_actions": ("notify",),
+        "_metric": metric,
+        "AlarmName": f"${{AlarmNamePrefix}}-{suffix}",
+        "AlarmDescription": description,
         "Metrics": [{"Id": "q1", "Expression": query, "Period": period, "Label": label, "ReturnData": True}],
-        "EvaluationPeriods": points, "DatapointsToAlarm": points, "Threshold": threshold,
-        "ComparisonOperator": "GreaterThanThreshold", "TreatMissingData": "notBreaching",
+        "EvaluationPeriods": points,
+        "DatapointsToAlarm": points,
+        "Threshold": threshold,
+        "ComparisonOperator": "GreaterThanThreshold",
+        "TreatMissingData": "notBreaching",
     }
 
 
@@ -157,56 +205,183 @@ def alarm_specs(opts: Options) -> list[Spec]:
     """
     o = opts
     specs = [
-        _insights(o, "model-failures",
-                  "A model had more failed inference requests than FailureThreshold in 5 minutes "
-                  "(each model is its own contributor; Metrics Insights GROUP BY model).",
-                  "SUM", "RequestFailure", FAILURE_PERIOD, 1, Ref("FailureThreshold"), "failed requests"),
-        _insights(o, "model-latency-p95",
-                  "A model's p95 request latency (worst task) stayed above LatencySloMicroseconds for 5 minutes.",
-                  "MAX", "RequestLatencyP95", LATENCY_PERIOD, LATENCY_POINTS, Ref("LatencySloMicroseconds"),
-                  "p95 latency (us)"),
-        _classic(o, "model-load-failed", "A model version failed to load: load success rate below "
-                 "LoadSuccessRateThreshold percent on some task for 3 minutes.",
-                 "ModelLoadSuccessRate", {}, "Minimum", 60, 3, Ref("LoadSuccessRateThreshold"),
-                 "LessThanThreshold", "notBreaching", ("notify",)),
-        _classic(o, "exporter-heartbeat-missing", "No exporter heartbeat for 5 minutes: the exporter, its log route "
-                 "or the whole service is down. Missing data is breaching: silence is a failure.",
-                 "ExporterHeartbeat", {}, "Sum", 60, 5, 1.0, "LessThanThreshold", "breaching", ("notify",)),
-        _classic(o, "gpu-memory-high", "GPU memory above GpuMemoryThreshold percent on some GPU for 10 minutes; "
-                 "also adds a task when scaling is enabled.",
-                 "GpuMemoryUsedPercent", {}, "Maximum", 60, 10, Ref("GpuMemoryThreshold"),
-                 "GreaterThanThreshold", "notBreaching", ("notify", "scale_out_memory")),
-        _classic(o, "gpu-utilization-high", "Service GPU utilization above GpuScaleOutUtilization for 5 minutes: "
-                 "add a task.", "GpuUtilization", {}, "Average", 60, 5, Ref("GpuScaleOutUtilization"),
-                 "GreaterThanThreshold", "notBreaching", ("scale_out",)),
-        _classic(o, "gpu-utilization-low", "Service GPU utilization below GpuScaleInUtilization for 15 minutes: "
-                 "remove a task.", "GpuUtilization", {}, "Average", 60, 15, Ref("GpuScaleInUtilization"),
-                 "LessThanThreshold", "notBreaching", ("scale_in",)),
-        _classic(o, "llm-ttft-p95", "Time to first token p95 over every task and model stayed above "
-                 "TtftP95Milliseconds for 5 minutes (CloudWatch's percentile of the exporter's distributions).",
-                 "TimeToFirstToken", {}, "p95", LATENCY_PERIOD, LATENCY_POINTS, Ref("TtftP95Milliseconds"),
-                 "GreaterThanThreshold", "notBreaching", ("notify",)),
-        _insights(o, "llm-kv-cache-high",
-                  "A model's KV-cache utilization (worst task) stayed above KvCacheUtilizationThreshold percent "
-                  "for 5 minutes: requests will queue (Metrics Insights GROUP BY model).",
-                  "MAX", "KvCacheUtilization", LATENCY_PERIOD, LATENCY_POINTS, Ref("KvCacheUtilizationThreshold"),
-                  "KV-cache utilization (%)", pack=True),
+        _insights(
+            o,
+            "model-failures",
+            "A model had more failed inference requests than FailureThreshold in 5 minutes "
+            "(each model is its own contributor; Metrics Insights GROUP BY model).",
+            "SUM",
+            "RequestFailure",
+            FAILURE_PERIOD,
+            1,
+            Ref("FailureThreshold"),
+            "failed requests",
+        ),
+        _insights(
+            o,
+            "model-latency-p95",
+            "A model's p95 request latency (worst task) stayed above LatencySloMicroseconds for 5 minutes.",
+            "MAX",
+            "RequestLatencyP95",
+            LATENCY_PERIOD,
+            LATENCY_POINTS,
+            Ref("LatencySloMicroseconds"),
+            "p95 latency (us)",
+        ),
+        _classic(
+            o,
+            "model-load-failed",
+            "A model version failed to load: load success rate below "
+            "LoadSuccessRateThreshold percent on some task for 3 minutes.",
+            "ModelLoadSuccessRate",
+            {},
+            "Minimum",
+            60,
+            3,
+            Ref("LoadSuccessRateThreshold"),
+            "LessThanThreshold",
+            "notBreaching",
+            ("notify",),
+        ),
+        _classic(
+            o,
+            "exporter-heartbeat-missing",
+            "No exporter heartbeat for 5 minutes: the exporter, its log route "
+            "or the whole service is down. Missing data is breaching: silence is a failure.",
+            "ExporterHeartbeat",
+            {},
+            "Sum",
+            60,
+            5,
+            1.0,
+            "LessThanThreshold",
+            "breaching",
+            ("notify",),
+        ),
+        _classic(
+            o,
+            "gpu-memory-high",
+            "GPU memory above GpuMemoryThreshold percent on some GPU for 10 minutes; "
+            "also adds a task when scaling is enabled.",
+            "GpuMemoryUsedPercent",
+            {},
+            "Maximum",
+            60,
+            10,
+            Ref("GpuMemoryThreshold"),
+            "GreaterThanThreshold",
+            "notBreaching",
+            ("notify", "scale_out_memory"),
+        ),
+        _classic(
+            o,
+            "gpu-utilization-high",
+            "Service GPU utilization above GpuScaleOutUtilization for 5 minutes: add a task.",
+            "GpuUtilization",
+            {},
+            "Average",
+            60,
+            5,
+            Ref("GpuScaleOutUtilization"),
+            "GreaterThanThreshold",
+            "notBreaching",
+            ("scale_out",),
+        ),
+        _classic(
+            o,
+            "gpu-utilization-low",
+            "Service GPU utilization below GpuScaleInUtilization for 15 minutes: remove a task.",
+            "GpuUtilization",
+            {},
+            "Average",
+            60,
+            15,
+            Ref("GpuScaleInUtilization"),
+            "LessThanThreshold",
+            "notBreaching",
+            ("scale_in",),
+        ),
+        _classic(
+            o,
+            "llm-ttft-p95",
+            "Time to first token p95 over every task and model stayed above "
+            "TtftP95Milliseconds for 5 minutes (CloudWatch's percentile of the exporter's distributions).",
+            "TimeToFirstToken",
+            {},
+            "p95",
+            LATENCY_PERIOD,
+            LATENCY_POINTS,
+            Ref("TtftP95Milliseconds"),
+            "GreaterThanThreshold",
+            "notBreaching",
+            ("notify",),
+        ),
+        _insights(
+            o,
+            "llm-kv-cache-high",
+            "A model's KV-cache utilization (worst task) stayed above KvCacheUtilizationThreshold percent "
+            "for 5 minutes: requests will queue (Metrics Insights GROUP BY model).",
+            "MAX",
+            "KvCacheUtilization",
+            LATENCY_PERIOD,
+            LATENCY_POINTS,
+            Ref("KvCacheUtilizationThreshold"),
+            "KV-cache utilization (%)",
+            pack=True,
+        ),
     ]
     specs += modelsync.alarm_specs(opts)
     for model in opts.models:
         dim = {"model": safe_dimension_value(model).value}
         slug = model_slug(model)
-        specs.append(_classic(o, f"model-{slug}-failures", f"Model {model}: failed requests above FailureThreshold "
-                              "in 5 minutes.", "RequestFailure", dim, "Sum", FAILURE_PERIOD, 1,
-                              Ref("FailureThreshold"), "GreaterThanThreshold", "notBreaching", ("notify",)))
-        specs.append(_classic(o, f"model-{slug}-latency-p95", f"Model {model}: p95 latency above "
-                              "LatencySloMicroseconds for 5 minutes.", "RequestLatencyP95", dim, "Maximum",
-                              LATENCY_PERIOD, LATENCY_POINTS, Ref("LatencySloMicroseconds"),
-                              "GreaterThanThreshold", "notBreaching", ("notify",)))
-        specs.append(_classic(o, f"model-{slug}-ttft-p95", f"Model {model}: time to first token p95 (all tasks) "
-                              "above TtftP95Milliseconds for 5 minutes.", "TimeToFirstToken", dim, "p95",
-                              LATENCY_PERIOD, LATENCY_POINTS, Ref("TtftP95Milliseconds"),
-                              "GreaterThanThreshold", "notBreaching", ("notify",)))
+        specs.append(
+            _classic(
+                o,
+                f"model-{slug}-failures",
+                f"Model {model}: failed requests above FailureThreshold in 5 minutes.",
+                "RequestFailure",
+                dim,
+                "Sum",
+                FAILURE_PERIOD,
+                1,
+                Ref("FailureThreshold"),
+                "GreaterThanThreshold",
+                "notBreaching",
+                ("notify",),
+            )
+        )
+        specs.append(
+            _classic(
+                o,
+                f"model-{slug}-latency-p95",
+                f"Model {model}: p95 latency above LatencySloMicroseconds for 5 minutes.",
+                "RequestLatencyP95",
+                dim,
+                "Maximum",
+                LATENCY_PERIOD,
+                LATENCY_POINTS,
+                Ref("LatencySloMicroseconds"),
+                "GreaterThanThreshold",
+                "notBreaching",
+                ("notify",),
+            )
+        )
+        specs.append(
+            _classic(
+                o,
+                f"model-{slug}-ttft-p95",
+                f"Model {model}: time to first token p95 (all tasks) above TtftP95Milliseconds for 5 minutes.",
+                "TimeToFirstToken",
+                dim,
+                "p95",
+                LATENCY_PERIOD,
+                LATENCY_POINTS,
+                Ref("TtftP95Milliseconds"),
+                "GreaterThanThreshold",
+                "notBreaching",
+                ("notify",),
+            )
+        )
     return [s for s in specs if s is not None]
 
 
@@ -215,17 +390,25 @@ SCALING_ACTIONS = ("scale_out", "scale_in", "scale_out_memory")
 
 def scaling_specs() -> dict[str, Any]:
     """The scalable target and step policies, in RegisterScalableTarget / PutScalingPolicy shapes."""
-    target = {"ServiceNamespace": "ecs", "ResourceId": "service/${ClusterName}/${ServiceName}",
-              "ScalableDimension": "ecs:service:DesiredCount",
-              "MinCapacity": Ref("MinCapacity"), "MaxCapacity": Ref("MaxCapacity")}
+    target = {
+        "ServiceNamespace": "ecs",
+        "ResourceId": "service/${ClusterName}/${ServiceName}",
+        "ScalableDimension": "ecs:service:DesiredCount",
+        "MinCapacity": Ref("MinCapacity"),
+        "MaxCapacity": Ref("MaxCapacity"),
+    }
 
     def policy(suffix: str, aggregation: str, step: dict[str, Any]) -> dict[str, Any]:
         return {
-            "PolicyName": f"${{AlarmNamePrefix}}-{suffix}", "ServiceNamespace": "ecs",
-            "ResourceId": "service/${ClusterName}/${ServiceName}", "ScalableDimension": "ecs:service:DesiredCount",
+            "PolicyName": f"${{AlarmNamePrefix}}-{suffix}",
+            "ServiceNamespace": "ecs",
+            "ResourceId": "service/${ClusterName}/${ServiceName}",
+            "ScalableDimension": "ecs:service:DesiredCount",
             "PolicyType": "StepScaling",
             "StepScalingPolicyConfiguration": {
-                "AdjustmentType": "ChangeInCapacity", "Cooldown": COOLDOWN, "MetricAggregationType": aggregation,
+                "AdjustmentType": "ChangeInCapacity",
+                "Cooldown": COOLDOWN,
+                "MetricAggregationType": aggregation,
                 "StepAdjustments": [step],
             },
         }
@@ -235,8 +418,9 @@ def scaling_specs() -> dict[str, Any]:
         "target": target,
         "scale_out": policy("gpu-scale-out", "Average", {"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}),
         "scale_in": policy("gpu-scale-in", "Average", {"MetricIntervalUpperBound": 0, "ScalingAdjustment": -1}),
-        "scale_out_memory": policy("gpu-memory-scale-out", "Maximum",
-                                   {"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}),
+        "scale_out_memory": policy(
+            "gpu-memory-scale-out", "Maximum", {"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}
+        ),
     }
 
 
@@ -315,8 +499,7 @@ def _apply_script(opts: Options, scaling: bool) -> str:
     head = [
         "#!/bin/sh",
         "# Generated by `python -m exporter render`: do not edit, re-render.",
-        "# Creates the alarms of docs/dashboards.md with the AWS CLI (this selection of metrics has no "
-        "GPU scaling).",
+        "# Creates the alarms of docs/dashboards.md with the AWS CLI (this selection of metrics has no GPU scaling).",
         "# Usage: alarms/cli/apply.sh   (region: AWS_REGION, else " + opts.region + ")",
         "set -eu",
         'cd "$(dirname "$0")"',
@@ -351,9 +534,9 @@ def _apply_script(opts: Options, scaling: bool) -> str:
         "OUT=$(policy scale-out)",
         "IN=$(policy scale-in)",
         "MEM=$(policy scale-out-memory)",
-        'aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-gpu-utilization-high.json '
+        "aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-gpu-utilization-high.json "
         '--alarm-actions "$OUT"',
-        'aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-gpu-utilization-low.json '
+        "aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-gpu-utilization-low.json "
         '--alarm-actions "$IN"',
         "aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-gpu-memory-high.json "
         + (f'--alarm-actions "{topic}" "$MEM"' if topic else '--alarm-actions "$MEM"'),

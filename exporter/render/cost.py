@@ -33,9 +33,16 @@ PUTLOGEVENTS_OVERHEAD = 26  # bytes per event, as CloudWatch Logs counts a batch
 LLM_BACKENDS = ("vllm", "tensorrt_llm")  # family `requires` values that mark an LLM backend's families
 
 TASK_ARN = "arn:aws:ecs:us-east-1:123456789012:task/triton/0123456789abcdef0123456789abcdef"
-COMMON = {"exporter_version": __version__, "ecs_cluster": "arn:aws:ecs:us-east-1:123456789012:cluster/triton",
-          "ecs_task_arn": TASK_ARN, "ecs_task_family": "triton", "ecs_task_revision": "12",
-          "availability_zone": "us-east-1a", "ecs_launch_type": "EC2", "ecs_service": "triton"}
+COMMON = {
+    "exporter_version": __version__,
+    "ecs_cluster": "arn:aws:ecs:us-east-1:123456789012:cluster/triton",
+    "ecs_task_arn": TASK_ARN,
+    "ecs_task_family": "triton",
+    "ecs_task_revision": "12",
+    "availability_zone": "us-east-1a",
+    "ecs_launch_type": "EC2",
+    "ecs_service": "triton",
+}
 
 
 @dataclass(frozen=True)
@@ -59,8 +66,12 @@ class Deployment:
     busy_totals: frozenset[str] = field(default_factory=lambda: frozenset({"RequestSuccess"}))
 
     def features(self) -> set[str]:
-        on = {"summary_latencies": self.summaries, "histogram_latencies": self.histograms,
-              "load_duration": self.load_duration, self.llm_backend: self.llm_models > 0}
+        on = {
+            "summary_latencies": self.summaries,
+            "histogram_latencies": self.histograms,
+            "load_duration": self.load_duration,
+            self.llm_backend: self.llm_models > 0,
+        }
         return {k for k, v in on.items() if v}
 
 
@@ -110,8 +121,11 @@ def _models_emitting(catalog: Catalog, m: Metric, d: Deployment) -> int:
 
 
 def metric_count(catalog: Catalog, d: Deployment) -> int:
-    return sum(values_of(dims, d, _models_emitting(catalog, m, d))
-               for m in emitted_metrics(catalog, d) for dims in m.dimension_sets)
+    return sum(
+        values_of(dims, d, _models_emitting(catalog, m, d))
+        for m in emitted_metrics(catalog, d)
+        for dims in m.dimension_sets
+    )
 
 
 def metric_cost(count: int) -> float:
@@ -126,13 +140,25 @@ def metric_cost(count: int) -> float:
 
 
 _VALUE_BY_KIND = {  # shapes of real values: rates and ratios print with many digits
-    Kind.RATE: 16.666666666666668, Kind.RATIO: 2222.222222222222, Kind.GAUGE_RATIO: 25.0,
-    Kind.QUANTILE: 1900.0, Kind.PERCENTILE: 412.5, Kind.DELTA: 540.0, Kind.GAUGE: 55.0,
-    Kind.STATE: 1.0, Kind.SELF: 3.2518,
+    Kind.RATE: 16.666666666666668,
+    Kind.RATIO: 2222.222222222222,
+    Kind.GAUGE_RATIO: 25.0,
+    Kind.QUANTILE: 1900.0,
+    Kind.PERCENTILE: 412.5,
+    Kind.DELTA: 540.0,
+    Kind.GAUGE: 55.0,
+    Kind.STATE: 1.0,
+    Kind.SELF: 3.2518,
 }
 # A distribution with observations in five buckets, as a busy model's window has them.
-_DISTRIBUTION = {"Values": [3.0, 7.5, 15.0, 30.0, 50.0], "Counts": [12.0, 40.0, 25.0, 9.0, 2.0],
-                 "Max": 60.0, "Min": 1.0, "Count": 88.0, "Sum": 1312.5}
+_DISTRIBUTION = {
+    "Values": [3.0, 7.5, 15.0, 30.0, 50.0],
+    "Counts": [12.0, 40.0, 25.0, 9.0, 2.0],
+    "Max": 60.0,
+    "Min": 1.0,
+    "Count": 88.0,
+    "Sum": 1312.5,
+}
 
 
 def event_bytes(catalog: Catalog, d: Deployment, namespace: str = "Triton", llm: bool = False) -> dict[Scope, int]:
@@ -144,10 +170,14 @@ def event_bytes(catalog: Catalog, d: Deployment, namespace: str = "Triton", llm:
     enc = Encoder(namespace, catalog.metrics)
     name = ("m" * d.model_name_length)[: d.model_name_length]
     shapes: dict[Scope, tuple[dict[str, str], dict[str, object]]] = {
-        Scope.MODEL: ({"model": name, "version": "1"},
-                      {**({"ecs_task_arn": TASK_ARN} if d.ecs_metadata else {}), "state": "READY"}),
-        Scope.GPU: ({"gpu": "0"}, {**COMMON, "gpu_uuid": "GPU-00000000-1111-2222-3333-444455550000",
-                                   "gpu_name": "NVIDIA A10G"}),
+        Scope.MODEL: (
+            {"model": name, "version": "1"},
+            {**({"ecs_task_arn": TASK_ARN} if d.ecs_metadata else {}), "state": "READY"},
+        ),
+        Scope.GPU: (
+            {"gpu": "0"},
+            {**COMMON, "gpu_uuid": "GPU-00000000-1111-2222-3333-444455550000", "gpu_name": "NVIDIA A10G"},
+        ),
         Scope.TASK: ({}, dict(COMMON)),
         Scope.SOURCE: ({"source": "triton_metrics"}, dict(COMMON)),
     }
@@ -194,13 +224,27 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
     plain, llm = event_bytes(catalog, d, opts.namespace), event_bytes(catalog, d, opts.namespace, llm=True)
     llm_models = min(d.llm_models, d.models)
     model_bytes = (d.models - llm_models) * plain.get(Scope.MODEL, 0) + llm_models * llm.get(Scope.MODEL, 0)
-    per_task = (d.versions * model_bytes
-                + d.gpus * plain.get(Scope.GPU, 0) + plain.get(Scope.TASK, 0) + sources(d) * plain.get(Scope.SOURCE, 0))
+    per_task = (
+        d.versions * model_bytes
+        + d.gpus * plain.get(Scope.GPU, 0)
+        + plain.get(Scope.TASK, 0)
+        + sources(d) * plain.get(Scope.SOURCE, 0)
+    )
     per_cycle = per_task * d.tasks
     gb = per_cycle * HOURS_PER_MONTH * 3600 / d.interval / 1e9
     count = metric_count(catalog, d)
-    return Estimate(d, count, len(specs), alarm_metrics, per_cycle, gb, metric_cost(count),
-                    alarm_metrics * ALARM_METRIC_MONTH, gb * LOG_INGESTION_PER_GB, DASHBOARD_MONTH)
+    return Estimate(
+        d,
+        count,
+        len(specs),
+        alarm_metrics,
+        per_cycle,
+        gb,
+        metric_cost(count),
+        alarm_metrics * ALARM_METRIC_MONTH,
+        gb * LOG_INGESTION_PER_GB,
+        DASHBOARD_MONTH,
+    )
 
 
 ASSUMPTIONS = (
@@ -227,14 +271,18 @@ ASSUMPTIONS = (
 
 
 def markdown_table(rows: Sequence[tuple[str, Deployment]], opts: Options) -> str:
-    lines = ["| Deployment | Custom metrics | Alarms (alarm metrics) | EMF GB/month | Metrics | Alarms | "
-             "EMF ingestion | Dashboard | Total/month |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| Deployment | Custom metrics | Alarms (alarm metrics) | EMF GB/month | Metrics | Alarms | "
+        "EMF ingestion | Dashboard | Total/month |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for label, d in rows:
         e = estimate(d, opts)
-        lines.append(f"| {label} | {e.metrics:,} | {e.alarms} ({e.alarm_metrics:,}) | {e.gb_per_month:.2f} | "
-                     f"${e.metrics_usd:,.2f} | ${e.alarms_usd:,.2f} | ${e.logs_usd:,.2f} | ${e.dashboard_usd:,.2f} | "
-                     f"${e.total_usd:,.2f} |")
+        lines.append(
+            f"| {label} | {e.metrics:,} | {e.alarms} ({e.alarm_metrics:,}) | {e.gb_per_month:.2f} | "
+            f"${e.metrics_usd:,.2f} | ${e.alarms_usd:,.2f} | ${e.logs_usd:,.2f} | ${e.dashboard_usd:,.2f} | "
+            f"${e.total_usd:,.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -246,14 +294,17 @@ DOC_ROWS = (
     ("small, 2 of them vLLM LLMs", replace(_SMALL, llm_models=2)),
     ("large: 200 models, 1 version, 8 GPUs, 4 tasks", _LARGE),
     ("large, breakdown zeros emitted", replace(_LARGE, breakdown_zeros="emit")),
-    ("large, 20 of them TensorRT-LLM LLMs", replace(_LARGE, llm_models=20, llm_backend="tensorrt_llm",
-                                                     histograms=True)),
+    (
+        "large, 20 of them TensorRT-LLM LLMs",
+        replace(_LARGE, llm_models=20, llm_backend="tensorrt_llm", histograms=True),
+    ),
 )
 
 
 def main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m exporter cost",
-                                description="Custom metrics, alarms and monthly list price the defaults create.")
+    p = argparse.ArgumentParser(
+        prog="python -m exporter cost", description="Custom metrics, alarms and monthly list price the defaults create."
+    )
     p.add_argument("--models", type=int, help="models loaded (required unless --markdown)")
     p.add_argument("--versions", type=int, default=1, help="loaded versions per model (default: 1)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs per task (default: 1)")
@@ -264,8 +315,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--no-nvml", action="store_true", help="NVML source off (EXPORTER_NVML=off)")
     p.add_argument("--no-summaries", action="store_true", help="Triton without summary_latencies")
     p.add_argument("--histograms", action="store_true", help="Triton with histogram_latencies")
-    p.add_argument("--breakdown-zeros", choices=("omit", "emit"), default="omit",
-                   help="as the sidecar's setting (default: omit)")
+    p.add_argument(
+        "--breakdown-zeros", choices=("omit", "emit"), default="omit", help="as the sidecar's setting (default: omit)"
+    )
     p.add_argument("--markdown", action="store_true", help="print the docs table for the small and large cases")
     cli.add_arguments(p)
     args = p.parse_args(cli.attach_selection(argv))
@@ -279,23 +331,44 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if args.models is None:
         p.error("--models is required")
-    if (args.models < 0 or args.versions < 1 or args.gpus < 0 or args.tasks < 1 or args.interval <= 0
-            or not 0 <= args.llm_models <= args.models):
-        sys.stderr.write("error: need --models >= 0, --versions >= 1, --gpus >= 0, --tasks >= 1, --interval > 0, "
-                         "0 <= --llm-models <= --models\n")
+    if (
+        args.models < 0
+        or args.versions < 1
+        or args.gpus < 0
+        or args.tasks < 1
+        or args.interval <= 0
+        or not 0 <= args.llm_models <= args.models
+    ):
+        sys.stderr.write(
+            "error: need --models >= 0, --versions >= 1, --gpus >= 0, --tasks >= 1, --interval > 0, "
+            "0 <= --llm-models <= --models\n"
+        )
         return 2
-    d = Deployment(models=args.models, versions=args.versions, gpus=args.gpus, tasks=args.tasks,
-                   nvml=not args.no_nvml, summaries=not args.no_summaries, histograms=args.histograms,
-                   llm_models=args.llm_models, llm_backend=args.llm_backend, interval=args.interval,
-                   breakdown_zeros=args.breakdown_zeros)
+    d = Deployment(
+        models=args.models,
+        versions=args.versions,
+        gpus=args.gpus,
+        tasks=args.tasks,
+        nvml=not args.no_nvml,
+        summaries=not args.no_summaries,
+        histograms=args.histograms,
+        llm_models=args.llm_models,
+        llm_backend=args.llm_backend,
+        interval=args.interval,
+        breakdown_zeros=args.breakdown_zeros,
+    )
     e = estimate(d, opts)
     w = sys.stdout.write
-    w(f"deployment: {d.models} models x {d.versions} versions ({d.llm_models} LLM, {d.llm_backend}), "
-      f"{d.gpus} GPUs/task, {d.tasks} tasks, interval {d.interval:g}s; {len(opts.catalog.metrics)} metrics selected\n")
+    w(
+        f"deployment: {d.models} models x {d.versions} versions ({d.llm_models} LLM, {d.llm_backend}), "
+        f"{d.gpus} GPUs/task, {d.tasks} tasks, interval {d.interval:g}s; {len(opts.catalog.metrics)} metrics selected\n"
+    )
     w(f"custom metrics:        {e.metrics:>10,}   ${e.metrics_usd:>10,.2f}/month\n")
     w(f"alarms:                {e.alarms:>10,}   ${e.alarms_usd:>10,.2f}/month ({e.alarm_metrics:,} alarm metrics)\n")
-    w(f"EMF log ingestion:     {e.gb_per_month:>10.2f} GB ${e.logs_usd:>7,.2f}/month "
-      f"({e.bytes_per_cycle:,} bytes per interval)\n")
+    w(
+        f"EMF log ingestion:     {e.gb_per_month:>10.2f} GB ${e.logs_usd:>7,.2f}/month "
+        f"({e.bytes_per_cycle:,} bytes per interval)\n"
+    )
     w(f"dashboard:             {1:>10}   ${e.dashboard_usd:>10,.2f}/month\n")
     w(f"total:                              ${e.total_usd:>10,.2f}/month\n\nAssumptions:\n")
     for a in ASSUMPTIONS:

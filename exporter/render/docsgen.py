@@ -23,7 +23,7 @@ KIND_TEXT = {
     Kind.RATE: "a counter's increase per second of the window (monotonic clock)",
     Kind.RATIO: "delta of the inputs (summed) / delta of the denominators (summed), when the denominator grew",
     Kind.GAUGE_RATIO: "gauge / gauge, pairwise (input 1 / denominator 1, ...), when the denominator > 0",
-    Kind.QUANTILE: "one quantile of a summary (`split = \"quantile\"`), when its `guard` counter grew",
+    Kind.QUANTILE: 'one quantile of a summary (`split = "quantile"`), when its `guard` counter grew',
     Kind.DISTRIBUTION: "a histogram's bucket deltas as a CloudWatch distribution (see below)",
     Kind.PERCENTILE: "one task's percentile (`quantile`), interpolated in the window's bucket deltas",
     Kind.STATE: "from the repository index (built-in metrics only)",
@@ -108,27 +108,33 @@ FAMILY_KEYS_DOC = (
     ("labels", "labels it carries (`model` and `version` for a per-model family; not `le` or `quantile`)"),
     ("source", "`triton` (read from `/metrics`, the default) or `nvml` (the NVML source's own series)"),
     ("help", "optional text for this page"),
-    ("requires", "optional: what must be on for Triton to serve it (`summary_latencies`, `vllm`, ...); "
-                 "`cost` uses it"),
+    ("requires", "optional: what must be on for Triton to serve it (`summary_latencies`, `vllm`, ...); `cost` uses it"),
     ("override", "`true` to redeclare a family an earlier file declared differently"),
 )
 METRIC_KEYS_DOC = (
-    ("name", "the EMF metric name: upper-case first letter, then letters, digits, `_ . -`; at most 255 "
-             "characters"),
-    ("scope", "`model` (dimensions `model`, `version`), `gpu` (`gpu`) or `task` (none); the family must "
-              "carry `model` and `version`, `gpu_uuid`, or neither"),
+    ("name", "the EMF metric name: upper-case first letter, then letters, digits, `_ . -`; at most 255 characters"),
+    (
+        "scope",
+        "`model` (dimensions `model`, `version`), `gpu` (`gpu`) or `task` (none); the family must "
+        "carry `model` and `version`, `gpu_uuid`, or neither",
+    ),
     ("unit", "a CloudWatch unit: {units}"),
     ("kind", "the computation (table below)"),
-    ("inputs", "families read: `\"name\"`, `\"name_sum\"`, or `{ family = \"name\", split = \"label\", "
-               "select = \"value\", scale = 100.0, sample = \"sum\" }`; with several, the first present "
-               "for an entity wins (a ratio sums them)"),
+    (
+        "inputs",
+        'families read: `"name"`, `"name_sum"`, or `{ family = "name", split = "label", '
+        'select = "value", scale = 100.0, sample = "sum" }`; with several, the first present '
+        "for an entity wins (a ratio sums them)",
+    ),
     ("denominators", "`ratio` and `gauge_ratio` only"),
     ("guard", "`quantile` only: a counter that must have grown in the window"),
     ("quantile", "`percentile` only: 0.95 for p95"),
-    ("combine", "`sum` (default) or `max`: how an entity's series that differ in other labels merge (a model "
-                "on two GPUs has one series per `gpu_uuid`)"),
-    ("rollups", "extra dimension sets, each a billed metric: `[[\"model\"], []]` adds per-model and "
-                "service-wide"),
+    (
+        "combine",
+        "`sum` (default) or `max`: how an entity's series that differ in other labels merge (a model "
+        "on two GPUs has one series per `gpu_uuid`)",
+    ),
+    ("rollups", 'extra dimension sets, each a billed metric: `[["model"], []]` adds per-model and service-wide'),
     ("breakdown_of", "a total (another metric): this metric's zero is left out while the total is zero too"),
     ("help", "what it means (required)"),
     ("override", "`true` to replace a metric of the same name from an earlier file"),
@@ -165,19 +171,29 @@ def metrics_markdown(catalog: Catalog, namespace: str) -> str:
         metrics = [m for m in catalog.metrics if m.scope is scope]
         if not metrics:
             continue
-        lines += [f"## {SCOPE_TEXT[scope]}", "",
-                  "| Metric | Unit | Kind | Dimension sets | Inputs | Meaning |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            f"## {SCOPE_TEXT[scope]}",
+            "",
+            "| Metric | Unit | Kind | Dimension sets | Inputs | Meaning |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for m in metrics:
             dims = "<br>".join(", ".join(f"`{d}`" for d in ds) or "(none)" for ds in m.dimension_sets)
             meaning = m.help + (f" Zero omitted while `{m.breakdown_of}` is zero." if m.breakdown_of else "")
-            lines.append(f"| `{m.name}` | {m.unit} | {m.kind} | {dims} | {_cell(m.describe_inputs())} "
-                         f"| {_cell(meaning)} |")
+            lines.append(
+                f"| `{m.name}` | {m.unit} | {m.kind} | {dims} | {_cell(m.describe_inputs())} | {_cell(meaning)} |"
+            )
         lines.append("")
-    lines.append(f"{len(catalog.metrics)} metrics, {sum(len(m.dimension_sets) for m in catalog.metrics)} "
-                 "dimension sets.")
-    lines += ["", "## Families", "", "| Family | Type | Labels | Source | Requires | Notes |",
-              "| --- | --- | --- | --- | --- | --- |"]
+    lines.append(
+        f"{len(catalog.metrics)} metrics, {sum(len(m.dimension_sets) for m in catalog.metrics)} dimension sets."
+    )
+    lines += [
+        "",
+        "## Families",
+        "",
+        "| Family | Type | Labels | Source | Requires | Notes |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for f in sorted(catalog.families.values(), key=lambda f: f.name):
         labels = ", ".join(f"`{x}`" for x in f.labels) or "(none)"
         lines.append(f"| `{f.name}` | {f.type} | {labels} | {f.source} | {f.requires} | {_cell(f.help)} |")
@@ -185,6 +201,9 @@ def metrics_markdown(catalog: Catalog, namespace: str) -> str:
     kinds = "\n".join(f"| `{k}` | {text} |" for k, text in KIND_TEXT.items())
     units = ", ".join(f"`{u}`" for u in CLOUDWATCH_UNITS)
     metric_keys = _keys_table(METRIC_KEYS_DOC).replace("{units}", units)
-    lines.append(SCHEMA.format(family_keys=_keys_table(FAMILY_KEYS_DOC), metric_keys=metric_keys, kinds=kinds,
-                               example=example_catalog()))
+    lines.append(
+        SCHEMA.format(
+            family_keys=_keys_table(FAMILY_KEYS_DOC), metric_keys=metric_keys, kinds=kinds, example=example_catalog()
+        )
+    )
     return "\n".join(lines)

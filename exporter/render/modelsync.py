@@ -51,59 +51,140 @@ def _row(opts: Options, name: str, options: dict[str, Any]) -> list[Any]:
     return [opts.namespace, _metric(name, ()), options]
 
 
-SECTION = ("**Model sync**: S3 archives installed on every host by modelsync: attempts by result, failures per "
-           "model, phase durations, time from upload to READY, and hosts serving different builds of one model "
-           "(Logs Insights over the modelsync log group).")
+SECTION = (
+    "**Model sync**: S3 archives installed on every host by modelsync: attempts by result, failures per "
+    "model, phase durations, time from upload to READY, and hosts serving different builds of one model "
+    "(Logs Insights over the modelsync log group)."
+)
 
 
 def section(opts: Options, lay: Layout) -> None:
     from . import dashboard as d  # dashboard imports this module (and alarms, which imports it too)
 
     lay.section(SECTION)
-    lay.add(d._graph(opts, "Sync attempts by result (all hosts)", [
-        d._expr(_search(opts, "SyncAttempts", ("result",), "Sum"), "", "e1")], stat="Sum", unit_label="attempts"),
-        8, 6)
-    lay.add(d._graph(opts, "Sync failures per model", [
-        d._expr(_search(opts, "SyncFailures", ("model",), "Sum"), "", "e1")], stat="Sum", unit_label="failures",
-        annotations=[{"value": 0, "label": "alarm: any failure in 5 min"}]), 8, 6)
-    lay.add(d._graph(opts, "Models in sync / out of sync (per host: min / max)", [
-        _row(opts, "ModelsInSync", {"stat": "Minimum", "label": "in sync (min over hosts)"}),
-        _row(opts, "ModelsOutOfSync", {"stat": "Maximum", "label": "out of sync (max over hosts)"}),
-        _row(opts, "SecondsSinceLastSuccess", {"stat": "Maximum", "label": "s since all in sync (worst host)",
-                                               "yAxis": "right"}),
-    ]), 8, 6)
-    lay.add(d._graph(opts, "Sync phase durations (ms, worst attempt)", [
-        _row(opts, f"Sync{p.title()}Time", {"stat": "Maximum", "label": p}) for p in PHASES
-    ], stat="Maximum", unit_label="milliseconds"), 8, 6)
-    lay.add(d._graph(opts, "Upload to READY per model (s, slowest host)", [
-        d._expr(_search(opts, "SyncUploadToReady", ("model",), "Maximum"), "", "e1")], stat="Maximum",
-        unit_label="seconds"), 8, 6)
-    lay.add(d._graph(opts, "Archive bytes downloaded per model", [
-        d._expr(_search(opts, "SyncBytesDownloaded", ("model",), "Sum"), "", "e1")], stat="Sum",
-        unit_label="bytes"), 8, 6)
+    lay.add(
+        d._graph(
+            opts,
+            "Sync attempts by result (all hosts)",
+            [d._expr(_search(opts, "SyncAttempts", ("result",), "Sum"), "", "e1")],
+            stat="Sum",
+            unit_label="attempts",
+        ),
+        8,
+        6,
+    )
+    lay.add(
+        d._graph(
+            opts,
+            "Sync failures per model",
+            [d._expr(_search(opts, "SyncFailures", ("model",), "Sum"), "", "e1")],
+            stat="Sum",
+            unit_label="failures",
+            annotations=[{"value": 0, "label": "alarm: any failure in 5 min"}],
+        ),
+        8,
+        6,
+    )
+    lay.add(
+        d._graph(
+            opts,
+            "Models in sync / out of sync (per host: min / max)",
+            [
+                _row(opts, "ModelsInSync", {"stat": "Minimum", "label": "in sync (min over hosts)"}),
+                _row(opts, "ModelsOutOfSync", {"stat": "Maximum", "label": "out of sync (max over hosts)"}),
+                _row(
+                    opts,
+                    "SecondsSinceLastSuccess",
+                    {"stat": "Maximum", "label": "s since all in sync (worst host)", "yAxis": "right"},
+                ),
+            ],
+        ),
+        8,
+        6,
+    )
+    lay.add(
+        d._graph(
+            opts,
+            "Sync phase durations (ms, worst attempt)",
+            [_row(opts, f"Sync{p.title()}Time", {"stat": "Maximum", "label": p}) for p in PHASES],
+            stat="Maximum",
+            unit_label="milliseconds",
+        ),
+        8,
+        6,
+    )
+    lay.add(
+        d._graph(
+            opts,
+            "Upload to READY per model (s, slowest host)",
+            [d._expr(_search(opts, "SyncUploadToReady", ("model",), "Maximum"), "", "e1")],
+            stat="Maximum",
+            unit_label="seconds",
+        ),
+        8,
+        6,
+    )
+    lay.add(
+        d._graph(
+            opts,
+            "Archive bytes downloaded per model",
+            [d._expr(_search(opts, "SyncBytesDownloaded", ("model",), "Sum"), "", "e1")],
+            stat="Sum",
+            unit_label="bytes",
+        ),
+        8,
+        6,
+    )
     group = log_group(opts)
     in_sync = _metric("ModelInSync", ("model",))
-    lay.add(d._logs(opts, "Builds served per model (hosts on different sha256 first)", [group],
-                    "fields @timestamp, model, host, ModelArtifact"
-                    f"\n| filter ispresent({in_sync}) and ispresent(ModelArtifact)"
-                    "\n| stats latest(ModelArtifact) as artifact by model, host"
-                    "\n| stats count_distinct(artifact) as builds, count(*) as hosts"
-                    " by model\n| sort builds desc, model asc\n| limit 100"), 12, 6)
-    lay.add(d._logs(opts, "Recent sync failures", [group],
-                    "fields @timestamp, model, result, host, reason, sha256"
-                    f"\n| filter {_metric('SyncFailures', ('model',))} > 0"
-                    "\n| sort @timestamp desc\n| limit 50"), 12, 6)
+    lay.add(
+        d._logs(
+            opts,
+            "Builds served per model (hosts on different sha256 first)",
+            [group],
+            "fields @timestamp, model, host, ModelArtifact"
+            f"\n| filter ispresent({in_sync}) and ispresent(ModelArtifact)"
+            "\n| stats latest(ModelArtifact) as artifact by model, host"
+            "\n| stats count_distinct(artifact) as builds, count(*) as hosts"
+            " by model\n| sort builds desc, model asc\n| limit 100",
+        ),
+        12,
+        6,
+    )
+    lay.add(
+        d._logs(
+            opts,
+            "Recent sync failures",
+            [group],
+            "fields @timestamp, model, result, host, reason, sha256"
+            f"\n| filter {_metric('SyncFailures', ('model',))} > 0"
+            "\n| sort @timestamp desc\n| limit 50",
+        ),
+        12,
+        6,
+    )
 
 
 def alarm_specs(opts: Options) -> list[dict[str, Any]]:
     """The sync-failure alarm: any failed attempt on any host in 5 minutes (PutMetricAlarm shape)."""
-    return [{
-        "_file": "model-sync-failures", "_actions": ("notify",), "_metric": "SyncFailures",
-        "AlarmName": "${AlarmNamePrefix}-model-sync-failures",
-        "AlarmDescription": "modelsync could not apply a model archive on some host in the last 5 minutes "
-                            "(hash mismatch, missing hash, download error, disk full, unsafe archive, load failed "
-                            "or rolled back); the dashboard's 'Recent sync failures' widget names model and reason.",
-        "Namespace": "${Namespace}", "MetricName": _metric("SyncFailures", ()), "Dimensions": [],
-        "Statistic": "Sum", "Period": FAILURE_PERIOD, "EvaluationPeriods": 1, "DatapointsToAlarm": 1,
-        "Threshold": 0.0, "ComparisonOperator": "GreaterThanThreshold", "TreatMissingData": "notBreaching",
-    }]
+    return [
+        {
+            "_file": "model-sync-failures",
+            "_actions": ("notify",),
+            "_metric": "SyncFailures",
+            "AlarmName": "${AlarmNamePrefix}-model-sync-failures",
+            "AlarmDescription": "modelsync could not apply a model archive on some host in the last 5 minutes "
+            "(hash mismatch, missing hash, download error, disk full, unsafe archive, load failed "
+            "or rolled back); the dashboard's 'Recent sync failures' widget names model and reason.",
+            "Namespace": "${Namespace}",
+            "MetricName": _metric("SyncFailures", ()),
+            "Dimensions": [],
+            "Statistic": "Sum",
+            "Period": FAILURE_PERIOD,
+            "EvaluationPeriods": 1,
+            "DatapointsToAlarm": 1,
+            "Threshold": 0.0,
+            "ComparisonOperator": "GreaterThanThreshold",
+            "TreatMissingData": "notBreaching",
+        }
+    ]

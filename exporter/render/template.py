@@ -40,15 +40,15 @@ _STRING_STANDINS = {
     "log_group_prefix": ("@@LogGroupPrefix@@", "LogGroupPrefix"),
 }
 _NUMBER_STANDINS = {  # distinctive values no real threshold has; json.dumps prints them exactly
-    "failure_threshold": (1.1e+300, "FailureThreshold"),
-    "load_success_rate": (2.2e+300, "LoadSuccessRateThreshold"),
-    "gpu_memory": (3.3e+300, "GpuMemoryThreshold"),
-    "gpu_scale_out": (4.4e+300, "GpuScaleOutUtilization"),
-    "gpu_scale_in": (5.5e+300, "GpuScaleInUtilization"),
-    "kv_cache_utilization": (7.7e+300, "KvCacheUtilizationThreshold"),
-    "ttft_p95_ms": (8.8e+300, "TtftP95Milliseconds"),
+    "failure_threshold": (1.1e300, "FailureThreshold"),
+    "load_success_rate": (2.2e300, "LoadSuccessRateThreshold"),
+    "gpu_memory": (3.3e300, "GpuMemoryThreshold"),
+    "gpu_scale_out": (4.4e300, "GpuScaleOutUtilization"),
+    "gpu_scale_in": (5.5e300, "GpuScaleInUtilization"),
+    "kv_cache_utilization": (7.7e300, "KvCacheUtilizationThreshold"),
+    "ttft_p95_ms": (8.8e300, "TtftP95Milliseconds"),
 }
-_LATENCY_STANDIN = (6.6e+297, "LatencySloMicroseconds")  # x1000 in Options.latency_slo_us
+_LATENCY_STANDIN = (6.6e297, "LatencySloMicroseconds")  # x1000 in Options.latency_slo_us
 
 
 def _cfn(value: Any) -> Any:
@@ -67,8 +67,11 @@ def _logical(prefix: str, suffix: str) -> str:
     return prefix + "".join(p[:1].upper() + p[1:] for p in re.findall(r"[A-Za-z0-9]+", suffix))
 
 
-POLICY_IDS = {"scale_out": "GpuScaleOutPolicy", "scale_in": "GpuScaleInPolicy",
-              "scale_out_memory": "GpuMemoryScaleOutPolicy"}
+POLICY_IDS = {
+    "scale_out": "GpuScaleOutPolicy",
+    "scale_in": "GpuScaleInPolicy",
+    "scale_out_memory": "GpuMemoryScaleOutPolicy",
+}
 
 
 def _actions(kinds: tuple[str, ...]) -> dict[str, Any]:
@@ -81,9 +84,13 @@ def _actions(kinds: tuple[str, ...]) -> dict[str, Any]:
         out["OKActions"] = {"Fn::If": ["HasTopic", [topic], none]}
     if notify and scaling:
         policy = {"Ref": POLICY_IDS[scaling[0]]}
-        out["AlarmActions"] = {"Fn::If": ["HasTopic",
-                                          {"Fn::If": ["ScalingEnabled", [topic, policy], [topic]]},
-                                          {"Fn::If": ["ScalingEnabled", [policy], none]}]}
+        out["AlarmActions"] = {
+            "Fn::If": [
+                "HasTopic",
+                {"Fn::If": ["ScalingEnabled", [topic, policy], [topic]]},
+                {"Fn::If": ["ScalingEnabled", [policy], none]},
+            ]
+        }
     elif notify:
         out["AlarmActions"] = {"Fn::If": ["HasTopic", [topic], none]}
     elif scaling:
@@ -98,8 +105,9 @@ def dashboard_parameters() -> dict[str, str]:
     return out
 
 
-def dashboard_body_template(opts: Options, placeholder: Callable[[str], str], escape: Callable[[str], str],
-                            indent: int | None = None) -> str:
+def dashboard_body_template(
+    opts: Options, placeholder: Callable[[str], str], escape: Callable[[str], str], indent: int | None = None
+) -> str:
     """The dashboard body as template text: each parameter's value becomes ``placeholder(parameter)``.
 
     ``escape`` quotes the body's own template syntax first (CloudFormation's ``${!``, Terraform's
@@ -147,44 +155,67 @@ def build(opts: Options) -> dict[str, Any]:
     if has_scaling(specs):
         scaling = scaling_specs()
         target = {k: v for k, v in scaling["target"].items()}
-        resources["ScalableTarget"] = {"Type": "AWS::ApplicationAutoScaling::ScalableTarget",
-                                       "Condition": "ScalingEnabled", "Properties": _cfn(target)}
+        resources["ScalableTarget"] = {
+            "Type": "AWS::ApplicationAutoScaling::ScalableTarget",
+            "Condition": "ScalingEnabled",
+            "Properties": _cfn(target),
+        }
         for key, logical in POLICY_IDS.items():
             pol = scaling[key]
             resources[logical] = {
-                "Type": "AWS::ApplicationAutoScaling::ScalingPolicy", "Condition": "ScalingEnabled",
-                "Properties": _cfn({"PolicyName": pol["PolicyName"], "PolicyType": pol["PolicyType"],
-                                    "ScalingTargetId": Ref("ScalableTarget"),
-                                    "StepScalingPolicyConfiguration": pol["StepScalingPolicyConfiguration"]}),
+                "Type": "AWS::ApplicationAutoScaling::ScalingPolicy",
+                "Condition": "ScalingEnabled",
+                "Properties": _cfn(
+                    {
+                        "PolicyName": pol["PolicyName"],
+                        "PolicyType": pol["PolicyType"],
+                        "ScalingTargetId": Ref("ScalableTarget"),
+                        "StepScalingPolicyConfiguration": pol["StepScalingPolicyConfiguration"],
+                    }
+                ),
             }
     for spec in specs:
-        res: dict[str, Any] = {"Type": "AWS::CloudWatch::Alarm",
-                               "Properties": {**_cfn(api_fields(spec)), **_actions(spec["_actions"])}}
+        res: dict[str, Any] = {
+            "Type": "AWS::CloudWatch::Alarm",
+            "Properties": {**_cfn(api_fields(spec)), **_actions(spec["_actions"])},
+        }
         if spec["_actions"] and all(a in SCALING_ACTIONS for a in spec["_actions"]):
             res["Condition"] = "ScalingEnabled"
         resources[_logical("Alarm", spec["_file"])] = res
     resources["Dashboard"] = {
-        "Type": "AWS::CloudWatch::Dashboard", "Condition": "DashboardEnabled",
-        "Properties": {"DashboardName": {"Ref": "DashboardName"},
-                       "DashboardBody": {"Fn::Sub": dashboard_body_sub(opts)}},
+        "Type": "AWS::CloudWatch::Dashboard",
+        "Condition": "DashboardEnabled",
+        "Properties": {
+            "DashboardName": {"Ref": "DashboardName"},
+            "DashboardBody": {"Fn::Sub": dashboard_body_sub(opts)},
+        },
     }
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
         "Description": "Triton exporter alarms, ECS GPU step scaling and dashboard; generated by "
-                       "`python -m exporter render` from the metric catalog. Do not edit, re-render.",
+        "`python -m exporter render` from the metric catalog. Do not edit, re-render.",
         "Parameters": params,
         "Conditions": {
             "HasTopic": {"Fn::Not": [{"Fn::Equals": [{"Ref": "AlarmTopicArn"}, ""]}]},
-            **({"ScalingEnabled": {"Fn::Equals": [{"Ref": "EnableScaling"}, "true"]}}
-               if "ScalableTarget" in resources else {}),
+            **(
+                {"ScalingEnabled": {"Fn::Equals": [{"Ref": "EnableScaling"}, "true"]}}
+                if "ScalableTarget" in resources
+                else {}
+            ),
             "DashboardEnabled": {"Fn::Equals": [{"Ref": "CreateDashboard"}, "true"]},
         },
         "Resources": resources,
         "Outputs": {
-            **({"HeartbeatAlarmName": {"Value": {"Ref": "AlarmExporterHeartbeatMissing"}}}
-               if "AlarmExporterHeartbeatMissing" in resources else {}),
-            **({"ScalableTargetId": {"Condition": "ScalingEnabled", "Value": {"Ref": "ScalableTarget"}}}
-               if "ScalableTarget" in resources else {}),
+            **(
+                {"HeartbeatAlarmName": {"Value": {"Ref": "AlarmExporterHeartbeatMissing"}}}
+                if "AlarmExporterHeartbeatMissing" in resources
+                else {}
+            ),
+            **(
+                {"ScalableTargetId": {"Condition": "ScalingEnabled", "Value": {"Ref": "ScalableTarget"}}}
+                if "ScalableTarget" in resources
+                else {}
+            ),
             "DashboardName": {"Condition": "DashboardEnabled", "Value": {"Ref": "Dashboard"}},
         },
     }

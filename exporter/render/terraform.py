@@ -34,8 +34,12 @@ DASHBOARD_FILE = "dashboards/triton.json.tftpl"
 MODULE_VARIABLES = frozenset({"ClusterName", "ServiceName", "Namespace", "LogGroupPrefix"})
 # Names that are not variables: the service the module creates (so the scalable target depends on it),
 # and CloudFormation's pseudo parameters, which main.tf reads from data sources.
-REFERENCES = {"ServiceName": "aws_ecs_service.this.name", "AWS::Region": "local.region",
-              "AWS::AccountId": "local.account_id", "AWS::Partition": "local.partition"}
+REFERENCES = {
+    "ServiceName": "aws_ecs_service.this.name",
+    "AWS::Region": "local.region",
+    "AWS::AccountId": "local.account_id",
+    "AWS::Partition": "local.partition",
+}
 SCALING_TARGET = "ecs_service"
 
 _TOKEN = re.compile(r"\$\{([A-Za-z0-9:]+)\}")
@@ -43,26 +47,55 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 # PutMetricAlarm field -> aws_cloudwatch_metric_alarm argument (the provider's names).
 ALARM_ARGS = {
-    "AlarmName": "alarm_name", "AlarmDescription": "alarm_description", "ActionsEnabled": "actions_enabled",
-    "Namespace": "namespace", "MetricName": "metric_name", "Dimensions": "dimensions", "Statistic": "statistic",
-    "ExtendedStatistic": "extended_statistic", "Period": "period", "Unit": "unit",
-    "EvaluationPeriods": "evaluation_periods", "DatapointsToAlarm": "datapoints_to_alarm", "Threshold": "threshold",
-    "ThresholdMetricId": "threshold_metric_id", "ComparisonOperator": "comparison_operator",
+    "AlarmName": "alarm_name",
+    "AlarmDescription": "alarm_description",
+    "ActionsEnabled": "actions_enabled",
+    "Namespace": "namespace",
+    "MetricName": "metric_name",
+    "Dimensions": "dimensions",
+    "Statistic": "statistic",
+    "ExtendedStatistic": "extended_statistic",
+    "Period": "period",
+    "Unit": "unit",
+    "EvaluationPeriods": "evaluation_periods",
+    "DatapointsToAlarm": "datapoints_to_alarm",
+    "Threshold": "threshold",
+    "ThresholdMetricId": "threshold_metric_id",
+    "ComparisonOperator": "comparison_operator",
     "TreatMissingData": "treat_missing_data",
-    "EvaluateLowSampleCountPercentile": "evaluate_low_sample_count_percentiles", "Metrics": "metric_query",
+    "EvaluateLowSampleCountPercentile": "evaluate_low_sample_count_percentiles",
+    "Metrics": "metric_query",
 }
-QUERY_ARGS = {"Id": "id", "Expression": "expression", "Label": "label", "ReturnData": "return_data",
-              "Period": "period", "AccountId": "account_id", "MetricStat": "metric"}
+QUERY_ARGS = {
+    "Id": "id",
+    "Expression": "expression",
+    "Label": "label",
+    "ReturnData": "return_data",
+    "Period": "period",
+    "AccountId": "account_id",
+    "MetricStat": "metric",
+}
 METRIC_STAT_ARGS = {"Period": "period", "Stat": "stat", "Unit": "unit"}
 METRIC_ARGS = {"Namespace": "namespace", "MetricName": "metric_name", "Dimensions": "dimensions"}
-TARGET_ARGS = {"ServiceNamespace": "service_namespace", "ResourceId": "resource_id",
-               "ScalableDimension": "scalable_dimension", "MinCapacity": "min_capacity",
-               "MaxCapacity": "max_capacity"}
-STEP_CONFIG_ARGS = {"AdjustmentType": "adjustment_type", "Cooldown": "cooldown",
-                    "MetricAggregationType": "metric_aggregation_type",
-                    "MinAdjustmentMagnitude": "min_adjustment_magnitude", "StepAdjustments": "step_adjustment"}
-STEP_ARGS = {"MetricIntervalLowerBound": "metric_interval_lower_bound",
-             "MetricIntervalUpperBound": "metric_interval_upper_bound", "ScalingAdjustment": "scaling_adjustment"}
+TARGET_ARGS = {
+    "ServiceNamespace": "service_namespace",
+    "ResourceId": "resource_id",
+    "ScalableDimension": "scalable_dimension",
+    "MinCapacity": "min_capacity",
+    "MaxCapacity": "max_capacity",
+}
+STEP_CONFIG_ARGS = {
+    "AdjustmentType": "adjustment_type",
+    "Cooldown": "cooldown",
+    "MetricAggregationType": "metric_aggregation_type",
+    "MinAdjustmentMagnitude": "min_adjustment_magnitude",
+    "StepAdjustments": "step_adjustment",
+}
+STEP_ARGS = {
+    "MetricIntervalLowerBound": "metric_interval_lower_bound",
+    "MetricIntervalUpperBound": "metric_interval_upper_bound",
+    "ScalingAdjustment": "scaling_adjustment",
+}
 
 
 def variable_name(param: str) -> str:
@@ -82,7 +115,7 @@ def _escape(text: str) -> str:
 def tf_string(value: str) -> str:
     out, pos = [], 0
     for m in _TOKEN.finditer(value):
-        out += [_escape(value[pos:m.start()]), "${" + reference(m.group(1)) + "}"]
+        out += [_escape(value[pos : m.start()]), "${" + reference(m.group(1)) + "}"]
         pos = m.end()
     return "".join([*out, _escape(value[pos:])])
 
@@ -155,8 +188,11 @@ def alarm_resource(spec: dict[str, Any]) -> dict[str, Any]:
     enable = reference("EnableScaling")
     if notify:
         body["ok_actions"] = "${local.alarm_topic_arns}"
-        body["alarm_actions"] = ("${concat(local.alarm_topic_arns, " + f"{enable} ? {_policy_arns(scaling)} : [])}}"
-                                 if scaling else "${local.alarm_topic_arns}")
+        body["alarm_actions"] = (
+            "${concat(local.alarm_topic_arns, " + f"{enable} ? {_policy_arns(scaling)} : [])}}"
+            if scaling
+            else "${local.alarm_topic_arns}"
+        )
     elif scaling:
         body["alarm_actions"] = "${" + _policy_arns(scaling) + "}"
     body["tags"] = "${var.tags}"
@@ -176,16 +212,22 @@ def scaling_resources() -> tuple[dict[str, Any], dict[str, Any]]:
                 raise ValueError(f"scaling policy {key}: {field} differs from the scalable target's")
         config = dict(pol.pop("StepScalingPolicyConfiguration"))
         steps = [tf_value(_args(s, STEP_ARGS, "StepAdjustment")) for s in config.pop("StepAdjustments")]
-        block = {**tf_value(_args(config, STEP_CONFIG_ARGS, "StepScalingPolicyConfiguration")),
-                 "step_adjustment": steps}
+        block = {
+            **tf_value(_args(config, STEP_CONFIG_ARGS, "StepScalingPolicyConfiguration")),
+            "step_adjustment": steps,
+        }
         extra = set(pol) - {"PolicyName", "PolicyType"}
         if extra:
-            raise KeyError(f"PutScalingPolicy field(s) {sorted(extra)} have no Terraform argument in "
-                           "exporter/render/terraform.py")
+            raise KeyError(
+                f"PutScalingPolicy field(s) {sorted(extra)} have no Terraform argument in exporter/render/terraform.py"
+            )
         ref = f"aws_appautoscaling_target.{SCALING_TARGET}[0]"
         policies[key] = {
-            "count": _enabled("EnableScaling"), "name": tf_value(pol["PolicyName"]), "policy_type": pol["PolicyType"],
-            "service_namespace": f"${{{ref}.service_namespace}}", "resource_id": f"${{{ref}.resource_id}}",
+            "count": _enabled("EnableScaling"),
+            "name": tf_value(pol["PolicyName"]),
+            "policy_type": pol["PolicyType"],
+            "service_namespace": f"${{{ref}.service_namespace}}",
+            "resource_id": f"${{{ref}.resource_id}}",
             "scalable_dimension": f"${{{ref}.scalable_dimension}}",
             "step_scaling_policy_configuration": [block],
         }
@@ -208,8 +250,12 @@ def variable(name: str, p: Param, default: Any) -> dict[str, Any]:
     if p.max is not None:
         checks.append((f"var.{var} <= {p.max:g}", f"at most {p.max:g}"))
     if checks:
-        out["validation"] = [{"condition": "${" + " && ".join(c for c, _ in checks) + "}",
-                              "error_message": f"The {var} variable must be {' and '.join(t for _, t in checks)}."}]
+        out["validation"] = [
+            {
+                "condition": "${" + " && ".join(c for c, _ in checks) + "}",
+                "error_message": f"The {var} variable must be {' and '.join(t for _, t in checks)}.",
+            }
+        ]
     return out
 
 
@@ -229,17 +275,27 @@ def module_file(opts: Options) -> dict[str, Any]:
     if len(alarms) != len(specs):
         raise ValueError("two alarms make the same Terraform resource name")
     target, policies = scaling_resources()
-    dashboard_vars = {p.removeprefix("AWS::"): _json_text(reference(p)) if kind == "string"
-                      else "${" + reference(p) + "}" for p, kind in dashboard_parameters().items()}
-    names = {s["_file"]: (f"${{one(aws_cloudwatch_metric_alarm.{r}[*].alarm_name)}}" if "count" in alarms[r]
-                          else f"${{aws_cloudwatch_metric_alarm.{r}.alarm_name}}")
-             for s, r in zip(specs, alarms, strict=True)}
+    dashboard_vars = {
+        p.removeprefix("AWS::"): _json_text(reference(p)) if kind == "string" else "${" + reference(p) + "}"
+        for p, kind in dashboard_parameters().items()
+    }
+    names = {
+        s["_file"]: (
+            f"${{one(aws_cloudwatch_metric_alarm.{r}[*].alarm_name)}}"
+            if "count" in alarms[r]
+            else f"${{aws_cloudwatch_metric_alarm.{r}.alarm_name}}"
+        )
+        for s, r in zip(specs, alarms, strict=True)
+    }
     topic = reference("AlarmTopicArn")
     return {
         "//": "Generated by `python -m exporter render` (exporter/render/terraform.py) from the metric catalog's "
-              "alarm and scaling specs; do not edit, re-render. tests/test_render.py fails when it is stale.",
-        "variable": {variable_name(name): variable(name, p, values[name])
-                     for name, p in PARAMETERS.items() if name not in MODULE_VARIABLES},
+        "alarm and scaling specs; do not edit, re-render. tests/test_render.py fails when it is stale.",
+        "variable": {
+            variable_name(name): variable(name, p, values[name])
+            for name, p in PARAMETERS.items()
+            if name not in MODULE_VARIABLES
+        },
         "locals": {
             "alarm_topic_arns": f'${{{topic} == "" ? [] : [{topic}]}}',
             "dashboard_template_vars": dashboard_vars,
@@ -250,8 +306,10 @@ def module_file(opts: Options) -> dict[str, Any]:
             "aws_cloudwatch_metric_alarm": alarms,
         },
         "output": {
-            "alarm_names": {"description": "Alarm name per alarm (null for a scaling alarm while scaling is off)",
-                            "value": names},
+            "alarm_names": {
+                "description": "Alarm name per alarm (null for a scaling alarm while scaling is off)",
+                "value": names,
+            },
         },
     }
 

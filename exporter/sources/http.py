@@ -82,7 +82,11 @@ def _fetch(
     deadline = time.monotonic() + timeout
     try:
         resp = session.request(
-            method, url, json=json_body, stream=True, allow_redirects=False,
+            method,
+            url,
+            json=json_body,
+            stream=True,
+            allow_redirects=False,
             timeout=(min(connect_timeout, timeout), timeout),
         )
     except requests.exceptions.ConnectTimeout:
@@ -95,8 +99,10 @@ def _fetch(
         raise SourceError(f"{url}: {_short(exc)}") from None
     try:
         if 300 <= resp.status_code < 400:
-            raise SourceError(f"{url}: answered {resp.status_code} redirect to "
-                              f"{resp.headers.get('Location', '?')!r}; redirects are not followed")
+            raise SourceError(
+                f"{url}: answered {resp.status_code} redirect to "
+                f"{resp.headers.get('Location', '?')!r}; redirects are not followed"
+            )
         chunks: list[bytes] = []
         size = 0
         raw = resp.raw

@@ -42,15 +42,37 @@ from . import Collected, GpuInfo, SourceError, SourceKind, SourceRequired
 log = get("nvml")
 
 NVML_CALLS = (
-    "nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
-    "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceGetUUID",
-    "nvmlDeviceGetName", "nvmlDeviceGetIndex", "nvmlDeviceGetPciInfo", "nvmlDeviceGetMigMode",
-    "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetUtilizationRates",
-    "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
-    "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureV",
-    "nvmlDeviceGetFieldValues", "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksEventReasons",
-    "nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
-    "nvmlDeviceGetPcieReplayCounter", "nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait",
+    "nvmlInit",
+    "nvmlShutdown",
+    "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetHandleByUUID",
+    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetIndex",
+    "nvmlDeviceGetPciInfo",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetTemperatureV",
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetPcieReplayCounter",
+    "nvmlEventSetCreate",
+    "nvmlDeviceRegisterEvents",
+    "nvmlEventSetWait",
     "nvmlEventSetFree",
 )
 """Every pynvml function the source calls: the whole interface a fake must provide."""
@@ -84,11 +106,11 @@ MEMORY_V2 = 0x02000028  # nvmlMemory_v2
 
 _HINTS = {
     LIBRARY_NOT_FOUND: "libnvidia-ml.so.1 is not in this container: on ECS set NVIDIA_VISIBLE_DEVICES on the "
-                       "exporter container so the NVIDIA runtime mounts the driver (docs/gpu.md)",
+    "exporter container so the NVIDIA runtime mounts the driver (docs/gpu.md)",
     DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded on this host",
     NO_PERMISSION: "no permission to open /dev/nvidiactl or /dev/nvidia*: the container was not given the devices",
     LIB_RM_VERSION_MISMATCH: "libnvidia-ml.so does not match the loaded kernel driver (library from another "
-                             "driver version baked into the image?)",
+    "driver version baked into the image?)",
 }
 
 
@@ -133,7 +155,9 @@ def _entries(value: str | None) -> list[str] | None:
 
 
 def select(
-    found: list[tuple[int, str]], nvidia_visible: str | None, cuda_visible: str | None,
+    found: list[tuple[int, str]],
+    nvidia_visible: str | None,
+    cuda_visible: str | None,
     parent_of: Callable[[str], str | None] = lambda uuid: None,
 ) -> list[str]:
     """UUIDs to report, in ``gpu`` dimension order, from NVML's (index, uuid) list and the two variables.
@@ -196,7 +220,10 @@ class NvmlSource:
     kind = SourceKind.GPU
 
     def __init__(
-        self, api: Any, environ: Mapping[str, str] | None = None, retry_interval: float = RETRY_INTERVAL,
+        self,
+        api: Any,
+        environ: Mapping[str, str] | None = None,
+        retry_interval: float = RETRY_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
@@ -220,8 +247,9 @@ class NvmlSource:
         self.next_try = self.clock() + self.retry_interval
         api = self.api
         if api is None:
-            self.error = NvmlUnavailable("NVML: nvidia-ml-py (pynvml) is not installed in this image",
-                                         LIBRARY_NOT_FOUND, self.retry_interval)
+            self.error = NvmlUnavailable(
+                "NVML: nvidia-ml-py (pynvml) is not installed in this image", LIBRARY_NOT_FOUND, self.retry_interval
+            )
             raise self.error
         try:
             api.nvmlInit()
@@ -238,19 +266,29 @@ class NvmlSource:
             self._stop()
             visible = self.environ.get("NVIDIA_VISIBLE_DEVICES")
             self.error = NvmlUnavailable(
-                f"NVML: no GPU visible to this container (NVIDIA_VISIBLE_DEVICES={visible!r})", None,
-                self.retry_interval)
+                f"NVML: no GPU visible to this container (NVIDIA_VISIBLE_DEVICES={visible!r})",
+                None,
+                self.retry_interval,
+            )
             raise self.error
         self.ready, self.error = True, None
-        log.info("NVML ready: %d GPU(s)", len(self.devices),
-                 extra={"fields": {"gpus": [d.uuid for d in self.devices],
-                                   "driver_version": self.devices[0].properties.get("driver_version")}})
+        log.info(
+            "NVML ready: %d GPU(s)",
+            len(self.devices),
+            extra={
+                "fields": {
+                    "gpus": [d.uuid for d in self.devices],
+                    "driver_version": self.devices[0].properties.get("driver_version"),
+                }
+            },
+        )
 
     def _unavailable(self, what: str, exc: BaseException) -> NvmlUnavailable:
         code = _code(exc)
         hint = _HINTS.get(code or -1, "")
-        return NvmlUnavailable(f"NVML {what}: {exc} (NVML error {code}){'; ' + hint if hint else ''}", code,
-                               self.retry_interval)
+        return NvmlUnavailable(
+            f"NVML {what}: {exc} (NVML error {code}){'; ' + hint if hint else ''}", code, self.retry_interval
+        )
 
     def _discover(self) -> None:
         api = self.api
@@ -266,8 +304,12 @@ class NvmlSource:
                 # NO_PERMISSION: a device of the host this container was not given (nvmlDeviceGetCount_v2
                 # counts them). GPU_IS_LOST here leaves no UUID to report it under.
                 log.warning("NVML index %d unreadable: %s", i, exc, extra={"fields": {"nvml_error": _code(exc)}})
-        chosen = select([(i, u) for i, u, _ in found], self.environ.get("NVIDIA_VISIBLE_DEVICES"),
-                        self.environ.get("CUDA_VISIBLE_DEVICES"), self._parent_of)
+        chosen = select(
+            [(i, u) for i, u, _ in found],
+            self.environ.get("NVIDIA_VISIBLE_DEVICES"),
+            self.environ.get("CUDA_VISIBLE_DEVICES"),
+            self._parent_of,
+        )
         handles = {u: (i, h) for i, u, h in found}
         self.devices = []
         for position, uuid in enumerate(chosen):
@@ -430,9 +472,14 @@ class NvmlSource:
                 continue
             self.xid_counts[uuid] = self.xid_counts.get(uuid, 0) + 1
             self.last_xid[uuid] = int(data.eventData)
-            log.warning("GPU %s: XID %d", uuid, data.eventData,
-                        extra={"fields": {"gpu_uuid": uuid, "xid": int(data.eventData),
-                                          "gpu_instance": int(data.gpuInstanceId)}})
+            log.warning(
+                "GPU %s: XID %d",
+                uuid,
+                data.eventData,
+                extra={
+                    "fields": {"gpu_uuid": uuid, "xid": int(data.eventData), "gpu_instance": int(data.gpuInstanceId)}
+                },
+            )
 
     def _uuid_of(self, handle: Any) -> str | None:
         try:
@@ -475,8 +522,9 @@ def _utilization(s: NvmlSource, h: Any) -> Pairs:
 
 def _memory(s: NvmlSource, h: Any) -> Pairs:
     api = s.api
-    m = s._fallback(h, "memory", lambda: api.nvmlDeviceGetMemoryInfo(h, version=MEMORY_V2),
-                    lambda: api.nvmlDeviceGetMemoryInfo(h))
+    m = s._fallback(
+        h, "memory", lambda: api.nvmlDeviceGetMemoryInfo(h, version=MEMORY_V2), lambda: api.nvmlDeviceGetMemoryInfo(h)
+    )
     yield "nvml_memory_total_bytes", float(m.total)
     yield "nvml_memory_used_bytes", float(m.used)
     if hasattr(m, "reserved"):  # v2 only; v1's "used" includes the reservation
@@ -498,8 +546,17 @@ def _energy(s: NvmlSource, h: Any) -> Pairs:
 def _temperature(s: NvmlSource, h: Any) -> Pairs:
     api = s.api
     gpu = 0  # NVML_TEMPERATURE_GPU
-    yield "nvml_temperature_gpu_celsius", float(s._fallback(
-        h, "temperature", lambda: api.nvmlDeviceGetTemperatureV(h, gpu), lambda: api.nvmlDeviceGetTemperature(h, gpu)))
+    yield (
+        "nvml_temperature_gpu_celsius",
+        float(
+            s._fallback(
+                h,
+                "temperature",
+                lambda: api.nvmlDeviceGetTemperatureV(h, gpu),
+                lambda: api.nvmlDeviceGetTemperature(h, gpu),
+            )
+        ),
+    )
 
 
 def _memory_temperature(s: NvmlSource, h: Any) -> Pairs:
@@ -518,8 +575,12 @@ def _clocks(s: NvmlSource, h: Any) -> Pairs:
 
 def _throttle(s: NvmlSource, h: Any) -> Pairs:
     api = s.api
-    reasons = s._fallback(h, "throttle", lambda: api.nvmlDeviceGetCurrentClocksEventReasons(h),
-                          lambda: api.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+    reasons = s._fallback(
+        h,
+        "throttle",
+        lambda: api.nvmlDeviceGetCurrentClocksEventReasons(h),
+        lambda: api.nvmlDeviceGetCurrentClocksThrottleReasons(h),
+    )
     yield "nvml_throttle_thermal", 1.0 if reasons & THERMAL else 0.0
     yield "nvml_throttle_power_cap", 1.0 if reasons & POWER_CAP else 0.0
     yield "nvml_throttle_hw_slowdown", 1.0 if reasons & HW_SLOWDOWN else 0.0
@@ -544,9 +605,17 @@ def _pcie(s: NvmlSource, h: Any) -> Pairs:
 
 
 READERS: tuple[tuple[str, Callable[[NvmlSource, Any], Pairs]], ...] = (
-    ("utilization", _utilization), ("memory", _memory), ("power", _power), ("power_limit", _power_limit),
-    ("energy", _energy), ("temperature", _temperature), ("memory_temperature", _memory_temperature),
-    ("clocks", _clocks), ("throttle", _throttle), ("ecc", _ecc), ("remapped_rows", _remapped),
+    ("utilization", _utilization),
+    ("memory", _memory),
+    ("power", _power),
+    ("power_limit", _power_limit),
+    ("energy", _energy),
+    ("temperature", _temperature),
+    ("memory_temperature", _memory_temperature),
+    ("clocks", _clocks),
+    ("throttle", _throttle),
+    ("ecc", _ecc),
+    ("remapped_rows", _remapped),
     ("pcie_replay", _pcie),
 )
 
@@ -588,7 +657,10 @@ def load_api() -> Any:
 
 
 def make_nvml_source(
-    settings: Settings, api: Any = None, environ: Mapping[str, str] | None = None, dev: Path = Path("/dev"),
+    settings: Settings,
+    api: Any = None,
+    environ: Mapping[str, str] | None = None,
+    dev: Path = Path("/dev"),
 ) -> NvmlSource | None:
     """The NVML source for ``settings.nvml`` ("off": None).
 
@@ -614,11 +686,17 @@ def make_nvml_source(
         source.start()
     except NvmlUnavailable as exc:
         if settings.nvml == "on":
-            raise SourceRequired(f"--nvml on (EXPORTER_NVML=on) needs NVML, which is unavailable: {exc.reason}; "
-                                 "--nvml auto runs without it and retries") from None
+            raise SourceRequired(
+                f"--nvml on (EXPORTER_NVML=on) needs NVML, which is unavailable: {exc.reason}; "
+                "--nvml auto runs without it and retries"
+            ) from None
         if exc.code in _ABSENT and not gpu_hints(environ, dev):
-            log.warning("NVML unavailable (%s) and no GPU device or NVIDIA_VISIBLE_DEVICES in this container: "
-                        "GPU telemetry from NVML is off until it appears (retrying every %gs); on a CPU-only "
-                        "host, --nvml off (EXPORTER_NVML=off) silences this", exc.reason, RETRY_INTERVAL)
+            log.warning(
+                "NVML unavailable (%s) and no GPU device or NVIDIA_VISIBLE_DEVICES in this container: "
+                "GPU telemetry from NVML is off until it appears (retrying every %gs); on a CPU-only "
+                "host, --nvml off (EXPORTER_NVML=off) silences this",
+                exc.reason,
+                RETRY_INTERVAL,
+            )
         # collect() raises this error, so the pipeline reports SourceUp=0 with the reason.
     return source

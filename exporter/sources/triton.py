@@ -21,7 +21,11 @@ class TritonMetricsSource:
     kind = SourceKind.TRITON
 
     def __init__(
-        self, url: str, parser: Parser, connect_timeout: float, max_bytes: int,
+        self,
+        url: str,
+        parser: Parser,
+        connect_timeout: float,
+        max_bytes: int,
         session: requests.Session | None = None,
     ) -> None:
         self.url = url
@@ -87,12 +91,14 @@ def parse_index(body: bytes, url: str = "index") -> list[VersionState]:
     for row in data:
         if not isinstance(row, dict) or not isinstance(row.get("name"), str):
             continue
-        out.append(VersionState(
-            model=row["name"],
-            version=_text(row.get("version")),
-            state=_text(row.get("state")),
-            reason=_text(row.get("reason")),
-        ))
+        out.append(
+            VersionState(
+                model=row["name"],
+                version=_text(row.get("version")),
+                state=_text(row.get("state")),
+                reason=_text(row.get("reason")),
+            )
+        )
     return out
 
 

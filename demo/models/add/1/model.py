@@ -1,4 +1,5 @@
 """Adds one to every element: the fast, healthy sample model."""
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 

@@ -6,6 +6,7 @@ model raises, deterministically by input: ``X > 0`` gets ``Y = X``, anything els
 (zero, negative, NaN; the health probe's zeros) makes the whole call raise. The demo
 sends every other request with a negative ``X``, so about half of them fail.
 """
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 

@@ -1,4 +1,5 @@
 """Sleeps a known time per request, so latency averages can be checked."""
+
 import json
 import time
 

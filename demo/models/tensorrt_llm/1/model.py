@@ -47,11 +47,14 @@ PINNED_BYTES = 64 * 1024 * 1024
 GAUGES = {
     "nv_trt_llm_request_metrics": ("request_type", ("active", "max", "scheduled", "context", "waiting")),
     "nv_trt_llm_runtime_memory_metrics": ("memory_type", ("cpu", "gpu", "pinned")),
-    "nv_trt_llm_kv_cache_block_metrics": ("kv_cache_block_type",
-                                          ("max", "free", "used", "tokens_per", "reused", "fraction")),
-    "nv_trt_llm_inflight_batcher_metrics": ("inflight_batcher_specific_metric",
-                                            ("total_context_tokens", "generation_requests", "micro_batch_id",
-                                             "paused_requests")),
+    "nv_trt_llm_kv_cache_block_metrics": (
+        "kv_cache_block_type",
+        ("max", "free", "used", "tokens_per", "reused", "fraction"),
+    ),
+    "nv_trt_llm_inflight_batcher_metrics": (
+        "inflight_batcher_specific_metric",
+        ("total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests"),
+    ),
     "nv_trt_llm_general_metrics": ("general_type", ("timestamp", "iteration_counter")),
 }
 HELP = {
@@ -92,17 +95,24 @@ class TritonPythonModel:
             self.families.append(fam)
             self.gauges[name] = {v: fam.Metric(labels=dict(labels, **{label: v})) for v in values}
         self.lengths = {}
-        for name, kind, doc in (("nv_llm_input_token_len", "total_input_tokens", "TRT LLM response metrics"),
-                                ("nv_llm_output_token_len", "total_output_tokens", "TRT LLM response metrics")):
+        for name, kind, doc in (
+            ("nv_llm_input_token_len", "total_input_tokens", "TRT LLM response metrics"),
+            ("nv_llm_output_token_len", "total_output_tokens", "TRT LLM response metrics"),
+        ):
             fam = pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.HISTOGRAM)
             self.families.append(fam)
             self.lengths[name] = fam.Metric(labels=dict(labels, response_metric_type=kind), buckets=LENGTH_BUCKETS)
         self.iterations = 0
         self._set("nv_trt_llm_request_metrics", max=self.max_active)
-        self._set("nv_trt_llm_kv_cache_block_metrics", max=self.max_blocks, free=self.max_blocks,
-                  tokens_per=self.tokens_per_block)
-        self._set("nv_trt_llm_runtime_memory_metrics", cpu=CPU_BYTES, gpu=self.max_blocks * block_bytes,
-                  pinned=PINNED_BYTES)
+        self._set(
+            "nv_trt_llm_kv_cache_block_metrics",
+            max=self.max_blocks,
+            free=self.max_blocks,
+            tokens_per=self.tokens_per_block,
+        )
+        self._set(
+            "nv_trt_llm_runtime_memory_metrics", cpu=CPU_BYTES, gpu=self.max_blocks * block_bytes, pinned=PINNED_BYTES
+        )
         self._set("nv_trt_llm_general_metrics", timestamp=time.time() * 1e6)
 
     def _set(self, family, **values):
@@ -115,8 +125,11 @@ class TritonPythonModel:
             texts = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1).tolist()
             max_tokens = _rows(request, "max_tokens")
             if max_tokens is not None and len(max_tokens) != len(texts):
-                responses.append(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError("tensorrt_llm: max_tokens needs one value per text_input row")))
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError("tensorrt_llm: max_tokens needs one value per text_input row")
+                    )
+                )
                 continue
             rows = []
             for i, raw in enumerate(texts):
@@ -135,12 +148,27 @@ class TritonPythonModel:
         self.iterations += 1
         active = sequences[: self.max_active]
         used = min(self.max_blocks, sum(math.ceil((i + o) / self.tokens_per_block) for i, o in active))
-        self._set("nv_trt_llm_request_metrics", active=len(active), scheduled=len(active), context=len(active),
-                  waiting=len(sequences) - len(active))
-        self._set("nv_trt_llm_kv_cache_block_metrics", used=used, free=self.max_blocks - used,
-                  fraction=used / self.max_blocks, reused=0)
-        self._set("nv_trt_llm_inflight_batcher_metrics", total_context_tokens=sum(i for i, _ in active),
-                  generation_requests=sum(1 for _, o in active if o > 0), micro_batch_id=0, paused_requests=0)
+        self._set(
+            "nv_trt_llm_request_metrics",
+            active=len(active),
+            scheduled=len(active),
+            context=len(active),
+            waiting=len(sequences) - len(active),
+        )
+        self._set(
+            "nv_trt_llm_kv_cache_block_metrics",
+            used=used,
+            free=self.max_blocks - used,
+            fraction=used / self.max_blocks,
+            reused=0,
+        )
+        self._set(
+            "nv_trt_llm_inflight_batcher_metrics",
+            total_context_tokens=sum(i for i, _ in active),
+            generation_requests=sum(1 for _, o in active if o > 0),
+            micro_batch_id=0,
+            paused_requests=0,
+        )
         self._set("nv_trt_llm_general_metrics", timestamp=time.time() * 1e6, iteration_counter=self.iterations)
         for tokens_in, tokens_out in sequences:
             self.lengths["nv_llm_input_token_len"].observe(tokens_in)

@@ -1,4 +1,5 @@
 """Returns the byte length of each string: a BYTES-input sample model."""
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 

@@ -74,26 +74,35 @@ class TritonPythonModel:
             return fam
 
         counter, histogram = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.HISTOGRAM
-        self.prompt_tokens = family("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
-                                    counter).Metric(labels=labels)
-        self.generation_tokens = family("vllm:generation_tokens_total", "Number of generation tokens processed.",
-                                        counter).Metric(labels=labels)
-        self.ttft = family("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                           histogram).Metric(labels=labels, buckets=TTFT_BUCKETS)
-        self.tpot = family("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
-                           histogram).Metric(labels=labels, buckets=TPOT_BUCKETS)
-        self.e2e = family("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
-                          histogram).Metric(labels=labels, buckets=E2E_BUCKETS)
+        self.prompt_tokens = family("vllm:prompt_tokens_total", "Number of prefill tokens processed.", counter).Metric(
+            labels=labels
+        )
+        self.generation_tokens = family(
+            "vllm:generation_tokens_total", "Number of generation tokens processed.", counter
+        ).Metric(labels=labels)
+        self.ttft = family(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", histogram
+        ).Metric(labels=labels, buckets=TTFT_BUCKETS)
+        self.tpot = family(
+            "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", histogram
+        ).Metric(labels=labels, buckets=TPOT_BUCKETS)
+        self.e2e = family(
+            "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", histogram
+        ).Metric(labels=labels, buckets=E2E_BUCKETS)
         lengths = buckets_1_2_5(max_len)
-        self.prompt_len = family("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                                 histogram).Metric(labels=labels, buckets=lengths)
-        self.generation_len = family("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                                     histogram).Metric(labels=labels, buckets=lengths)
-        self.params_n = family("vllm:request_params_n", "Histogram of the n request parameter.",
-                               histogram).Metric(labels=labels, buckets=N_BUCKETS)
+        self.prompt_len = family("vllm:request_prompt_tokens", "Number of prefill tokens processed.", histogram).Metric(
+            labels=labels, buckets=lengths
+        )
+        self.generation_len = family(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", histogram
+        ).Metric(labels=labels, buckets=lengths)
+        self.params_n = family("vllm:request_params_n", "Histogram of the n request parameter.", histogram).Metric(
+            labels=labels, buckets=N_BUCKETS
+        )
         self.cache_hits = family("app:prompt_cache_hits_total", "Prompt cache hits", counter).Metric(labels=labels)
         self.tool_time = family("app:tool_call_seconds", "Tool call time", histogram).Metric(
-            labels=labels, buckets=TOOL_BUCKETS)
+            labels=labels, buckets=TOOL_BUCKETS
+        )
         self.seen = set()
 
     def execute(self, requests):
