@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -280,28 +280,36 @@ def build_parser(prog: str = "python -m exporter") -> argparse.ArgumentParser:
     return parser
 
 
+def given(
+    args: argparse.Namespace, options: Sequence[tuple[str, str, tuple[str, ...], Any, str]], environ: Mapping[str, str]
+) -> Iterator[tuple[str, Any, str]]:
+    """(field, raw value, where it came from) of every option set by its flag or, else, by its first set variable.
+
+    The one rule of both daemons' settings (the exporter's and modelsync's): a flag wins over the variable.
+    """
+    for field, flag, envs, _, _ in options:
+        raw, origin = getattr(args, field), flag
+        if raw is None:
+            raw, origin = next(((environ[env], env) for env in envs if environ.get(env, "") != ""), (None, ""))
+        if raw is not None:
+            yield field, raw, origin
+
+
 def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
     """Settings from flags and environment; raises ConfigError naming the bad setting."""
     environ = os.environ if environ is None else environ
     args = build_parser().parse_args(attach_selection(argv))
     values: dict[str, Any] = {"once": args.once}  # each converted by its option's parser
     timeout_given = False
-    for field, flag, envs, convert, _ in OPTIONS:
-        raw, origin = getattr(args, field), flag
-        if raw is None:
-            for env in envs:
-                if environ.get(env, "") != "":
-                    raw, origin = environ[env], env
-                    break
-        if raw is None:
-            continue
+    converters = {field: convert for field, _, _, convert, _ in OPTIONS}
+    for field, raw, origin in given(args, OPTIONS, environ):
         if isinstance(raw, list):  # a repeatable flag: each value is one path, taken as written
             if not all(r.strip() for r in raw):
-                raise ConfigError(f"{flag}: needs a catalog file path")
+                raise ConfigError(f"{origin}: needs a catalog file path")
             values[field] = tuple(raw)
             continue
         try:
-            values[field] = convert(raw)
+            values[field] = converters[field](raw)
         except ValueError as exc:
             raise ConfigError(f"{origin}={raw!r}: {exc}") from None
         timeout_given |= field == "timeout"

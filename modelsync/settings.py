@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from exporter.config import Output, parse_output
+from exporter.config import Output, given, parse_output
 
 from . import __version__
 
@@ -331,20 +331,13 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
     environ = os.environ if environ is None else environ
     args = build_parser().parse_args(list(argv))
     values: dict[str, Any] = {"once": args.once}  # each converted by its option's parser
-    for field, flag, envs, convert, _ in OPTIONS:
-        raw, origin = getattr(args, field), flag
-        if isinstance(raw, bool):
+    converters = {field: convert for field, _, _, convert, _ in OPTIONS}
+    for field, raw, origin in given(args, OPTIONS, environ):
+        if isinstance(raw, bool):  # a --flag/--no-flag given on the command line
             values[field] = raw
             continue
-        if raw is None:
-            for env in envs:
-                if environ.get(env, "") != "":
-                    raw, origin = environ[env], env
-                    break
-        if raw is None:
-            continue
         try:
-            values[field] = convert(raw)
+            values[field] = converters[field](raw)
         except ValueError as exc:
             raise ConfigError(f"{origin}={raw!r}: {exc}") from None
     if not values.get("bucket"):
