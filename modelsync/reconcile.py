@@ -209,19 +209,15 @@ class Syncer:
 
     def _ensure_loaded(self, model: str, installed: Installed, archive: Archive) -> Outcome:
         version = str(installed.record.get("version_id") or "")
+
+        def failed(exc: SyncError) -> Outcome:
+            return Outcome(model, False, str(exc), result=exc.result, failed=True, serving=installed.sha256,
+                           expected=installed.sha256, version_id=version)  # fmt: skip
+
         try:
             ready = self.triton.ready(model)
         except SyncError as exc:  # Triton down or restarting: nothing to attempt now, retried next pass
-            return Outcome(
-                model,
-                False,
-                str(exc),
-                result=exc.result,
-                failed=True,
-                serving=installed.sha256,
-                expected=installed.sha256,
-                version_id=version,
-            )
+            return failed(exc)
         if ready:
             return Outcome(model, True, serving=installed.sha256, expected=installed.sha256, version_id=version)
         attempt = Attempt(
@@ -239,16 +235,7 @@ class Syncer:
         except SyncError as exc:  # nothing was flipped: the disk already holds what Triton should serve
             attempt.result, attempt.reason = exc.result, str(exc)
             self._record(attempt)
-            return Outcome(
-                model,
-                False,
-                str(exc),
-                result=exc.result,
-                failed=True,
-                serving=installed.sha256,
-                expected=installed.sha256,
-                version_id=version,
-            )
+            return failed(exc)
         self._record(attempt)
         return Outcome(
             model, True, result=Result.OK, serving=installed.sha256, expected=installed.sha256, version_id=version
