@@ -100,7 +100,7 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
     return check
 
 
-def _choice(*choices: str) -> Callable[[str], str]:
+def choice(*choices: str) -> Callable[[str], str]:
     def check(text: str) -> str:
         if text.lower() not in choices:
             raise ValueError(f"must be one of {', '.join(choices)}")
@@ -128,7 +128,7 @@ def _selection(text: str) -> str:
     return text.strip()
 
 
-def _namespace(text: str) -> str:
+def valid_namespace(text: str) -> str:
     if not 1 <= len(text) <= 255 or not text.isascii() or text.startswith("AWS/"):
         raise ValueError("must be 1-255 ASCII characters and not start with AWS/")
     return text
@@ -138,7 +138,7 @@ def _namespace(text: str) -> str:
 OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = [
     ("triton_url", "--triton-url", ("TRITON_URL",), _url, "Triton HTTP API (repository index)"),
     ("metrics_url", "--metrics-url", ("TRITON_METRICS_URL",), _url, "Triton Prometheus endpoint"),
-    ("namespace", "--namespace", ("AWS_EMF_NAMESPACE",), _namespace, "CloudWatch namespace"),
+    ("namespace", "--namespace", ("AWS_EMF_NAMESPACE",), valid_namespace, "CloudWatch namespace"),
     (
         "output",
         "--output",
@@ -187,7 +187,7 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
         "nvml",
         "--nvml",
         ("EXPORTER_NVML",),
-        _choice("auto", "on", "off"),
+        choice("auto", "on", "off"),
         "GPU telemetry from NVML: auto (use if present; if not, report it down and retry every 300 s), "
         "on (required: exit 2 at start when NVML cannot initialise), off",
     ),
@@ -209,7 +209,7 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
         "log_level",
         "--log-level",
         ("EXPORTER_LOG_LEVEL",),
-        _choice("debug", "info", "warning", "error"),
+        choice("debug", "info", "warning", "error"),
         "level of the exporter's own JSON log lines on stderr (default: info; error with --once)",
     ),
     (
@@ -232,14 +232,14 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
         "llm_metrics",
         "--llm-metrics",
         ("EXPORTER_LLM_METRICS",),
-        _choice("on", "off"),
+        choice("on", "off"),
         "the built-in LLM pack (vLLM, TensorRT-LLM families); costs nothing where they are absent",
     ),
     (
         "breakdown_zeros",
         "--breakdown-zeros",
         ("EXPORTER_BREAKDOWN_ZEROS",),
-        _choice("omit", "emit"),
+        choice("omit", "emit"),
         "omit: leave out a breakdown's zeros (failure reasons, an idle LLM's tokens) while its total is zero; "
         "CloudWatch bills a metric for every hour it receives data",
     ),

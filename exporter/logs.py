@@ -32,8 +32,9 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
-def setup(level: str = "info", stream: TextIO | None = None) -> logging.Logger:
-    logger = logging.getLogger(LOGGER)
+def setup(level: str = "info", stream: TextIO | None = None, name: str = LOGGER) -> logging.Logger:
+    """JSON lines on stderr for the ``name`` logger tree (the exporter's, or modelsync's)."""
+    logger = logging.getLogger(name)
     logger.handlers.clear()
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())

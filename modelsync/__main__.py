@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from exporter.logs import JsonFormatter
+from exporter import logs
 from exporter.sinks import Sink, SinkClosed, make_sink
 
 from .events import EventFilter, Pending, QueuePoller
@@ -35,17 +35,6 @@ LOGGER = "modelsync"
 SINK_GRACE = 1.0
 BUFFER_EVENTS = 20_000
 CONNECT_TIMEOUT = 1.0
-
-
-def setup_logging(level: str, stream: TextIO | None = None) -> logging.Logger:
-    logger = logging.getLogger(LOGGER)
-    logger.handlers.clear()
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    logger.addHandler(handler)
-    logger.setLevel(level.upper())
-    logger.propagate = False
-    return logger
 
 
 @dataclass
@@ -176,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"error: invalid setting: {exc}\n")
         return 2
-    log = setup_logging(settings.log_level)
+    log = logs.setup(settings.log_level, name=LOGGER)
     try:
         app = build(settings, log=log)
     except StoreError as exc:

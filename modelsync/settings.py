@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from exporter.config import Output, given, parse_output
+from exporter.config import Output, choice, given, parse_output, valid_namespace
 
 from . import __version__
 
@@ -150,21 +150,6 @@ def _bool(text: str) -> bool:
     raise ValueError("must be true or false")
 
 
-def _choice(*choices: str) -> Callable[[str], str]:
-    def check(text: str) -> str:
-        if text.lower() not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}")
-        return text.lower()
-
-    return check
-
-
-def _namespace(text: str) -> str:
-    if not 1 <= len(text) <= 255 or not text.isascii() or text.startswith("AWS/"):
-        raise ValueError("must be 1-255 ASCII characters and not start with AWS/")
-    return text
-
-
 def _host(text: str) -> str:
     if not text.strip() or not text.isprintable():
         raise ValueError("must be a printable, non-empty name")
@@ -206,7 +191,7 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
         parse_output,
         "where EMF goes: stdout, tcp://HOST:PORT, udp://HOST:PORT, file:PATH",
     ),
-    ("namespace", "--namespace", ("AWS_EMF_NAMESPACE",), _namespace, "CloudWatch namespace"),
+    ("namespace", "--namespace", ("AWS_EMF_NAMESPACE",), valid_namespace, "CloudWatch namespace"),
     (
         "allow_unverified",
         "--allow-unverified",
@@ -269,7 +254,7 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
         "log_level",
         "--log-level",
         ("MODELSYNC_LOG_LEVEL",),
-        _choice("debug", "info", "warning", "error"),
+        choice("debug", "info", "warning", "error"),
         "level of modelsync's own JSON log lines on stderr",
     ),
 ]

@@ -16,13 +16,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from modelsync.__main__ import build, setup_logging
+from exporter import logs
+from modelsync.__main__ import LOGGER, build
 from modelsync.settings import load
 from tests.msync import FaultFileSystem
 
 if __name__ == "__main__":
     settings = load(sys.argv[1:], os.environ)
-    app = build(settings, fs=FaultFileSystem(crash_before_flip=True), log=setup_logging("info"))
+    app = build(settings, fs=FaultFileSystem(crash_before_flip=True), log=logs.setup("info", name=LOGGER))
     app.syncer.recover()
     app.syncer.reconcile_all()
     sys.exit(3)  # not reached when the flip was attempted
