@@ -107,6 +107,12 @@ class TritonServer:
     log_path: Path | None = None
     _log_count: int = 0
 
+    def __post_init__(self) -> None:
+        # Each default port is free when picked but picked alone: two can be the same (seen in CI: "cannot
+        # listen to HTTP requests and metrics requests at the same address and port").
+        while len({self.http_port, self.grpc_port, self.metrics_port}) < 3:
+            self.grpc_port, self.metrics_port = free_port(), free_port()
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
@@ -140,6 +146,19 @@ class TritonServer:
         return args + list(self.extra_args)
 
     def start(self, wait: bool = True, timeout: float = 60.0) -> TritonServer:
+        for attempt in range(3):
+            try:
+                return self._start(wait, timeout)
+            except TritonUnavailable as exc:
+                # Another process took a picked port between the pick and Triton's bind: new ports, again.
+                text = str(exc).lower()
+                if attempt == 2 or not ("cannot listen" in text or "address already in use" in text):
+                    raise
+                self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+                self.__post_init__()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start(self, wait: bool, timeout: float) -> TritonServer:
         self._log_count += 1
         self.log_path = self.workdir / f"triton-{self._log_count}.log"
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child process
