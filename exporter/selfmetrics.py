@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .sources import SourceKind, VersionState
-
-Column = dict[str, float]
+from .transform import Column
 
 
 @dataclass

@@ -331,7 +331,7 @@ class Transform:
             for _, ent, buckets, cumulative in self._histograms(metric, deltas):
                 if ent not in taken:
                     taken.add(ent)
-                    value = _quantile(metric.quantile, buckets.uppers, cumulative)
+                    value = histogram_quantile(metric.quantile, buckets.uppers, cumulative)
                     if value is not None:
                         out[ent] = value
             return out
@@ -485,21 +485,12 @@ def _summed(inputs: Iterable[Input], cols: Mapping[ColumnKey, Column]) -> Column
     return out
 
 
-def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
-    """Prometheus' histogram_quantile over (upper bound, cumulative count) pairs.
+def histogram_quantile(q: float, uppers: Sequence[float], cumulative: Sequence[float]) -> float | None:
+    """Prometheus' histogram_quantile over ascending upper bounds and their cumulative counts.
 
     Linear interpolation inside the bucket; a rank in the +Inf bucket
     returns the highest finite bound. None when the window saw nothing.
     """
-    buckets = sorted(buckets)
-    if not buckets:
-        return None
-    uppers, cumulative = zip(*buckets, strict=True)
-    return _quantile(q, uppers, cumulative)
-
-
-def _quantile(q: float, uppers: Sequence[float], cumulative: Sequence[float]) -> float | None:
-    """:func:`histogram_quantile` over bounds already sorted (a bucket layout's)."""
     if not uppers or uppers[-1] != math.inf:
         return None
     total = cumulative[-1]

@@ -313,7 +313,7 @@ def test_docs_describe_every_schema_key() -> None:
 
 def test_an_empty_catalog_is_a_catalog() -> None:
     empty = Catalog((), {})
-    assert len(empty) == 0 and empty.wanted_samples() == frozenset() and empty.get("X") is None
+    assert len(empty.metrics) == 0 and empty.wanted_samples() == frozenset() and empty.get("X") is None
 
 
 def test_an_excluding_selection_works_as_a_separate_argument() -> None:

@@ -127,10 +127,10 @@ def test_quantiles_only_when_requests_arrived_and_finite():
 
 def test_histogram_quantile_matches_prometheus_interpolation():
     inf = math.inf
-    assert histogram_quantile(0.5, [(100, 10), (500, 50), (inf, 50)]) == pytest.approx(100 + 400 * 15 / 40)
-    assert histogram_quantile(0.99, [(100, 10), (500, 50), (inf, 100)]) == 500  # rank in +Inf: highest bound
-    assert histogram_quantile(0.5, [(100, 0), (inf, 0)]) is None  # no observations in the window
-    assert histogram_quantile(0.5, [(100, 3)]) is None  # no +Inf bucket: not a valid histogram
+    assert histogram_quantile(0.5, (100, 500, inf), (10, 50, 50)) == pytest.approx(100 + 400 * 15 / 40)
+    assert histogram_quantile(0.99, (100, 500, inf), (10, 50, 100)) == 500  # rank in +Inf: highest bound
+    assert histogram_quantile(0.5, (100, inf), (0, 0)) is None  # no observations in the window
+    assert histogram_quantile(0.5, (100,), (3,)) is None  # no +Inf bucket: not a valid histogram
 
 
 def test_first_present_input_wins_for_gpu_metrics():

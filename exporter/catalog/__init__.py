@@ -79,9 +79,6 @@ class Catalog:
             m for m in self.defined if m.name in self._selected or m.name in needed
         )
 
-    def __len__(self) -> int:
-        return len(self.metrics)
-
     def get(self, name: str) -> Metric | None:
         """The metric if it is emitted (defined and selected)."""
         return self._selected.get(name)

@@ -52,9 +52,12 @@ def _metric(opts: Options, name: str, dims: tuple[str, ...], pack: bool = False)
 
 def search(opts: Options, name: str, dims: tuple[str, ...], stat: str, pack: bool = False) -> str | None:
     metric = _metric(opts, name, dims, pack)
-    if metric is None:
-        return None
-    schema = ",".join([f'"{opts.namespace}"', *dims])
+    return None if metric is None else search_expression(opts.namespace, metric, dims, stat)
+
+
+def search_expression(namespace: str, metric: str, dims: tuple[str, ...], stat: str) -> str:
+    """The SEARCH text for a metric already checked against what its emitter defines."""
+    schema = ",".join([f'"{namespace}"', *dims])
     return f"SEARCH('{{{schema}}} MetricName=\"{metric}\"', '{stat}', {PERIOD})"
 
 

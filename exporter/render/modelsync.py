@@ -42,9 +42,10 @@ def log_group(opts: Options) -> str:
     return f"{opts.log_group_prefix}/modelsync"
 
 
-def _search(opts: Options, name: str, dims: tuple[str, ...], stat: str, period: int = 60) -> str:
-    schema = ",".join([f'"{opts.namespace}"', *dims])
-    return f"SEARCH('{{{schema}}} MetricName=\"{_metric(name, dims)}\"', '{stat}', {period})"
+def _search(opts: Options, name: str, dims: tuple[str, ...], stat: str) -> str:
+    from .dashboard import search_expression  # dashboard imports this module
+
+    return search_expression(opts.namespace, _metric(name, dims), dims, stat)
 
 
 def _row(opts: Options, name: str, options: dict[str, Any]) -> list[Any]:
