@@ -24,6 +24,7 @@ from exporter.sinks import Sink, SinkClosed, make_sink
 
 from .events import EventFilter, Pending, QueuePoller
 from .fsio import FileSystem, LocalFileSystem
+from .health import HEARTBEAT_EVERY, Status
 from .metrics import Recorder
 from .reconcile import Report, Syncer
 from .s3 import S3, make_client
@@ -35,6 +36,7 @@ LOGGER = "modelsync"
 SINK_GRACE = 1.0
 BUFFER_EVENTS = 20_000
 CONNECT_TIMEOUT = 1.0
+FIRST_SYNC_RETRY = 5.0  # seconds between passes until the first sync is complete (Triton waits for it)
 
 
 @dataclass
@@ -68,7 +70,10 @@ def build(
     sink = make_sink(settings.output, BUFFER_EVENTS, CONNECT_TIMEOUT)
     recorder = Recorder(settings.namespace, sink, settings.host)
     s3 = S3(s3_client or make_client("s3"), settings.bucket, settings.prefix)
-    syncer = Syncer(settings, s3, store, Triton(settings.triton_url, settings.load_timeout), recorder, fs, log)
+    previous = Status.read(settings.repository)
+    status = Status(pid=os.getpid(), started=time.time(), first_sync=previous.first_sync if previous else None)
+    triton = Triton(settings.triton_url, settings.load_timeout)
+    syncer = Syncer(settings, s3, store, triton, recorder, fs, log, status=status)
     pending = Pending()
     poller = None
     if settings.queue_url and not settings.once:
@@ -116,10 +121,31 @@ def write_report(report: Report, stderr: TextIO) -> None:
     stderr.flush()
 
 
+def heartbeat(app: App, stop: threading.Event, log: logging.Logger) -> threading.Thread:
+    """Every few seconds: the status file (the health check's proof of life) and the store lease (what this
+    repository links to stays in the shared store)."""
+
+    def beat() -> None:
+        while not stop.is_set():
+            try:
+                app.syncer.status.heartbeat = time.time()
+                app.syncer.status.write(app.settings.repository)
+                app.store.heartbeat()
+            except Exception as exc:  # a full disk must not end the daemon; the health check will say so
+                log.error("heartbeat failed: %s", exc)
+            stop.wait(HEARTBEAT_EVERY)
+
+    thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    thread.start()
+    return thread
+
+
 def run_daemon(app: App, stop: threading.Event, log: logging.Logger) -> None:
-    """Reconcile at start and every interval (fixed rate), and the models SQS events name in between."""
+    """Reconcile at start and every interval (fixed rate), and the models SQS events name in between; until
+    the first sync is complete, every few seconds."""
     interval = app.settings.interval
     app.syncer.recover()
+    heartbeat(app, stop, log)
     if app.poller is not None:
         app.poller.start()
     start = time.monotonic()
@@ -144,8 +170,11 @@ def run_daemon(app: App, stop: threading.Event, log: logging.Logger) -> None:
             raise
         except Exception:  # a bug in one pass must not end the daemon
             log.exception("reconcile failed; continuing on schedule")
-        slot = max(slot + 1, int((time.monotonic() - start) / interval) + 1)
-        due = start + slot * interval
+        if app.syncer.before_first_sync:
+            due = time.monotonic() + min(interval, FIRST_SYNC_RETRY)
+        else:
+            slot = max(slot + 1, int((time.monotonic() - start) / interval) + 1)
+            due = start + slot * interval
         while not stop.is_set() and time.monotonic() < due:
             models = app.pending.take(min(1.0, max(0.0, due - time.monotonic())))
             if models and not stop.is_set():

@@ -133,6 +133,7 @@ class Attempt:
     key: str = ""
     serving: str = ""  # sha256 on disk (and in Triton) after the attempt
     upload_to_ready: float | None = None
+    reused: bool = False  # linked a directory another repository of the store had extracted: no download
 
 
 @dataclass
@@ -178,6 +179,8 @@ class Recorder:
         }
         if a.reason:
             props["reason"] = clip(a.reason)
+        if a.reused:
+            props["reused"] = True
         dims = {**self._model_dims(a.model, props), "result": a.result}
         values: dict[str, float] = {"SyncAttempts": 1.0, "SyncFailures": 0.0 if a.result == "ok" else 1.0}
         for phase, seconds in a.phases.items():

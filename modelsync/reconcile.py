@@ -10,6 +10,17 @@ Triton reports it READY. Otherwise one attempt runs, in phases:
     swap      the link flipped atomically
     load      Triton load call, READY confirmed; on failure the link flips back
 
+Before the repository's first complete sync, and while Triton does not
+answer (in the Triton task, Triton starts only once this daemon is healthy),
+an attempt stops after the swap: Triton loads the links at its start
+(``--load-model=*``). After the first sync, an install waits for Triton to
+answer before it downloads anything, so a link never flips under a Triton
+that is starting or down.
+
+Several repositories may share one store (the Triton tasks of one
+instance): an archive another repository already extracted is linked
+instead of downloaded again (``Store.claim`` and ``Store.reusable``).
+
 Any failure leaves the link where it was (or puts it back) and Triton
 serving what the disk says. A failure caused by the archive itself is
 remembered and not retried until the object changes; one caused by the
@@ -30,8 +41,18 @@ from functools import partial
 from pathlib import Path
 
 from .archive import Limits, extract, inspect
-from .errors import DiskFull, DownloadError, HashMismatch, MissingHash, Result, RolledBack, SyncError, UnsafeArchive
-from .fsio import FileSystem, write_json
+from .errors import (
+    DiskFull,
+    DownloadError,
+    HashMismatch,
+    MissingHash,
+    Result,
+    RolledBack,
+    SyncError,
+    UnsafeArchive,
+)
+from .fsio import FileSystem
+from .health import Status
 from .metrics import Attempt, ModelState, Recorder
 from .s3 import S3, Archive
 from .settings import Settings
@@ -52,6 +73,7 @@ class Outcome:
     expected: str = ""
     version_id: str = ""
     gone: bool = False  # removed from S3 and deleted here (--delete-removed): no longer a model of this host
+    transient: bool = False  # failed for a reason outside the archive: retried, and the first sync is not complete
 
 
 @dataclass
@@ -62,6 +84,11 @@ class Report:
     @property
     def ok(self) -> bool:
         return not self.error and not any(o.failed for o in self.outcomes.values())
+
+    @property
+    def complete(self) -> bool:
+        """Every model in S3 was dealt with: installed, or refused for a reason retrying cannot fix."""
+        return not self.error and not any(o.transient for o in self.outcomes.values())
 
 
 @dataclass(frozen=True)
@@ -86,6 +113,7 @@ class Syncer:
         log: logging.Logger,
         wall: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        status: Status | None = None,
     ) -> None:
         self.settings = settings
         self.s3 = s3
@@ -100,6 +128,13 @@ class Syncer:
         self.failed: dict[str, Memo] = {}
         self.last_success: float | None = None
         self.attempts = 0
+        # Written by the daemon (health.py reads it); its first_sync survives restarts of the daemon.
+        self.status = status or Status(first_sync=wall())
+        self.triton_up = True  # asked once per pass
+
+    @property
+    def before_first_sync(self) -> bool:
+        return self.status.first_sync is None
 
     # --- entry points -----------------------------------------------------------------------
 
@@ -112,11 +147,13 @@ class Syncer:
     def reconcile_all(self) -> Report:
         """One full pass: every archive under the prefix, every installed model."""
         report = Report()
+        self.triton_up = self.triton.live()
         try:
             listing = self.s3.list()
         except DownloadError as exc:
             report.error = str(exc)
             self.log.error("%s", exc)
+            self._after_pass(report, 0)
             self._host_event(None)
             return report
         for key, why in sorted(listing.ignored.items()):
@@ -130,12 +167,31 @@ class Syncer:
             self._state_event(outcome)
         if report.ok and all(o.in_sync for m, o in report.outcomes.items() if m in listing.archives):
             self.last_success = self.wall()
+        self._after_pass(report, len(listing.archives))
         self._host_event(report)
         return report
+
+    def _after_pass(self, report: Report, models: int) -> None:
+        """Record the pass in the status file; the first complete one is what makes the daemon healthy."""
+        now = self.wall()
+        self.status.last_reconcile = now
+        if self.before_first_sync:
+            if report.complete:
+                self.status.first_sync, self.status.note = now, ""
+                self.log.info("first sync complete: %d models in S3", models)
+            else:
+                waiting = sorted(m for m, o in report.outcomes.items() if o.transient)
+                first = report.outcomes[waiting[0]].reason if waiting else ""
+                self.status.note = report.error or f"retrying {', '.join(waiting[:5])}: {first}"
+        try:
+            self.status.write(self.store.repository)
+        except OSError as exc:
+            self.log.error("cannot write the status file: %s", exc)
 
     def reconcile_models(self, models: Iterable[str], wait_for_tag: bool = True) -> dict[str, Outcome]:
         """Reconcile only these models (an event named them); the listing of their key decides."""
         out: dict[str, Outcome] = {}
+        self.triton_up = self.triton.live()
         for model in models:
             try:
                 archive = self.s3.find(model)
@@ -166,7 +222,19 @@ class Syncer:
                 f"unexpected error: {type(exc).__name__}: {exc}",
                 failed=True,
                 serving=current.sha256 if current else "",
+                transient=True,
             )
+
+    def _staged(self, model: str, installed: Installed) -> Outcome:
+        """Installed before Triton's first start: in sync only once Triton loaded it."""
+        return Outcome(
+            model,
+            False,
+            "installed; Triton is not running yet and loads it at its start",
+            serving=installed.sha256,
+            expected=installed.sha256,
+            version_id=str(installed.record.get("version_id") or ""),
+        )
 
     def _reconcile(self, model: str, archive: Archive, wait_for_tag: bool) -> Outcome:
         problem = model_name_problem(model)
@@ -174,20 +242,33 @@ class Syncer:
             return self._fail_once(model, archive, UnsafeArchive(problem))
         installed = self.store.current(model)
         serving = installed.sha256 if installed else ""
+        staging_start = not self.triton_up and self.before_first_sync
         if installed is not None and installed.record.get("etag") == archive.etag:
-            return self._ensure_loaded(model, installed, archive)
+            return self._staged(model, installed) if staging_start else self._ensure_loaded(model, installed, archive)
         memo = self.failed.get(model)
         if memo is not None and memo.etag == archive.etag and not self._memo_outdated(memo, archive):
             return Outcome(model, False, memo.reason, failed=True, serving=serving, expected=memo.expected)
+        if not self.triton_up and not staging_start:
+            reason = (
+                f"Triton at {self.triton.url} does not answer: not installing {archive.key} until it does "
+                "(retried at the next reconcile)"
+            )
+            self.log.warning("%s: %s", model, reason)
+            return Outcome(model, False, reason, result=Result.LOAD_FAILED, failed=True, serving=serving,
+                           transient=True)  # fmt: skip
         attempt = Attempt(model, Result.OK, key=archive.key, etag=archive.etag, serving=serving)
         try:
-            same = self._install(model, archive, installed, attempt, wait_for_tag)
+            same = self._install(model, archive, installed, attempt, wait_for_tag, load=not staging_start)
         except SyncError as exc:
             return self._failed(model, archive, attempt, exc)
         if same is not None:  # the same archive content under a new object: nothing to install
-            return self._ensure_loaded(model, same, archive)
+            return self._staged(model, same) if staging_start else self._ensure_loaded(model, same, archive)
         self.failed.pop(model, None)
         self._record(attempt)
+        if staging_start:
+            current = self.store.current(model)
+            assert current is not None
+            return self._staged(model, current)
         return Outcome(
             model,
             True,
@@ -212,7 +293,7 @@ class Syncer:
 
         def failed(exc: SyncError) -> Outcome:
             return Outcome(model, False, str(exc), result=exc.result, failed=True, serving=installed.sha256,
-                           expected=installed.sha256, version_id=version)  # fmt: skip
+                           expected=installed.sha256, version_id=version, transient=exc.transient)  # fmt: skip
 
         try:
             ready = self.triton.ready(model)
@@ -254,7 +335,8 @@ class Syncer:
         try:
             self.triton.unload(model)
         except SyncError as exc:
-            return Outcome(model, False, f"no longer in S3; unload failed: {exc}", failed=True, serving=serving)
+            return Outcome(model, False, f"no longer in S3; unload failed: {exc}", failed=True, serving=serving,
+                           transient=True)  # fmt: skip
         self.store.remove_model(model)
         self.log.info("removed %s: no longer in S3, unloaded and deleted", model)
         return Outcome(model, True, "removed: no longer in S3, unloaded and deleted", gone=True)
@@ -290,29 +372,74 @@ class Syncer:
             )
 
     def _install(
-        self, model: str, listed: Archive, installed: Installed | None, attempt: Attempt, wait_for_tag: bool
+        self,
+        model: str,
+        listed: Archive,
+        installed: Installed | None,
+        attempt: Attempt,
+        wait_for_tag: bool,
+        load: bool = True,
     ) -> Installed | None:
-        """Download, verify, extract, swap, load. Returns the installed record when nothing had to change."""
+        """Download, verify, extract (or link what another repository of the store extracted), swap, load.
+        Returns the installed record when nothing had to change."""
+        with self._phase(attempt, "download"):
+            archive = self.s3.head(listed)
+            attempt.version_id = archive.version_id
+            if archive.size > self.settings.max_archive_bytes:
+                raise UnsafeArchive(
+                    f"archive is {archive.size} bytes, above --max-archive-bytes {self.settings.max_archive_bytes}"
+                )
+            expected, source = self._expected_hash(archive, wait_for_tag)
+            attempt.sha256 = expected
+            if not expected and not self.settings.allow_unverified:
+                raise MissingHash(
+                    f"s3://{self.s3.bucket}/{archive.key} has no sha256 user metadata or tag "
+                    "(upload with --metadata sha256=<hex>, or run with --allow-unverified)"
+                )
+            if installed is not None and expected and expected == installed.sha256:
+                return self._same_content(installed, archive)
+        with self.store.claim(expected):  # one download per archive and store, whoever needs it first
+            final = self.store.reusable(model, expected, installed) if expected else None
+            if final is not None:
+                attempt.reused = True
+                self.log.info("%s: linking %s, already in the store (extracted by %s)", model, final.name,
+                              final.record.get("host", "another task"))  # fmt: skip
+                if final.record.get("etag") != archive.etag:
+                    final = self.store.update_record(final, self._record_of(model, final.sha256, archive, source))
+                path = final.path
+            else:
+                same, path = self._fetch(model, archive, installed, attempt, expected, source)
+                if same is not None:
+                    return same
+        sha = attempt.sha256
+        with self._phase(attempt, "swap"):
+            try:
+                self.store.flip(model, path)
+            except (SyncError, OSError):
+                self.store.discard(model, path)  # never linked: nothing may keep it
+                raise
+        attempt.serving = sha
+        if load:
+            try:
+                with self._phase(attempt, "load"):
+                    self.triton.load(model)
+            except SyncError as exc:
+                self._roll_back(model, path, installed, exc)
+            attempt.upload_to_ready = self.wall() - archive.last_modified.timestamp()
+        for removed in self.store.prune(model):
+            self.log.info("pruned %s/%s from the store", model, removed)
+        return None
+
+    def _fetch(
+        self, model: str, archive: Archive, installed: Installed | None, attempt: Attempt, expected: str, source: str
+    ) -> tuple[Installed | None, Path]:
+        """Download, verify and extract into the store; (the installed record, ...) when the bytes turn out to
+        be what is installed already (an unverified archive)."""
         download: Path | None = None
         extracted: Path | None = None
         zf: zipfile.ZipFile | None = None
         try:
             with self._phase(attempt, "download"):
-                archive = self.s3.head(listed)
-                attempt.version_id = archive.version_id
-                if archive.size > self.settings.max_archive_bytes:
-                    raise UnsafeArchive(
-                        f"archive is {archive.size} bytes, above --max-archive-bytes {self.settings.max_archive_bytes}"
-                    )
-                expected, source = self._expected_hash(archive, wait_for_tag)
-                attempt.sha256 = expected
-                if not expected and not self.settings.allow_unverified:
-                    raise MissingHash(
-                        f"s3://{self.s3.bucket}/{archive.key} has no sha256 user metadata or tag "
-                        "(upload with --metadata sha256=<hex>, or run with --allow-unverified)"
-                    )
-                if installed is not None and expected and expected == installed.sha256:
-                    return self._same_content(installed, archive)
                 self._free_check(archive.size, f"downloading {archive.key}")
                 download = self.store.staging_file(model)
                 sha, count = self.s3.download(archive, download, self.fs)
@@ -325,7 +452,7 @@ class Syncer:
                     )
                 attempt.sha256 = sha
                 if installed is not None and sha == installed.sha256:  # unverified, and the same bytes
-                    return self._same_content(installed, archive)
+                    return self._same_content(installed, archive), installed.path
                 try:
                     zf = zipfile.ZipFile(download)
                 except (zipfile.BadZipFile, OSError) as exc:
@@ -339,36 +466,9 @@ class Syncer:
                 zf = None
                 download.unlink()
                 download = None
-                record = {
-                    "model": model,
-                    "sha256": sha,
-                    "key": archive.key,
-                    "etag": archive.etag,
-                    "version_id": archive.version_id,
-                    "hash_source": source or "unverified",
-                    "last_modified": archive.last_modified.isoformat(),
-                    "installed_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "replaced": installed.sha256 if installed else None,
-                    "host": self.settings.host,
-                }
-                final = self.store.commit(model, sha, extracted, record)
+                final = self.store.commit(model, sha, extracted, self._record_of(model, sha, archive, source))
                 extracted = None
-            with self._phase(attempt, "swap"):
-                try:
-                    self.store.flip(model, final)
-                except (SyncError, OSError):
-                    self.store.discard(model, sha)  # never linked: nothing may keep it
-                    raise
-            try:
-                with self._phase(attempt, "load"):
-                    self.triton.load(model)
-            except SyncError as exc:
-                self._roll_back(model, sha, installed, exc)
-            attempt.serving = sha
-            attempt.upload_to_ready = self.wall() - archive.last_modified.timestamp()
-            for removed in self.store.prune(model):
-                self.log.info("pruned %s/%s from the store", model, removed)
-            return None
+            return None, final
         finally:
             if zf is not None:
                 zf.close()
@@ -376,6 +476,19 @@ class Syncer:
                 download.unlink(missing_ok=True)
             if extracted is not None:
                 shutil.rmtree(extracted, ignore_errors=True)
+
+    def _record_of(self, model: str, sha: str, archive: Archive, source: str) -> dict[str, object]:
+        return {
+            "model": model,
+            "sha256": sha,
+            "key": archive.key,
+            "etag": archive.etag,
+            "version_id": archive.version_id,
+            "hash_source": source or "unverified",
+            "last_modified": archive.last_modified.isoformat(),
+            "installed_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "host": self.settings.host,
+        }
 
     def _same_content(self, installed: Installed, archive: Archive) -> Installed:
         record = {
@@ -385,14 +498,13 @@ class Syncer:
             "key": archive.key,
             "last_modified": archive.last_modified.isoformat(),
         }
-        write_json(self.fs, installed.path.parent / f"{installed.sha256}.json", record)
         self.log.info("%s: new object, same sha256 %s: nothing to install", installed.model, installed.sha256)
-        return Installed(installed.model, installed.sha256, installed.path, record)
+        return self.store.update_record(installed, record)
 
-    def _roll_back(self, model: str, sha: str, installed: Installed | None, exc: SyncError) -> None:
+    def _roll_back(self, model: str, path: Path, installed: Installed | None, exc: SyncError) -> None:
         """The load failed: put the link back, so the disk matches what Triton serves, and drop the new dir."""
         self.store.flip(model, installed.path if installed else None)
-        self.store.discard(model, sha)
+        self.store.discard(model, path)
         if installed is None:
             raise exc
         raise RolledBack(
@@ -418,6 +530,7 @@ class Syncer:
             serving=attempt.serving,
             expected=attempt.sha256,
             version_id=attempt.version_id,
+            transient=exc.transient,
         )
 
     def _fail_once(self, model: str, archive: Archive, exc: SyncError) -> Outcome:

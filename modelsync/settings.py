@@ -172,8 +172,9 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
         "--store",
         ("MODELSYNC_STORE",),
         _path,
-        "where archives are extracted, <store>/<model>/<sha256>/; same filesystem as the repository, never inside "
-        "it (default: <repository>.store beside it)",
+        "where archives are extracted, <store>/<model>/<sha256>/; may be shared by the daemons of several "
+        "repositories on one machine (one download each archive); never inside the repository (default: "
+        "<repository>.store beside it)",
     ),
     ("triton_url", "--triton-url", ("TRITON_URL",), _url, "Triton HTTP API (explicit model-control mode)"),
     (

@@ -37,6 +37,7 @@ from modelsync.__main__ import App, build
 from modelsync.fsio import LocalFileSystem
 from modelsync.reconcile import Report
 from modelsync.settings import Settings
+from modelsync.store import state_dir
 
 REGION = "us-east-1"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}
@@ -246,6 +247,14 @@ class Env:
             if not rel.startswith("store") and p != self.emf:
                 out.add(rel)
         return out
+
+
+def leftovers(store: Path, repository: Path) -> list[str]:
+    """What a sync left in staging: files or folders in the store's staging folders, temporary links beside
+    the repository (an empty staging folder of a repository is its own, not a leftover)."""
+    staged = [p for d in (store / ".staging").glob("*") for p in (d.iterdir() if d.is_dir() else [d])]
+    links = list(state_dir(repository).glob("link-*"))
+    return sorted(str(p) for p in staged + links)
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 30.0, step: float = 0.1) -> Any:

@@ -20,8 +20,10 @@ import pytest
 
 from demo.triton import TritonServer
 from exporter.emf_validate import validate
+from modelsync.store import state_dir
 from tests.msync import (
     Moto,
+    leftovers,
     make_zip,
     model_files,
     moto,  # noqa: F401 - fixture
@@ -39,8 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 class Host:
     """One GPU host's worth: a repository and store on one filesystem, its own Triton."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, store: Path | None = None) -> None:
         self.root = root
+        self._store = store
         (root / "repo").mkdir(parents=True)
         (root / "triton").mkdir()
         self.triton = TritonServer(root / "repo", workdir=root / "triton")
@@ -52,7 +55,7 @@ class Host:
 
     @property
     def store(self) -> Path:
-        return self.root / "store"
+        return self._store or self.root / "store"
 
     def args(self, bucket: str, *extra: str) -> list[str]:
         return [
@@ -162,15 +165,81 @@ def test_crash_between_extract_and_flip_leaves_a_clean_repository(moto, host: Ho
     assert proc.returncode == 137, proc.stderr  # died at the flip
     # What the crash left: the new directory complete in the store but not linked, a temporary link in staging.
     assert (host.store / model / sha(v2) / "config.pbtxt").exists()
-    assert any(p.name.startswith("link-") for p in (host.store / ".staging").iterdir())
+    assert any(p.name.startswith("link-") for p in state_dir(host.repository).iterdir())
     assert os.readlink(host.repository / model).endswith(sha(v1)) and host.infer(model) == 2.0
     proc = host.once(moto, bucket)
     assert proc.returncode == 0, proc.stderr
     assert "removed staging leftover link-" in proc.stderr
-    assert list((host.store / ".staging").iterdir()) == []
+    assert leftovers(host.store, host.repository) == []
     for entry in host.repository.iterdir():  # only links, each to a complete directory in the store
         assert entry.is_symlink() and (entry / "config.pbtxt").is_file(), entry
     assert os.readlink(host.repository / model).endswith(sha(v2)) and host.infer(model) == 3.0
+
+
+def test_the_daemon_starts_before_triton_which_loads_its_links(moto, tmp_path: Path) -> None:  # noqa: F811
+    """The Triton task's order: modelsync first, healthy once its first sync is complete; Triton then starts
+    with --load-model=* over the links. Two tasks of one instance share the store: the second task's daemon
+    links what the first extracted and downloads nothing."""
+    bucket = new_bucket(moto)
+    model = unique("first")
+    data = make_zip(model_files(model, 1))
+    upload(moto, bucket, f"{model}.zip", data)
+    store = tmp_path / "instance-store"
+    tasks = [Host(tmp_path / name, store=store) for name in ("task-a", "task-b")]
+
+    def health(h: Host) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "modelsync.health", *h.args(bucket)],
+            cwd=ROOT,
+            env=moto.env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for h in tasks:
+            first = health(h)
+            assert first.returncode == 1 and "no status file" in first.stderr
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "modelsync", *h.args(bucket, "--interval", "2")],
+                    cwd=ROOT,
+                    env=moto.env(),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            wait_for(lambda h=h: health(h).returncode == 0, timeout=60, step=0.5)  # type: ignore[misc]
+            assert os.readlink(h.repository / model).endswith(sha(data))
+            staged = [d for d in h.docs() if d.get("model") == model and "ModelInSync" in d]
+            assert staged and staged[0]["ModelInSync"] == 0 and "loads it at its start" in staged[0]["reason"]
+            h.triton.start()  # in ECS: dependsOn modelsync HEALTHY
+            assert h.infer(model) == 2.0
+            wait_for(
+                lambda h=h: any(  # type: ignore[misc]
+                    d.get("ModelInSync") == 1 for d in h.docs() if d.get("model") == model
+                ),
+                timeout=30,
+                step=0.5,
+            )
+        (a_attempt,) = [d for d in tasks[0].docs() if d.get("model") == model and "SyncAttempts" in d]
+        (b_attempt,) = [d for d in tasks[1].docs() if d.get("model") == model and "SyncAttempts" in d]
+        assert a_attempt["SyncBytesDownloaded"] == len(data) and "SyncLoadTime" not in a_attempt
+        assert b_attempt.get("reused") is True and "SyncBytesDownloaded" not in b_attempt
+        assert {p.name for p in (store / model).iterdir()} == {sha(data), f"{sha(data)}.json"}  # one copy
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            assert p.wait(timeout=20) == 0, p.stderr.read() if p.stderr else ""
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for h in tasks:
+            h.triton.stop()
 
 
 def test_two_daemons_on_one_bucket_converge(moto, tmp_path: Path) -> None:  # noqa: F811
@@ -279,7 +348,7 @@ def test_real_full_filesystem_refuses_with_the_old_version_serving(moto, tmp_pat
             assert proc.returncode == 1 and f"modelsync: {model}: disk_full: " in proc.stderr, proc.stderr
             assert "No space left on device" in proc.stderr
             assert h.infer(model) == 2.0 and os.readlink(h.repository / model).endswith(sha(v1))
-            assert list((h.store / ".staging").iterdir()) == []
+            assert leftovers(h.store, h.repository) == []
             assert {p.name for p in (h.store / model).iterdir()} == {sha(v1), f"{sha(v1)}.json"}
             upload(moto, bucket, f"{model}.zip", make_zip(model_files(model, 4)))
             assert h.once(moto, bucket).returncode == 0  # the space was given back: the next archive installs

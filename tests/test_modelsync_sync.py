@@ -23,6 +23,7 @@ from tests.msync import (
     Env,
     FaultFileSystem,
     TruncatingProxy,
+    leftovers,
     make_zip,
     model_files,
     moto,  # noqa: F401 - fixture
@@ -63,7 +64,7 @@ def install(env: Env, model: str, add: float = 1.0) -> str:
 
 
 def staging_empty(env: Env) -> bool:
-    return list((env.store / ".staging").iterdir()) == []
+    return leftovers(env.store, env.repository) == []
 
 
 def store_dirs(env: Env, model: str) -> set[str]:
@@ -340,9 +341,9 @@ def test_rollback_on_purpose_re_extracts_the_old_archive(env: Env) -> None:
     old_ctime = os.stat(env.store / model / sha(v1_data) / "1" / "model.py").st_ctime
     upload(env.moto, env.bucket, f"{model}.zip", v1_data)
     assert env.sync().outcomes[model].in_sync
-    assert env.infer(model, 1.0) == 2.0  # v1 serves again
-    assert os.stat(env.store / model / sha(v1_data) / "1" / "model.py").st_ctime > old_ctime
-    assert env.link(model).endswith(sha(v1_data)) and v2 in store_dirs(env, model)
+    assert env.infer(model, 1.0) == 2.0  # v1 serves again, from a fresh extraction beside the old one
+    assert env.link(model).endswith(f"{sha(v1_data)}.1") and v2 in store_dirs(env, model)
+    assert os.stat(env.repository / model / "1" / "model.py").st_ctime > old_ctime
 
 
 # --- events -------------------------------------------------------------------------------------------
@@ -448,7 +449,9 @@ def test_a_directory_placed_by_hand_is_reported_and_left_alone(env: Env) -> None
         shutil.rmtree(env.repository / model)
 
 
-def test_triton_unreachable_rolls_back_and_is_retried(env: Env) -> None:
+def test_triton_unreachable_defers_the_install_and_is_retried(env: Env) -> None:
+    """After the first sync, a Triton that does not answer gets no new link: nothing is downloaded or flipped
+    under a Triton that is down or starting, and the attempt is retried once it answers."""
     from demo.triton import free_port
 
     model = unique("down")
@@ -458,8 +461,10 @@ def test_triton_unreachable_rolls_back_and_is_retried(env: Env) -> None:
     assert outcome.failed and "unreachable" in outcome.reason and env.link(model).endswith(v1)
     v2_data = make_zip(model_files(model, 2))
     upload(env.moto, env.bucket, f"{model}.zip", v2_data)
+    attempts = len(env.attempts(model))
     outcome = env.sync(triton_url=dead).outcomes[model]
-    assert outcome.result == "rolled_back" and "unreachable" in outcome.reason
+    assert outcome.result == "load_failed" and outcome.transient and "does not answer" in outcome.reason
+    assert len(env.attempts(model)) == attempts and sha(v2_data) not in store_dirs(env, model)  # nothing fetched
     assert env.link(model).endswith(v1) and env.infer(model, 1.0) == 2.0 and staging_empty(env)
     assert env.sync().outcomes[model].in_sync  # not blamed on the archive: tried again once Triton answers
     assert env.link(model).endswith(sha(v2_data)) and env.infer(model, 1.0) == 3.0

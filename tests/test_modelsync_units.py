@@ -288,34 +288,51 @@ def test_filter_drops_duplicates_stale_and_foreign_events() -> None:
 # --- store ----------------------------------------------------------------------------------------------
 
 
-def make_store(tmp_path: Path) -> Store:
-    store = Store(tmp_path / "repo", tmp_path / "store", LocalFileSystem())
+def make_store(tmp_path: Path, repo: str = "repo") -> Store:
+    store = Store(tmp_path / repo, tmp_path / "store", LocalFileSystem())
     store.open()
     return store
 
 
-def installed(store: Store, model: str, sha: str, replaced: str | None = None) -> Path:
+def installed(store: Store, model: str, sha: str) -> Path:
     d = store.staging_dir(model)
     (d / "config.pbtxt").write_text("x")
-    final = store.commit(model, sha, d, {"etag": sha[:4], "replaced": replaced})
+    final = store.commit(model, sha, d, {"etag": sha[:4]})
     store.flip(model, final)
+    store.prune(model)
     return final
+
+
+def store_names(store: Store, model: str) -> list[str]:
+    return sorted(p.name for p in (store.root / model).iterdir())
 
 
 def test_flip_replaces_the_link_atomically_and_leaves_no_temporary_entry(tmp_path: Path) -> None:
     store = make_store(tmp_path)
-    a, b = "a" * 64, "b" * 64
+    a, b, c = "a" * 64, "b" * 64, "c" * 64
     installed(store, "m", a)
     inode = os.lstat(store.repository / "m").st_ino
-    installed(store, "m", b, replaced=a)
+    installed(store, "m", b)
     assert os.readlink(store.repository / "m") == f"../store/m/{b}"
     assert os.lstat(store.repository / "m").st_ino != inode  # a new link renamed over the old one
     assert [p.name for p in store.repository.iterdir()] == ["m"] and list(store.staging.iterdir()) == []
-    current = store.current("m")
-    assert current is not None and current.previous == a
-    installed(store, "m", "c" * 64, replaced=b)
-    assert store.prune("m") == [a, f"{a}.json"]
-    assert sorted(p.name for p in (store.root / "m").iterdir()) == [f"{b}", f"{b}.json", "c" * 64, f"{'c' * 64}.json"]
+    assert not list(store.state.glob("link-*"))
+    assert store.previous("m") == a
+    installed(store, "m", c)  # prune keeps the current directory and the one it replaced
+    assert store_names(store, "m") == [b, f"{b}.json", c, f"{c}.json"]
+    store.close()
+
+
+def test_the_store_may_be_another_mount_than_the_repository(tmp_path: Path) -> None:
+    """The repository and its temporary links live on one mount (the task's volume), the store on another
+    (the instance's disk): only symbolic links cross, and they resolve in every container that mounts both
+    at the same paths."""
+    store = Store(tmp_path / "task" / "repository", tmp_path / "store", LocalFileSystem())
+    store.open()
+    installed(store, "m", "a" * 64)
+    assert os.readlink(store.repository / "m") == "../../store/m/" + "a" * 64
+    assert (store.repository / "m" / "config.pbtxt").read_text() == "x"
+    assert store.state == tmp_path / "task" / ".repository.modelsync"
     store.close()
 
 
@@ -325,7 +342,7 @@ def test_recover_cleans_what_an_interrupted_sync_left(tmp_path: Path) -> None:
     installed(store, "m", a)
     (store.staging / "download-m-1-0").write_bytes(b"partial")
     (store.staging / "extract-m-1-1").mkdir()
-    os.symlink("../store/m/" + b, store.staging / "link-m-1-2")
+    os.symlink("../store/m/" + b, store.state / "link-m-1-2")
     orphan = store.staging_dir("m")
     (orphan / "config.pbtxt").write_text("x")
     store.commit("m", b, orphan, {})  # extracted and committed, never flipped
@@ -333,23 +350,119 @@ def test_recover_cleans_what_an_interrupted_sync_left(tmp_path: Path) -> None:
     store.commit("n", a, fresh, {})  # a new model whose first flip never happened
     os.symlink("../store/gone/" + a, store.repository / "gone")  # a link whose directory is missing
     (store.repository / "handmade").mkdir()  # not ours: left alone
+    store.close()
+    store = make_store(tmp_path)  # the daemon's next start
     done = store.recover()
-    assert len(done) == 7, done  # 3 staging leftovers, the dangling link, the orphan and its record, n
-    assert list(store.staging.iterdir()) == []
+    assert len(done) == 8, done  # 3 staging leftovers, the dangling link, the orphan and n, each with its record
+    assert list(store.staging.iterdir()) == [] and not list(store.state.glob("link-*"))
     assert sorted(p.name for p in store.repository.iterdir()) == ["handmade", "m"]
-    assert sorted(p.name for p in (store.root / "m").iterdir()) == [a, f"{a}.json"]
+    assert store_names(store, "m") == [a, f"{a}.json"]
     assert not (store.root / "n").exists()
     assert store.recover() == []
     store.close()
 
 
-def test_one_daemon_per_store_and_one_filesystem(tmp_path: Path) -> None:
+def test_one_daemon_per_repository(tmp_path: Path) -> None:
     store = make_store(tmp_path)
     with pytest.raises(StoreError) as exc:
         make_store(tmp_path)
-    assert exc.value.busy
+    assert exc.value.busy and "one daemon per repository" in str(exc.value)
     store.close()
-    make_store(tmp_path).close()  # released
+    again = make_store(tmp_path)  # released, and the repository keeps its id in the store
+    assert again.id == store.id
+    again.close()
+
+
+def test_repositories_share_a_store_and_never_remove_what_another_links(tmp_path: Path) -> None:
+    """Two Triton tasks on one instance: the second links what the first extracted (no second copy), and a
+    directory goes only when no repository references it any more."""
+    one, two = make_store(tmp_path, "one"), make_store(tmp_path, "two")
+    assert one.id != two.id
+    a, b = "a" * 64, "b" * 64
+    installed(one, "m", a)
+    reused = two.reusable("m", a, None)
+    assert reused is not None and reused.path == one.current("m").path  # type: ignore[union-attr]
+    two.flip("m", reused.path)
+    installed(one, "m", b)
+    installed(one, "m", "c" * 64)  # one no longer references a; two still links it
+    assert (tmp_path / "store" / "m" / a / "config.pbtxt").exists()
+    assert (two.repository / "m" / "config.pbtxt").read_text() == "x"
+    assert two.reusable("m", "c" * 64, two.current("m")) is not None  # newer than a: linked, not fetched
+    two.flip("m", tmp_path / "store" / "m" / ("c" * 64))
+    two.prune("m")
+    assert a in store_names(one, "m")  # two's previous directory: kept
+    installed(one, "m", "d" * 64)
+    assert two.reusable("m", "d" * 64, two.current("m")) is not None
+    two.flip("m", tmp_path / "store" / "m" / ("d" * 64))
+    two.prune("m")  # a is now nobody's: collected
+    assert store_names(one, "m") == ["c" * 64, f"{'c' * 64}.json", "d" * 64, f"{'d' * 64}.json"]
+    one.close()
+    two.close()
+
+
+def test_an_older_directory_is_extracted_afresh_not_linked(tmp_path: Path) -> None:
+    """Triton ignores a model directory that is not newer than the one it serves: a rollback to an archive
+    extracted before gets a new directory, <sha>.1, with fresh timestamps."""
+    store = make_store(tmp_path)
+    a, b = "a" * 64, "b" * 64
+    installed(store, "m", a)
+    installed(store, "m", b)
+    assert store.reusable("m", a, store.current("m")) is None  # a is there, but older than b
+    again = installed(store, "m", a)
+    assert again.name == f"{a}.1" and store.current("m").sha256 == a  # type: ignore[union-attr]
+    assert store_names(store, "m") == sorted([b, f"{b}.json", f"{a}.1", f"{a}.1.json"])
+    store.close()
+
+
+def test_a_repository_gone_silent_is_forgotten_after_its_lease(tmp_path: Path) -> None:
+    """A task killed without a clean stop leaves its reference; past the lease, the others remove it, its
+    staging folder, and whatever only it referenced."""
+    import modelsync.store as store_module
+
+    dead, alive = make_store(tmp_path, "dead"), make_store(tmp_path, "alive")
+    installed(dead, "m", "a" * 64)
+    (dead.staging / "download-m-9-9").write_bytes(b"partial")
+    dead.close()
+    ref = tmp_path / "store" / ".refs" / f"{dead.id}.json"
+    installed(alive, "n", "b" * 64)
+    alive.recover()
+    assert ref.exists() and (tmp_path / "store" / "m").exists()  # within its lease: kept
+    old = ref.stat().st_mtime - store_module.REF_LEASE - 1
+    os.utime(ref, (old, old))
+    alive.recover()
+    assert not ref.exists() and not (tmp_path / "store" / "m").exists()
+    assert not (tmp_path / "store" / ".staging" / dead.id).exists()
+    assert (tmp_path / "store" / "n").exists()
+    alive.close()
+
+
+def test_a_claim_makes_the_second_repository_wait_for_the_first_download(tmp_path: Path) -> None:
+    import threading
+
+    one, two = make_store(tmp_path, "one"), make_store(tmp_path, "two")
+    a = "a" * 64
+    order: list[str] = []
+    claimed = threading.Event()
+
+    def first() -> None:
+        with one.claim(a):
+            claimed.set()
+            order.append("one extracting")
+            d = one.staging_dir("m")
+            (d / "config.pbtxt").write_text("x")
+            one.flip("m", one.commit("m", a, d, {}))
+            order.append("one committed")
+
+    t = threading.Thread(target=first)
+    t.start()
+    claimed.wait(5)
+    with two.claim(a):
+        order.append("two claimed")
+        found = two.reusable("m", a, None)
+    t.join()
+    assert order == ["one extracting", "one committed", "two claimed"] and found is not None
+    one.close()
+    two.close()
 
 
 def test_a_hand_made_directory_is_never_replaced(tmp_path: Path) -> None:
