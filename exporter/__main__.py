@@ -19,10 +19,13 @@ import argparse
 import importlib
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
+from urllib.parse import urlsplit
 
 from . import logs
 from .catalog import Catalog, CatalogError, build
@@ -82,6 +85,17 @@ def _nvml_source(settings: Settings) -> Source | None:
             ) from None
         return None
     return make_nvml_source(settings)
+
+
+def listens(url: str, timeout: float) -> bool:
+    """True when a TCP connection to ``url``'s host and port succeeds."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname or "localhost", port), timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def catalog_main(argv: Sequence[str]) -> int:
@@ -202,7 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     runner = Runner(
-        pipeline, make_sink(settings.output, settings.buffer_events, settings.connect_timeout), settings.interval, stop
+        pipeline,
+        make_sink(settings.output, settings.buffer_events, settings.connect_timeout),
+        settings.interval,
+        stop,
+        triton_listens=partial(listens, settings.metrics_url, settings.connect_timeout),
+        startup_wait=settings.startup_wait,
     )
     try:
         runner.run()

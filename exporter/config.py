@@ -55,6 +55,7 @@ class Settings:
     metrics: str = ""  # --metrics selection over EMF names; empty: every metric of the catalog
     llm_metrics: str = "on"  # the built-in LLM pack
     breakdown_zeros: str = "omit"  # omit: a breakdown's zero is left out while its total is zero
+    startup_wait: float = 300.0  # seconds the first scrape waits for Triton to listen (0: at once)
     once: bool = False
 
 
@@ -98,6 +99,14 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
         return value
 
     return check
+
+
+def non_negative(text: str) -> float:
+    """A number >= 0 (seconds); shared with modelsync's settings."""
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError("must be a number >= 0")
+    return value
 
 
 def choice(*choices: str) -> Callable[[str], str]:
@@ -190,6 +199,15 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
         choice("auto", "on", "off"),
         "GPU telemetry from NVML: auto (use if present; if not, report it down and retry every 300 s), "
         "on (required: exit 2 at start when NVML cannot initialise), off",
+    ),
+    (
+        "startup_wait",
+        "--startup-wait",
+        ("EXPORTER_STARTUP_WAIT",),
+        non_negative,
+        "seconds the first scrape waits for Triton's metrics port to accept connections (Triton opens its ports "
+        "only once its models are loaded; started with it, the sidecar would otherwise report it down); after "
+        "that, Triton down is reported as usual; 0: scrape at once",
     ),
     (
         "storage_resolution",

@@ -60,8 +60,12 @@ class Runner:
         interval: float,
         stop: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
+        triton_listens: Callable[[], bool] | None = None,
+        startup_wait: float = 0.0,
     ) -> None:
         self.pipeline = pipeline
+        self.triton_listens = triton_listens
+        self.startup_wait = startup_wait
         self.sink = sink
         self.interval = interval
         self.stop = stop or threading.Event()
@@ -112,6 +116,23 @@ class Runner:
                 job.result = exc
             job.done.set()
 
+    def _wait_for_triton(self) -> None:
+        """Hold the first scrape until Triton listens (or ``startup_wait`` passed): started beside Triton, the
+        sidecar would otherwise report it down while it loads its models, which is not a fault."""
+        if self.triton_listens is None or self.startup_wait <= 0:
+            return
+        began = self.clock()
+        while not self.stop.is_set():
+            if self.triton_listens():
+                log.info("Triton listens; first scrape", extra={"fields": {"waited_s": round(self.clock() - began, 1)}})
+                return
+            if self.clock() - began >= self.startup_wait:
+                log.warning(
+                    "Triton does not listen after %.0fs; scraping anyway (it is reported down)", self.startup_wait
+                )
+                return
+            self.stop.wait(1.0)
+
     def run(self) -> None:
         """Loop until ``stop`` is set. Raises SinkClosed if the output goes away for good.
 
@@ -120,10 +141,11 @@ class Runner:
         if self._ran:
             raise RunnerStopped("this runner already ran: its sink and pipeline are closed")
         self._ran = True
-        start = self.clock()
-        slot = 0  # index of the scheduled start of the current cycle
         log.info("exporter started", extra={"fields": {"interval_s": self.interval}})
         try:
+            self._wait_for_triton()
+            start = self.clock()
+            slot = 0  # index of the scheduled start of the current cycle
             while not self.stop.is_set():
                 try:
                     result = self._cycle()

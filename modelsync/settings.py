@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from exporter.config import Output, choice, given, parse_output, valid_namespace
+from exporter.config import Output, choice, given, non_negative, parse_output, valid_namespace
 
 from . import __version__
 
@@ -105,13 +105,6 @@ def _positive(text: str) -> float:
     value = float(text)
     if not (value > 0 and math.isfinite(value)):
         raise ValueError("must be a positive number")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not (value >= 0 and math.isfinite(value)):
-        raise ValueError("must be a number >= 0")
     return value
 
 
@@ -240,7 +233,7 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
         "hash_tag_wait",
         "--hash-tag-wait",
         ("MODELSYNC_HASH_TAG_WAIT",),
-        _non_negative,
+        non_negative,
         "seconds to wait for a sha256 object tag when an event arrives before the tag",
     ),
     (

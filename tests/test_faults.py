@@ -18,12 +18,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 from demo.payloads import triton_metrics
+from exporter import __main__ as exporter_main
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
@@ -61,10 +64,10 @@ class Tap:
 
 
 class Loop:
-    def __init__(self, pipeline: Pipeline, sink: Sink, interval: float) -> None:
+    def __init__(self, pipeline: Pipeline, sink: Sink, interval: float, **runner: Any) -> None:
         self.tap = Tap(sink)
         self.stop = threading.Event()
-        self.runner = Runner(pipeline, self.tap, interval, self.stop)
+        self.runner = Runner(pipeline, self.tap, interval, self.stop, **runner)
         self.log = Capture()
         self.thread = threading.Thread(target=self.runner.run, name="runner", daemon=True)
 
@@ -158,6 +161,34 @@ def test_triton_not_up_at_start_then_up(triton_factory, tmp_path):
     assert not loop.crashes()
     heartbeats = [line for line in (tmp_path / "emf.log").read_bytes().splitlines() if b"ExporterHeartbeat" in line]
     assert len(heartbeats) == len(cycles)  # every cycle reached the file, including the Triton-down ones
+
+
+@pytest.mark.triton
+def test_the_first_record_waits_for_triton_to_listen(triton_factory, tmp_path):
+    """Started with Triton (dependsOn START), the sidecar's first scrape waits until Triton listens, which it
+    does only once its models are loaded: no record says a starting Triton is down. The same loop without
+    the wait (test_triton_not_up_at_start_then_up) records TritonUp 0 first."""
+    server = triton_factory(["add"], start=False)
+    pipe = pipeline_for(server, **FAST)
+    listens = partial(exporter_main.listens, server.metrics_url, 0.2)
+    assert not listens()
+    with Loop(pipe, FileSink(str(tmp_path / "emf.log")), 0.5, triton_listens=listens, startup_wait=60) as loop:
+        time.sleep(2.0)
+        assert loop.cycles() == []  # nothing recorded while Triton is not there
+        server.start()
+        loop.wait(lambda d: up(d) == 1, 15)
+    cycles = loop.cycles()
+    assert cycles and all(up(c) == 1 for c in cycles)
+
+
+@pytest.mark.triton
+def test_a_triton_that_never_listens_is_reported_down_after_the_wait(triton_factory, tmp_path):
+    server = triton_factory(["add"], start=False)
+    pipe = pipeline_for(server, **FAST)
+    listens = partial(exporter_main.listens, server.metrics_url, 0.2)
+    with Loop(pipe, FileSink(str(tmp_path / "emf.log")), 0.5, triton_listens=listens, startup_wait=1.5) as loop:
+        loop.wait(lambda d: up(d) == 0, 10)
+    assert any("does not listen after 2s" in m for m in loop.log.messages())
 
 
 class Gate:
