@@ -204,6 +204,7 @@ class Env:
             fs=fs,
             s3_client=self.moto.client("s3", self.s3_url or None),
             sqs_client=self.moto.client("sqs"),
+            sns_client=self.moto.client("sns"),
         )
 
     def sync(self, **kw: Any) -> Report:
