@@ -46,7 +46,9 @@ Design choices:
   share the prefix is never deleted. The period grows with the number of
   queues seen (``SWEEP_EVERY × queues / FLEET_SWEEPS``) so that a big fleet
   sweeps about :data:`FLEET_SWEEPS` times per period in total instead of
-  once per host (each sweep costs two calls per queue).
+  once per host (each sweep costs two calls per queue). A sweep that finds
+  this daemon's own subscription missing from the topic (removed by hand)
+  has the polling thread subscribe again.
 - **Failures never stop the daemon**: creation and subscription are retried
   with backoff (1 s doubling to 60 s), every failed call is logged once per
   change (``Conditions``), and meanwhile the reconcile timer keeps the host
@@ -517,6 +519,16 @@ class Fanout:
         """
         report = SweepReport()
         subs = self._subscriptions(report)
+        own = self.subscription_arn
+        if subs is not None and own and own not in {sub.arn for sub in subs}:
+            self.log.warning(
+                "fan-out: this daemon's subscription %s is gone from the topic; subscribing again",
+                own,
+                extra={"fields": {"queue": self.queue_name, "subscription": own}},
+            )
+            with self._lock:
+                if self.subscription_arn == own:
+                    self.subscription_arn = ""  # the polling thread subscribes again (Subscribe is idempotent)
         by_queue: dict[str, list[_Subscription]] = {}
         for sub in subs or []:
             by_queue.setdefault(sub.queue, []).append(sub)

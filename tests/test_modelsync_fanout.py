@@ -295,6 +295,23 @@ def test_a_daemon_whose_queue_was_deleted_makes_a_new_one(moto) -> None:  # noqa
     assert our_queues(moto, prefix) == [] and subscriptions(moto, topic) == []
 
 
+def test_a_daemon_whose_subscription_was_removed_subscribes_again(moto) -> None:  # noqa: F811
+    topic, prefix = new_topic(moto), unique("fan-")
+    fanout, pending, records = make_fanout(moto, topic, prefix, retry_first=0.2)
+    fanout.start()
+    try:
+        wait_for(lambda: fanout.ready, timeout=20)
+        moto.client("sns").unsubscribe(SubscriptionArn=fanout.subscription_arn)  # by hand
+        fanout.sweep()  # the daemon's own sweep notices
+        assert any("subscribing again" in m for m in records.messages(logging.WARNING))
+        wait_for(lambda: fanout.ready and len(subscriptions(moto, topic)) == 1, timeout=20)
+        moto.client("sns").publish(TopicArn=topic, Message=s3_event("bkt", "m4.zip"))
+        assert "m4" in wait_for(lambda: pending.take(0.2), timeout=10)
+    finally:
+        fanout.close()
+    assert our_queues(moto, prefix) == [] and subscriptions(moto, topic) == []
+
+
 def test_create_and_subscribe_failures_are_retried_not_fatal(moto) -> None:  # noqa: F811
     sns = moto.client("sns")
     name = unique("late-topic-")
