@@ -520,9 +520,9 @@ def test_three_hosts_serve_a_new_upload_within_10_seconds_and_leave_nothing_behi
             lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
             msgs = [line["msg"] for line in lines]
             assert "fan-out queue created" in msgs and "fan-out queue deleted" in msgs, msgs
-    finally:
-        for proc, log in procs:
+    finally:  # what pytest shows on a failure: each daemon's log and each Triton's
+        for (proc, log), triton in zip(procs, tritons):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-            sys.stderr.write(f"--- {log}\n{log.read_text()[-2000:]}\n")
+            sys.stderr.write(f"--- {log}\n{log.read_text()[-3000:]}\n--- triton\n{triton.log_text()[-1500:]}\n")
