@@ -23,6 +23,7 @@ from exporter import logs
 from exporter.sinks import Sink, SinkClosed, make_sink
 
 from .events import EventFilter, Pending, QueuePoller
+from .fanout import Fanout, build_fanout
 from .fsio import FileSystem, LocalFileSystem
 from .health import HEARTBEAT_EVERY, Status
 from .metrics import Recorder
@@ -47,10 +48,13 @@ class App:
     sink: Sink
     poller: QueuePoller | None
     pending: Pending
+    fanout: Fanout | None = None  # --topic-arn: this daemon's own queue on the topic
 
     def close(self) -> None:
         if self.poller is not None:
             self.poller.close()
+        if self.fanout is not None:
+            self.fanout.close()  # unsubscribes and deletes this daemon's queue
         self.sink.close(SINK_GRACE)
         self.store.close()
 
@@ -61,6 +65,7 @@ def build(
     log: logging.Logger | None = None,
     s3_client: object | None = None,
     sqs_client: object | None = None,
+    sns_client: object | None = None,
 ) -> App:
     """Wire the parts; raises StoreError when the store cannot be used."""
     fs = fs or LocalFileSystem()
@@ -85,7 +90,19 @@ def build(
             pending,
             logging.getLogger(f"{LOGGER}.sqs"),
         )
-    return App(settings, store, syncer, sink, poller, pending)
+    fanout = None
+    if settings.topic_arn and not settings.once:
+        fanout = build_fanout(
+            settings.topic_arn,
+            settings.queue_name_prefix,
+            settings.host,
+            EventFilter(settings.bucket, settings.prefix),
+            pending,
+            logging.getLogger(f"{LOGGER}.fanout"),
+            sqs_client,
+            sns_client,
+        )
+    return App(settings, store, syncer, sink, poller, pending, fanout)
 
 
 def _queue_region(url: str) -> str:
@@ -148,6 +165,8 @@ def run_daemon(app: App, stop: threading.Event, log: logging.Logger) -> None:
     heartbeat(app, stop, log)
     if app.poller is not None:
         app.poller.start()
+    if app.fanout is not None:
+        app.fanout.start()  # creates and subscribes its queue in the background (retried), then polls it
     start = time.monotonic()
     slot = 0
     log.info(

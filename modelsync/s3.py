@@ -174,12 +174,15 @@ class S3:
         return digest.hexdigest(), count
 
 
-def make_client(service: str, region_hint: str = "") -> Any:
-    """A boto3 client from the standard chain, with bounded timeouts and the standard retry mode."""
+def make_client(service: str, region_hint: str = "", region: str = "") -> Any:
+    """A boto3 client from the standard chain, with bounded timeouts and the standard retry mode.
+
+    ``region`` overrides the chain's region (the fan-out's SNS topic lives in one region);
+    ``region_hint`` is used only when nothing else sets one.
+    """
     import boto3
     from botocore.config import Config
 
     session = boto3.session.Session()
-    region = session.region_name or region_hint or None
     config = Config(connect_timeout=5, read_timeout=60, retries={"mode": "standard", "max_attempts": 3})
-    return session.client(service, region_name=region, config=config)
+    return session.client(service, region_name=region or session.region_name or region_hint or None, config=config)

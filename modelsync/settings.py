@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from exporter.config import Output, choice, given, non_negative, parse_output, valid_namespace
 
 from . import __version__
+from .fanout import check_queue_prefix, check_topic_arn
 
 
 class ConfigError(ValueError):
@@ -40,6 +41,8 @@ class Settings:
     store: Path = Path("")  # empty: <repository>.store, beside it
     triton_url: str = "http://localhost:8000"
     queue_url: str = ""
+    topic_arn: str = ""  # SNS fan-out: each daemon subscribes a queue of its own (modelsync/fanout.py)
+    queue_name_prefix: str = "modelsync-"
     interval: float = 60.0
     output: Output = Output("stdout")  # noqa: RUF009 - a frozen dataclass
     namespace: str = "Triton"
@@ -177,6 +180,22 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
         _queue_url,
         "optional SQS queue fed by S3 or EventBridge object events; events only trigger a reconcile of the model",
     ),
+    (
+        "topic_arn",
+        "--topic-arn",
+        ("MODELSYNC_TOPIC_ARN",),
+        check_topic_arn,
+        "optional SNS topic fed by the bucket's object events: each daemon creates its own SQS queue, subscribes "
+        "it, and deletes it at a clean stop, so every host hears every event (excludes --queue-url)",
+    ),
+    (
+        "queue_name_prefix",
+        "--queue-name-prefix",
+        ("MODELSYNC_QUEUE_NAME_PREFIX",),
+        check_queue_prefix,
+        "name prefix of the per-daemon queues with --topic-arn (a 12-character id follows); every daemon deletes "
+        "queues named so whose heartbeat is older than 10 minutes",
+    ),
     ("interval", "--interval", ("MODELSYNC_INTERVAL",), _positive, "seconds between full reconciles with S3"),
     (
         "output",
@@ -291,6 +310,7 @@ def build_parser(prog: str = "python -m modelsync") -> argparse.ArgumentParser:
             "host": "",
             "prefix": " (default: empty)",
             "queue_url": " (default: none)",
+            "topic_arn": " (default: none)",
         }.get(field, f" (default: {_shown(default)})")
         parser.add_argument(
             flag, dest=field, metavar=field.split("_")[-1].upper(), help=f"{text}{shown} [env: {', '.join(envs)}]"
@@ -329,6 +349,11 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
         raise ConfigError(
             f"--store={store}: must be outside --repository={repo} (every directory there is a "
             "model to Triton) and must not contain it"
+        )
+    if settings.queue_url and settings.topic_arn:
+        raise ConfigError(
+            "--queue-url (MODELSYNC_QUEUE_URL) and --topic-arn (MODELSYNC_TOPIC_ARN) are both set: with a topic "
+            "each daemon reads a queue of its own, with a shared queue each event reaches one host only; set one"
         )
     if settings.max_extracted_bytes < 1 or settings.max_archive_bytes < 1:
         raise ConfigError("archive limits must be positive")

@@ -1,6 +1,6 @@
 """Shared parts of the modelsync tests: moto's server, model archives, a faulty proxy and file system.
 
-Real parts wherever they can run here: moto's server for S3 and SQS (boto3
+Real parts wherever they can run here: moto's server for S3, SQS and SNS (boto3
 talks HTTP to it, like to AWS), a real Triton in explicit mode, real files.
 What cannot be produced on demand is injected behind modelsync's own small
 interfaces: :class:`FaultFileSystem` (ENOSPC on a write, a crash right
@@ -205,6 +205,7 @@ class Env:
             fs=fs,
             s3_client=self.moto.client("s3", self.s3_url or None),
             sqs_client=self.moto.client("sqs"),
+            sns_client=self.moto.client("sns"),
         )
 
     def sync(self, **kw: Any) -> Report:
