@@ -38,6 +38,7 @@ SAMPLE = {
     "LogRouterTag": "2.32.5",
     "ModelRepository": "s3://example-models/triton",
     "ExpectGpu": "A10G|L4",
+    "Namespace": "Triton/triton",  # the stack's default: Triton/<stack name>, the task family
 }
 PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 
@@ -109,6 +110,13 @@ def test_task_shape(taskdef):
         assert c.get("memory") or c.get("memoryReservation"), f"{c['name']} needs memory on EC2"
 
 
+def test_triton_gets_most_of_the_cpu_units(taskdef):
+    """CPU units are reservations and, under contention, weights: a Triton without any gets 2 shares against
+    128 for each sidecar, under 1% of the CPU when the exporter or the router is busy."""
+    cpu = {c["name"]: c.get("cpu", 0) for c in taskdef["containerDefinitions"]}
+    assert cpu["triton-server"] >= 1024 and cpu["triton-server"] > 2 * sum(v for k, v in cpu.items() if k != "triton-server")
+
+
 def test_triton_container(taskdef):
     triton = containers(taskdef)["triton-server"]
     assert triton["essential"] is True
@@ -158,7 +166,12 @@ def test_exporter_container(taskdef):
     # NVIDIA_VISIBLE_DEVICES in its environment; utility mounts libnvidia-ml.
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")
-    assert env["EXPORTER_NVML"] in ("auto", "on")
+    # auto, never on: with on, a task placed where NVML cannot load (driver, runtime) would lose its
+    # exporter, and every metric with it, for the task's life (exit 2 at start). With auto the GPU source
+    # reports itself down with the reason and the Triton metrics keep flowing.
+    assert env["EXPORTER_NVML"] == "auto"
+    # A sidecar that exits anyway (a bug, the OOM killer) is restarted rather than silent until the task ends.
+    assert exporter["restartPolicy"]["enabled"] is True and 0 in exporter["restartPolicy"]["ignoredExitCodes"]
     assert env["TRITON_URL"] == "http://localhost:8000"
     assert env["TRITON_METRICS_URL"] == "http://localhost:8002/metrics"
     assert exporter["user"].split(":")[0] not in ("0", "root")

@@ -61,6 +61,7 @@ PSEUDO = {
     "AWS::AccountId": ACCOUNT,
     "AWS::Partition": "aws",
     "AWS::StackName": "triton",
+    "AWS::StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/triton/51af3dc0-da77-11e4-872e-1234567890ab",
     "AWS::URLSuffix": "amazonaws.com",
 }
 NO_VALUE = object()
@@ -74,6 +75,7 @@ class Stack:
 
     def __init__(self, template: dict[str, Any], **params: str) -> None:
         self.t = template
+        self.pseudo = dict(PSEUDO)  # AWS::StackName and friends; a test may name another stack
         unknown = set(params) - set(template["Parameters"])
         assert not unknown, unknown
         self.params: dict[str, Any] = {}
@@ -109,8 +111,8 @@ class Stack:
     def ref(self, name: str) -> Any:
         if name in self.params:
             return self.params[name]
-        if name in PSEUDO:
-            return PSEUDO[name]
+        if name in self.pseudo:
+            return self.pseudo[name]
         if name == "AWS::NoValue":
             return NO_VALUE
         res = self.t["Resources"][name]
@@ -256,8 +258,14 @@ def sample_taskdef() -> dict[str, Any]:
     return json.loads(substitute(TASK_DEF.read_text(), {k: json.dumps(v)[1:-1] for k, v in SAMPLE.items()}))
 
 
+_INTEGERS = {"cpu", "memory", "memoryReservation"}  # a Ref of a Number parameter evaluates to its string
+
+
 def stack_taskdef(stack: Stack) -> dict[str, Any]:
     props = api_shape(stack.props("TaskDefinition"))
+    for c in props["containerDefinitions"]:
+        for key in _INTEGERS & set(c):
+            c[key] = int(c[key])
     props["executionRoleArn"] = f"arn:aws:iam::{ACCOUNT}:role/exec"
     props["taskRoleArn"] = f"arn:aws:iam::{ACCOUNT}:role/task"
     return props
@@ -299,6 +307,9 @@ def test_values_follow_the_parameters(template) -> None:
     c = by_name(stack_taskdef(s))
     env = {name: {e["name"]: e["value"] for e in c[name]["environment"]} for name in c}
     assert env["exporter"]["AWS_EMF_NAMESPACE"] == "Prod/Triton"
+    assert c["triton-server"]["cpu"] == 3072 and by_name(stack_taskdef(mk(template, TritonCpu="7168")))[
+        "triton-server"
+    ]["cpu"] == 7168
     assert env["log_router"]["TRITON_LOG_GROUP_PREFIX"] == "/prod/inf"
     assert env["log_router"]["TRITON_LOG_RETENTION_DAYS"] == "90"
     assert env["triton-server"]["MODEL_REPOSITORY"] == "s3://other/repo"
@@ -496,7 +507,7 @@ def test_execution_role_pulls_only_the_three_repositories(template, image: str, 
 
 
 def test_every_wildcard_resource_is_justified(template) -> None:
-    s = mk(template, EnableExec="true")
+    s = mk(template, EnableExec="true", ModelSyncBucketName="example-models")
     seen = 0
     for name in s.resources("AWS::IAM::Role"):
         notes = template["Resources"][name].get("Metadata", {}).get("WildcardJustification", {})
@@ -504,7 +515,7 @@ def test_every_wildcard_resource_is_justified(template) -> None:
             if "*" in _as_list(st["Resource"]):
                 assert len(notes.get(st.get("Sid", ""), "")) > 40, f"{name} {st.get('Sid')}: justify Resource *"
                 seen += 1
-    assert seen == 2  # ecr:GetAuthorizationToken and the ECS Exec channels
+    assert seen == 3  # ecr:GetAuthorizationToken, the ECS Exec channels, sqs:ListQueues (model sync)
 
 
 def test_roles_trust_only_ecs_tasks_of_this_account(stack) -> None:
@@ -561,7 +572,11 @@ def test_nested_alarms_stack_gets_every_parameter(template, alarms_template, sta
     assert (STACK.parent / nested["Properties"]["TemplateURL"]).resolve() == ALARMS.resolve()
     passed = nested["Properties"]["Parameters"]
     assert set(passed) == set(alarms_template["Parameters"]), "pass every parameter, none left at its default"
-    wired = {"ClusterName": {"Ref": "ClusterName"}, "ServiceName": {"Fn::GetAtt": ["Service", "Name"]}}
+    wired = {
+        "ClusterName": {"Ref": "ClusterName"},
+        "ServiceName": {"Fn::GetAtt": ["Service", "Name"]},
+        "Namespace": NAMESPACE,  # the stack's default differs on purpose: test_namespace_is_one_per_stack
+    }
     for name, value in passed.items():
         if name in wired:
             assert value == wired[name], name
@@ -569,6 +584,8 @@ def test_nested_alarms_stack_gets_every_parameter(template, alarms_template, sta
         # Passed through from a parent parameter of the same name and definition.
         assert value == {"Ref": name}, name
         ours, theirs = template["Parameters"][name], alarms_template["Parameters"][name]
+        if name == "Namespace":
+            continue
         for key in ("Type", "Default", "AllowedValues", "MinValue", "MaxValue"):
             assert ours.get(key) == theirs.get(key), (name, key)
     # The service name the scalable target uses is the one the stack creates.
@@ -576,6 +593,27 @@ def test_nested_alarms_stack_gets_every_parameter(template, alarms_template, sta
     assert alarms_template["Resources"]["ScalableTarget"]["Properties"]["ResourceId"] == {
         "Fn::Sub": "service/${ClusterName}/${ServiceName}"
     }
+
+
+NAMESPACE = {"Fn::If": ["HasNamespace", {"Ref": "Namespace"}, {"Fn::Sub": "Triton/${AWS::StackName}"}]}
+
+
+def test_namespace_is_one_per_stack(template) -> None:
+    """Two stacks in one account with the defaults write, alarm on and scale on two namespaces: with one
+    shared namespace, each service's GpuUtilization alarms would read the other's tasks too."""
+    one, two = mk(template), mk(template)
+    two.pseudo = PSEUDO | {"AWS::StackName": "triton-b"}
+    spaces = []
+    for s in (one, two):
+        env = {e["name"]: e["value"] for e in by_name(stack_taskdef(s))["exporter"]["environment"]}
+        assert s.ev(template["Resources"]["Alarms"]["Properties"]["Parameters"]["Namespace"]) == env["AWS_EMF_NAMESPACE"]
+        assert s.ev(template["Outputs"]["Namespace"]["Value"]) == env["AWS_EMF_NAMESPACE"]
+        spaces.append(env["AWS_EMF_NAMESPACE"])
+    assert spaces == ["Triton/triton", "Triton/triton-b"]
+    chosen = mk(template, Namespace="Prod/Triton")
+    env = {e["name"]: e["value"] for e in by_name(stack_taskdef(chosen))["exporter"]["environment"]}
+    assert env["AWS_EMF_NAMESPACE"] == "Prod/Triton"
+    assert template["Parameters"]["Namespace"]["Default"] == ""
 
 
 def test_dashboard_output_follows_the_nested_condition(template, alarms_template) -> None:
