@@ -7,7 +7,7 @@
 # goes into the main .venv: it lives in .venv-checkov, created here on first use.
 # What is scanned: the sidecar's Dockerfile, fluentbit/Dockerfile,
 # deploy/triton.Dockerfile, deploy/task-definition.json and
-# deploy/modelsync-task-definition.json, the CloudFormation
+# deploy/task-definition-modelsync.json, the CloudFormation
 # templates (alarms/*.template.json, deploy/*.yaml|yml|json templates) and the
 # Terraform module deploy/terraform (through its examples/ root module).
 # Skipped checks, each with its reason, are listed in .checkov.yaml.
@@ -26,7 +26,7 @@ fi
 [ -f "$VENV/.gitignore" ] || printf '*\n' > "$VENV/.gitignore"
 
 files=(Dockerfile fluentbit/Dockerfile deploy/triton.Dockerfile deploy/task-definition.json
-       deploy/modelsync-task-definition.json)
+       deploy/task-definition-modelsync.json)
 for f in alarms/*.template.json deploy/*.yaml deploy/*.yml deploy/*.template.json; do
   [ -f "$f" ] && files+=("$f")
 done

@@ -261,11 +261,16 @@ def sample_taskdef() -> dict[str, Any]:
 _INTEGERS = {"cpu", "memory", "memoryReservation"}  # a Ref of a Number parameter evaluates to its string
 
 
-def stack_taskdef(stack: Stack) -> dict[str, Any]:
-    props = api_shape(stack.props("TaskDefinition"))
-    for c in props["containerDefinitions"]:
+def integer_fields(td: dict[str, Any]) -> dict[str, Any]:
+    """The container fields ECS takes as integers, as integers (a Ref of a Number evaluates to a string)."""
+    for c in td["containerDefinitions"]:
         for key in _INTEGERS & set(c):
             c[key] = int(c[key])
+    return td
+
+
+def stack_taskdef(stack: Stack) -> dict[str, Any]:
+    props = integer_fields(api_shape(stack.props("TaskDefinition")))
     props["executionRoleArn"] = f"arn:aws:iam::{ACCOUNT}:role/exec"
     props["taskRoleArn"] = f"arn:aws:iam::{ACCOUNT}:role/task"
     return props

@@ -10,8 +10,8 @@ never run. Instead, with the real parsers (python-hcl2's HCL grammar, json):
   alarms template), from the SAME parameter values; the two must describe the same
   deployment: containers, network mode, volumes, service, target group, listener rule, log
   groups, the roles' policies statement by statement, every alarm, the scalable target and
-  step policies, the dashboard body, and with model sync the daemon's task definition and
-  service, its queue, queue policy, EventBridge rule and role. The comparisons iterate over
+  step policies, the dashboard body, and with model sync the task's two more containers and
+  volumes, the topic, its policy, the EventBridge rule and the task role's model-sync policy. The comparisons iterate over
   whatever the stack has, every stack resource and property needs a Terraform counterpart (and
   the other way round), and a resource one side creates under a condition the other does not is
   a difference;
@@ -42,7 +42,7 @@ from exporter.render.alarms import SCALING_ACTIONS, alarm_specs
 from exporter.render.options import Options
 from exporter.render.template import POLICY_IDS
 from tests.helpers import CATALOG
-from tests.test_stack import ACCOUNT, REGION, REGISTRY, VALUES, Stack, api_shape, load_cfn_yaml
+from tests.test_stack import ACCOUNT, REGION, REGISTRY, VALUES, Stack, api_shape, integer_fields, load_cfn_yaml
 from tests.test_stack_modelsync import MODELSYNC_RESOURCES
 from tests.tfeval import Module, TfError, Unknown, ValidationFailed, _source_text, parse_directory
 
@@ -80,6 +80,8 @@ SCENARIOS = {
         "HealthCheckGracePeriodSeconds": "900",
         "TritonImage": f"{REGISTRY}/team/ml/triton-server@sha256:{'a' * 64}",
         "ExporterImage": "210987654321.dkr.ecr.eu-west-1.amazonaws.com/shared/exporter:1",
+        "TritonCpu": "7168",
+        "ModelBucketKmsKeyArn": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     },
     "alarms": {
         "EnableScaling": "false",
@@ -110,7 +112,8 @@ SCENARIOS = {
         "ModelSyncBucketName": "prod.models-1",
         "ModelSyncPrefix": "triton/v2/",
         "ModelSyncHostPath": "/local/nvme/triton",
-        "ModelSyncTritonUrl": "http://10.0.0.5:8000",
+        "TritonCpu": "4096",
+        "ModelBucketKmsKeyArn": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab",
         "EnableExec": "true",
         "Namespace": "Prod/Triton",
         "LogGroupPrefix": "/prod/inf",
@@ -203,10 +206,8 @@ _PLACEHOLDERS = {
     "<TaskRole.Arn>": "<aws_iam_role.task.arn>",
     "<TargetGroup>": "<aws_lb_target_group.this.arn>",
     "<TaskDefinition>": "<aws_ecs_task_definition.this.arn>",
-    "<ModelSyncTaskRole.Arn>": "<aws_iam_role.modelsync[0].arn>",
-    "<ModelSyncTaskDefinition>": "<aws_ecs_task_definition.modelsync[0].arn>",
-    "<ModelSyncQueue>": "<aws_sqs_queue.modelsync[0].url>",  # Ref of a queue is its URL
-    "<ModelSyncQueue.Arn>": "<aws_sqs_queue.modelsync[0].arn>",
+    "<ModelSyncTopic>": "<aws_sns_topic.modelsync[0].arn>",  # Ref of a topic is its ARN
+    "<ModelSyncTopic>:*": "<aws_sns_topic.modelsync[0].arn>:*",
     "<ModelSyncEventRule.Arn>": "<aws_cloudwatch_event_rule.modelsync[0].arn>",
     **{f"<{logical}>": f"<aws_appautoscaling_policy.{key}[0].arn>" for key, logical in POLICY_IDS.items()},
 }
@@ -307,7 +308,7 @@ def task_definition(stack: Stack, plan: dict[str, Any]) -> list[str]:
     cfn_base = stack.props("TaskDefinition")["Family"]
     tf_base = one_of(plan, "aws_ecs_task_definition.this")["family"]
     for logical, address in matched(stack, plan, "AWS::ECS::TaskDefinition"):
-        cfn = placeholders(api_shape(stack.props(logical)))
+        cfn = placeholders(integer_fields(api_shape(stack.props(logical))))
         td = Mapper(address, plan[address])
         tf = {
             "family": td.take("family"),
@@ -318,9 +319,9 @@ def task_definition(stack: Stack, plan: dict[str, Any]) -> list[str]:
         }
         containers = json.loads(td.take("container_definitions"))
         volumes = [
-            {"name": v.pop("name"), "host": {"sourcePath": v.pop("host_path")}, **v}
+            {"name": v.pop("name"), **({"host": {"sourcePath": h}} if (h := v.pop("host_path")) is not None else {}), **v}
             for v in map(dict, td.take("volume", []))
-        ]  # copies: the plan stays as it was
+        ]  # copies: the plan stays as it was; no host path: a task volume
         if volumes:
             tf["volumes"] = volumes
         diffs += td.done()
@@ -483,28 +484,22 @@ def roles(stack: Stack, plan: dict[str, Any]) -> list[str]:
     return diffs + [f"policy on an unknown role {r}" for r in attached]
 
 
-def queues(stack: Stack, plan: dict[str, Any]) -> list[str]:
+def topics(stack: Stack, plan: dict[str, Any]) -> list[str]:
     diffs = []
-    for logical, address in matched(stack, plan, "AWS::SQS::Queue"):
+    for logical, address in matched(stack, plan, "AWS::SNS::Topic"):
         m = Mapper(address, plan[address])
-        tf = {
-            "SqsManagedSseEnabled": m.take("sqs_managed_sse_enabled"),
-            "MessageRetentionPeriod": m.take("message_retention_seconds"),
-            "ReceiveMessageWaitTimeSeconds": m.take("receive_wait_time_seconds"),
-            "VisibilityTimeout": m.take("visibility_timeout_seconds"),
-        }
-        diffs += m.done() + compare(f"queue {logical}", stack.props(logical), tf)
+        diffs += m.done() + compare(f"topic {logical}", stack.props(logical), {})
     return diffs
 
 
-def queue_policies(stack: Stack, plan: dict[str, Any]) -> list[str]:
+def topic_policies(stack: Stack, plan: dict[str, Any]) -> list[str]:
     diffs = []
-    for logical, address in matched(stack, plan, "AWS::SQS::QueuePolicy"):
+    for logical, address in matched(stack, plan, "AWS::SNS::TopicPolicy"):
         m = Mapper(address, plan[address], ignore=())
-        tf = {"Queues": [m.take("queue_url")], "PolicyDocument": _policy(json.loads(m.take("policy")))}
+        tf = {"Topics": [m.take("arn")], "PolicyDocument": _policy(json.loads(m.take("policy")))}
         cfn = stack.props(logical)
         cfn["PolicyDocument"] = _policy(cfn["PolicyDocument"])
-        diffs += m.done() + compare(f"queue policy {logical}", cfn, tf)
+        diffs += m.done() + compare(f"topic policy {logical}", cfn, tf)
     return diffs
 
 
@@ -711,8 +706,8 @@ COMPARED = {
     "aws_cloudwatch_log_group": log_groups,
     "aws_iam_role": roles,
     "aws_iam_role_policy": roles,
-    "aws_sqs_queue": queues,
-    "aws_sqs_queue_policy": queue_policies,
+    "aws_sns_topic": topics,
+    "aws_sns_topic_policy": topic_policies,
     "aws_cloudwatch_event_rule": event_rules,
     "aws_cloudwatch_event_target": event_rules,
 }
@@ -730,8 +725,8 @@ CFN_TYPES = {
     "AWS::ElasticLoadBalancingV2::ListenerRule": "aws_lb_listener_rule",
     "AWS::Logs::LogGroup": "aws_cloudwatch_log_group",
     "AWS::IAM::Role": "aws_iam_role",
-    "AWS::SQS::Queue": "aws_sqs_queue",
-    "AWS::SQS::QueuePolicy": "aws_sqs_queue_policy",
+    "AWS::SNS::Topic": "aws_sns_topic",
+    "AWS::SNS::TopicPolicy": "aws_sns_topic_policy",
     "AWS::Events::Rule": "aws_cloudwatch_event_rule",
     "AWS::CloudWatch::Alarm": "aws_cloudwatch_metric_alarm",
     "AWS::ApplicationAutoScaling::ScalableTarget": "aws_appautoscaling_target",
@@ -748,11 +743,8 @@ COUNTERPARTS = {
     "ListenerRule": "aws_lb_listener_rule.this",
     "ExecutionRole": "aws_iam_role.execution",
     "TaskRole": "aws_iam_role.task",
-    "ModelSyncTaskDefinition": "aws_ecs_task_definition.modelsync[0]",
-    "ModelSyncService": "aws_ecs_service.modelsync[0]",
-    "ModelSyncTaskRole": "aws_iam_role.modelsync[0]",
-    "ModelSyncQueue": "aws_sqs_queue.modelsync[0]",
-    "ModelSyncQueuePolicy": "aws_sqs_queue_policy.modelsync[0]",
+    "ModelSyncTopic": "aws_sns_topic.modelsync[0]",
+    "ModelSyncTopicPolicy": "aws_sns_topic_policy.modelsync[0]",
     "ModelSyncEventRule": "aws_cloudwatch_event_rule.modelsync[0]",
 }
 ONE_TO_ONE = (
@@ -761,8 +753,8 @@ ONE_TO_ONE = (
     "AWS::ElasticLoadBalancingV2::TargetGroup",
     "AWS::ElasticLoadBalancingV2::ListenerRule",
     "AWS::IAM::Role",
-    "AWS::SQS::Queue",
-    "AWS::SQS::QueuePolicy",
+    "AWS::SNS::Topic",
+    "AWS::SNS::TopicPolicy",
     "AWS::Events::Rule",
 )
 
@@ -786,8 +778,41 @@ def counterparts(stack: Stack, plan: dict[str, Any]) -> list[str]:
     return diffs
 
 
+def _replace_strings(x: Any, names: dict[str, str]) -> Any:
+    if isinstance(x, str):
+        for theirs, ours in names.items():
+            x = x.replace(theirs, ours)
+        return x
+    if isinstance(x, list):
+        return [_replace_strings(i, names) for i in x]
+    if isinstance(x, dict):
+        return {k: _replace_strings(v, names) for k, v in x.items()}
+    return x
+
+
+def deployment_names(stack: Stack, plan: dict[str, Any]) -> dict[str, str]:
+    """The names each side derives from the deployment's own name (the stack's name and id there, the task
+    family here): the default namespace Triton/<family> and the daemons' queue prefix. Each side's value
+    is checked for its shape, then the plan's is written as the stack's, so everything else compares."""
+    names = {}
+    td = stack.props("TaskDefinition")
+    tf_family = one_of(plan, "aws_ecs_task_definition.this")["family"]
+    if not stack.params["Namespace"]:
+        names[f"Triton/{tf_family}"] = f"Triton/{td['Family']}"
+    containers = {c["Name"]: c for c in td["ContainerDefinitions"]}
+    if "modelsync" in containers:
+        ours = {e["Name"]: e["Value"] for e in containers["modelsync"]["Environment"]}["MODELSYNC_QUEUE_NAME_PREFIX"]
+        tf = json.loads(plan["aws_ecs_task_definition.this"]["container_definitions"])
+        (daemon,) = [c for c in tf if c["name"] == "modelsync"]
+        theirs = {e["name"]: e["value"] for e in daemon["environment"]}["MODELSYNC_QUEUE_NAME_PREFIX"]
+        assert re.fullmatch(r"modelsync-[0-9a-f-]{16,36}-", ours) and re.fullmatch(r"modelsync-[0-9a-f]{16}-", theirs)
+        names[theirs] = ours
+    return names
+
+
 def differences(stack: Stack, nested: Stack, plan: dict[str, Any]) -> list[str]:
     diffs = []
+    plan = _replace_strings(plan, deployment_names(stack, plan))
     for s in (stack, nested):
         for name, res in s.t["Resources"].items():
             if res["Type"] == "AWS::CloudFormation::Stack":
@@ -859,8 +884,8 @@ def test_the_issue_resources_variables_and_outputs_exist() -> None:
         "aws_cloudwatch_metric_alarm",
         "aws_appautoscaling_target",
         "aws_appautoscaling_policy",
-        "aws_sqs_queue",
-        "aws_sqs_queue_policy",
+        "aws_sns_topic",
+        "aws_sns_topic_policy",
         "aws_cloudwatch_event_rule",
         "aws_cloudwatch_event_target",
     }
@@ -890,7 +915,8 @@ def test_the_issue_resources_variables_and_outputs_exist() -> None:
         "model_sync_bucket_name",
         "model_sync_prefix",
         "model_sync_host_path",
-        "model_sync_triton_url",
+        "model_bucket_kms_key_arn",
+        "triton_cpu",
     }
     outputs = {b.labels[0] for b in blocks if b.type == "output"}
     assert outputs >= {
@@ -901,12 +927,9 @@ def test_the_issue_resources_variables_and_outputs_exist() -> None:
         "execution_role_arn",
         "alarm_names",
         "task_definition_arn",
-        "model_sync_service_name",
-        "model_sync_queue_url",
-        "model_sync_queue_arn",
-        "model_sync_task_role_arn",
+        "model_sync_topic_arn",
         "model_sync_log_group",
-        "model_sync_task_definition_arn",
+        "namespace",
     }
     # What the issue names in the task definition, as the plan has it.
     plan = module_for(VALUES).plan()
@@ -924,16 +947,18 @@ def test_the_issue_resources_variables_and_outputs_exist() -> None:
     assert model_sync_outputs and all(v is None for v in model_sync_outputs.values())
     on = module_for(VALUES | {"ModelSyncBucketName": "example-models"})
     outputs = on.outputs()
-    assert outputs["model_sync_service_name"] == "triton-modelsync"
-    assert outputs["model_sync_queue_url"] == Unknown("aws_sqs_queue.modelsync[0].url")
-    assert outputs["model_sync_task_role_arn"] == Unknown("aws_iam_role.modelsync[0].arn")
+    assert outputs["model_sync_topic_arn"] == Unknown("aws_sns_topic.modelsync[0].arn")
     assert outputs["log_groups"]["modelsync"] == outputs["model_sync_log_group"] == "/ecs/triton/modelsync"
+    assert outputs["namespace"] == "Triton/gpu-cluster-triton"  # var.namespace empty: one per deployment
     plan = on.plan()
-    td = plan["aws_ecs_task_definition.modelsync[0]"]
-    (daemon,) = json.loads(td["container_definitions"])
-    assert daemon["readonlyRootFilesystem"] is True and td["network_mode"] == "host"
+    assert not of_type(plan, "aws_ecs_service").keys() - {"aws_ecs_service.this"}  # no daemon service
+    td = plan["aws_ecs_task_definition.this"]
+    containers = {c["name"]: c for c in json.loads(td["container_definitions"])}
+    assert list(containers) == ["log_router", "modelsync-init", "modelsync", "triton-server", "exporter"]
+    daemon = containers["modelsync"]
+    assert daemon["readonlyRootFilesystem"] is True and td["network_mode"] == "awsvpc"
     env = {e["name"]: e["value"] for e in daemon["environment"]}
-    assert env["MODELSYNC_QUEUE_URL"] == "<aws_sqs_queue.modelsync[0].url>"
+    assert env["MODELSYNC_TOPIC_ARN"] == "<aws_sns_topic.modelsync[0].arn>"
     assert env["MODELSYNC_BUCKET"] == "example-models"
 
 
@@ -955,14 +980,18 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
         assert len(of_type(plan, "aws_appautoscaling_policy")) == len(SCALING_ACTIONS)
         assert not [a for a in plan if ".modelsync" in a]  # no bucket: none of the model sync
     if scenario.startswith("modelsync"):
-        assert len([a for a in plan if ".modelsync[0]" in a]) == len(MODELSYNC_RESOURCES) + 2  # + target, policy
-        assert plan["aws_ecs_service.modelsync[0]"]["scheduling_strategy"] == "DAEMON"
-        (volume,) = plan["aws_ecs_task_definition.this"]["volume"]  # the sync directory replaced the host path
-        assert volume == {"name": "modelsync", "host_path": params.get("ModelSyncHostPath", "/opt/triton-models")}
+        assert len([a for a in plan if "modelsync[0]" in a]) == len(MODELSYNC_RESOURCES) + 2  # + target, role policy
+        volumes = plan["aws_ecs_task_definition.this"]["volume"]  # the store and the task's repository replace it
+        assert volumes == [
+            {"name": "model-store", "host_path": params.get("ModelSyncHostPath", "/opt/triton-models")},
+            {"name": "model-repository", "host_path": None},
+        ]
+    if "ModelBucketKmsKeyArn" in params:
+        assert "aws_iam_role_policy.task_model_bucket_key[0]" in plan
 
 
 def test_the_dashboard_with_the_defaults_is_the_committed_one() -> None:
-    plan = module_for(VALUES).plan()
+    plan = module_for(VALUES | {"Namespace": "Triton"}).plan()  # the render's default namespace
     body = json.loads(plan["aws_cloudwatch_dashboard.this[0]"]["dashboard_body"])
     # The sample account and region are the render defaults, so this is dashboards/triton.json itself.
     assert (Options(catalog=CATALOG).account_id, Options(catalog=CATALOG).region) == (ACCOUNT, REGION)
@@ -973,7 +1002,7 @@ def _copy_module(tmp: Path) -> Path:
     """The module with the files it reads, at the same relative places, to edit without touching the repository."""
     tmp.mkdir(parents=True, exist_ok=True)
     shutil.copytree(TF, tmp / "deploy" / "terraform")
-    for name in ("task-definition.json", "modelsync-task-definition.json"):
+    for name in ("task-definition.json", "task-definition-modelsync.json"):
         shutil.copy(ROOT / "deploy" / name, tmp / "deploy" / name)
     (tmp / "dashboards").mkdir()
     shutil.copy(ROOT / "dashboards" / "triton.json.tftpl", tmp / "dashboards" / "triton.json.tftpl")
@@ -986,8 +1015,13 @@ DRIFTS = [
     ("main.tf", "deregistration_delay = 30", "deregistration_delay = 31", "target group.TargetGroupAttributes"),
     ("iam.tf", '"logs:PutRetentionPolicy", ', "", "TaskRole policies"),
     ("logs.tf", '"metrics", ', "", "log groups"),
-    ("main.tf", "AWS_EMF_NAMESPACE = var.namespace", 'AWS_EMF_NAMESPACE = "Triton"', "container exporter.environment"),
-    ("main.tf", 'if key != "awslogs-create-group"', 'if key != "x"', "container log_router.logConfiguration"),
+    ("main.tf", "Namespace            = local.namespace", 'Namespace            = "Triton"', "container exporter.environment"),
+    (
+        "main.tf",
+        'local.router.logConfiguration.options : key => value if key != "awslogs-create-group"',
+        'local.router.logConfiguration.options : key => value if key != "x"',
+        "container log_router.logConfiguration",
+    ),
     ("../task-definition.json", '"retries": 5', '"retries": 4', "container triton-server.healthCheck"),
     ("alarms.tf.json", '"evaluation_periods": 15', '"evaluation_periods": 14', "alarm triton-gpu-utilization-low"),
     (
@@ -1006,49 +1040,36 @@ DRIFTS = [
     ),
 ]
 MODELSYNC_DRIFTS = [
-    ("modelsync.tf", 'Action    = "sqs:SendMessage"', 'Action    = "sqs:*"', "queue policy ModelSyncQueuePolicy"),
-    (
-        "modelsync.tf",
-        "host_path = var.model_sync_host_path",
-        'host_path = "/opt/triton-models"',
-        "task definition ModelSyncTaskDefinition.volumes",
-    ),
+    ("modelsync.tf", 'Action    = "sns:Publish"', 'Action    = "sns:*"', "topic policy ModelSyncTopicPolicy"),
     (
         "main.tf",
-        "host_path = var.model_sync_host_path",
-        'host_path = "/opt/triton-models"',
+        "lookup(v, \"host\", null) != null ? var.model_sync_host_path : null",
+        "lookup(v, \"host\", null) != null ? \"/opt/triton-models\" : null",
         "task definition TaskDefinition.volumes",
     ),
-    ("modelsync.tf", '"s3:GetObjectVersionTagging"', '"s3:PutObject"', "ModelSyncTaskRole policies"),
-    ("modelsync.tf", '"${var.model_sync_prefix}*"', '"*"', "ModelSyncTaskRole policies"),
+    ("iam.tf", '"s3:GetObjectVersionTagging"]', '"s3:PutObject"]', "TaskRole policies"),
+    ("iam.tf", '"${var.model_sync_prefix}*"', '"*"', "TaskRole policies"),
+    ("iam.tf", '"sqs:GetQueueUrl", ', "", "TaskRole policies"),
+    ("iam.tf", 'StringEquals = { "sns:Protocol" = "sqs" }', "", "TaskRole policies"),
     ("iam.tf", 'Sid      = "ModelSyncOwnLogs"', 'Sid      = "ModelSyncLogs"', "ExecutionRole policies"),
     ("modelsync.tf", "prefix = var.model_sync_prefix", 'prefix = ""', "event rule ModelSyncEventRule.EventPattern"),
-    ("modelsync.tf", 'target_id = "modelsync-queue"', 'target_id = "queue"', "event rule ModelSyncEventRule.Targets"),
-    (
-        "modelsync.tf",
-        "receive_wait_time_seconds  = 20",
-        "receive_wait_time_seconds  = 0",
-        "queue ModelSyncQueue.ReceiveMessageWaitTimeSeconds",
-    ),
-    (
-        "modelsync.tf",
-        'scheduling_strategy = "DAEMON"',
-        'scheduling_strategy = "REPLICA"',
-        "service ModelSyncService.SchedulingStrategy",
-    ),
-    (
-        "modelsync.tf",
-        "TRITON_URL          = var.model_sync_triton_url",
-        'TRITON_URL          = "http://localhost:8000"',
-        "container modelsync.environment",
-    ),
-    ("../modelsync-task-definition.json", '"stopTimeout": 60', '"stopTimeout": 30', "container modelsync.stopTimeout"),
+    ("modelsync.tf", 'target_id = "modelsync-topic"', 'target_id = "topic"', "event rule ModelSyncEventRule.Targets"),
     (
         "main.tf",
-        '"--model-control-mode=explicit --load-model=*"',
-        '"--model-control-mode=explicit"',
+        "MODELSYNC_TOPIC_ARN = one(aws_sns_topic.modelsync[*].arn)",
+        'MODELSYNC_TOPIC_ARN = "arn:aws:sns:us-east-1:123456789012:other"',
+        "container modelsync.environment",
+    ),
+    ("../task-definition-modelsync.json", '"stopTimeout": 30', '"stopTimeout": 60', "container modelsync.stopTimeout"),
+    ("../task-definition-modelsync.json", '"condition": "HEALTHY"', '"condition": "START"', "container triton-server.dependsOn"),
+    ("../task-definition-modelsync.json", '"startTimeout": 900', '"startTimeout": 120', "container modelsync.startTimeout"),
+    (
+        "../task-definition-modelsync.json",
+        "--model-control-mode=explicit --load-model='*' ",
+        "--model-control-mode=explicit ",
         "container triton-server.command",
     ),
+    ("main.tf", "{ cpu = var.triton_cpu }", "{}", "container triton-server.cpu"),
 ]
 
 
@@ -1093,11 +1114,13 @@ def test_a_drifted_stack_fails_the_comparison_with_model_sync(template, alarms_t
     params = VALUES | SCENARIOS["modelsync-renamed"]
     plan = module_for(params).plan()
     t = copy.deepcopy(template)
-    t["Resources"]["ModelSyncQueue"]["Properties"]["VisibilityTimeout"] = 30
-    t["Resources"]["ModelSyncTaskDefinition"]["Properties"]["ContainerDefinitions"][0]["Cpu"] = 512
+    t["Resources"]["ModelSyncTopic"]["Properties"] = {"FifoTopic": True}
+    containers = t["Resources"]["TaskDefinition"]["Properties"]["ContainerDefinitions"]
+    (daemon,) = [c for c in containers if isinstance(c, dict) and "Fn::If" in c and c["Fn::If"][1]["Name"] == "modelsync"]
+    daemon["Fn::If"][1]["Cpu"] = 512
     stack, nested = stacks_for(t, alarms_template, params)
     diffs = differences(stack, nested, plan)
-    assert any(d.startswith("queue ModelSyncQueue.VisibilityTimeout") for d in diffs), diffs
+    assert any(d.startswith("topic ModelSyncTopic.FifoTopic") for d in diffs), diffs
     assert any(d.startswith("container modelsync.cpu") for d in diffs), diffs
     # A resource the stack creates without a bucket, where the module creates none.
     t = copy.deepcopy(template)
@@ -1258,7 +1281,7 @@ def test_example_root_module_plans_with_its_tfvars() -> None:
     assert outputs["alarm_names"]["exporter-heartbeat-missing"] == "triton-exporter-heartbeat-missing"
     alarm = plan["module.triton.aws_cloudwatch_metric_alarm.exporter_heartbeat_missing"]
     assert alarm["alarm_actions"] == [values["alarm_topic_arn"]]
-    assert not [a for a in plan if ".modelsync" in a] and outputs["model_sync_service_name"] is None
+    assert not [a for a in plan if "modelsync" in a] and outputs["model_sync_topic_arn"] is None
 
 
 def test_example_root_module_with_model_sync_uncommented() -> None:
@@ -1267,16 +1290,16 @@ def test_example_root_module_with_model_sync_uncommented() -> None:
     assert line, "terraform.tfvars.example shows no model_sync_bucket line to uncomment"
     root = Module(EXAMPLES, hcl(EXAMPLES / "terraform.tfvars.example") | hcl(line.group(1) + "\n"), DATA)
     plan = root.plan()
-    svc = plan["module.triton.aws_ecs_service.modelsync[0]"]
-    assert (svc["scheduling_strategy"], svc["name"], svc["cluster"]) == ("DAEMON", "triton-modelsync", "my-gpu-cluster")
+    assert "module.triton.aws_sns_topic.modelsync[0]" in plan
     rule = json.loads(plan["module.triton.aws_cloudwatch_event_rule.modelsync[0]"]["event_pattern"])
     assert rule["detail"] == {"bucket": {"name": ["my-models"]}, "object": {"key": [{"prefix": "triton/"}]}}
     containers = {
         c["name"]: c for c in json.loads(plan["module.triton.aws_ecs_task_definition.this"]["container_definitions"])
     }
     assert "--model-control-mode=explicit" in containers["triton-server"]["command"][-1]
+    assert "modelsync" in containers
     # The evaluator names an unknown by its address inside the module.
-    assert root.outputs()["model_sync_queue_url"] == Unknown("aws_sqs_queue.modelsync[0].url")
+    assert root.outputs()["model_sync_topic_arn"] == Unknown("aws_sns_topic.modelsync[0].arn")
 
 
 # --- documentation and checkov ---------------------------------------------------------------
@@ -1287,6 +1310,17 @@ def test_docs_say_terraform_was_not_run_here() -> None:
         text = doc.read_text()
         assert "terraform init" in text and "terraform plan" in text and "terraform apply" in text, doc.name
         assert re.search(r"`terraform validate`.{0,40}`plan`.{0,80}not (been )?run", text, re.S), doc.name
+
+
+def test_the_provider_constraint_admits_only_what_the_module_uses() -> None:
+    """data.aws_region's `region` attribute exists from provider 6.0 (5.x has `name` only): a constraint that
+    admitted 5.x would let `terraform init` pick a provider on which `plan` fails."""
+    used = " ".join(p.read_text() for p in TF.glob("*.tf"))
+    assert "data.aws_region.current.region" in used
+    (constraint,) = re.findall(r'version\s*=\s*"([^"]+)"', (TF / "versions.tf").read_text().split("required_providers")[1])
+    lower = re.search(r">=\s*(\d+)\.", constraint)
+    assert lower and int(lower.group(1)) >= 6, constraint
+    assert re.search(r"<\s*7\.", constraint), constraint
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ and sets other than ``toset()`` of strings.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import re
@@ -1031,6 +1032,16 @@ def _contains(items: list[Any], value: Any) -> bool:
     return any(value == i and (type(i) is type(value) or _both_numbers(i, value)) for i in items)
 
 
+def _substr(s: str, offset: Any, length: Any) -> str:
+    """substr(string, offset, length): offsets count characters; length -1 means to the end."""
+    if not isinstance(s, str) or isinstance(offset, str) or isinstance(length, str):
+        raise TfError("substr() takes a string and two numbers")
+    start, count = int(offset), int(length)
+    if start < 0:
+        start = max(0, len(s) + start)
+    return s[start:] if count < 0 else s[start : start + count]
+
+
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "jsonencode": go_json,
     "jsondecode": lambda s: json.loads(s),
@@ -1051,4 +1062,6 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "replace": _string_fn(_replace),
     "alltrue": _alltrue,
     "contains": _contains,
+    "substr": _substr,
+    "sha1": _string_fn(lambda s: hashlib.sha1(s.encode()).hexdigest()),
 }

@@ -63,11 +63,12 @@ resource "aws_iam_role_policy" "execution" {
   })
 }
 
-# The containers. Only the log router and, with an s3:// repository, Triton call AWS: the exporter
-# sends EMF over TCP to the router, which writes it with PutLogEvents, so no cloudwatch:PutMetricData,
-# and it reads task metadata from the ECS agent, so no ecs:* either.
+# The containers (ECS has one role per task). Only the log router, modelsync (with model sync) and,
+# with an s3:// repository, Triton call AWS: the exporter sends EMF over TCP to the router, which
+# writes it with PutLogEvents, so no cloudwatch:PutMetricData, and it reads task metadata from the ECS
+# agent, so no ecs:* either.
 resource "aws_iam_role" "task" {
-  description        = "Triton task containers - write the Fluent Bit log groups under the prefix, read the model bucket"
+  description        = "Triton task containers - write the Fluent Bit log groups under the prefix, read the model bucket, model sync"
   assume_role_policy = local.ecs_tasks_trust
   tags               = var.tags
 }
@@ -108,6 +109,78 @@ resource "aws_iam_role_policy" "task_model_bucket" {
       { Sid = "ListModelBucket", Effect = "Allow", Action = "s3:ListBucket", Resource = "arn:${local.partition}:s3:::${var.model_bucket_name}" },
       { Sid = "ReadModelObjects", Effect = "Allow", Action = "s3:GetObject", Resource = "arn:${local.partition}:s3:::${var.model_bucket_name}/*" },
     ]
+  })
+}
+
+# modelsync (a container of the task): read the archives under the prefix (GET by version id, HEAD,
+# the sha256 tag), list the prefix; its own queue, subscribed to the topic, created at its start and
+# deleted at its stop, and the queues of daemons that died (their names share the prefix); nothing
+# else: no write to S3, no other queue, no other topic.
+resource "aws_iam_role_policy" "task_modelsync" {
+  count = local.model_sync ? 1 : 0
+  name  = "modelsync"
+  role  = aws_iam_role.task.id
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [
+      {
+        Sid       = "ListThePrefix"
+        Effect    = "Allow"
+        Action    = "s3:ListBucket"
+        Resource  = "arn:${local.partition}:s3:::${var.model_sync_bucket_name}"
+        Condition = { StringLike = { "s3:prefix" = "${var.model_sync_prefix}*" } }
+      },
+      {
+        Sid      = "ReadArchives"
+        Effect   = "Allow"
+        Action   = ["s3:GetObject", "s3:GetObjectVersion", "s3:GetObjectTagging", "s3:GetObjectVersionTagging"]
+        Resource = "arn:${local.partition}:s3:::${var.model_sync_bucket_name}/${var.model_sync_prefix}*"
+      },
+      {
+        Sid      = "OwnQueues"
+        Effect   = "Allow"
+        Action   = ["sqs:CreateQueue", "sqs:DeleteQueue", "sqs:GetQueueAttributes", "sqs:SetQueueAttributes", "sqs:GetQueueUrl", "sqs:TagQueue", "sqs:ListQueueTags", "sqs:ReceiveMessage", "sqs:DeleteMessage"]
+        Resource = "arn:${local.partition}:sqs:${local.region}:${local.account_id}:${local.queue_prefix}*"
+      },
+      # sqs:ListQueues supports no resource-level permissions (the Service Authorization Reference
+      # lists no resource type for it); it reveals queue URLs only, each further call is limited to
+      # the deployment's own name prefix.
+      { Sid = "FindQueues", Effect = "Allow", Action = "sqs:ListQueues", Resource = "*" },
+      {
+        # Subscribe only queues of this deployment's daemons, over SQS.
+        Sid      = "SubscribeOwnQueues"
+        Effect   = "Allow"
+        Action   = "sns:Subscribe"
+        Resource = aws_sns_topic.modelsync[0].arn
+        Condition = {
+          StringEquals = { "sns:Protocol" = "sqs" }
+          StringLike   = { "sns:Endpoint" = "arn:${local.partition}:sqs:${local.region}:${local.account_id}:${local.queue_prefix}*" }
+        }
+      },
+      {
+        Sid      = "TheTopicsSubscriptions"
+        Effect   = "Allow"
+        Action   = ["sns:ListSubscriptionsByTopic", "sns:Unsubscribe"]
+        Resource = [aws_sns_topic.modelsync[0].arn, "${aws_sns_topic.modelsync[0].arn}:*"]
+      },
+    ]
+  })
+}
+
+# A bucket encrypted with a customer managed key: decrypt through S3 only.
+resource "aws_iam_role_policy" "task_model_bucket_key" {
+  count = var.model_bucket_kms_key_arn == "" ? 0 : 1
+  name  = "model-bucket-key"
+  role  = aws_iam_role.task.id
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [{
+      Sid       = "DecryptThroughS3"
+      Effect    = "Allow"
+      Action    = "kms:Decrypt"
+      Resource  = var.model_bucket_kms_key_arn
+      Condition = { StringEquals = { "kms:ViaService" = "s3.${local.region}.amazonaws.com" } }
+    }]
   })
 }
 

@@ -3,9 +3,10 @@
 # to this module and compares resource by resource.
 #
 # Nothing here is written twice:
-# - the containers are deploy/task-definition.json's, decoded and patched below with this
-#   deployment's images, namespace, log prefix and router log group (the stack does the same);
-#   the model-sync daemon's are deploy/modelsync-task-definition.json's (modelsync.tf);
+# - the containers are deploy/task-definition.json's or, with model sync, deploy/task-definition-
+#   modelsync.json's (two more containers: modelsync-init and modelsync), decoded and patched below
+#   with this deployment's images, namespace, log prefix, log groups, topic and queue prefix (the
+#   stack does the same);
 # - the alarms, the GPU step scaling and their variables are alarms.tf.json, and the dashboard
 #   body is ../../dashboards/triton.json.tftpl, both written by `python -m exporter render`
 #   from the metric catalog.
@@ -19,37 +20,48 @@ locals {
   region     = data.aws_region.current.region
   partition  = data.aws_partition.current.partition
   family     = var.task_family != "" ? var.task_family : "${var.cluster_name}-${var.service_name}"
+  # One namespace per deployment by default (the stack's is Triton/<stack name>, its task family too),
+  # so two deployments in one account never alarm or scale on each other's metrics.
+  namespace = var.namespace != "" ? var.namespace : "Triton/${local.family}"
 
   # The ${...} placeholders of both task definition files (templatefile() takes extra names).
   # Their values land inside JSON strings, so they are JSON-escaped. The image tags are parts of
-  # the image URIs, which the patches replace whole; the queue URL is known only after apply, so
-  # modelsync.tf patches it in, and the task definitions' shape stays known at plan time.
+  # the image URIs, which the patches replace whole; the topic's ARN is known only after apply, so
+  # the modelsync patch puts it in, and the task definition's shape stays known at plan time.
   template_vars = {
     for name, value in {
-      AccountId           = local.account_id
-      Region              = local.region
-      ModelRepository     = var.model_repository
-      ExpectGpu           = var.expect_gpu
-      TritonTag           = ""
-      ExporterTag         = ""
-      LogRouterTag        = ""
-      ModelSyncBucketName = var.model_sync_bucket_name
-      ModelSyncPrefix     = var.model_sync_prefix
-      ModelSyncQueueUrl   = ""
+      AccountId            = local.account_id
+      Region               = local.region
+      ModelRepository      = var.model_repository
+      ExpectGpu            = var.expect_gpu
+      Namespace            = local.namespace
+      TritonTag            = ""
+      ExporterTag          = ""
+      LogRouterTag         = ""
+      ModelSyncBucketName  = var.model_sync_bucket_name
+      ModelSyncPrefix      = var.model_sync_prefix
+      ModelSyncTopicArn    = ""
+      ModelSyncQueuePrefix = local.queue_prefix
     } : name => trimsuffix(trimprefix(jsonencode(value), "\""), "\"")
   }
-  task_definition = jsondecode(templatefile("${path.module}/../task-definition.json", local.template_vars))
+  task_definition = jsondecode(templatefile(
+    "${path.module}/../${local.model_sync ? "task-definition-modelsync.json" : "task-definition.json"}", local.template_vars
+  ))
 
   # What this deployment changes in each container of the file.
   images = {
-    "triton-server" = var.triton_image
-    "exporter"      = var.exporter_image
-    "log_router"    = var.log_router_image
+    "triton-server"  = var.triton_image
+    "exporter"       = var.exporter_image
+    "log_router"     = var.log_router_image
+    "modelsync-init" = var.exporter_image
+    "modelsync"      = var.exporter_image
   }
   environment = {
-    # With model sync, Triton serves the daemon's repository (one source: the daemon's file).
-    "triton-server" = { for key, value in { MODEL_REPOSITORY = local.daemon_environment.MODELSYNC_REPOSITORY } : key => value if local.model_sync }
-    "exporter"      = { AWS_EMF_NAMESPACE = var.namespace }
+    "triton-server"  = {}
+    "exporter"       = {}
+    "modelsync-init" = {}
+    # Known after apply: the topic every daemon subscribes its own queue to.
+    "modelsync" = { for key, value in { MODELSYNC_TOPIC_ARN = one(aws_sns_topic.modelsync[*].arn) } : key => value if local.model_sync }
     "log_router" = {
       TRITON_LOG_GROUP_PREFIX   = var.log_group_prefix
       TRITON_LOG_RETENTION_DAYS = tostring(var.log_retention_days)
@@ -57,36 +69,39 @@ locals {
   }
   model_volume = "model-repository"
   router       = one([for c in local.task_definition.containerDefinitions : c if c.name == "log_router"])
-  triton       = one([for c in local.task_definition.containerDefinitions : c if c.name == "triton-server"])
-  # Where the explicit-mode flags go in Triton's shell command (after the repository flag).
-  triton_repository_flag = "--model-repository=\"$MODEL_REPOSITORY\""
-  explicit_model_control = "--model-control-mode=explicit --load-model=*"
-  # The task's one host volume: the model-sync directory (repository/ and store/) with model sync,
-  # else model_repository_host_path, else none.
-  host_volumes = local.model_sync ? [{ name = local.daemon_volume.name, host_path = var.model_sync_host_path }] : (
+  # The volumes: with model sync, the file's (the instance's store at model_sync_host_path, and the
+  # task's repository); else model_repository_host_path, when there is one.
+  volumes = local.model_sync ? [
+    for v in local.task_definition.volumes : { name = v.name, host_path = lookup(v, "host", null) != null ? var.model_sync_host_path : null }
+    ] : (
     var.model_repository_host_path == "" ? [] : [{ name = local.model_volume, host_path = var.model_repository_host_path }]
   )
+  # The awslogs group of the daemon and its init container, which the module creates (so their driver
+  # creates none): one object key per modelsync container in the file, none without model sync.
+  modelsync_logs = {
+    for c in local.task_definition.containerDefinitions : "logConfiguration" => {
+      logDriver = c.logConfiguration.logDriver
+      options = merge(
+        { for key, value in c.logConfiguration.options : key => value if key != "awslogs-create-group" },
+        { "awslogs-group" = one(aws_cloudwatch_log_group.modelsync[*].name) },
+      )
+    } if c.name == "modelsync"
+  }
   patches = {
-    # With model sync: explicit model control (modelsync loads each model after its link flip;
-    # --load-model=* loads what the repository links to when Triton starts), and the daemon's whole
-    # directory read-only at the daemon's mount path, as the repository's relative links point into
-    # store/ beside it. Else the host directory, read-only at the repository path, when there is
-    # one. (An object `for` with an `if` keeps or drops the key; a conditional could not return two
+    # Without model sync, the host directory read-only at the repository path, when there is one.
+    # (An object `for` with an `if` keeps or drops the key; a conditional could not return two
     # object shapes.)
     "triton-server" = merge(
+      { cpu = var.triton_cpu },
       {
         for key, value in {
           mountPoints = [{ sourceVolume = local.model_volume, containerPath = var.model_repository, readOnly = true }]
         } : key => value if var.model_repository_host_path != "" && !local.model_sync
       },
-      {
-        for key, value in {
-          command     = [for i, arg in local.triton.command : i == length(local.triton.command) - 1 ? replace(arg, local.triton_repository_flag, "${local.triton_repository_flag} ${local.explicit_model_control}") : arg]
-          mountPoints = [{ sourceVolume = local.daemon_volume.name, containerPath = local.daemon_mount.containerPath, readOnly = true }]
-        } : key => value if local.model_sync
-      },
     )
-    "exporter" = {}
+    "exporter"       = {}
+    "modelsync-init" = local.modelsync_logs
+    "modelsync"      = local.modelsync_logs
     # The module creates the router's own group, so its awslogs driver creates none (and the
     # execution role has no logs:CreateLogGroup).
     "log_router" = {
@@ -98,9 +113,10 @@ locals {
       })
     }
   }
-  containers = [for c in local.task_definition.containerDefinitions : merge(c, {
-    image       = local.images[c.name]
-    environment = [for e in c.environment : { name = e.name, value = lookup(local.environment[c.name], e.name, e.value) }]
+  containers = [for c in local.task_definition.containerDefinitions : merge(c, { image = local.images[c.name] }, {
+    for key, value in {
+      environment = [for e in lookup(c, "environment", []) : { name = e.name, value = lookup(local.environment[c.name], e.name, e.value) }]
+    } : key => value if lookup(c, "environment", null) != null
   }, local.patches[c.name])]
 
   # The load balancer sends to Triton's HTTP port, as the file names it.
@@ -120,7 +136,7 @@ resource "aws_ecs_task_definition" "this" {
   container_definitions    = jsonencode(local.containers)
 
   dynamic "volume" {
-    for_each = local.host_volumes
+    for_each = local.volumes
     content {
       name      = volume.value.name
       host_path = volume.value.host_path

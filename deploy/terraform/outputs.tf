@@ -38,32 +38,17 @@ output "dashboard_name" {
 
 # --- model sync: null while model_sync_bucket_name is empty ----------------------------------
 
-output "model_sync_service_name" {
-  description = "Name of the modelsync DAEMON service (null without model sync)"
-  value       = one(aws_ecs_service.modelsync[*].name)
-}
-
-output "model_sync_task_definition_arn" {
-  description = "ARN (with revision) of the modelsync task definition (null without model sync)"
-  value       = one(aws_ecs_task_definition.modelsync[*].arn)
-}
-
-output "model_sync_queue_url" {
-  description = "URL of the queue the EventBridge rule fills; the daemon's MODELSYNC_QUEUE_URL (null without model sync)"
-  value       = one(aws_sqs_queue.modelsync[*].url)
-}
-
-output "model_sync_queue_arn" {
-  description = "ARN of the model-sync queue (null without model sync)"
-  value       = one(aws_sqs_queue.modelsync[*].arn)
-}
-
-output "model_sync_task_role_arn" {
-  description = "Role of the modelsync daemon: read the archives under the prefix, consume the queue (null without model sync)"
-  value       = one(aws_iam_role.modelsync[*].arn)
+output "model_sync_topic_arn" {
+  description = "Topic the EventBridge rule publishes the bucket's object events to; the daemons' MODELSYNC_TOPIC_ARN (null without model sync)"
+  value       = one(aws_sns_topic.modelsync[*].arn)
 }
 
 output "model_sync_log_group" {
-  description = "modelsync's awslogs group: its EMF (sync attempts, ModelArtifact per host) and log lines (null without model sync)"
+  description = "modelsync's awslogs group: its EMF (sync attempts, ModelArtifact per task) and log lines (null without model sync)"
   value       = one(aws_cloudwatch_log_group.modelsync[*].name)
+}
+
+output "namespace" {
+  description = "The CloudWatch namespace the exporter and modelsync write, and the alarms and scaling read"
+  value       = local.namespace
 }

@@ -141,6 +141,16 @@ variable "expect_gpu" {
   default     = ""
 }
 
+variable "model_bucket_kms_key_arn" {
+  type        = string
+  description = "ARN of the customer managed KMS key that encrypts model_bucket_name or model_sync_bucket_name (SSE-KMS); the task role may then decrypt with it, through S3 only (kms:ViaService). Empty: SSE-S3 or no encryption"
+  default     = ""
+  validation {
+    condition     = can(regex("^(arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/[A-Za-z0-9-]+)?$", var.model_bucket_kms_key_arn))
+    error_message = "The model_bucket_kms_key_arn must be a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID), or empty."
+  }
+}
+
 # --- model sync (optional; docs/modelsync.md) ---------------------------------------------
 
 variable "model_sync_bucket_name" {
@@ -165,21 +175,11 @@ variable "model_sync_prefix" {
 
 variable "model_sync_host_path" {
   type        = string
-  description = "Directory on each GPU instance's local disk holding repository/ and store/ (one filesystem), writable by uid 10001; mounted at /mnt/triton in modelsync (read-write) and Triton (read-only)"
+  description = "Directory on each GPU instance's local disk (e.g. the NVMe instance store) for the model store that the Triton tasks of the instance share; created and given to uid 10001 by the task itself. Mounted at /mnt/triton/store (read-write in modelsync, read-only in Triton)"
   default     = "/opt/triton-models"
   validation {
     condition     = can(regex("^/[A-Za-z0-9_./-]*$", var.model_sync_host_path))
     error_message = "The model_sync_host_path must be an absolute path (letters, digits, _ . / -)."
-  }
-}
-
-variable "model_sync_triton_url" {
-  type        = string
-  description = "Triton HTTP endpoint as the daemon (host network) reaches it on its own instance: localhost:8000 when Triton publishes its port on the instance; see docs/modelsync.md for awsvpc tasks"
-  default     = "http://localhost:8000"
-  validation {
-    condition     = can(regex("^https?://[A-Za-z0-9.:\\[\\]-]+(:[0-9]+)?$", var.model_sync_triton_url))
-    error_message = "The model_sync_triton_url must be http(s)://HOST[:PORT]."
   }
 }
 
@@ -195,15 +195,25 @@ variable "desired_count" {
   }
 }
 
+variable "triton_cpu" {
+  type        = number
+  description = "CPU units (1024 = one vCPU) reserved for the Triton container, which also weighs its share under contention; the sidecars take 128 each. Leave room for them and the ECS agent on the instance type"
+  default     = 3072
+  validation {
+    condition     = var.triton_cpu >= 256
+    error_message = "The triton_cpu must be at least 256."
+  }
+}
+
 # --- observability -----------------------------------------------------------------------
 
 variable "namespace" {
   type        = string
-  description = "CloudWatch namespace the exporter writes (AWS_EMF_NAMESPACE); one per ECS service"
-  default     = "Triton"
+  description = "CloudWatch namespace the exporter writes (AWS_EMF_NAMESPACE), one per ECS service: alarms and scaling read it. Empty: Triton/<task family>, so two deployments never scale on each other's metrics"
+  default     = ""
   validation {
-    condition     = can(regex("^[ -~]{1,255}$", var.namespace))
-    error_message = "The namespace must be 1-255 printable ASCII characters."
+    condition     = can(regex("^([ -~]{1,255})?$", var.namespace))
+    error_message = "The namespace must be 1-255 printable ASCII characters, or empty."
   }
 }
 

@@ -5,8 +5,8 @@ terraform {
   required_providers {
     aws = {
       source = "hashicorp/aws"
-      # 5.100.0 added data.aws_region's `region` attribute (6.0 deprecated `name`).
-      version = ">= 5.100.0, < 7.0.0"
+      # 6.0.0 added data.aws_region's `region` attribute (and deprecated `name`), which main.tf reads.
+      version = ">= 6.0.0, < 7.0.0"
     }
   }
 }

@@ -10,7 +10,7 @@ cannot drift apart. Two files:
   the ``templatefile()`` variables of the dashboard and an ``alarm_names`` output;
 - ``dashboards/triton.json.tftpl``: the dashboard body as a ``templatefile()`` template.
 
-Spec tokens become Terraform references: ``${Namespace}`` -> ``${var.namespace}``, a
+Spec tokens become Terraform references: ``${Namespace}`` -> ``${local.namespace}``, a
 :class:`Ref` -> ``${var.failure_threshold}``, the service name -> the created
 ``aws_ecs_service.this``. A PutMetricAlarm field with no Terraform argument here stops the
 render with its name instead of being dropped.
@@ -36,6 +36,7 @@ MODULE_VARIABLES = frozenset({"ClusterName", "ServiceName", "Namespace", "LogGro
 # and CloudFormation's pseudo parameters, which main.tf reads from data sources.
 REFERENCES = {
     "ServiceName": "aws_ecs_service.this.name",
+    "Namespace": "local.namespace",  # var.namespace, or the deployment's own default when it is empty
     "AWS::Region": "local.region",
     "AWS::AccountId": "local.account_id",
     "AWS::Partition": "local.partition",

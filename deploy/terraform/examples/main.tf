@@ -1,11 +1,12 @@
 # A root module that deploys ../ (the Triton task, service, logs, IAM, alarms, dashboard and
-# GPU scaling, and with model_sync_bucket the modelsync daemon, its queue, rule and role) into an
+# GPU scaling, and with model_sync_bucket the model sync containers in the Triton task, the topic and
+# the rule that feeds it) into an
 # existing GPU cluster behind an existing ALB listener.
 #
 #   cp terraform.tfvars.example terraform.tfvars   # then fill in your cluster, network and images
 #   terraform init && terraform plan -out triton.plan && terraform apply triton.plan
 #
-# The module reads deploy/task-definition.json, deploy/modelsync-task-definition.json and
+# The module reads deploy/task-definition.json, deploy/task-definition-modelsync.json and
 # dashboards/triton.json.tftpl by relative path, so use it from a checkout of the repository (or a git source of the whole repository
 # with `//deploy/terraform`), not from a copy of deploy/terraform alone.
 #
@@ -136,10 +137,10 @@ output "alarm_names" {
   value = module.triton.alarm_names
 }
 
-output "model_sync_service_name" {
-  value = module.triton.model_sync_service_name
+output "model_sync_topic_arn" {
+  value = module.triton.model_sync_topic_arn
 }
 
-output "model_sync_queue_url" {
-  value = module.triton.model_sync_queue_url
+output "namespace" {
+  value = module.triton.namespace
 }
