@@ -371,6 +371,48 @@ def test_apply_script_is_valid_sh_and_names_existing_files(tmp_path: Path, defau
         assert f"alarms/cli/scaling/policy-{key}.json" in default_files
 
 
+def _run_apply(tmp_path: Path, files: dict[str, str], env: dict[str, str], configured: str) -> tuple[int, str, str]:
+    """Run the rendered apply.sh with an `aws` that records each call and the AWS_REGION it saw."""
+    root = tmp_path / "render"
+    for rel, text in files.items():
+        if rel.startswith("alarms/cli/"):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    fake = bin_dir / "aws"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1 $2 $3" = "configure get region" ]; then [ -n "{configured}" ] && echo "{configured}"; exit 0; fi\n'
+        f'echo "$AWS_REGION $1 $2" >> "{calls}"\n'
+        'case "$2" in put-scaling-policy) echo arn:policy;; esac\n'
+    )
+    fake.chmod(0o755)
+    proc = subprocess.run(
+        ["sh", str(root / "alarms/cli/apply.sh")],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return proc.returncode, proc.stderr, calls.read_text() if calls.exists() else ""
+
+
+def test_apply_script_uses_the_configured_region_or_stops(tmp_path: Path, default_files) -> None:
+    """Never a region the user did not choose: AWS_REGION, AWS_DEFAULT_REGION, then the CLI's configuration;
+    with none of them, exit 2 before any call (a default us-east-1 created the alarms in the wrong region)."""
+    rc, err, calls = _run_apply(tmp_path / "a", default_files, {}, configured="eu-west-1")
+    assert rc == 0 and calls and all(line.startswith("eu-west-1 ") for line in calls.splitlines()), calls
+    assert "put-metric-alarm" in calls and "register-scalable-target" in calls
+    rc, err, calls = _run_apply(tmp_path / "b", default_files, {"AWS_DEFAULT_REGION": "ap-south-1"}, configured="")
+    assert rc == 0 and all(line.startswith("ap-south-1 ") for line in calls.splitlines())
+    rc, err, calls = _run_apply(tmp_path / "c", default_files, {"AWS_REGION": "us-west-2"}, configured="eu-west-1")
+    assert rc == 0 and all(line.startswith("us-west-2 ") for line in calls.splitlines())
+    rc, err, calls = _run_apply(tmp_path / "d", default_files, {}, configured="")
+    assert rc == 2 and calls == "" and "no AWS region" in err
+
+
 # --- CloudFormation -----------------------------------------------------------------------------
 
 
