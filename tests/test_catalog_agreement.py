@@ -168,11 +168,21 @@ def test_committed_dashboard_reads_only_emitted_metrics(emitted_refs) -> None:
     assert missing == []
 
 
+def _reads_insight_rules(alarm: dict) -> bool:
+    """The version-skew alarm reads Contributor Insights rules, not metrics (test_the_skew_rules_... below)."""
+    return all(
+        "INSIGHT_RULE_METRIC(" in q["Expression"] or "(" not in q["Expression"] for q in alarm.get("Metrics", [])
+    ) and bool(alarm.get("Metrics"))
+
+
 def test_committed_alarms_read_only_emitted_metrics(emitted_refs) -> None:
     files = _committed_alarm_files()
-    assert len(files) == 10
+    assert len(files) == 11
     for alarm in files:
         refs = alarm_refs(alarm)
+        if _reads_insight_rules(alarm):
+            assert refs == [], alarm["AlarmName"]
+            continue
         assert refs, alarm["AlarmName"]
         assert [r for r in refs if r not in emitted_refs] == [], alarm["AlarmName"]
 
@@ -193,7 +203,88 @@ def test_template_alarms_read_only_emitted_metrics(emitted_refs) -> None:
                 q["Expression"] = q["Expression"]["Fn::Sub"]
         assert [r for r in alarm_refs(props) if r not in emitted_refs] == []
         seen += 1
-    assert seen == 10
+    assert seen == 11
+
+
+# --- Contributor Insights: the version-skew rules over the events modelsync really writes ---------
+
+
+def _field(doc: dict, path: str) -> object:
+    """A Contributor Insights JSON key ($.a.b) looked up in a log event; a missing key is None."""
+    value: object = doc
+    for part in path.removeprefix("$.").split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def contributors(rule: dict, events: list[dict]) -> set[tuple[object, ...]]:
+    """UniqueContributors of one period: the distinct key tuples of the events the filters keep (AggregateOn
+    Count). An event without every key is not counted, as Contributor Insights does."""
+    contribution = rule["Contribution"]
+    out = set()
+    for doc in events:
+        if not all((_field(doc, f["Match"]) is not None) == f["IsPresent"] for f in contribution.get("Filters", [])):
+            continue
+        keys = tuple(_field(doc, k) for k in contribution["Keys"])
+        if all(k is not None for k in keys):
+            out.add(keys)
+    return out
+
+
+def _host_events(host: str, served: dict[str, str]) -> list[dict]:
+    """What one task's modelsync writes in a reconcile: an attempt, a state event per model, the totals."""
+    buf = io.BytesIO()
+    rec = Recorder("Triton", StreamSink(buf), host)
+    for model, sha in served.items():
+        rec.attempt(Attempt(model, "ok", phases={"download": 0.1}, sha256=sha, serving=sha))
+        rec.model_state(ModelState(model, True, serving=sha, expected=sha))
+    rec.host_state(len(served), 0, 1.0)
+    return [json.loads(line) for line in buf.getvalue().splitlines()]
+
+
+def test_the_skew_rules_count_what_modelsync_writes_and_the_alarm_sees_disagreement_only() -> None:
+    """The rule definitions run against the recorder's real EMF events (a key or filter naming a field
+    modelsync does not write would count nothing), and the alarm's expression (pairs - models) is 0 when
+    every task of every model agrees and counts the extra artifacts when they do not."""
+    opts = Options(catalog=CATALOG)
+    files = render(opts)
+    rules = {
+        json.loads(t)["RuleName"]: json.loads(json.loads(t)["RuleDefinition"])
+        for rel, t in files.items()
+        if "/insight-rule-" in rel
+    }
+    alarm = json.loads(files["alarms/cli/alarm-model-version-skew.json"])
+    expr = {q["Id"]: q["Expression"] for q in alarm["Metrics"]}
+    assert expr["skew"] == "pairs - models"
+    pairs_rule = rules[expr["pairs"].split("'")[1]]
+    models_rule = rules[expr["models"].split("'")[1]]
+    assert pairs_rule["LogGroupNames"] == models_rule["LogGroupNames"] == [f"{opts.log_group_prefix}/modelsync"]
+
+    def skew(events: list[dict]) -> int:
+        return len(contributors(pairs_rule, events)) - len(contributors(models_rule, events))
+
+    a, b = "a" * 64, "b" * 64
+    agree = [e for h in ("task-1", "task-2", "task-3") for e in _host_events(h, {"add": a, "llm": b})]
+    assert len(contributors(models_rule, agree)) == 2  # the model events only: attempts and totals left out
+    assert skew(agree) == 0
+    one_lags = _host_events("task-1", {"add": a, "llm": b}) + _host_events("task-2", {"add": b, "llm": b})
+    assert skew(one_lags) == 1
+    three_ways = one_lags + _host_events("task-3", {"add": "c" * 64, "llm": b})
+    assert skew(three_ways) == 2
+    # A task serving nothing of a model the others serve (its first install failed) is skew too.
+    nothing = _host_events("task-1", {"add": a}) + [
+        json.loads(line)
+        for line in _recorded(lambda rec: rec.model_state(ModelState("add", False, serving="", expected=a)))
+    ]
+    assert skew(nothing) == 1
+
+
+def _recorded(write) -> list[bytes]:  # type: ignore[no-untyped-def]
+    buf = io.BytesIO()
+    write(Recorder("Triton", StreamSink(buf), "task-x"))
+    return buf.getvalue().splitlines()
 
 
 def test_named_model_alarms_use_the_dimension_value_the_exporter_writes(emitted_refs) -> None:

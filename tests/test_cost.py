@@ -155,13 +155,16 @@ def test_metric_tiers() -> None:
 
 def test_alarms_bill_insights_alarms_per_model() -> None:
     e = cost.estimate(cost.Deployment(200, gpus=8), OPTS)
-    assert e.alarms == 10  # 9 exporter alarms and the model-sync failure alarm
-    # 7 classic alarms (the TTFT one included: billed without data too) + 2 GROUP BY model alarms x 200 models;
-    # the KV-cache GROUP BY alarm analyzes nothing without TensorRT-LLM models.
-    assert e.alarm_metrics == 7 + 2 * 200
-    assert e.alarms_usd == pytest.approx(40.7)
+    assert e.alarms == 11  # 9 exporter alarms, model sync's failure and version-skew alarms
+    # 7 classic alarms (the TTFT one included: billed without data too) + 2 GROUP BY model alarms x 200 models
+    # + the skew alarm's two INSIGHT_RULE_METRIC; the KV-cache GROUP BY alarm analyzes nothing without
+    # TensorRT-LLM models.
+    assert e.alarm_metrics == 7 + 2 * 200 + 2
+    # ...plus the skew alarm's two rules: $0.50 each and $0.02 per million events (2 rules x 200 models x
+    # 1 task x 12 reconciles an hour x 730 hours).
+    assert e.alarms_usd == pytest.approx(0.1 * (7 + 400 + 2) + 2 * 0.5 + 2 * 200 * 12 * 730 / 1e6 * 0.02)
     trt = cost.estimate(cost.Deployment(200, gpus=8, llm_models=20, llm_backend="tensorrt_llm"), OPTS)
-    assert trt.alarm_metrics == 7 + 2 * 200 + 20
+    assert trt.alarm_metrics == 7 + 2 * 200 + 20 + 2
 
 
 def test_docs_show_the_current_cost_table() -> None:

@@ -114,7 +114,9 @@ def test_triton_gets_most_of_the_cpu_units(taskdef):
     """CPU units are reservations and, under contention, weights: a Triton without any gets 2 shares against
     128 for each sidecar, under 1% of the CPU when the exporter or the router is busy."""
     cpu = {c["name"]: c.get("cpu", 0) for c in taskdef["containerDefinitions"]}
-    assert cpu["triton-server"] >= 1024 and cpu["triton-server"] > 2 * sum(v for k, v in cpu.items() if k != "triton-server")
+    assert cpu["triton-server"] >= 1024 and cpu["triton-server"] > 2 * sum(
+        v for k, v in cpu.items() if k != "triton-server"
+    )
 
 
 def test_triton_container(taskdef):

@@ -237,9 +237,13 @@ def _alarms(files: dict[str, str]) -> dict[str, dict[str, Any]]:
 def test_cli_files_pass_botocore_validation(which: str, request: pytest.FixtureRequest) -> None:
     files = request.getfixturevalue(which)
     alarms = _alarms(files)
-    assert len(alarms) == (10 if which == "default_files" else 19)
+    assert len(alarms) == (11 if which == "default_files" else 20)
     for body in alarms.values():
         _validate(CLOUDWATCH, "PutMetricAlarm", body)
+    rules = {rel: json.loads(t) for rel, t in files.items() if "/insight-rule-" in rel}
+    assert len(rules) == 2
+    for body in rules.values():
+        _validate(CLOUDWATCH, "PutInsightRule", body)
     _validate(
         AUTOSCALING, "RegisterScalableTarget", json.loads(files["alarms/cli/scaling/register-scalable-target.json"])
     )
@@ -308,11 +312,28 @@ def test_model_sync_section_and_alarm(default_files) -> None:
     titles = [w["properties"].get("title", "") for w in body["widgets"]]
     texts = [w["properties"]["markdown"] for w in body["widgets"] if w["type"] == "text"]
     assert any(t.startswith("**Model sync**") for t in texts)
-    (builds,) = [w for w in body["widgets"] if w["properties"].get("title", "").startswith("Builds served per model")]
-    query = builds["properties"]["query"]
+    (served,) = [
+        w for w in body["widgets"] if w["properties"].get("title", "").startswith("Artifacts served per model")
+    ]
+    query = served["properties"]["query"]
     assert query.startswith("SOURCE '/ecs/triton/modelsync' | fields ")
-    assert "stats latest(ModelArtifact) as artifact by model, host" in query
-    assert "count_distinct(artifact) as builds" in query
+    assert "stats latest(ModelArtifact) as artifact by model, host" in query  # each task's newest state
+    assert "stats count(*) as tasks by model, artifact" in query  # then every artifact with its task count
+    (skew,) = [w for w in body["widgets"] if w["properties"].get("title", "").startswith("Version skew")]
+    expressions = [row[-1]["expression"] for row in skew["properties"]["metrics"]]
+    assert expressions == [
+        "INSIGHT_RULE_METRIC('triton-model-artifacts', 'UniqueContributors')",
+        "INSIGHT_RULE_METRIC('triton-models', 'UniqueContributors')",
+        "pairs - models",
+    ]
+    skew_alarm = json.loads(default_files["alarms/cli/alarm-model-version-skew.json"])
+    assert [q["Expression"] for q in skew_alarm["Metrics"]] == expressions  # the dashboard shows what alarms
+    assert (skew_alarm["EvaluationPeriods"], skew_alarm["DatapointsToAlarm"], skew_alarm["Threshold"]) == (3, 3, 0.0)
+    rules = {
+        json.loads(default_files[f"alarms/cli/insight-rule-{n}.json"])["RuleName"]
+        for n in ("model-artifacts", "models")
+    }
+    assert rules == {"triton-model-artifacts", "triton-models"}
     assert "Sync failures per model" in titles and "Sync attempts by result (all hosts)" in titles
     alarm = json.loads(default_files["alarms/cli/alarm-model-sync-failures.json"])
     assert (

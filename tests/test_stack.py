@@ -312,9 +312,10 @@ def test_values_follow_the_parameters(template) -> None:
     c = by_name(stack_taskdef(s))
     env = {name: {e["name"]: e["value"] for e in c[name]["environment"]} for name in c}
     assert env["exporter"]["AWS_EMF_NAMESPACE"] == "Prod/Triton"
-    assert c["triton-server"]["cpu"] == 3072 and by_name(stack_taskdef(mk(template, TritonCpu="7168")))[
-        "triton-server"
-    ]["cpu"] == 7168
+    assert (
+        c["triton-server"]["cpu"] == 3072
+        and by_name(stack_taskdef(mk(template, TritonCpu="7168")))["triton-server"]["cpu"] == 7168
+    )
     assert env["log_router"]["TRITON_LOG_GROUP_PREFIX"] == "/prod/inf"
     assert env["log_router"]["TRITON_LOG_RETENTION_DAYS"] == "90"
     assert env["triton-server"]["MODEL_REPOSITORY"] == "s3://other/repo"
@@ -581,6 +582,7 @@ def test_nested_alarms_stack_gets_every_parameter(template, alarms_template, sta
         "ClusterName": {"Ref": "ClusterName"},
         "ServiceName": {"Fn::GetAtt": ["Service", "Name"]},
         "Namespace": NAMESPACE,  # the stack's default differs on purpose: test_namespace_is_one_per_stack
+        "ModelSync": {"Fn::If": ["ModelSyncEnabled", "true", "false"]},
     }
     for name, value in passed.items():
         if name in wired:
@@ -589,7 +591,7 @@ def test_nested_alarms_stack_gets_every_parameter(template, alarms_template, sta
         # Passed through from a parent parameter of the same name and definition.
         assert value == {"Ref": name}, name
         ours, theirs = template["Parameters"][name], alarms_template["Parameters"][name]
-        if name == "Namespace":
+        if name in ("Namespace", "ModelSync"):
             continue
         for key in ("Type", "Default", "AllowedValues", "MinValue", "MaxValue"):
             assert ours.get(key) == theirs.get(key), (name, key)
@@ -611,7 +613,9 @@ def test_namespace_is_one_per_stack(template) -> None:
     spaces = []
     for s in (one, two):
         env = {e["name"]: e["value"] for e in by_name(stack_taskdef(s))["exporter"]["environment"]}
-        assert s.ev(template["Resources"]["Alarms"]["Properties"]["Parameters"]["Namespace"]) == env["AWS_EMF_NAMESPACE"]
+        assert (
+            s.ev(template["Resources"]["Alarms"]["Properties"]["Parameters"]["Namespace"]) == env["AWS_EMF_NAMESPACE"]
+        )
         assert s.ev(template["Outputs"]["Namespace"]["Value"]) == env["AWS_EMF_NAMESPACE"]
         spaces.append(env["AWS_EMF_NAMESPACE"])
     assert spaces == ["Triton/triton", "Triton/triton-b"]

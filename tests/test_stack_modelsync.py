@@ -247,11 +247,18 @@ def test_container_environment_is_a_valid_modelsync_configuration(on: Stack) -> 
     assert settings.queue_name_prefix == QUEUE_PREFIX and not settings.queue_url
     assert str(settings.output) == "stdout"  # awslogs: each stdout line is one event, CloudWatch extracts the EMF
     assert settings.namespace == "Triton/triton" == env_of(by_name(stack_taskdef(on))["exporter"])["AWS_EMF_NAMESPACE"]
-    assert daemon["logConfiguration"]["options"]["awslogs-group"] == render_modelsync.log_group(Options(catalog=CATALOG))
+    assert daemon["logConfiguration"]["options"]["awslogs-group"] == render_modelsync.log_group(
+        Options(catalog=CATALOG)
+    )
 
 
 def test_task_role_reads_only_the_prefix_and_owns_only_its_queues(on: Stack) -> None:
-    sts = [st for p in on.props("TaskRole")["Policies"] if p["PolicyName"] == "modelsync" for st in p["PolicyDocument"]["Statement"]]
+    sts = [
+        st
+        for p in on.props("TaskRole")["Policies"]
+        if p["PolicyName"] == "modelsync"
+        for st in p["PolicyDocument"]["Statement"]
+    ]
     obj = "arn:aws:s3:::example-models/triton/add.zip"
     for action in ("s3:GetObject", "s3:GetObjectVersion", "s3:GetObjectTagging", "s3:GetObjectVersionTagging"):
         assert allowed(sts, action, obj)

@@ -319,7 +319,11 @@ def task_definition(stack: Stack, plan: dict[str, Any]) -> list[str]:
         }
         containers = json.loads(td.take("container_definitions"))
         volumes = [
-            {"name": v.pop("name"), **({"host": {"sourcePath": h}} if (h := v.pop("host_path")) is not None else {}), **v}
+            {
+                "name": v.pop("name"),
+                **({"host": {"sourcePath": h}} if (h := v.pop("host_path")) is not None else {}),
+                **v,
+            }
             for v in map(dict, td.take("volume", []))
         ]  # copies: the plan stays as it was; no host path: a task volume
         if volumes:
@@ -622,6 +626,24 @@ def alarms(nested: Stack, plan: dict[str, Any]) -> list[str]:
     return diffs
 
 
+def insight_rules(nested: Stack, plan: dict[str, Any]) -> list[str]:
+    """Contributor Insights rules by name; the definitions compared as JSON (both are JSON texts)."""
+    cfn = {}
+    for n in nested.resources("AWS::CloudWatch::InsightRule"):
+        props = nested.props(n)
+        cfn[props["RuleName"]] = {"RuleState": props["RuleState"], "RuleBody": json.loads(props["RuleBody"])}
+    tf, diffs = {}, []
+    for address, args in of_type(plan, "aws_cloudwatch_contributor_insight_rule").items():
+        m = Mapper(address, args)
+        tf[m.take("rule_name")] = {"RuleState": m.take("rule_state"), "RuleBody": json.loads(m.take("rule_definition"))}
+        diffs += m.done()
+    if set(cfn) != set(tf):
+        diffs.append(f"insight rules: stack {sorted(cfn)} != terraform {sorted(tf)}")
+    for name in sorted(set(cfn) & set(tf)):
+        diffs += compare(f"insight rule {name}", cfn[name], tf[name])
+    return diffs
+
+
 def scaling(nested: Stack, plan: dict[str, Any]) -> list[str]:
     diffs = []
     targets = of_type(plan, "aws_appautoscaling_target")
@@ -716,6 +738,7 @@ NESTED = {
     "aws_appautoscaling_target": scaling,
     "aws_appautoscaling_policy": scaling,
     "aws_cloudwatch_dashboard": dashboard,
+    "aws_cloudwatch_contributor_insight_rule": insight_rules,
 }
 # CloudFormation resource type -> the Terraform type that stands for it (the nested stack is its resources).
 CFN_TYPES = {
@@ -732,6 +755,7 @@ CFN_TYPES = {
     "AWS::ApplicationAutoScaling::ScalableTarget": "aws_appautoscaling_target",
     "AWS::ApplicationAutoScaling::ScalingPolicy": "aws_appautoscaling_policy",
     "AWS::CloudWatch::Dashboard": "aws_cloudwatch_dashboard",
+    "AWS::CloudWatch::InsightRule": "aws_cloudwatch_contributor_insight_rule",
 }
 # Stack logical id -> the Terraform address that stands for it, for the types matched one to one (log
 # groups, policies, alarms, scaling and the dashboard are matched by name). Conditional resources are
@@ -976,11 +1000,17 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
     if scenario == "extras":
         assert plan["aws_ecs_task_definition.this"]["volume"] and "aws_iam_role_policy.task_exec[0]" in plan
     if scenario == "defaults":
-        assert len(of_type(plan, "aws_cloudwatch_metric_alarm")) == len(alarm_specs(Options(catalog=CATALOG)))
+        # Every alarm but model sync's two (no bucket: no sync-failure or version-skew alarm, no rules).
+        specs = alarm_specs(Options(catalog=CATALOG))
+        assert len(of_type(plan, "aws_cloudwatch_metric_alarm")) == len([s for s in specs if "_condition" not in s])
+        assert len(specs) - len([s for s in specs if "_condition" not in s]) == 2
+        assert not of_type(plan, "aws_cloudwatch_contributor_insight_rule")
         assert len(of_type(plan, "aws_appautoscaling_policy")) == len(SCALING_ACTIONS)
         assert not [a for a in plan if ".modelsync" in a]  # no bucket: none of the model sync
     if scenario.startswith("modelsync"):
         assert len([a for a in plan if "modelsync[0]" in a]) == len(MODELSYNC_RESOURCES) + 2  # + target, role policy
+        assert len(of_type(plan, "aws_cloudwatch_contributor_insight_rule")) == 2
+        assert "aws_cloudwatch_metric_alarm.model_version_skew[0]" in plan
         volumes = plan["aws_ecs_task_definition.this"]["volume"]  # the store and the task's repository replace it
         assert volumes == [
             {"name": "model-store", "host_path": params.get("ModelSyncHostPath", "/opt/triton-models")},
@@ -1015,7 +1045,12 @@ DRIFTS = [
     ("main.tf", "deregistration_delay = 30", "deregistration_delay = 31", "target group.TargetGroupAttributes"),
     ("iam.tf", '"logs:PutRetentionPolicy", ', "", "TaskRole policies"),
     ("logs.tf", '"metrics", ', "", "log groups"),
-    ("main.tf", "Namespace            = local.namespace", 'Namespace            = "Triton"', "container exporter.environment"),
+    (
+        "main.tf",
+        "Namespace            = local.namespace",
+        'Namespace            = "Triton"',
+        "container exporter.environment",
+    ),
     (
         "main.tf",
         'local.router.logConfiguration.options : key => value if key != "awslogs-create-group"',
@@ -1043,8 +1078,8 @@ MODELSYNC_DRIFTS = [
     ("modelsync.tf", 'Action    = "sns:Publish"', 'Action    = "sns:*"', "topic policy ModelSyncTopicPolicy"),
     (
         "main.tf",
-        "lookup(v, \"host\", null) != null ? var.model_sync_host_path : null",
-        "lookup(v, \"host\", null) != null ? \"/opt/triton-models\" : null",
+        'lookup(v, "host", null) != null ? var.model_sync_host_path : null',
+        'lookup(v, "host", null) != null ? "/opt/triton-models" : null',
         "task definition TaskDefinition.volumes",
     ),
     ("iam.tf", '"s3:GetObjectVersionTagging"]', '"s3:PutObject"]', "TaskRole policies"),
@@ -1061,8 +1096,18 @@ MODELSYNC_DRIFTS = [
         "container modelsync.environment",
     ),
     ("../task-definition-modelsync.json", '"stopTimeout": 30', '"stopTimeout": 60', "container modelsync.stopTimeout"),
-    ("../task-definition-modelsync.json", '"condition": "HEALTHY"', '"condition": "START"', "container triton-server.dependsOn"),
-    ("../task-definition-modelsync.json", '"startTimeout": 900', '"startTimeout": 120', "container modelsync.startTimeout"),
+    (
+        "../task-definition-modelsync.json",
+        '"condition": "HEALTHY"',
+        '"condition": "START"',
+        "container triton-server.dependsOn",
+    ),
+    (
+        "../task-definition-modelsync.json",
+        '"startTimeout": 900',
+        '"startTimeout": 120',
+        "container modelsync.startTimeout",
+    ),
     (
         "../task-definition-modelsync.json",
         "--model-control-mode=explicit --load-model='*' ",
@@ -1116,7 +1161,9 @@ def test_a_drifted_stack_fails_the_comparison_with_model_sync(template, alarms_t
     t = copy.deepcopy(template)
     t["Resources"]["ModelSyncTopic"]["Properties"] = {"FifoTopic": True}
     containers = t["Resources"]["TaskDefinition"]["Properties"]["ContainerDefinitions"]
-    (daemon,) = [c for c in containers if isinstance(c, dict) and "Fn::If" in c and c["Fn::If"][1]["Name"] == "modelsync"]
+    (daemon,) = [
+        c for c in containers if isinstance(c, dict) and "Fn::If" in c and c["Fn::If"][1]["Name"] == "modelsync"
+    ]
     daemon["Fn::If"][1]["Cpu"] = 512
     stack, nested = stacks_for(t, alarms_template, params)
     diffs = differences(stack, nested, plan)
@@ -1150,6 +1197,7 @@ def test_a_rich_render_is_the_same_in_both(tmp_path: Path) -> None:
         if tfrender.variable_name(k) in variables(module_dir)
     }
     params |= {k: v for k, v in VALUES.items() if k not in params}
+    params["ModelSyncBucketName"] = "example-models"  # the template's ModelSync defaults to "true"
     plan = module_for({k: str(v) for k, v in params.items()}, module_dir).plan()
     assert differences_nested(nested, plan) == []
     dims = [a.get("dimensions") for a in of_type(plan, "aws_cloudwatch_metric_alarm").values()]
@@ -1317,7 +1365,9 @@ def test_the_provider_constraint_admits_only_what_the_module_uses() -> None:
     admitted 5.x would let `terraform init` pick a provider on which `plan` fails."""
     used = " ".join(p.read_text() for p in TF.glob("*.tf"))
     assert "data.aws_region.current.region" in used
-    (constraint,) = re.findall(r'version\s*=\s*"([^"]+)"', (TF / "versions.tf").read_text().split("required_providers")[1])
+    (constraint,) = re.findall(
+        r'version\s*=\s*"([^"]+)"', (TF / "versions.tf").read_text().split("required_providers")[1]
+    )
     lower = re.search(r">=\s*(\d+)\.", constraint)
     assert lower and int(lower.group(1)) >= 6, constraint
     assert re.search(r"<\s*7\.", constraint), constraint

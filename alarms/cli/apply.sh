@@ -11,6 +11,9 @@ if [ -z "$region" ]; then
 fi
 export AWS_REGION="$region"
 echo "apply.sh: region $AWS_REGION" >&2
+for f in insight-rule-*.json; do
+  if [ -e "$f" ]; then aws cloudwatch put-insight-rule --cli-input-json "file://$f"; fi
+done
 for f in alarm-*.json; do
   aws cloudwatch put-metric-alarm --cli-input-json "file://$f"
 done

@@ -77,6 +77,17 @@ PARAMETERS: dict[str, Param] = {
     ),
     "MinCapacity": Param("Number", "Fewest tasks scaling may leave", 0),
     "MaxCapacity": Param("Number", "Most tasks scaling may start", 1),
+    "ModelSync": Param(
+        "String",
+        "Model sync is deployed: create its alarms (sync failures, version skew) and Contributor Insights rules",
+        allowed=("true", "false"),
+    ),
+    "VersionSkewPeriods": Param(
+        "Number",
+        "Alarm when a model's tasks serve different artifacts in this many consecutive 5-minute periods",
+        1,
+        288,
+    ),
 }
 
 
@@ -101,6 +112,8 @@ def parameter_values(opts: Options) -> dict[str, Any]:
         "KvCacheUtilizationThreshold": opts.kv_cache_utilization,
         "MinCapacity": opts.min_capacity,
         "MaxCapacity": opts.max_capacity,
+        "ModelSync": "true",
+        "VersionSkewPeriods": opts.version_skew_periods,
     }
 
 
@@ -483,11 +496,18 @@ def cli_files(opts: Options) -> dict[str, str]:
         out["scaling/register-scalable-target.json"] = _dump(resolve(policies["target"], values))
         for key in SCALING_ACTIONS:
             out[f"scaling/policy-{key.replace('_', '-')}.json"] = _dump(resolve(policies[key], values))
+    for rule in insight_rule_specs(opts):
+        out[f"insight-rule-{rule['_file']}.json"] = _dump(resolve(api_fields(rule), values))
     for spec in specs:
         sub = "scaling/" if scaling and set(spec["_actions"]) & set(SCALING_ACTIONS) else ""
         out[f"{sub}alarm-{spec['_file']}.json"] = _dump(cli_alarm(spec, opts))
     out["apply.sh"] = _apply_script(opts, scaling)
     return out
+
+
+def insight_rule_specs(opts: Options) -> list[Spec]:
+    """Contributor Insights rules (PutInsightRule shape) that alarms read with INSIGHT_RULE_METRIC."""
+    return modelsync.insight_rule_specs(opts)
 
 
 def _dump(obj: Any) -> str:
@@ -498,11 +518,19 @@ def _dump(obj: Any) -> str:
 _REGION = [
     'region="${AWS_REGION:-${AWS_DEFAULT_REGION:-$(aws configure get region 2>/dev/null || true)}}"',
     'if [ -z "$region" ]; then',
-    "  echo \"apply.sh: no AWS region: set AWS_REGION, or configure one (aws configure set region REGION)\" >&2",
+    '  echo "apply.sh: no AWS region: set AWS_REGION, or configure one (aws configure set region REGION)" >&2',
     "  exit 2",
     "fi",
     'export AWS_REGION="$region"',
     'echo "apply.sh: region $AWS_REGION" >&2',
+]
+
+
+# The Contributor Insights rules first: alarms read them (INSIGHT_RULE_METRIC).
+_RULES = [
+    "for f in insight-rule-*.json; do",
+    '  if [ -e "$f" ]; then aws cloudwatch put-insight-rule --cli-input-json "file://$f"; fi',
+    "done",
 ]
 
 
@@ -517,6 +545,7 @@ def _apply_script(opts: Options, scaling: bool) -> str:
         "set -eu",
         'cd "$(dirname "$0")"',
         *_REGION,
+        *_RULES,
         "for f in alarm-*.json; do",
         '  aws cloudwatch put-metric-alarm --cli-input-json "file://$f"',
         "done",
@@ -531,6 +560,7 @@ def _apply_script(opts: Options, scaling: bool) -> str:
         "set -eu",
         'cd "$(dirname "$0")"',
         *_REGION,
+        *_RULES,
         "for f in alarm-*.json; do",
         '  aws cloudwatch put-metric-alarm --cli-input-json "file://$f"',
         "done",

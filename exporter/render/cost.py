@@ -20,7 +20,8 @@ from dataclasses import dataclass, field, replace
 from .. import __version__
 from ..catalog import Catalog, CatalogError, Kind, Metric, Scope, cli
 from ..emf import Encoder, Event
-from .alarms import alarm_specs
+from .alarms import alarm_specs, insight_rule_specs
+from .modelsync import SKEW_PERIOD
 from .options import Options
 
 HOURS_PER_MONTH = 730  # AWS's billing month
@@ -29,6 +30,8 @@ METRIC_TIERS = ((10_000, 0.30), (240_000, 0.10), (750_000, 0.05), (float("inf"),
 ALARM_METRIC_MONTH = 0.10  # standard resolution, per alarm metric (a Metrics Insights alarm: per metric analyzed)
 LOG_INGESTION_PER_GB = 0.50
 DASHBOARD_MONTH = 3.00  # the account's first 3 dashboards are free
+INSIGHT_RULE_MONTH = 0.50  # per Contributor Insights rule
+INSIGHT_EVENTS_PER_MILLION = 0.02  # log events a rule matches
 PUTLOGEVENTS_OVERHEAD = 26  # bytes per event, as CloudWatch Logs counts a batch
 LLM_BACKENDS = ("vllm", "tensorrt_llm")  # family `requires` values that mark an LLM backend's families
 
@@ -218,6 +221,8 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
     for s in specs:
         if "MetricName" in s:
             alarm_metrics += 1  # a classic alarm is billed whether its metric has data or not
+        elif "_rules" in s:
+            alarm_metrics += len(s["_rules"])  # one INSIGHT_RULE_METRIC each
         elif s["_metric"] in emitted:
             # A Metrics Insights GROUP BY model alarm is billed per metric it analyzes: one per model emitting it.
             alarm_metrics += _models_emitting(catalog, emitted[s["_metric"]], d)
@@ -233,6 +238,10 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
     per_cycle = per_task * d.tasks
     gb = per_cycle * HOURS_PER_MONTH * 3600 / d.interval / 1e9
     count = metric_count(catalog, d)
+    # The version-skew rules match one model-sync event per model per task per reconcile (every SKEW_PERIOD).
+    rules = insight_rule_specs(opts)
+    matched = len(rules) * d.tasks * d.models * HOURS_PER_MONTH * 3600 / SKEW_PERIOD
+    rules_usd = len(rules) * INSIGHT_RULE_MONTH + matched / 1e6 * INSIGHT_EVENTS_PER_MILLION
     return Estimate(
         d,
         count,
@@ -241,7 +250,7 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
         per_cycle,
         gb,
         metric_cost(count),
-        alarm_metrics * ALARM_METRIC_MONTH,
+        alarm_metrics * ALARM_METRIC_MONTH + rules_usd,
         gb * LOG_INGESTION_PER_GB,
         DASHBOARD_MONTH,
     )
@@ -251,7 +260,9 @@ ASSUMPTIONS = (
     "us-east-1 list prices: custom metrics $0.30/metric-month for the first 10,000 (then $0.10, $0.05, $0.02), "
     "alarms $0.10 per standard-resolution alarm metric (a Metrics Insights GROUP BY model alarm is billed per "
     "metric it analyzes: one per model), log ingestion $0.50/GB, dashboards $3/month beyond the account's "
-    "first 3; a 730-hour month; no free tier.",
+    "first 3; a 730-hour month; no free tier. Alarms include model sync's: its version-skew alarm reads two "
+    "Contributor Insights rules ($0.50/rule-month, $0.02 per million events matched: one per model and task "
+    "every 5 minutes).",
     "Every metric reports all month. Model metrics exist per model x version; the gpu dimension is the GPU "
     "index, so tasks share GPU metrics; the empty dimension set is one metric across all tasks.",
     "Breakdowns (failure reasons, an LLM's token counters) whose total is zero are not emitted "

@@ -137,10 +137,11 @@ _ID = re.compile(r"\b([a-z][a-zA-Z0-9_]*)\b")
 
 
 def _refs(row: Row) -> set[str]:
-    """Row ids an expression row uses (``ok/PERIOD(ok)`` uses ``ok``); SEARCH and SELECT use none."""
+    """Row ids an expression row uses (``ok/PERIOD(ok)`` uses ``ok``); SEARCH, SELECT and INSIGHT_RULE_METRIC
+    use none."""
     opt = row[-1] if row and isinstance(row[-1], dict) else {}
     expr = opt.get("expression", "")
-    if not expr or "SEARCH(" in expr or "SELECT " in expr:
+    if not expr or "SEARCH(" in expr or "SELECT " in expr or "INSIGHT_RULE_METRIC(" in expr:
         return set()
     return set(_ID.findall(expr.replace("PERIOD", "")))
 

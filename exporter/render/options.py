@@ -40,6 +40,7 @@ class Options:
     kv_cache_utilization: float = 90.0  # KV-cache blocks in use, percent, per model
     min_capacity: int = 1
     max_capacity: int = 4
+    version_skew_periods: int = 3  # 5-minute periods in which a model's tasks serve different artifacts
     # What the exporter emits (definitions and --metrics selection): only those metrics are drawn and alarmed on.
     catalog: Catalog = field(kw_only=True, compare=False)
 

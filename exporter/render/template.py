@@ -22,6 +22,7 @@ from .alarms import (
     alarm_specs,
     api_fields,
     has_scaling,
+    insight_rule_specs,
     parameter_values,
     scaling_specs,
 )
@@ -135,6 +136,12 @@ def dashboard_body_sub(opts: Options) -> str:
     return dashboard_body_template(opts, lambda p: "${" + p + "}", lambda text: text.replace("${", "${!"))
 
 
+def _condition(param: str, used: set[str]) -> str:
+    """The condition that a "true"/"false" parameter makes (``ModelSync`` -> ``ModelSyncEnabled``)."""
+    used.add(param)
+    return f"{param}Enabled"
+
+
 def build(opts: Options) -> dict[str, Any]:
     values = parameter_values(opts)
     params: dict[str, Any] = {}
@@ -174,6 +181,17 @@ def build(opts: Options) -> dict[str, Any]:
                     }
                 ),
             }
+    conditions: set[str] = set()
+    for rule in insight_rule_specs(opts):
+        resources[_logical("InsightRule", rule["_file"])] = {
+            "Type": "AWS::CloudWatch::InsightRule",
+            "Condition": _condition(rule["_condition"], conditions),
+            "Properties": {
+                "RuleName": _cfn(rule["RuleName"]),
+                "RuleState": rule["RuleState"],
+                "RuleBody": _cfn(rule["RuleDefinition"]),
+            },
+        }
     for spec in specs:
         res: dict[str, Any] = {
             "Type": "AWS::CloudWatch::Alarm",
@@ -181,6 +199,10 @@ def build(opts: Options) -> dict[str, Any]:
         }
         if spec["_actions"] and all(a in SCALING_ACTIONS for a in spec["_actions"]):
             res["Condition"] = "ScalingEnabled"
+        if "_condition" in spec:
+            res["Condition"] = _condition(spec["_condition"], conditions)
+        if "_rules" in spec:  # INSIGHT_RULE_METRIC names them: create them first
+            res["DependsOn"] = [_logical("InsightRule", r) for r in spec["_rules"]]
         resources[_logical("Alarm", spec["_file"])] = res
     resources["Dashboard"] = {
         "Type": "AWS::CloudWatch::Dashboard",
@@ -203,6 +225,7 @@ def build(opts: Options) -> dict[str, Any]:
                 else {}
             ),
             "DashboardEnabled": {"Fn::Equals": [{"Ref": "CreateDashboard"}, "true"]},
+            **{f"{p}Enabled": {"Fn::Equals": [{"Ref": p}, "true"]} for p in sorted(conditions)},
         },
         "Resources": resources,
         "Outputs": {

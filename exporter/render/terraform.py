@@ -22,7 +22,17 @@ import json
 import re
 from typing import Any
 
-from .alarms import PARAMETERS, SCALING_ACTIONS, Param, Ref, alarm_specs, api_fields, parameter_values, scaling_specs
+from .alarms import (
+    PARAMETERS,
+    SCALING_ACTIONS,
+    Param,
+    Ref,
+    alarm_specs,
+    api_fields,
+    insight_rule_specs,
+    parameter_values,
+    scaling_specs,
+)
 from .options import Options
 from .template import dashboard_body_template, dashboard_parameters
 
@@ -31,17 +41,20 @@ DASHBOARD_FILE = "dashboards/triton.json.tftpl"
 
 # Alarm parameters the hand-written module declares in variables.tf: the task definition, service and
 # log groups use them too, and they carry the stack's patterns. Every other one is generated here.
-MODULE_VARIABLES = frozenset({"ClusterName", "ServiceName", "Namespace", "LogGroupPrefix"})
+MODULE_VARIABLES = frozenset({"ClusterName", "ServiceName", "Namespace", "LogGroupPrefix", "ModelSync"})
 # Names that are not variables: the service the module creates (so the scalable target depends on it),
 # and CloudFormation's pseudo parameters, which main.tf reads from data sources.
 REFERENCES = {
     "ServiceName": "aws_ecs_service.this.name",
     "Namespace": "local.namespace",  # var.namespace, or the deployment's own default when it is empty
+    "ModelSync": "local.model_sync",  # model_sync_bucket_name set
     "AWS::Region": "local.region",
     "AWS::AccountId": "local.account_id",
     "AWS::Partition": "local.partition",
 }
 SCALING_TARGET = "ecs_service"
+INSIGHT_RULE = "aws_cloudwatch_contributor_insight_rule"
+RULE_ARGS = {"RuleName": "rule_name", "RuleState": "rule_state", "RuleDefinition": "rule_definition"}
 
 _TOKEN = re.compile(r"\$\{([A-Za-z0-9:]+)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
@@ -178,6 +191,10 @@ def alarm_resource(spec: dict[str, Any]) -> dict[str, Any]:
     notify = "notify" in kinds
     if kinds and not notify:  # as in the CloudFormation template: scaling-only alarms exist with scaling
         body["count"] = _enabled("EnableScaling")
+    if "_condition" in spec:
+        body["count"] = _enabled(spec["_condition"])
+    if "_rules" in spec:  # INSIGHT_RULE_METRIC names them: create them first
+        body["depends_on"] = [f"{INSIGHT_RULE}.{resource_name(r)}" for r in spec["_rules"]]
     for key, value in _args(api_fields(spec), ALARM_ARGS, "PutMetricAlarm").items():
         if key == "dimensions":
             if value:
@@ -196,6 +213,13 @@ def alarm_resource(spec: dict[str, Any]) -> dict[str, Any]:
         )
     elif scaling:
         body["alarm_actions"] = "${" + _policy_arns(scaling) + "}"
+    body["tags"] = "${var.tags}"
+    return body
+
+
+def insight_rule_resource(rule: dict[str, Any]) -> dict[str, Any]:
+    body = {"count": _enabled(rule["_condition"])} if "_condition" in rule else {}
+    body |= {k: tf_value(v) for k, v in _args(api_fields(rule), RULE_ARGS, "PutInsightRule").items()}
     body["tags"] = "${var.tags}"
     return body
 
@@ -304,6 +328,7 @@ def module_file(opts: Options) -> dict[str, Any]:
         "resource": {
             "aws_appautoscaling_target": target,
             "aws_appautoscaling_policy": policies,
+            INSIGHT_RULE: {resource_name(r["_file"]): insight_rule_resource(r) for r in insight_rule_specs(opts)},
             "aws_cloudwatch_metric_alarm": alarms,
         },
         "output": {
