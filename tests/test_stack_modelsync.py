@@ -40,7 +40,7 @@ from modelsync.settings import load
 from modelsync.store import state_dir
 from tests.helpers import CATALOG
 from tests.test_deploy import PLACEHOLDER, SAMPLE, substitute
-from tests.test_stack import ACCOUNT, REGION, VALUES, Stack, _as_list, allowed, by_name, mk, stack_taskdef
+from tests.test_stack import ACCOUNT, REGION, Stack, _as_list, allowed, by_name, mk, stack_taskdef
 from tests.test_stack import template as template
 
 SESSION = botocore.session.get_session()

@@ -11,10 +11,10 @@ never run. Instead, with the real parsers (python-hcl2's HCL grammar, json):
   deployment: containers, network mode, volumes, service, target group, listener rule, log
   groups, the roles' policies statement by statement, every alarm, the scalable target and
   step policies, the dashboard body, and with model sync the task's two more containers and
-  volumes, the topic, its policy, the EventBridge rule and the task role's model-sync policy. The comparisons iterate over
-  whatever the stack has, every stack resource and property needs a Terraform counterpart (and
-  the other way round), and a resource one side creates under a condition the other does not is
-  a difference;
+  volumes, the topic, its policy, the EventBridge rule and the task role's model-sync policy.
+  The comparisons iterate over whatever the stack has, every stack resource and property
+  needs a Terraform counterpart (and the other way round), and a resource one side creates
+  under a condition the other does not is a difference;
 - every stack parameter is a variable with the same default and the same constraints
   (values at and beyond each bound are accepted or refused alike);
 - the examples/ root module with its terraform.tfvars.example evaluates to a full plan;
