@@ -178,11 +178,14 @@ def make_client(service: str, region_hint: str = "", region: str = "") -> Any:
     """A boto3 client from the standard chain, with bounded timeouts and the standard retry mode.
 
     ``region`` overrides the chain's region (the fan-out's SNS topic lives in one region);
-    ``region_hint`` is used only when nothing else sets one.
+    ``region_hint`` is used only when nothing else sets one. boto3's chain reads AWS_DEFAULT_REGION
+    but not AWS_REGION, the variable the task definitions (and most other SDKs) set: it is read here,
+    after AWS_DEFAULT_REGION and the profile, before the hint.
     """
     import boto3
     from botocore.config import Config
 
     session = boto3.session.Session()
     config = Config(connect_timeout=5, read_timeout=60, retries={"mode": "standard", "max_attempts": 3})
-    return session.client(service, region_name=region or session.region_name or region_hint or None, config=config)
+    chosen = region or session.region_name or os.environ.get("AWS_REGION", "").strip() or region_hint or None
+    return session.client(service, region_name=chosen, config=config)

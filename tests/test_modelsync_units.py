@@ -522,3 +522,18 @@ def test_metric_table_is_consistent() -> None:
     assert len(names) == len(set(names))
     for m, cat in zip(METRICS, catalog_metrics(), strict=True):
         assert cat.dimension_sets == m.dimension_sets and cat.unit == m.unit and m.help
+
+
+def test_clients_take_the_region_from_aws_region(monkeypatch) -> None:
+    """The task definitions set AWS_REGION, which boto3's own chain ignores (it reads AWS_DEFAULT_REGION):
+    without this, an S3 client had no region and an SQS endpoint URL without one failed with NoRegionError."""
+    from modelsync.s3 import make_client
+
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    assert make_client("s3").meta.region_name == "eu-west-3"
+    assert make_client("sqs", region_hint="us-east-1").meta.region_name == "eu-west-3"
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-south-1")  # the standard chain's own variable wins
+    assert make_client("s3").meta.region_name == "ap-south-1"
+    assert make_client("sns", region="us-west-2").meta.region_name == "us-west-2"  # an explicit one wins over all

@@ -754,6 +754,8 @@ def test_real_entry_point_auto_without_nvml_keeps_running_and_reports_the_source
             "auto",
             "--interval",
             "0.3",
+            "--startup-wait",
+            "0",  # Triton is not there on purpose: cycle at once
             "--output",
             f"file:{out}",
             "--triton-url",
