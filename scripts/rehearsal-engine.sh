@@ -29,6 +29,7 @@ BIP=${REHEARSAL_BIP:-169.254.123.1/24}
 TASK_NETWORK=${REHEARSAL_TASK_NETWORK:-rehearsal-tasks}
 TASK_SUBNET=${REHEARSAL_TASK_SUBNET:-169.254.124.0/24}
 TASK_GATEWAY=${REHEARSAL_TASK_GATEWAY:-169.254.124.1}
+TASK_BRIDGE=${REHEARSAL_TASK_BRIDGE:-rh-tasks0}  # a fixed name: removed at stop, never left to clash with a new one
 DOCKERD=${REHEARSAL_DOCKERD:-/usr/sbin/dockerd}
 DOCKER=${REHEARSAL_DOCKER:-/usr/bin/docker}  # docker.io's client, the daemon's version (not another on PATH)
 
@@ -88,9 +89,14 @@ start() {
       sleep 0.1
     done
   fi
+  local bridge
+  if bridge=$(docker_ network inspect -f '{{index .Options "com.docker.network.bridge.name"}}' "$TASK_NETWORK" 2>/dev/null) \
+    && [ "$bridge" != "$TASK_BRIDGE" ]; then
+    docker_ network rm "$TASK_NETWORK" >/dev/null  # made with other settings (an older version of this script)
+  fi
   if ! docker_ network inspect "$TASK_NETWORK" >/dev/null 2>&1; then
     docker_ network create --driver bridge --subnet "$TASK_SUBNET" --gateway "$TASK_GATEWAY" \
-      --label rehearsal=1 "$TASK_NETWORK" >/dev/null
+      --opt com.docker.network.bridge.name="$TASK_BRIDGE" --label rehearsal=1 "$TASK_NETWORK" >/dev/null
   fi
 }
 
@@ -130,6 +136,16 @@ stop() {
       kill -TERM "$cpid" 2>/dev/null || true
     fi
   fi
+  # Docker leaves its bridges up after it exits: the task network's would keep its address and route, and a
+  # daemon with a fresh data root would add a second bridge on the same subnet, unreachable from the host.
+  if ip link show "$TASK_BRIDGE" >/dev/null 2>&1 && ! running_pid >/dev/null; then
+    ip link delete "$TASK_BRIDGE" 2>/dev/null || true
+  fi
+  # What the daemon leaves mounted under its exec root (the default network namespace's nsfs).
+  local mnt
+  awk -v root="$EXEC_ROOT/" 'index($2, root) == 1 {print $2}' /proc/mounts | sort -r | while read -r mnt; do
+    umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
+  done
   rm -f "$PIDFILE"
 }
 
