@@ -341,9 +341,9 @@ class Task:
             status=st["Status"],
             exit_code=st["ExitCode"] if st["Status"] in ("exited", "dead") else None,
             health=(st.get("Health") or {}).get("Status"),
-            started_at=_timestamp(started) if started and not started.startswith("0001") else None,
+            started_at=docker_time(started) if started and not started.startswith("0001") else None,
             oom_killed=bool(st.get("OOMKilled")),
-            finished_at=_timestamp(finished) if finished and not finished.startswith("0001") else None,
+            finished_at=docker_time(finished) if finished and not finished.startswith("0001") else None,
         )
 
     def health(self, name: str) -> str | None:
@@ -510,7 +510,7 @@ print(json.dumps(out))
 """
 
 
-def _timestamp(text: str) -> float:
+def docker_time(text: str) -> float:
     """Docker's RFC 3339 time with nanoseconds -> epoch seconds."""
     whole, _, frac = text.rstrip("Z").partition(".")
     return datetime.fromisoformat(whole + "+00:00").timestamp() + float("0." + (frac[:6] or "0"))
