@@ -234,11 +234,12 @@ class Images:
 
     def python_base(self) -> str:
         tag = dockerfile_base(ROOT / "Dockerfile")
+        host_ca = HOST_CA.read_bytes() if HOST_CA.exists() else b""
+        # Rehearsal only: the host's CA bundle, for pip behind this machine's TLS proxy (none: pip's own).
+        pem = "/usr/local/share/rehearsal/host-ca.crt"
+        ca = f"COPY host-ca.crt {pem}\nENV PIP_CERT={pem}\n"
         recipe = f"""FROM {self.minbase()}
-# Rehearsal only: the host's CA bundle, for pip behind this machine's TLS proxy.
-COPY host-ca.crt /usr/local/share/rehearsal/host-ca.crt
-ENV PIP_CERT=/usr/local/share/rehearsal/host-ca.crt
-RUN apt-get update \\
+{ca if host_ca else ""}RUN apt-get update \\
  && apt-get install -y --no-install-recommends python3 python3-venv python3-dev \\
  && ln -s /usr/bin/python3 /usr/local/bin/python \\
  && rm -rf /var/lib/apt/lists/*
@@ -247,9 +248,10 @@ CMD ["python3"]
 
         def fill(ctx: Path) -> None:
             (ctx / "Dockerfile").write_text(recipe)
-            shutil.copyfile(HOST_CA, ctx / "host-ca.crt")
+            if host_ca:
+                (ctx / "host-ca.crt").write_bytes(host_ca)
 
-        self._generated(tag, content_key(recipe, self._label(MINBASE) or "", HOST_CA), fill)
+        self._generated(tag, content_key(recipe, self._label(MINBASE) or "", host_ca), fill)
         return tag
 
     def triton_base(self) -> str:
