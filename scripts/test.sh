@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Set up everything the test suite needs, then run it: ruff (lint and format), mypy, then pytest
-# (including the real-Triton tests). Extra arguments go to pytest.
+# (including the real-Triton tests and the container rehearsal). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy  # the shipped packages, strict ([tool.mypy] in pyproject.toml)
-exec .venv/bin/python -m pytest "$@"
+# The container rehearsal (tests/test_rehearsal.py) starts its own dockerd; whatever happens to pytest,
+# stop it by its pidfile (a no-op when none runs, or while another session holds it).
+trap 'bash scripts/rehearsal-engine.sh stop' EXIT
+.venv/bin/python -m pytest "$@"
