@@ -17,24 +17,23 @@ What runs:
   ``ModelRepository`` is the rehearsal Triton base's copy of the core sample models);
 * the stack's task definition (deploy/stack.yaml through tests/test_stack.py's evaluator)
   with ``ModelRepositoryHostPath``: the sample models come from a host volume;
-* the stack's Triton task with model sync on, beside deploy/modelsync-task-definition.json
-  (host network), against moto's S3 and SQS.
-
-Findings are tests here too: the ones named ``test_defect_*`` pass while the defect is
-there and show its evidence (flip them when it is fixed); the shipped exporter's test fails
-for as long as the shipped exporter exits in a task without NVML.
+* the Triton task with model sync, as the stack has it and as
+  deploy/task-definition-modelsync.json has it, against moto's S3, SNS and SQS (a moto
+  server on the task network's gateway, where the containers reach it): the init container
+  gives the volumes ECS creates as root to the daemon's user, the daemon installs the
+  bucket's model and turns HEALTHY, Triton starts only then and serves it, an upload
+  announced on the topic is served within seconds, and at the task's stop the daemon's own
+  queue is gone.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,6 @@ from cfnlint.decode.cfn_yaml import load as load_cfn_yaml
 from exporter.emf_validate import validate
 from tests.ecs_local import (
     FakeGpu,
-    Options,
     Task,
     TaskFailed,
     configured_urls,
@@ -54,9 +52,8 @@ from tests.ecs_local import (
     run_task,
     start_order,
 )
-from tests.msync import Moto, make_zip, model_files, upload
-from tests.msync import moto as moto
-from tests.rehearsal import MODELS, Rehearsal
+from tests.msync import Moto, make_zip, model_files, sha, upload
+from tests.rehearsal import MODELS, TASK_GATEWAY, Rehearsal
 from tests.rehearsal import rehearsal as rehearsal
 from tests.test_deploy import SAMPLE, TASK_DEF, substitute
 from tests.test_stack import STACK, mk, stack_taskdef
@@ -69,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BAKED_MODELS = "/opt/rehearsal/models"  # in the rehearsal Triton base (tests/rehearsal.py)
 NO_GPU = FakeGpu(A10G_QUERY, A10G_TABLE)
 MODELSYNC_UID = 10001  # the exporter image's user, which modelsync runs as
-SQS_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/triton-modelsync"  # what the stack's Ref gives
+SYNC_ORDER = ["log_router", "modelsync-init", "modelsync", "triton-server", "exporter"]
 
 
 # --- task definitions ------------------------------------------------------------------------
@@ -131,14 +128,6 @@ def port_in_use(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def writable_store(opts: Options) -> None:
-    """The documented prerequisite (ModelSyncHostPath "writable by uid 10001"), done as an operator would."""
-    store = host_path(opts, "/opt/triton-models")
-    for path in (store, store / "repository", store / "store"):
-        path.mkdir(parents=True, exist_ok=True)
-        os.chown(path, MODELSYNC_UID, MODELSYNC_UID)
 
 
 def exporter_exit(task: Task) -> str:
@@ -210,11 +199,9 @@ def test_shipped_task_runs_the_router_and_triton_as_written(shipped: Task) -> No
 def test_shipped_exporter_runs_and_its_emf_reaches_the_log_router(shipped: Task) -> None:
     """The shipped exporter, unchanged: it must stay up, reach Triton and send EMF to the router.
 
-    FINDING (fails here): EXPORTER_NVML=on makes the exporter exit 2 at start where NVML
-    cannot load, and no GPU (no libnvidia-ml) is modelled in this rehearsal. ECS then keeps
-    the task running without its metrics (the exporter is not essential and has no
-    restartPolicy). Nothing is overridden to hide it; the same checks pass with NVML not
-    required in test_stack_task_urls_connect_from_inside_and_emf_reaches_the_router.
+    No NVML library exists here (no GPU is modelled): the shipped EXPORTER_NVML=auto reports the GPU
+    source down and keeps Triton's metrics flowing. (With the earlier `on` the exporter exited 2 at
+    start, and the non-essential container without a restart policy stayed down for the task's life.)
     """
     time.sleep(3)  # the exporter's start-up: NVML is tried at once
     assert exporter_exit(shipped) == ""
@@ -225,16 +212,11 @@ def test_shipped_exporter_runs_and_its_emf_reaches_the_log_router(shipped: Task)
 
 # --- the stack's task definition, models from a host volume -------------------------------------
 
-# The one change to the stack's containers, made here in the open: see the finding in
-# test_shipped_exporter_runs_and_its_emf_reaches_the_log_router. With "auto" the exporter runs
-# without NVML (and reports it down), so the rest of its path can be checked.
-NVML_NOT_REQUIRED = {"exporter": {"EXPORTER_NVML": "auto"}}
-
 
 @pytest.fixture(scope="module")
 def stack_task(rehearsal: Rehearsal, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Task]:
     td = stack_task_definition(ModelRepositoryHostPath="/opt/triton/models", ModelRepository="/models")
-    opts = rehearsal.options(tmp_path_factory.mktemp("stack"), fake_gpu=NO_GPU, environment=NVML_NOT_REQUIRED)
+    opts = rehearsal.options(tmp_path_factory.mktemp("stack"), fake_gpu=NO_GPU)
     models = host_path(opts, "/opt/triton/models")
     for name in MODELS:
         src = ROOT / "demo" / "models" / name
@@ -260,9 +242,8 @@ def test_stack_task_serves_the_models_from_the_read_only_host_volume(stack_task:
 
 def test_stack_task_urls_connect_from_inside_and_emf_reaches_the_router(stack_task: Task) -> None:
     """Every http(s):// or tcp:// value in a container's environment connects from inside that container,
-    and the exporter's EMF arrives at the router's TCP input (EXPORTER_NVML=auto, see NVML_NOT_REQUIRED)."""
+    and the exporter's EMF arrives at the router's TCP input."""
     assert exporter_exit(stack_task) == ""
-    assert "exporter: EXPORTER_NVML='auto' set by the rehearsal's options (task definition: 'on')" in stack_task.notes
     checked = []
     for name, container in stack_task.containers.items():
         for var, url in configured_urls(container).items():
@@ -284,97 +265,154 @@ def test_stack_task_urls_connect_from_inside_and_emf_reaches_the_router(stack_ta
     docs = [json.loads(r["log"]) for r in records]
     for r in records:
         assert validate(r["log"]) == [], r["log"][:300]
-    assert {d["_aws"]["CloudWatchMetrics"][0]["Namespace"] for d in docs} == {"Triton"}
+    assert {d["_aws"]["CloudWatchMetrics"][0]["Namespace"] for d in docs} == {"Triton/triton"}  # the stack's default
     # The task metadata endpoint the agent provides (modelled): the exporter attached it.
     assert {d.get("ecs_task_family") for d in docs} == {"triton"}
     assert any("ExporterHeartbeat" in d for d in docs)
 
 
-# --- model sync: the host-network daemon beside an awsvpc Triton ---------------------------------
+# --- model sync: two more containers of the Triton task ------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def modelsync_pair(
-    rehearsal: Rehearsal, moto: Moto, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Task, Task]]:
-    """The stack's Triton task with model sync on, then deploy/modelsync-task-definition.json, one host path."""
-    if port_in_use(8000):
-        pytest.skip("host port 8000 is in use: a host-network call to localhost:8000 would reach that instead")
-    bucket = "rehearsal-models"
-    moto.client("s3").create_bucket(Bucket=bucket)
-    moto.client("sqs").create_queue(QueueName="triton-modelsync")
-    upload(moto, bucket, "triton/add.zip", make_zip(model_files("add")))
-    triton_td = stack_task_definition(ModelSyncBucketName=bucket, ModelSyncPrefix="triton/")
-    sync_td = modelsync_file(MODELSYNC_SAMPLE | {"ModelSyncBucketName": bucket, "ModelSyncQueueUrl": SQS_URL})
-    # IAM and AWS endpoints are not modelled: moto's address and test credentials, given explicitly.
-    aws = {"AWS_ENDPOINT_URL": moto.url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    opts = rehearsal.options(tmp_path_factory.mktemp("modelsync"), fake_gpu=NO_GPU, environment={"modelsync": aws})
-    writable_store(opts)
-    with run_task(rehearsal.docker, triton_td, replace(opts, environment={})) as triton:
-        wait_until(lambda: http_get(f"http://{triton.ip()}:8000/v2/health/live")[0] == 200, 60, "Triton live")
-        with run_task(rehearsal.docker, sync_td, opts) as sync:
-            yield triton, sync
+def task_moto() -> Iterator[Moto]:
+    """moto's S3, SNS and SQS on the task network's gateway: the address an awsvpc container reaches the
+    host at (the host's own 127.0.0.1 is not the container's). It stands for the AWS endpoints."""
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind((TASK_GATEWAY, 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address=TASK_GATEWAY, port=port, verbose=False)
+    server.start()
+    try:
+        yield Moto(f"http://{TASK_GATEWAY}:{port}")
+    finally:
+        server.stop()
 
 
-def test_defect_host_network_modelsync_cannot_reach_triton_in_an_awsvpc_task(modelsync_pair: tuple[Task, Task]) -> None:
-    """DEFECT (documented): TRITON_URL=http://localhost:8000 in the host-network daemon is the instance's
-    loopback, not the awsvpc task's: connection refused, so nothing modelsync installs is ever loaded.
-    The task's own address answers from the same container. The redesign (modelsync inside the Triton
-    task) replaces this with a positive test."""
-    triton, sync = modelsync_pair
-    assert sync.network_mode == "host" and triton.network_mode == "awsvpc"
-    url = env_dict(sync.containers["modelsync"])["TRITON_URL"]
-    assert url == "http://localhost:8000"
-    refused = sync.connect("modelsync", url + "/v2/health/live")
-    assert not refused["ok"] and "Connection refused" in refused["error"], refused
-    assert sync.connect("modelsync", f"http://{triton.ip()}:8000/v2/health/live") == {
-        "ok": True,
-        "status": 200,
-        "error": None,
+def _announce(moto: Moto, topic: str, bucket: str, key: str) -> None:
+    """What the stack's EventBridge rule publishes for an upload (an S3 event through the topic)."""
+    event = {
+        "version": "0",
+        "id": f"rehearsal-{time.time_ns()}",
+        "detail-type": "Object Created",
+        "source": "aws.s3",
+        "time": "2026-12-01T00:00:00Z",
+        "detail": {"bucket": {"name": bucket}, "object": {"key": key, "sequencer": f"{time.time_ns():X}"}},
     }
-    # The daemon itself: it fetched and unpacked the archive from S3, then could not load it.
-    logs = wait_until(lambda: "load_failed" in sync.logs("modelsync") and sync.logs("modelsync"), 60, "a load")
-    failed = [json.loads(line) for line in logs.splitlines() if '"result":"load_failed"' in line and '"_aws"' in line]
-    assert failed and failed[0]["SyncBytesDownloaded"] > 0, logs[-2000:]
-    assert "Triton at http://localhost:8000 unreachable" in failed[0]["reason"]
-    assert "Connection refused" in failed[0]["reason"]
-    status, body = http_post(f"http://{triton.ip()}:8000/v2/repository/index", b"{}")
-    assert status == 200 and [m for m in json.loads(body) if m.get("state") == "READY"] == []
+    moto.client("sns").publish(TopicArn=topic, Message=json.dumps(event))
 
 
-def test_defect_modelsync_does_not_get_the_region_the_task_definition_sets(
-    rehearsal: Rehearsal, tmp_path: Path
-) -> None:
-    """DEFECT: the daemon's task definition sets AWS_REGION, which boto3 does not read (it reads
-    AWS_DEFAULT_REGION; on EC2 the agent sets neither). The daemon finds a region only by parsing the
-    queue URL, so with a queue URL that does not start ``sqs.<region>.`` (here an SQS interface
-    endpoint's) it fails at start with NoRegionError; the essential container exits and the task stops."""
-    vpce = "https://vpce-0a1b2c3d4e5f-abcdefgh.sqs.us-east-1.vpce.amazonaws.com/123456789012/triton-modelsync"
-    sync_td = modelsync_file(MODELSYNC_SAMPLE | {"ModelSyncBucketName": "rehearsal-models", "ModelSyncQueueUrl": vpce})
-    assert env_dict(sync_td["containerDefinitions"][0])["AWS_REGION"] == "us-east-1"
-    aws = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    opts = rehearsal.options(tmp_path, environment={"modelsync": aws})
-    writable_store(opts)
-    with run_task(rehearsal.docker, sync_td, opts) as task:
-        assert task.wait_stopped(60) == "essential container modelsync exited 1"
-    assert "botocore.exceptions.NoRegionError: You must specify a region." in task.logs("modelsync")
-
-
-def test_defect_modelsync_cannot_write_the_host_path_ecs_creates(rehearsal: Rehearsal, tmp_path: Path) -> None:
-    """DEFECT: on an instance where ModelSyncHostPath does not exist yet, Docker (so ECS) creates it owned
-    by root, and the daemon (uid 10001) exits 2 at start; essential, so the task stops and the DAEMON
-    service restarts it, forever. Nothing in the stack or Terraform creates the directory (the redesign's
-    root init container that chowns the volume addresses it)."""
-    sync_td = modelsync_file(
-        MODELSYNC_SAMPLE | {"ModelSyncBucketName": "rehearsal-models", "ModelSyncQueueUrl": SQS_URL}
+@pytest.fixture(scope="module")
+def synced(
+    rehearsal: Rehearsal, task_moto: Moto, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Task, Moto, str, str]]:
+    """The stack's Triton task with model sync on; the bucket holds add.zip (v1: adds 1)."""
+    bucket = "rehearsal-sync"
+    s3 = task_moto.client("s3")
+    s3.create_bucket(Bucket=bucket)
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    topic = task_moto.client("sns").create_topic(Name="rehearsal-modelsync")["TopicArn"]
+    upload(task_moto, bucket, "triton/add.zip", make_zip(model_files("add", 1)))
+    td = stack_task_definition(ModelSyncBucketName=bucket, ModelSyncPrefix="triton/")
+    # What IAM and CloudFormation supply, given explicitly: moto's endpoint and test credentials, and the
+    # topic's ARN where the stack's Ref resolves to it.
+    aws = {"AWS_ENDPOINT_URL": task_moto.url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    opts = rehearsal.options(
+        tmp_path_factory.mktemp("synced"),
+        fake_gpu=NO_GPU,
+        environment={"modelsync": aws | {"MODELSYNC_TOPIC_ARN": topic}},
     )
-    aws = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    opts = rehearsal.options(tmp_path, environment={"modelsync": aws})
-    with run_task(rehearsal.docker, sync_td, opts) as task:
-        assert task.wait_stopped(60) == "essential container modelsync exited 2"
-    assert "cannot use /mnt/triton/repository: Permission denied" in task.logs("modelsync")
-    created = host_path(opts, "/opt/triton-models").stat()
-    assert (created.st_uid, oct(created.st_mode & 0o777)) == (0, "0o755")
+    assert not host_path(opts, "/opt/triton-models").exists()  # a fresh instance: no manual step
+    with run_task(rehearsal.docker, td, opts) as task:
+        task.wait_for("triton-server", health="healthy", timeout=180)
+        yield task, task_moto, topic, bucket
+    # After the task's stop (SIGTERM, stopTimeout): the daemon deleted its own queue and subscription.
+    prefix = env_dict(task.containers["modelsync"])["MODELSYNC_QUEUE_NAME_PREFIX"]
+    assert task_moto.client("sqs").list_queues(QueueNamePrefix=prefix).get("QueueUrls", []) == []
+    assert task_moto.client("sns").list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+
+
+def infer_add(task: Task, value: float = 1.0) -> float:
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [value]}]}
+    status, raw = http_post(f"http://{task.ip()}:8000/v2/models/add/infer", json.dumps(body).encode())
+    assert status == 200, raw[:500]
+    return float(json.loads(raw)["outputs"][0]["data"][0])
+
+
+def test_model_sync_starts_before_triton_which_serves_the_synced_model(synced: tuple[Task, Moto, str, str]) -> None:
+    """init (root) gives the volumes ECS created as root to uid 10001 and exits 0; the daemon installs the
+    bucket's model and turns HEALTHY; only then does Triton start, load the link and pass its health check."""
+    task, _, _, _ = synced
+    assert start_order(task.definition) == SYNC_ORDER
+    assert [e.split()[1] for e in task.events if e.startswith("started")] == SYNC_ORDER
+    init, daemon, triton = (task.state(n) for n in ("modelsync-init", "modelsync", "triton-server"))
+    assert init is not None and init.exit_code == 0 and init.finished_at is not None
+    assert daemon is not None and daemon.started_at is not None and daemon.started_at >= init.finished_at
+    healthy = [h for h in task.health_log("modelsync") if h["ExitCode"] == 0]
+    assert healthy and triton is not None and triton.started_at is not None
+    assert triton.started_at >= docker_time(healthy[0]["End"])  # Triton waited for the first sync
+    store = host_path(task.options, "/opt/triton-models")
+    assert (store.stat().st_uid, store.stat().st_gid) == (MODELSYNC_UID, MODELSYNC_UID)
+    assert infer_add(task) == 2.0
+    status, body = http_post(f"http://{task.ip()}:8000/v2/repository/index", b"{}")
+    assert status == 200 and {(m["name"], m.get("state")) for m in json.loads(body)} == {("add", "READY")}
+    last = task.health_log("triton-server")[-1]
+    assert last["ExitCode"] == 0 and "1 model version(s) ready" in last["Output"], last
+    # Triton reads the task's repository and the instance's store, read-only.
+    denied = task.exec("triton-server", ["sh", "-c", "touch /mnt/triton/store/x"])
+    assert denied.returncode != 0 and "Read-only file system" in denied.stderr
+
+
+def test_model_sync_urls_connect_from_inside_their_containers(synced: tuple[Task, Moto, str, str]) -> None:
+    """TRITON_URL=http://localhost:8000 from the daemon is this task's Triton (one network namespace)."""
+    task, _, _, _ = synced
+    checked = []
+    for name, container in task.containers.items():
+        for var, url in configured_urls(container).items():
+            result = task.connect(name, url)
+            assert result["ok"], (name, var, url, result)
+            checked.append((name, var))
+    assert ("modelsync", "TRITON_URL") in checked and ("exporter", "TRITON_METRICS_URL") in checked
+    live = task.connect("modelsync", "http://localhost:8000/v2/health/live")
+    assert live == {"ok": True, "status": 200, "error": None}
+
+
+def test_an_upload_announced_on_the_topic_is_served_within_seconds(synced: tuple[Task, Moto, str, str]) -> None:
+    """The daemon reconciles every 300 s: only the fan-out (its own queue on the topic) makes this fast."""
+    task, moto, topic, bucket = synced
+    v2 = make_zip(model_files("add", 2))
+    upload(moto, bucket, "triton/add.zip", v2)
+    began = time.monotonic()
+    _announce(moto, topic, bucket, "triton/add.zip")
+    wait_until(lambda: infer_add(task) == 3.0, 60, "add v2 served")
+    print(f"upload announced -> served by Triton in the task: {time.monotonic() - began:.1f} s")
+    link = task.exec("modelsync", ["readlink", "/mnt/triton/task/repository/add"]).stdout.strip()
+    assert link.endswith(sha(v2)), link
+    emf = [json.loads(line) for line in task.logs("modelsync").splitlines() if line.startswith('{"_aws"')]
+    for doc in emf:
+        assert validate(json.dumps(doc)) == []
+    assert any(d.get("model") == "add" and d.get("ModelInSync") == 1 and d["ModelArtifact"] == sha(v2) for d in emf)
+
+
+def test_the_json_task_definition_with_model_sync_runs_the_same(
+    rehearsal: Rehearsal, task_moto: Moto, tmp_path: Path
+) -> None:
+    """deploy/task-definition-modelsync.json, placeholders filled as a user would: the same start."""
+    bucket = "rehearsal-json"
+    task_moto.client("s3").create_bucket(Bucket=bucket)
+    topic = task_moto.client("sns").create_topic(Name="rehearsal-json")["TopicArn"]
+    upload(task_moto, bucket, "triton/add.zip", make_zip(model_files("add", 1)))
+    td = modelsync_file(
+        MODELSYNC_SAMPLE | {"ModelSyncBucketName": bucket, "ModelSyncPrefix": "triton/", "ModelSyncTopicArn": topic}
+    )
+    aws = {"AWS_ENDPOINT_URL": task_moto.url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    opts = rehearsal.options(tmp_path, fake_gpu=NO_GPU, environment={"modelsync": aws})
+    with run_task(rehearsal.docker, td, opts) as task:
+        task.wait_for("triton-server", health="healthy", timeout=180)
+        assert [e.split()[1] for e in task.events if e.startswith("started")] == SYNC_ORDER
+        assert infer_add(task) == 2.0
 
 
 # --- the harness itself, on small task definitions (what the redesign uses) ---------------------
