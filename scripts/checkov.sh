@@ -9,8 +9,9 @@
 # deploy/triton.Dockerfile, deploy/task-definition.json and
 # deploy/task-definition-modelsync.json, the CloudFormation
 # templates (alarms/*.template.json, deploy/*.yaml|yml|json templates) and the
-# Terraform module deploy/terraform (through its examples/ root module).
-# Skipped checks, each with its reason, are listed in .checkov.yaml.
+# Terraform module deploy/terraform (through its examples/ root module); then both once more with the
+# optional cluster (CreateCluster / create_cluster) on, from a copy.
+# Skipped checks, each with its reason, are listed in .checkov.yaml (or in the resource they concern).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv-checkov
@@ -40,4 +41,23 @@ rc=0
 # locals (checkov ignores --file arguments once --directory is given, hence a second run).
 "$VENV/bin/checkov" --config-file .checkov.yaml --skip-download --framework terraform terraform_json \
   --directory deploy/terraform "$@" || rc=$?
+# The optional cluster (CreateCluster / create_cluster, off by default): checkov leaves out what a condition or a
+# count that is false with the defaults creates, so a copy with it on by default is scanned too.
+on=$(mktemp -d)
+trap 'rm -rf "$on"' EXIT
+mkdir -p "$on/deploy" "$on/dashboards"
+cp -r deploy/terraform "$on/deploy/"
+cp deploy/*.json deploy/user-data.sh "$on/deploy/"
+cp dashboards/triton.json.tftpl "$on/dashboards/"
+sed '/^  CreateCluster:$/,/^    Default:/ s/Default: "false"/Default: "true"/' deploy/stack.yaml >"$on/deploy/stack.yaml"
+sed '/^variable "create_cluster" {$/,/^}$/ s/default     = false/default     = true/' \
+  deploy/terraform/examples/main.tf >"$on/deploy/terraform/examples/main.tf"
+if cmp -s deploy/stack.yaml "$on/deploy/stack.yaml" || cmp -s deploy/terraform/examples/main.tf "$on/deploy/terraform/examples/main.tf"; then
+  echo "checkov.sh: could not turn CreateCluster / create_cluster on in the copy" >&2
+  exit 2
+fi
+"$VENV/bin/checkov" --config-file .checkov.yaml --skip-download --framework cloudformation \
+  --file "$on/deploy/stack.yaml" "$@" || rc=$?
+"$VENV/bin/checkov" --config-file .checkov.yaml --skip-download --framework terraform terraform_json \
+  --directory "$on/deploy/terraform" "$@" || rc=$?
 exit "$rc"

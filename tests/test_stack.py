@@ -16,6 +16,7 @@ parameter values and then check what CloudFormation would create:
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
@@ -65,6 +66,13 @@ PSEUDO = {
     "AWS::URLSuffix": "amazonaws.com",
 }
 NO_VALUE = object()
+# Resource types whose Ref is the value of one of their own properties (a name), not an id known after creation.
+REF_IS_PROPERTY = {
+    "AWS::Logs::LogGroup": "LogGroupName",
+    "AWS::ECS::Cluster": "ClusterName",
+    "AWS::ECS::CapacityProvider": "Name",
+    "AWS::ECS::ClusterCapacityProviderAssociations": "Cluster",  # its primary identifier
+}
 
 
 # --- a small evaluator for the intrinsic functions the template uses ------------------------
@@ -110,14 +118,17 @@ class Stack:
 
     def ref(self, name: str) -> Any:
         if name in self.params:
+            if self.t["Parameters"][name]["Type"].startswith("AWS::SSM::Parameter::Value<"):
+                return f"<ssm:{self.params[name]}>"  # CloudFormation passes the SSM parameter's value
             return self.params[name]
         if name in self.pseudo:
             return self.pseudo[name]
         if name == "AWS::NoValue":
             return NO_VALUE
         res = self.t["Resources"][name]
-        if res["Type"] == "AWS::Logs::LogGroup":  # Ref of a log group is its name
-            return self.ev(res["Properties"]["LogGroupName"])
+        prop = REF_IS_PROPERTY.get(res["Type"])  # Ref of a log group is its name, and so on
+        if prop and prop in res.get("Properties", {}):
+            return self.ev(res["Properties"][prop])
         return f"<{name}>"
 
     def sub(self, text: str, local: dict[str, Any]) -> str:
@@ -149,6 +160,8 @@ class Stack:
                 return str(self.ev(arg[1])).split(arg[0])
             if key == "Fn::Select":
                 return self.ev(arg[1])[int(self.ev(arg[0]))]
+            if key == "Fn::Base64":
+                return base64.b64encode(str(self.ev(arg)).encode()).decode()
             if key == "Fn::Join":
                 return arg[0].join(str(v) for v in self.ev(arg[1]))
             if key == "Fn::If":

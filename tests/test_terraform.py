@@ -15,6 +15,10 @@ never run. Instead, with the real parsers (python-hcl2's HCL grammar, json):
   The comparisons iterate over whatever the stack has, every stack resource and property
   needs a Terraform counterpart (and the other way round), and a resource one side creates
   under a condition the other does not is a difference;
+- with CreateCluster / create_cluster, the cluster, its capacity provider and their association, the Auto
+  Scaling group, the launch template (its user data decoded: deploy/user-data.sh, filled in alike), the
+  instance role with its managed policies and the instance profile, and the service's capacity provider
+  strategy in place of its launch type;
 - every stack parameter is a variable with the same default and the same constraints
   (values at and beyond each bound are accepted or refused alike);
 - the examples/ root module with its terraform.tfvars.example evaluates to a full plan;
@@ -23,6 +27,7 @@ never run. Instead, with the real parsers (python-hcl2's HCL grammar, json):
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
@@ -51,10 +56,12 @@ TF = ROOT / "deploy" / "terraform"
 EXAMPLES = TF / "examples"
 STACK = ROOT / "deploy" / "stack.yaml"
 ALARMS = ROOT / "alarms" / "triton-alarms.template.json"
-DATA = {
+DATA: dict[str, Any] = {
     "aws_caller_identity": {"account_id": ACCOUNT},
     "aws_region": {"region": REGION},
     "aws_partition": {"partition": "aws"},
+    # The value of the parameter as the stack's evaluator writes an SSM-typed parameter's (tests/test_stack.py).
+    "aws_ssm_parameter": lambda args: {"insecure_value": f"<ssm:{args['name']}>", "type": "String"},
 }
 TF_ONLY = {"task_family", "tags"}  # variables with no stack parameter, documented in the README section
 
@@ -119,6 +126,24 @@ SCENARIOS = {
         "LogGroupPrefix": "/prod/inf",
         "ServiceName": "inference",
         "LogRetentionDays": "90",
+    },
+    # A cluster from zero with its defaults.
+    "cluster": {"CreateCluster": "true"},
+    # A cluster from zero with every one of its parameters and the ones it reads (the store's path, the
+    # cluster's name, the subnets and groups, model sync) changed.
+    "cluster-renamed": {
+        "CreateCluster": "true",
+        "ClusterName": "inference-gpus",
+        "InstanceType": "p4d.24xlarge",
+        "ClusterMinSize": "0",
+        "ClusterMaxSize": "3",
+        "RootVolumeSize": "250",
+        "GpuAmiParameter": "/team/amis/triton-gpu",
+        "ModelSyncBucketName": "example-models",
+        "ModelSyncHostPath": "/local/nvme/triton",
+        "SubnetIds": "subnet-0aaaaaaaaaaaaaaaa",
+        "SecurityGroupIds": "sg-0bbbbbbbbbbbbbbbb,sg-0ccccccccccccccccc",
+        "ServiceName": "inference",
     },
 }
 
@@ -209,6 +234,12 @@ _PLACEHOLDERS = {
     "<ModelSyncTopic>": "<aws_sns_topic.modelsync[0].arn>",  # Ref of a topic is its ARN
     "<ModelSyncTopic>:*": "<aws_sns_topic.modelsync[0].arn>:*",
     "<ModelSyncEventRule.Arn>": "<aws_cloudwatch_event_rule.modelsync[0].arn>",
+    # A cluster from zero: the group's Ref is its name, which the capacity provider takes as well as its ARN.
+    "<AutoScalingGroup>": "<aws_autoscaling_group.gpu[0].arn>",
+    "<LaunchTemplate>": "<aws_launch_template.gpu[0].id>",
+    "<LaunchTemplate.LatestVersionNumber>": "<aws_launch_template.gpu[0].latest_version>",
+    "<InstanceRole>": "<aws_iam_role.instance[0].name>",
+    "<InstanceProfile.Arn>": "<aws_iam_instance_profile.instance[0].arn>",
     **{f"<{logical}>": f"<aws_appautoscaling_policy.{key}[0].arn>" for key, logical in POLICY_IDS.items()},
 }
 
@@ -366,6 +397,7 @@ def service(stack: Stack, plan: dict[str, Any]) -> list[str]:
                 "MinimumHealthyPercent": m.take("deployment_minimum_healthy_percent"),
                 "MaximumPercent": m.take("deployment_maximum_percent"),
             },
+            "CapacityProviderStrategy": _strategy(m.take("capacity_provider_strategy", [])),
         }
         if net:
             tf["NetworkConfiguration"] = {
@@ -465,6 +497,7 @@ def _policy(doc: dict[str, Any]) -> dict[str, Any]:
 def roles(stack: Stack, plan: dict[str, Any]) -> list[str]:
     diffs = []
     policies = of_type(plan, "aws_iam_role_policy")
+    attachments = of_type(plan, "aws_iam_role_policy_attachment")
     pairs = matched(stack, plan, "AWS::IAM::Role")
     for logical, address in pairs:
         props = stack.props(logical)
@@ -482,10 +515,24 @@ def roles(stack: Stack, plan: dict[str, Any]) -> list[str]:
                 diffs += pm.done()
         cfn_policies = {p["PolicyName"]: _policy(p["PolicyDocument"]) for p in props.pop("Policies", [])}
         diffs += compare(f"{logical} policies", cfn_policies, tf_policies)
+        managed = []
+        for aaddress, a in attachments.items():
+            am = Mapper(aaddress, a, ignore=())
+            if str(am.take("role")) == f"<{address}.name>":
+                managed.append(am.take("policy_arn"))
+                diffs += am.done()
+        tf["ManagedPolicyArns"] = sorted(managed)
+        props["ManagedPolicyArns"] = sorted(props.get("ManagedPolicyArns", []))
         diffs += compare(logical, props, tf)
     known = {f"<{address}.id>" for _, address in pairs}
     attached = {str(p.get("role")) for p in policies.values()} - known
-    return diffs + [f"policy on an unknown role {r}" for r in attached]
+    named = {f"<{address}.name>" for _, address in pairs}
+    managed_on = {str(a.get("role")) for a in attachments.values()} - named
+    return (
+        diffs
+        + [f"policy on an unknown role {r}" for r in attached]
+        + [f"managed policy attached to an unknown role {r}" for r in managed_on]
+    )
 
 
 def topics(stack: Stack, plan: dict[str, Any]) -> list[str]:
@@ -720,6 +767,143 @@ def dashboard(nested: Stack, plan: dict[str, Any]) -> list[str]:
     return diffs
 
 
+# --- a cluster from zero (CreateCluster / create_cluster) -------------------------------------
+
+
+def _strategy(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """capacity_provider_strategy blocks as CloudFormation's CapacityProviderStrategy items."""
+    return [{"CapacityProvider": b["capacity_provider"], "Weight": b["weight"], "Base": b["base"]} for b in blocks]
+
+
+def clusters(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    diffs = []
+    for logical, address in matched(stack, plan, "AWS::ECS::Cluster"):
+        m = Mapper(address, plan[address])
+        diffs += compare(f"cluster {logical}", stack.props(logical), {"ClusterName": m.take("name")}) + m.done()
+    return diffs
+
+
+def capacity_providers(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    diffs = []
+    for logical, address in matched(stack, plan, "AWS::ECS::CapacityProvider"):
+        m = Mapper(address, plan[address])
+        asg = m.block("auto_scaling_group_provider")
+        scaling = asg.optional_block("managed_scaling")
+        provider: dict[str, Any] = {
+            "AutoScalingGroupArn": asg.take("auto_scaling_group_arn"),
+            "ManagedTerminationProtection": asg.take("managed_termination_protection"),
+            "ManagedDraining": asg.take("managed_draining"),
+        }
+        if scaling:
+            provider["ManagedScaling"] = {
+                "Status": scaling.take("status"),
+                "TargetCapacity": scaling.take("target_capacity"),
+                "MinimumScalingStepSize": scaling.take("minimum_scaling_step_size"),
+                "MaximumScalingStepSize": scaling.take("maximum_scaling_step_size"),
+                "InstanceWarmupPeriod": scaling.take("instance_warmup_period"),
+            }
+        tf = {"Name": m.take("name"), "AutoScalingGroupProvider": provider}
+        diffs += m.done() + asg.done() + (scaling.done() if scaling else [])
+        diffs += compare(f"capacity provider {logical}", stack.props(logical), tf)
+    return diffs
+
+
+def capacity_provider_associations(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    diffs = []
+    for logical, address in matched(stack, plan, "AWS::ECS::ClusterCapacityProviderAssociations"):
+        m = Mapper(address, plan[address], ignore=())
+        tf = {
+            "Cluster": m.take("cluster_name"),
+            "CapacityProviders": m.take("capacity_providers"),
+            "DefaultCapacityProviderStrategy": _strategy(m.take("default_capacity_provider_strategy", [])),
+        }
+        diffs += m.done() + compare(f"capacity provider associations {logical}", stack.props(logical), tf)
+    return diffs
+
+
+def autoscaling_groups(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    diffs = []
+    for logical, address in matched(stack, plan, "AWS::AutoScaling::AutoScalingGroup"):
+        m = Mapper(address, plan[address])
+        template = m.block("launch_template")
+        # Terraform only: destroy terminates the instances although they are protected from scale-in (the
+        # stack's deletion needs their protection lifted first; docs/deploy.md says both).
+        if m.take("force_delete") is not True:
+            diffs.append(f"{address}: force_delete is not true, so terraform destroy waits on protected instances")
+        tf = {
+            "MinSize": m.take("min_size"),
+            "MaxSize": m.take("max_size"),
+            "VPCZoneIdentifier": m.take("vpc_zone_identifier"),
+            "NewInstancesProtectedFromScaleIn": m.take("protect_from_scale_in"),
+            "LaunchTemplate": {"LaunchTemplateId": template.take("id"), "Version": template.take("version")},
+            "Tags": [
+                {"Key": t["key"], "Value": t["value"], "PropagateAtLaunch": t["propagate_at_launch"]}
+                for t in m.take("tag", [])
+            ],
+        }
+        diffs += m.done() + template.done() + compare(f"auto scaling group {logical}", stack.props(logical), tf)
+    return diffs
+
+
+def _first_difference(a: str, b: str) -> str:
+    for n, (x, y) in enumerate(zip(a.splitlines(), b.splitlines(), strict=False), 1):
+        if x != y:
+            return f"line {n}: stack {x!r} != terraform {y!r}"
+    return f"stack {len(a.splitlines())} lines != terraform {len(b.splitlines())} lines"
+
+
+def launch_templates(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    """The launch template's data, with the user data of both sides decoded and compared line by line."""
+    diffs = []
+    for logical, address in matched(stack, plan, "AWS::EC2::LaunchTemplate"):
+        m = Mapper(address, plan[address])
+        profile, metadata = m.block("iam_instance_profile"), m.block("metadata_options")
+        devices = []
+        for mapping in m.take("block_device_mappings", []):
+            bm = Mapper(f"{address}.block_device_mappings", mapping, ignore=())
+            ebs = bm.block("ebs")
+            devices.append(
+                {
+                    "DeviceName": bm.take("device_name"),
+                    "Ebs": {
+                        "VolumeSize": ebs.take("volume_size"),
+                        "VolumeType": ebs.take("volume_type"),
+                        "Encrypted": ebs.take("encrypted"),
+                        "DeleteOnTermination": ebs.take("delete_on_termination"),
+                    },
+                }
+            )
+            diffs += bm.done() + ebs.done()
+        tf_user_data = base64.b64decode(m.take("user_data") or "").decode()
+        tf = {
+            "ImageId": m.take("image_id"),
+            "InstanceType": m.take("instance_type"),
+            "SecurityGroupIds": m.take("vpc_security_group_ids"),
+            "IamInstanceProfile": {"Arn": profile.take("arn")},
+            "MetadataOptions": {
+                "HttpEndpoint": metadata.take("http_endpoint"),
+                "HttpTokens": metadata.take("http_tokens"),
+                "HttpPutResponseHopLimit": metadata.take("http_put_response_hop_limit"),
+            },
+            "BlockDeviceMappings": devices,
+        }
+        diffs += m.done() + profile.done() + metadata.done()
+        data = stack.props(logical)["LaunchTemplateData"]
+        cfn_user_data = base64.b64decode(data.pop("UserData", "")).decode()
+        if cfn_user_data != tf_user_data:
+            diffs.append(f"launch template {logical}.UserData: {_first_difference(cfn_user_data, tf_user_data)}")
+        diffs += compare(f"launch template {logical}.LaunchTemplateData", data, tf)
+    return diffs
+
+
+def instance_profiles(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    diffs = []
+    for logical, address in matched(stack, plan, "AWS::IAM::InstanceProfile"):
+        m = Mapper(address, plan[address])
+        diffs += compare(f"instance profile {logical}", stack.props(logical), {"Roles": [m.take("role")]}) + m.done()
+    return diffs
+
+
 COMPARED = {
     "aws_ecs_task_definition": task_definition,
     "aws_ecs_service": service,
@@ -732,6 +916,13 @@ COMPARED = {
     "aws_sns_topic_policy": topic_policies,
     "aws_cloudwatch_event_rule": event_rules,
     "aws_cloudwatch_event_target": event_rules,
+    "aws_iam_role_policy_attachment": roles,
+    "aws_ecs_cluster": clusters,
+    "aws_ecs_capacity_provider": capacity_providers,
+    "aws_ecs_cluster_capacity_providers": capacity_provider_associations,
+    "aws_autoscaling_group": autoscaling_groups,
+    "aws_launch_template": launch_templates,
+    "aws_iam_instance_profile": instance_profiles,
 }
 NESTED = {
     "aws_cloudwatch_metric_alarm": alarms,
@@ -756,6 +947,12 @@ CFN_TYPES = {
     "AWS::ApplicationAutoScaling::ScalingPolicy": "aws_appautoscaling_policy",
     "AWS::CloudWatch::Dashboard": "aws_cloudwatch_dashboard",
     "AWS::CloudWatch::InsightRule": "aws_cloudwatch_contributor_insight_rule",
+    "AWS::ECS::Cluster": "aws_ecs_cluster",
+    "AWS::ECS::CapacityProvider": "aws_ecs_capacity_provider",
+    "AWS::ECS::ClusterCapacityProviderAssociations": "aws_ecs_cluster_capacity_providers",
+    "AWS::AutoScaling::AutoScalingGroup": "aws_autoscaling_group",
+    "AWS::EC2::LaunchTemplate": "aws_launch_template",
+    "AWS::IAM::InstanceProfile": "aws_iam_instance_profile",
 }
 # Stack logical id -> the Terraform address that stands for it, for the types matched one to one (log
 # groups, policies, alarms, scaling and the dashboard are matched by name). Conditional resources are
@@ -770,6 +967,13 @@ COUNTERPARTS = {
     "ModelSyncTopic": "aws_sns_topic.modelsync[0]",
     "ModelSyncTopicPolicy": "aws_sns_topic_policy.modelsync[0]",
     "ModelSyncEventRule": "aws_cloudwatch_event_rule.modelsync[0]",
+    "Cluster": "aws_ecs_cluster.this[0]",
+    "CapacityProvider": "aws_ecs_capacity_provider.gpu[0]",
+    "ClusterCapacityProviders": "aws_ecs_cluster_capacity_providers.this[0]",
+    "AutoScalingGroup": "aws_autoscaling_group.gpu[0]",
+    "LaunchTemplate": "aws_launch_template.gpu[0]",
+    "InstanceRole": "aws_iam_role.instance[0]",
+    "InstanceProfile": "aws_iam_instance_profile.instance[0]",
 }
 ONE_TO_ONE = (
     "AWS::ECS::TaskDefinition",
@@ -780,6 +984,12 @@ ONE_TO_ONE = (
     "AWS::SNS::Topic",
     "AWS::SNS::TopicPolicy",
     "AWS::Events::Rule",
+    "AWS::ECS::Cluster",
+    "AWS::ECS::CapacityProvider",
+    "AWS::ECS::ClusterCapacityProviderAssociations",
+    "AWS::AutoScaling::AutoScalingGroup",
+    "AWS::EC2::LaunchTemplate",
+    "AWS::IAM::InstanceProfile",
 )
 
 
@@ -818,7 +1028,7 @@ def deployment_names(stack: Stack, plan: dict[str, Any]) -> dict[str, str]:
     """The names each side derives from the deployment's own name (the stack's name and id there, the task
     family here): the default namespace Triton/<family> and the daemons' queue prefix. Each side's value
     is checked for its shape, then the plan's is written as the stack's, so everything else compares."""
-    names = {}
+    names: dict[str, str] = {}
     td = stack.props("TaskDefinition")
     tf_family = one_of(plan, "aws_ecs_task_definition.this")["family"]
     if not stack.params["Namespace"]:
@@ -830,6 +1040,10 @@ def deployment_names(stack: Stack, plan: dict[str, Any]) -> dict[str, str]:
         (daemon,) = [c for c in tf if c["name"] == "modelsync"]
         theirs = {e["name"]: e["value"] for e in daemon["environment"]}["MODELSYNC_QUEUE_NAME_PREFIX"]
         assert re.fullmatch(r"modelsync-[0-9a-f-]{16,36}-", ours) and re.fullmatch(r"modelsync-[0-9a-f]{16}-", theirs)
+        names[theirs] = ours
+    if "CapacityProvider" in stack.resources():  # gpu-<stack name> there, gpu-<task family> here
+        ours, theirs = stack.props("CapacityProvider")["Name"], plan["aws_ecs_capacity_provider.gpu[0]"]["name"]
+        assert ours == f"gpu-{td['Family']}" and theirs == f"gpu-{tf_family}"[:255]
         names[theirs] = ours
     return names
 
@@ -1018,6 +1232,14 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
         ]
     if "ModelBucketKmsKeyArn" in params:
         assert "aws_iam_role_policy.task_model_bucket_key[0]" in plan
+    cluster = [a for a in plan if a.split(".")[0] in CLUSTER_TYPES]
+    if scenario.startswith("cluster"):  # the whole cluster, and the service on its capacity provider
+        assert len(cluster) == len(CLUSTER_TYPES) + 1  # + the second managed policy
+        svc = plan["aws_ecs_service.this"]
+        assert svc["launch_type"] is None and len(svc["capacity_provider_strategy"]) == 1
+        assert "aws_ecs_cluster_capacity_providers.this" in _source_text_of_depends_on()
+    else:
+        assert not cluster and plan["aws_ecs_service.this"]["launch_type"] == "EC2"
 
 
 def test_the_dashboard_with_the_defaults_is_the_committed_one() -> None:
@@ -1032,7 +1254,7 @@ def _copy_module(tmp: Path) -> Path:
     """The module with the files it reads, at the same relative places, to edit without touching the repository."""
     tmp.mkdir(parents=True, exist_ok=True)
     shutil.copytree(TF, tmp / "deploy" / "terraform")
-    for name in ("task-definition.json", "task-definition-modelsync.json"):
+    for name in ("task-definition.json", "task-definition-modelsync.json", "user-data.sh"):
         shutil.copy(ROOT / "deploy" / name, tmp / "deploy" / name)
     (tmp / "dashboards").mkdir()
     shutil.copy(ROOT / "dashboards" / "triton.json.tftpl", tmp / "dashboards" / "triton.json.tftpl")
@@ -1042,6 +1264,13 @@ def _copy_module(tmp: Path) -> Path:
 # Edits to copies of the module and the files it reads, and the difference each must make. The model-sync
 # ones are compared with model sync on and every parameter of it changed.
 DRIFTS = [
+    # A cluster from zero without create_cluster, where the stack creates none.
+    (
+        "cluster.tf",
+        "count = local.create_cluster ? 1 : 0\n  name  = var.cluster_name",
+        "count = 1\n  name  = var.cluster_name",
+        "terraform creates aws_ecs_cluster.this[0]",
+    ),
     ("main.tf", "deregistration_delay = 30", "deregistration_delay = 31", "target group.TargetGroupAttributes"),
     ("iam.tf", '"logs:PutRetentionPolicy", ', "", "TaskRole policies"),
     ("logs.tf", '"metrics", ', "", "log groups"),
@@ -1074,6 +1303,24 @@ DRIFTS = [
         "terraform creates aws_cloudwatch_event_rule.modelsync[0]",
     ),
 ]
+# The Terraform types of a cluster from zero (cluster.tf), none of which exists without create_cluster.
+CLUSTER_TYPES = (
+    "aws_ecs_cluster",
+    "aws_ecs_capacity_provider",
+    "aws_ecs_cluster_capacity_providers",
+    "aws_autoscaling_group",
+    "aws_launch_template",
+    "aws_iam_instance_profile",
+    "aws_iam_role_policy_attachment",
+)
+
+
+def _source_text_of_depends_on() -> str:
+    """The service's depends_on as written (the evaluator does not evaluate meta-arguments)."""
+    (block,) = [b for b in parse_directory(TF) if b.type == "resource" and b.labels == ["aws_ecs_service", "this"]]
+    return _source_text(block.body.attrs["depends_on"])
+
+
 MODELSYNC_DRIFTS = [
     ("modelsync.tf", 'Action    = "sns:Publish"', 'Action    = "sns:*"', "topic policy ModelSyncTopicPolicy"),
     (
@@ -1116,11 +1363,75 @@ MODELSYNC_DRIFTS = [
     ),
     ("main.tf", "{ cpu = var.triton_cpu }", "{}", "container triton-server.cpu"),
 ]
+# A cluster from zero, compared with every parameter of it changed.
+CLUSTER_DRIFTS = [
+    (
+        "cluster.tf",
+        'http_tokens                 = "required"',
+        'http_tokens = "optional"',
+        "launch template LaunchTemplate",
+    ),
+    (
+        "cluster.tf",
+        "volume_size           = var.root_volume_size",
+        "volume_size = 30",
+        "launch template LaunchTemplate",
+    ),
+    (
+        "cluster.tf",
+        "ModelStorePath = var.model_sync_host_path",
+        'ModelStorePath = "/opt/triton-models"',
+        "launch template LaunchTemplate.UserData",
+    ),
+    (
+        "../user-data.sh",
+        "ECS_AWSVPC_BLOCK_IMDS=true",
+        "ECS_AWSVPC_BLOCK_IMDS=false",
+        "launch template LaunchTemplate.UserData",
+    ),
+    ("../user-data.sh", "mkfs.xfs -q -K", "mkfs.ext4 -q", "launch template LaunchTemplate.UserData"),
+    (
+        "cluster.tf",
+        "protect_from_scale_in = true",
+        "protect_from_scale_in = false",
+        "auto scaling group AutoScalingGroup",
+    ),
+    ("cluster.tf", "force_delete = true", "force_delete = false", "aws_autoscaling_group.gpu[0]: force_delete"),
+    (
+        "cluster.tf",
+        'key                 = "AmazonECSManaged"',
+        'key = "ManagedByEcs"',
+        "auto scaling group AutoScalingGroup.Tags",
+    ),
+    ("cluster.tf", "target_capacity = 100", "target_capacity = 90", "capacity provider CapacityProvider"),
+    (
+        "cluster.tf",
+        'managed_termination_protection = "ENABLED"',
+        'managed_termination_protection = "DISABLED"',
+        "capacity provider CapacityProvider",
+    ),
+    ("cluster.tf", "weight            = 1", "weight = 2", "capacity provider associations ClusterCapacityProviders"),
+    (
+        "cluster.tf",
+        '    "arn:${local.partition}:iam::aws:policy/AmazonSSMManagedInstanceCore",\n',
+        "",
+        "InstanceRole.ManagedPolicyArns",
+    ),
+    (
+        "main.tf",
+        'launch_type                        = local.create_cluster ? null : "EC2"',
+        'launch_type = "EC2"',
+        "service Service.LaunchType",
+    ),
+    ("main.tf", "weight            = 1", "weight = 3", "service Service.CapacityProviderStrategy"),
+]
 
 
 @pytest.mark.parametrize(
     ("scenario", "path", "old", "new", "expect"),
-    [("renamed", *d) for d in DRIFTS] + [("modelsync-renamed", *d) for d in MODELSYNC_DRIFTS],
+    [("renamed", *d) for d in DRIFTS]
+    + [("modelsync-renamed", *d) for d in MODELSYNC_DRIFTS]
+    + [("cluster-renamed", *d) for d in CLUSTER_DRIFTS],
 )
 def test_a_drifted_module_fails_the_comparison(
     template, alarms_template, tmp_path: Path, scenario: str, path: str, old: str, new: str, expect: str
@@ -1176,6 +1487,44 @@ def test_a_drifted_stack_fails_the_comparison_with_model_sync(template, alarms_t
     diffs = differences(stack, nested, module_for(VALUES).plan())
     assert any(
         d.startswith("stack resource ModelSyncEventRule (AWS::Events::Rule) exists; terraform plan has no")
+        for d in diffs
+    ), diffs
+
+
+def test_a_drifted_stack_fails_the_comparison_with_a_cluster(template, alarms_template) -> None:
+    params = VALUES | SCENARIOS["cluster-renamed"]
+    plan = module_for(params).plan()
+    t = copy.deepcopy(template)
+    t["Resources"]["AutoScalingGroup"]["Properties"]["MaxSize"] = 10
+    t["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]["MetadataOptions"]["HttpTokens"] = "optional"
+    t["Resources"]["Service"]["Properties"]["LaunchType"] = "EC2"
+    t["Resources"]["InstanceRole"]["Properties"]["ManagedPolicyArns"].pop()
+    t["Resources"]["LifecycleHook"] = {"Type": "AWS::AutoScaling::LifecycleHook", "Condition": "CreatesCluster"}
+    stack, nested = stacks_for(t, alarms_template, params)
+    diffs = differences(stack, nested, plan)
+    assert any(d.startswith("auto scaling group AutoScalingGroup.MaxSize") for d in diffs), diffs
+    assert any(d.startswith("launch template LaunchTemplate.LaunchTemplateData.MetadataOptions") for d in diffs), diffs
+    assert any(d.startswith("service Service.LaunchType") for d in diffs), diffs
+    assert any(d.startswith("InstanceRole.ManagedPolicyArns") for d in diffs), diffs
+    assert any("LifecycleHook (AWS::AutoScaling::LifecycleHook) has no Terraform counterpart" in d for d in diffs), (
+        diffs
+    )
+    # The stack's user data, one line changed: the copy of deploy/user-data.sh drifted.
+    t = copy.deepcopy(template)
+    data = t["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]
+    data["UserData"]["Fn::Base64"]["Fn::Sub"][0] = data["UserData"]["Fn::Base64"]["Fn::Sub"][0].replace(
+        "mountpoint -q", "grep -qs"
+    )
+    stack, nested = stacks_for(t, alarms_template, params)
+    diffs = differences(stack, nested, plan)
+    assert any(d.startswith("launch template LaunchTemplate.UserData: line ") for d in diffs), diffs
+    # The cluster created without CreateCluster, where the module creates none.
+    t = copy.deepcopy(template)
+    del t["Resources"]["Cluster"]["Condition"]
+    stack, nested = stacks_for(t, alarms_template, VALUES)
+    diffs = differences(stack, nested, module_for(VALUES).plan())
+    assert any(
+        d.startswith("stack resource Cluster (AWS::ECS::Cluster) exists; terraform plan has no aws_ecs_cluster.this[0]")
         for d in diffs
     ), diffs
 
@@ -1298,7 +1647,7 @@ def test_evaluator_refuses_what_terraform_would(tmp_path: Path) -> None:
     (module_dir / "typo.tf").write_text('output "x" {\n  value = aws_iam_role.taks.arn\n}\n')
     with pytest.raises(TfError, match=r"aws_iam_role\.taks is not declared"):
         module_for(VALUES, module_dir).outputs()
-    (module_dir / "typo.tf").write_text('output "x" {\n  value = base64encode("x")\n}\n')
+    (module_dir / "typo.tf").write_text('output "x" {\n  value = cidrsubnet("10.0.0.0/16", 8, 1)\n}\n')
     with pytest.raises(TfError, match="not implemented"):
         module_for(VALUES, module_dir).outputs()
     (module_dir / "typo.tf").write_text('output "x" {\n  value = replace("a1", "/[0-9]/", "")\n}\n')
@@ -1348,6 +1697,22 @@ def test_example_root_module_with_model_sync_uncommented() -> None:
     assert "modelsync" in containers
     # The evaluator names an unknown by its address inside the module.
     assert root.outputs()["model_sync_topic_arn"] == Unknown("aws_sns_topic.modelsync[0].arn")
+
+
+def test_example_root_module_with_a_cluster_from_zero_uncommented() -> None:
+    text = (EXAMPLES / "terraform.tfvars.example").read_text()
+    line = re.search(r"^# (create_cluster\s*=.*)$", text, re.M)
+    assert line, "terraform.tfvars.example shows no create_cluster line to uncomment"
+    root = Module(EXAMPLES, hcl(EXAMPLES / "terraform.tfvars.example") | hcl(line.group(1) + "\n"), DATA)
+    plan = root.plan()
+    asg = plan["module.triton.aws_autoscaling_group.gpu[0]"]
+    assert asg["vpc_zone_identifier"] == hcl(EXAMPLES / "terraform.tfvars.example")["subnet_ids"]
+    svc = plan["module.triton.aws_ecs_service.this"]
+    assert svc["cluster"] == "my-gpu-cluster" and svc["launch_type"] is None
+    assert root.outputs()["capacity_provider_name"] == "gpu-my-gpu-cluster-triton"
+    assert (
+        Module(EXAMPLES, hcl(EXAMPLES / "terraform.tfvars.example"), DATA).outputs()["capacity_provider_name"] is None
+    )
 
 
 # --- documentation and checkov ---------------------------------------------------------------

@@ -4,8 +4,8 @@ No Terraform binary or provider can be downloaded here, so the tests evaluate th
 themselves, the way tests/test_stack.py evaluates the CloudFormation intrinsics: the
 ``.tf`` files are parsed by python-hcl2's real HCL grammar (its raw Lark tree), the
 ``.tf.json`` files by json with each string parsed as an HCL template. Variables (types,
-defaults, validation), locals, data sources (stubbed with given attributes), resources with
-``count`` / ``for_each`` / ``dynamic`` blocks, outputs and local ``module`` calls are
+defaults, validation), locals, data sources (their arguments, and ``count``, with attributes from a
+given stub), resources with ``count`` / ``for_each`` / ``dynamic`` blocks, outputs and local ``module`` calls are
 evaluated with Terraform's rules for the subset of the language the module uses.
 
 Anything outside that subset (a function, a directive, a heredoc, a provider function) is a
@@ -20,6 +20,7 @@ and sets other than ``toset()`` of strings.
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
@@ -356,7 +357,7 @@ class ResourceRef:
 class Module:
     """One module directory with its input values: evaluate variables, locals, resources, outputs."""
 
-    def __init__(self, directory: Path, inputs: dict[str, Any], data: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, directory: Path, inputs: dict[str, Any], data: dict[str, DataStub]) -> None:
         self.dir = directory.resolve()
         self.data_attrs = data
         self.blocks = parse_directory(self.dir)
@@ -379,6 +380,7 @@ class Module:
         self._vars: dict[str, Any] = {}
         self._locals: dict[str, Any] = {}
         self._resources: dict[tuple[str, str], Any] = {}
+        self._data: dict[tuple[str, str], Any] = {}
         self._modules: dict[str, Module] = {}
         self._busy: set[str] = set()
         for name in self.variables:
@@ -446,12 +448,34 @@ class Module:
             self._locals[name] = self._guard(f"local.{name}", lambda: self.eval(self.local_exprs[name], Scope()))
         return self._locals[name]
 
-    def data(self, dtype: str, name: str) -> dict[str, Any]:
+    def data(self, dtype: str, name: str) -> Any:
+        """A data source's attributes: its arguments and the stub's (one object, or a list of them with count)."""
         if (dtype, name) not in self.data_decl:
             raise TfError(f"data.{dtype}.{name} is not declared")
         if dtype not in self.data_attrs:
             raise TfError(f"no stub for data source {dtype}")
-        return self.data_attrs[dtype]
+        key = (dtype, name)
+        if key not in self._data:
+            self._data[key] = self._guard(f"data.{dtype}.{name}", lambda: self._read(dtype, name))
+        return self._data[key]
+
+    def _read(self, dtype: str, name: str) -> Any:
+        block = self.data_decl[(dtype, name)]
+        stub = self.data_attrs[dtype]
+        where = f"data.{dtype}.{name}"
+        if "for_each" in block.body.attrs:
+            raise TfError(f"{where}: for_each on a data source is not supported by this evaluator")
+
+        def read(iterators: dict[str, Any]) -> dict[str, Any]:
+            config = self.evaluate_body(block.body, iterators, where)
+            return config | (stub(config) if callable(stub) else stub)
+
+        if "count" not in block.body.attrs:
+            return read({})
+        n = self.eval(block.body.attrs["count"], Scope())
+        if not isinstance(n, int | float) or isinstance(n, bool) or n < 0 or int(n) != n:
+            raise TfError(f"{where}: count must be a whole number, got {n!r}")
+        return [read({"count": {"index": i}}) for i in range(int(n))]
 
     def resource(self, rtype: str, name: str) -> Any:
         key = (rtype, name)
@@ -820,6 +844,10 @@ class Module:
         raise TfError("try(): no argument could be evaluated")
 
 
+# A data source's stub: its attributes, or a function of its evaluated arguments that returns them.
+DataStub = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
+
+
 @dataclass(frozen=True)
 class RootName:
     name: str
@@ -1064,4 +1092,5 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "contains": _contains,
     "substr": _substr,
     "sha1": _string_fn(lambda s: hashlib.sha1(s.encode()).hexdigest()),
+    "base64encode": _string_fn(lambda s: base64.b64encode(s.encode()).decode()),
 }

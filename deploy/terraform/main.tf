@@ -199,9 +199,9 @@ resource "aws_lb_listener_rule" "this" {
 
 resource "aws_ecs_service" "this" {
   name                               = var.service_name
-  cluster                            = var.cluster_name
+  cluster                            = local.create_cluster ? aws_ecs_cluster.this[0].name : var.cluster_name
   task_definition                    = aws_ecs_task_definition.this.arn
-  launch_type                        = "EC2"
+  launch_type                        = local.create_cluster ? null : "EC2"
   desired_count                      = var.desired_count
   enable_execute_command             = var.enable_exec
   health_check_grace_period_seconds  = var.health_check_grace_period_seconds
@@ -212,6 +212,18 @@ resource "aws_ecs_service" "this" {
   deployment_circuit_breaker {
     enable   = true
     rollback = true
+  }
+
+  # ECS takes a launch type or a capacity provider strategy, not both. With the module's own cluster
+  # (cluster.tf), its capacity provider: managed scaling then adds a GPU instance for a task that no
+  # instance has room for.
+  dynamic "capacity_provider_strategy" {
+    for_each = aws_ecs_capacity_provider.gpu
+    content {
+      capacity_provider = capacity_provider_strategy.value.name
+      weight            = 1
+      base              = 0
+    }
   }
 
   network_configuration {
@@ -226,8 +238,9 @@ resource "aws_ecs_service" "this" {
     container_port   = local.lb_port
   }
 
-  # ECS refuses a target group that no listener uses yet.
-  depends_on = [aws_lb_listener_rule.this]
+  # ECS refuses a target group that no listener uses yet, and a capacity provider the cluster does not
+  # have yet.
+  depends_on = [aws_lb_listener_rule.this, aws_ecs_cluster_capacity_providers.this]
 
   lifecycle {
     # desired_count is the count at creation; after that the GPU step scaling owns it, and an

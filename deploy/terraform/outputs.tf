@@ -52,3 +52,15 @@ output "namespace" {
   description = "The CloudWatch namespace the exporter and modelsync write, and the alarms and scaling read"
   value       = local.namespace
 }
+
+# --- cluster from zero: null while create_cluster is false -----------------------------------
+
+output "autoscaling_group_name" {
+  description = "The GPU instances' Auto Scaling group (null without create_cluster)"
+  value       = one(aws_autoscaling_group.gpu[*].name)
+}
+
+output "capacity_provider_name" {
+  description = "The capacity provider of the service, which scales the Auto Scaling group (null without create_cluster)"
+  value       = one(aws_ecs_capacity_provider.gpu[*].name)
+}

@@ -6,7 +6,7 @@
 
 variable "cluster_name" {
   type        = string
-  description = "Name (not ARN) of the ECS cluster of GPU instances (ECS GPU-optimized AMI)"
+  description = "Name (not ARN) of the ECS cluster of GPU instances (ECS GPU-optimized AMI); with create_cluster = true, the name of the cluster the module creates"
   validation {
     condition     = can(regex("^[A-Za-z0-9_-]{1,255}$", var.cluster_name))
     error_message = "The cluster_name must be a cluster name (1-255 letters, digits, _ or -), not an ARN."
@@ -180,6 +180,64 @@ variable "model_sync_host_path" {
   validation {
     condition     = can(regex("^/[A-Za-z0-9_./-]*$", var.model_sync_host_path))
     error_message = "The model_sync_host_path must be an absolute path (letters, digits, _ . / -)."
+  }
+}
+
+# --- cluster from zero (optional; docs/deploy.md, "Cluster from zero"; cluster.tf) -------
+
+variable "create_cluster" {
+  type        = bool
+  description = "Create the cluster too: an ECS cluster named cluster_name, an Auto Scaling group of GPU instances (instance_type, on the ECS GPU-optimized AMI) in subnet_ids with security_group_ids, the NVMe instance store mounted at model_sync_host_path, and a capacity provider with managed scaling for the service. false: cluster_name is an existing cluster of GPU instances"
+  default     = false
+}
+
+variable "instance_type" {
+  type        = string
+  description = "With create_cluster: type of the GPU instances (NVIDIA, x86_64). Each task takes one GPU, so an instance runs as many tasks as it has GPUs (and free ENIs: awsvpc); g4dn, g5, g6, g6e, p4d and p5 have NVMe instance store"
+  default     = "g5.xlarge"
+  validation {
+    condition     = can(regex("^(g4dn|g5|g6|g6e|g6f|gr6|gr6f|g7e|p3|p3dn|p4d|p4de|p5|p5e|p5en|p6-b200|p6-b300)\\.[0-9a-z]+$", var.instance_type))
+    error_message = "The instance_type must be an NVIDIA GPU instance type on x86_64 (g4dn, g5, g6, g6e, g7e, p4d, p5, ...)."
+  }
+}
+
+variable "cluster_min_size" {
+  type        = number
+  description = "With create_cluster: fewest GPU instances. 0 stops paying for GPUs while no task runs, but the first task then waits for an instance to start"
+  default     = 1
+  validation {
+    condition     = var.cluster_min_size >= 0
+    error_message = "The cluster_min_size must be 0 or more."
+  }
+}
+
+variable "cluster_max_size" {
+  type        = number
+  description = "With create_cluster: most GPU instances. Leave room for max_capacity tasks and one more: a rolling deployment (maximum percent 200, minimum healthy percent 100) starts a new task before it stops an old one, so with one GPU per instance at least max_capacity + 1"
+  default     = 5
+  validation {
+    condition     = var.cluster_max_size >= 1
+    error_message = "The cluster_max_size must be 1 or more."
+  }
+}
+
+variable "root_volume_size" {
+  type        = number
+  description = "With create_cluster: GiB of each instance's encrypted gp3 root volume, which holds the container images (a Triton image alone unpacks to some 20-30 GB); at least the AMI's 30"
+  default     = 100
+  validation {
+    condition     = var.root_volume_size >= 30 && var.root_volume_size <= 16384
+    error_message = "The root_volume_size must be from 30 to 16384 (GiB)."
+  }
+}
+
+variable "gpu_ami_parameter" {
+  type        = string
+  description = "With create_cluster: the SSM parameter that holds the AMI id, by default AWS's public one for the latest ECS GPU-optimized Amazon Linux 2023 AMI. Read at every plan: instances launched after an apply use the newest AMI"
+  default     = "/aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id"
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_./-]{1,2048}$", var.gpu_ami_parameter))
+    error_message = "The gpu_ami_parameter must be an SSM parameter name (letters, digits, _ . / -)."
   }
 }
 

@@ -1,7 +1,9 @@
 # A root module that deploys ../ (the Triton task, service, logs, IAM, alarms, dashboard and
 # GPU scaling, and with model_sync_bucket the model sync containers in the Triton task, the topic and
 # the rule that feeds it) into an
-# existing GPU cluster behind an existing ALB listener.
+# existing GPU cluster behind an existing ALB listener, or, with create_cluster = true, into a cluster of
+# its own (GPU instances in an Auto Scaling group, scaled by a capacity provider; docs/deploy.md, "Cluster
+# from zero").
 #
 #   cp terraform.tfvars.example terraform.tfvars   # then fill in your cluster, network and images
 #   terraform init && terraform plan -out triton.plan && terraform apply triton.plan
@@ -18,7 +20,7 @@ terraform {
   required_providers {
     aws = {
       source  = "hashicorp/aws"
-      version = ">= 5.100.0, < 7.0.0"
+      version = ">= 6.0.0, < 7.0.0"
     }
   }
 }
@@ -79,6 +81,12 @@ variable "model_sync_prefix" {
   default     = "triton/"
 }
 
+variable "create_cluster" {
+  type        = bool
+  description = "Create the cluster named cluster_name with its GPU instances (docs/deploy.md, \"Cluster from zero\"); false: cluster_name exists"
+  default     = false
+}
+
 variable "alarm_topic_arn" {
   type        = string
   description = "SNS topic for the alarms; empty for none"
@@ -116,6 +124,14 @@ module "triton" {
   desired_count   = 1
   min_capacity    = 1
   max_capacity    = 4
+
+  # With a cluster of its own: g5.xlarge instances (one GPU each), 1 to max_capacity + 1 of them, so that a
+  # rolling deployment has a GPU for its new task.
+  create_cluster   = var.create_cluster
+  instance_type    = "g5.xlarge"
+  cluster_min_size = 1
+  cluster_max_size = 5
+
   alarm_topic_arn = var.alarm_topic_arn
 
   tags = { app = "triton" }
@@ -143,4 +159,12 @@ output "model_sync_topic_arn" {
 
 output "namespace" {
   value = module.triton.namespace
+}
+
+output "capacity_provider_name" {
+  value = module.triton.capacity_provider_name
+}
+
+output "autoscaling_group_name" {
+  value = module.triton.autoscaling_group_name
 }
