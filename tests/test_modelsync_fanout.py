@@ -38,6 +38,7 @@ from modelsync.__main__ import build, main
 from modelsync.events import EventFilter, Pending
 from modelsync.fanout import HEARTBEAT_TAG, HOST_TAG, LEASE, RETENTION_SECONDS, TASK_TAG, Fanout
 from modelsync.settings import ENV_VARS, ConfigError, Settings, load
+from tests.helpers import Capture
 from tests.msync import (
     REGION,
     Moto,
@@ -53,20 +54,6 @@ from tests.msync import (
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class Records(logging.Handler):
-    """Every log record of one Fanout, for assertions on what it says."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def messages(self, level: int = logging.DEBUG) -> list[str]:
-        return [r.getMessage() for r in self.records if r.levelno >= level]
-
-
 def new_topic(moto: Moto) -> str:  # noqa: F811
     return moto.client("sns").create_topic(Name=unique("models-events-"))["TopicArn"]
 
@@ -78,11 +65,11 @@ def make_fanout(
     bucket: str = "bkt",
     url: str | None = None,
     **kw: Any,
-) -> tuple[Fanout, Pending, Records]:
+) -> tuple[Fanout, Pending, Capture]:
     log = logging.getLogger(unique("test.fanout."))
     log.setLevel(logging.DEBUG)
     log.propagate = False
-    records = Records()
+    records = Capture()
     log.addHandler(records)
     pending = Pending()
     kw.setdefault("first_sweep_max", 3600.0)  # tests sweep by hand unless they say otherwise
