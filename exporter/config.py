@@ -80,7 +80,9 @@ def parse_output(text: str) -> Output:
     raise ValueError("use stdout, tcp://HOST:PORT, udp://HOST:PORT or file:PATH")
 
 
-def _url(text: str) -> str:
+def http_url(text: str) -> str:
+    """An http(s) URL with a host and a valid port; a bare trailing ``/`` dropped (a base URL), a path kept
+    as given. Shared with modelsync's settings."""
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL with a host")
@@ -145,8 +147,8 @@ def valid_namespace(text: str) -> str:
 
 # (field, flag, environment variables in priority order, parser, help)
 OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = [
-    ("triton_url", "--triton-url", ("TRITON_URL",), _url, "Triton HTTP API (repository index)"),
-    ("metrics_url", "--metrics-url", ("TRITON_METRICS_URL",), _url, "Triton Prometheus endpoint"),
+    ("triton_url", "--triton-url", ("TRITON_URL",), http_url, "Triton HTTP API (repository index)"),
+    ("metrics_url", "--metrics-url", ("TRITON_METRICS_URL",), http_url, "Triton Prometheus endpoint"),
     ("namespace", "--namespace", ("AWS_EMF_NAMESPACE",), valid_namespace, "CloudWatch namespace"),
     (
         "output",
@@ -220,7 +222,7 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
         "ecs_metadata_url",
         "--ecs-metadata-url",
         ("ECS_CONTAINER_METADATA_URI_V4",),
-        _url,
+        http_url,
         "ECS task metadata endpoint (set by ECS); task identity goes into properties",
     ),
     (

@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .errors import UnsafeArchive
-from .fsio import FileSystem, raise_disk_full
+from .fsio import CHUNK, FileSystem, fsync_dir, raise_disk_full, write_durably
 
 RATIO_MIN_ENTRY_BYTES = 1024 * 1024  # small files (configs) compress well legitimately; ratios count above this
-CHUNK = 1024 * 1024
 _VERSION = re.compile(r"^[0-9]+$")
 _LOCAL_HEADER = 30  # fixed part of a zip local file header
 
@@ -179,23 +178,14 @@ def extract(
     try:
         for d in plan.dirs:
             (dest / d).mkdir(mode=0o755)
+        progress = None if on_bytes is None else (lambda chunk: on_bytes(len(chunk)))
         for entry in plan.files:
             target = dest / entry.path
-            with zf.open(entry.info) as src, fs.create(target) as out:
-                while chunk := src.read(CHUNK):
-                    out.write(chunk)
-                    written += len(chunk)
-                    if on_bytes:
-                        on_bytes(len(chunk))
-                out.flush()
-                os.fsync(out.fileno())
+            with zf.open(entry.info) as src:
+                written += write_durably(fs, target, iter(lambda: src.read(CHUNK), b""), progress)
             os.chmod(target, 0o644)
         for d in [*reversed(plan.dirs), PurePosixPath(".")]:
-            fd = os.open(dest / d, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_dir(dest / d)
     except zipfile.BadZipFile as exc:
         raise UnsafeArchive(f"corrupt entry: {exc}") from exc
     except NotImplementedError as exc:  # a compression method zipfile cannot read

@@ -12,12 +12,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from .errors import DiskFull
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+CHUNK = 1024 * 1024  # bytes per read and write of a download or an extracted entry
 
 
 class FileSystem(Protocol):
@@ -63,6 +65,23 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_durably(
+    fs: FileSystem, path: Path, chunks: Iterable[bytes], on_chunk: Callable[[bytes], None] | None = None
+) -> int:
+    """Create ``path``, write ``chunks`` to it and fsync it; returns the bytes written. The one copy loop of
+    downloads and extraction: nothing is visible under a final name before it is on the disk."""
+    written = 0
+    with fs.create(path) as out:
+        for chunk in chunks:
+            out.write(chunk)
+            written += len(chunk)
+            if on_chunk is not None:
+                on_chunk(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    return written
 
 
 def write_json(fs: FileSystem, path: Path, data: object) -> None:

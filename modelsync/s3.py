@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DownloadError
-from .fsio import FileSystem, raise_disk_full
+from .fsio import CHUNK, FileSystem, raise_disk_full, write_durably
 
-CHUNK = 1024 * 1024
 SUFFIX = ".zip"
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 
@@ -149,15 +148,13 @@ class S3:
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=archive.key, **pin)
             length = int(resp["ContentLength"])
-            with fs.create(dest) as out:
-                for chunk in resp["Body"].iter_chunks(CHUNK):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    count += len(chunk)
-                    if on_bytes:
-                        on_bytes(len(chunk))
-                out.flush()
-                os.fsync(out.fileno())
+
+            def seen(chunk: bytes) -> None:
+                digest.update(chunk)
+                if on_bytes is not None:
+                    on_bytes(len(chunk))
+
+            count = write_durably(fs, dest, resp["Body"].iter_chunks(CHUNK), seen)
         except OSError as exc:
             dest.unlink(missing_ok=True)
             raise_disk_full(exc, f"writing {dest}")

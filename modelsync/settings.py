@@ -18,9 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from exporter.config import Output, choice, given, non_negative, parse_output, valid_namespace
+from exporter.config import Output, choice, given, http_url, non_negative, parse_output, valid_namespace
 
 from . import __version__
 from .fanout import check_queue_prefix, check_topic_arn
@@ -89,19 +88,8 @@ def _path(text: str) -> Path:
     return Path(os.path.normpath(text))
 
 
-def _url(text: str) -> str:
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("must be an http:// or https:// URL with a host")
-    try:
-        parts.port  # noqa: B018 - validates the port
-    except ValueError as exc:
-        raise ValueError(str(exc)) from None
-    return text.rstrip("/")
-
-
 def _queue_url(text: str) -> str:
-    return _url(text) if text else ""
+    return http_url(text) if text else ""
 
 
 def _positive(text: str) -> float:
@@ -172,7 +160,7 @@ OPTIONS: list[tuple[str, str, tuple[str, ...], Callable[[str], object], str]] = 
         "repositories on one machine (one download each archive); never inside the repository (default: "
         "<repository>.store beside it)",
     ),
-    ("triton_url", "--triton-url", ("TRITON_URL",), _url, "Triton HTTP API (explicit model-control mode)"),
+    ("triton_url", "--triton-url", ("TRITON_URL",), http_url, "Triton HTTP API (explicit model-control mode)"),
     (
         "queue_url",
         "--queue-url",

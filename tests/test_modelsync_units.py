@@ -537,3 +537,20 @@ def test_clients_take_the_region_from_aws_region(monkeypatch) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-south-1")  # the standard chain's own variable wins
     assert make_client("s3").meta.region_name == "ap-south-1"
     assert make_client("sns", region="us-west-2").meta.region_name == "us-west-2"  # an explicit one wins over all
+
+
+def test_urls_follow_the_exporters_rule() -> None:
+    """One URL converter for both daemons (the two copies disagreed on trailing slashes): a base URL loses a
+    bare trailing '/', a path is kept as written, a port must be valid."""
+    from exporter.config import http_url
+    from exporter.config import load as load_exporter
+
+    converters = {field: convert for field, _, _, convert, _ in OPTIONS}
+    assert converters["triton_url"] is http_url
+    env = {"MODELSYNC_BUCKET": "models", "TRITON_URL": "http://triton:8000/"}
+    queue = "https://sqs.us-east-1.amazonaws.com/123456789012/q/"
+    s = load(["--queue-url", queue], env)
+    assert s.triton_url == "http://triton:8000" and s.queue_url == queue
+    assert load_exporter([], {"TRITON_URL": "http://triton:8000/"}).triton_url == s.triton_url
+    with pytest.raises(ConfigError, match="TRITON_URL"):
+        load([], env | {"TRITON_URL": "http://triton:99999"})
