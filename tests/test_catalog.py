@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -341,3 +342,19 @@ def test_cost_prices_the_selection(capsys: pytest.CaptureFixture[str]) -> None:
     assert everything - fewer == 10 * 4  # four Compute*LatencyAvg metrics per model version, no rollups
     assert metrics("--breakdown-zeros", "emit") - everything == 10 * 4  # the four failure reasons
     assert cost.main(["--models", "10", "--metrics", "-Nope*"]) == 2
+
+
+@pytest.mark.parametrize("command", [["catalog"], ["cost", "--models", "2"], ["render", "--check"], []])
+def test_a_bad_llm_metrics_value_is_refused_by_every_command(command: list[str]) -> None:
+    """EXPORTER_LLM_METRICS=yes stopped the daemon (exit 2) while `catalog`, `cost` and `render` read it as
+    "off" and said "66 of 66 metrics selected": the LLM pack gone without a word."""
+    env = {**os.environ, "EXPORTER_LLM_METRICS": "yes"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", *command, *(["--once"] if not command else [])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 2, (proc.stdout[-500:], proc.stderr[-500:])
+    assert "EXPORTER_LLM_METRICS='yes'" in proc.stderr and "on" in proc.stderr

@@ -11,7 +11,7 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 
-from . import BUILTIN_PACKS, Catalog, build
+from . import BUILTIN_PACKS, Catalog, CatalogError, build
 
 VARIABLES = {"catalog": "EXPORTER_CATALOG", "metrics": "EXPORTER_METRICS", "llm_metrics": "EXPORTER_LLM_METRICS"}
 
@@ -66,5 +66,7 @@ def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] | None =
     env = os.environ if environ is None else environ
     files = args.catalog if args.catalog else [p for p in env.get(VARIABLES["catalog"], "").split(os.pathsep) if p]
     selection = args.metrics if args.metrics is not None else env.get(VARIABLES["metrics"], "")
-    llm = args.llm_metrics or env.get(VARIABLES["llm_metrics"], "on").lower()
+    llm = args.llm_metrics or env.get(VARIABLES["llm_metrics"], "on").strip().lower()
+    if llm not in ("on", "off"):  # as the daemon refuses it: a value read as "off" would drop the pack silently
+        raise CatalogError(f"{VARIABLES['llm_metrics']}={llm!r}: must be on or off")
     return build(files, selection, packs(llm))
