@@ -31,7 +31,7 @@ from exporter.config import Output
 from modelsync.__main__ import build
 from modelsync.metrics import PHASES
 from modelsync.settings import Settings
-from tests.msync import Moto, make_zip, model_files, sha, upload
+from tests.support.msync import Moto, make_zip, model_files, sha, upload
 
 
 def main() -> int:

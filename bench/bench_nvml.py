@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: demo/, tests/nvml_fake.py
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: demo/, tests/support/nvml_fake.py
 
 import pynvml
 
@@ -35,7 +35,7 @@ from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
 from exporter.sources import Collected, SourceKind
 from exporter.sources.nvml import MEMORY_TEMP_FIELD, MEMORY_V2, NvmlSource
-from tests import nvml_fake as fk
+from tests.support import nvml_fake as fk
 
 CATALOG = build()  # the built-in catalog, built once by this script
 

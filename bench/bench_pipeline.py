@@ -70,7 +70,7 @@ def _ours(models: int, repeat: int, workdir: Path) -> dict:
     from exporter.catalog import build
     from exporter.config import Settings
     from exporter.pipeline import Pipeline
-    from tests.helpers import IndexSource
+    from tests.support.helpers import IndexSource
 
     catalog = build()
     source = FileSource(sorted(workdir.glob("metrics-*.txt")), catalog.wanted_samples())

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The container rehearsal's own Docker engine (tests/test_rehearsal.py, tests/ecs_local.py).
+# The container rehearsal's own Docker engine (tests/test_rehearsal.py, tests/support/ecs_local.py).
 #
 #   bash scripts/rehearsal-engine.sh install   apt-get install docker.io mmdebstrap when missing
 #   bash scripts/rehearsal-engine.sh start     install, then start our dockerd (idempotent) and its task network
@@ -102,7 +102,7 @@ start() {
 
 stop() {
   [ -d "$ROOT" ] || return 0  # never started on this machine
-  # A test session holds $ROOT/lock while it uses the engine (tests/rehearsal.py): never stop it under one.
+  # A test session holds $ROOT/lock while it uses the engine (tests/support/rehearsal.py): never stop it under one.
   exec 9>>"$ROOT/lock"
   if ! flock -n 9; then
     echo "rehearsal-engine: in use by another session (it holds $ROOT/lock); not stopped" >&2

@@ -14,7 +14,7 @@ from exporter.catalog import BUILTIN_PACKS, Catalog, CatalogError, Kind, Scope, 
 from exporter.catalog.load import FAMILY_KEYS, METRIC_KEYS, SELF_METRICS, STATE_METRICS
 from exporter.render.docsgen import FAMILY_KEYS_DOC, METRIC_KEYS_DOC, example_catalog
 
-from .helpers import CATALOG
+from .support.helpers import CATALOG
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,10 +27,10 @@ from exporter.sources import Collected, VersionState
 from exporter.sources.nvml import NvmlSource
 from modelsync.errors import Result
 from modelsync.metrics import METRICS, PHASES, Attempt, ModelState, Recorder
-from tests.nvml_fake import FakeNvml, gpus
-from tests.render_refs import alarm_refs, dashboard_refs, emitted, expression_refs
+from tests.support.nvml_fake import FakeNvml, gpus
+from tests.support.render_refs import alarm_refs, dashboard_refs, emitted, expression_refs
 
-from .helpers import CATALOG, FixedSource
+from .support.helpers import CATALOG, FixedSource
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["add", "m@x.v2+b", "modèle-ü", "slow"]

@@ -597,9 +597,9 @@ def test_on_a_real_loop_device(tmp_path: Path) -> None:
 
 
 def test_the_evaluator_reads_data_sources_with_count(tmp_path: Path) -> None:
-    """tests/tfeval.py: a data source's arguments reach its stub; with count it is a list (empty at 0); a
+    """tests/support/tfeval.py: a data source's arguments reach its stub; with count it is a list (empty at 0); a
     for_each on a data source, which it does not implement, is refused; base64encode is the standard one."""
-    from tests.tfeval import Module, TfError
+    from tests.support.tfeval import Module, TfError
 
     (tmp_path / "main.tf").write_text(
         'variable "on" {\n  type = bool\n}\n'

@@ -16,9 +16,9 @@ from exporter.render import cost
 from exporter.render.options import Options
 from exporter.sources import Collected, VersionState
 from exporter.sources.nvml import NvmlSource
-from tests.nvml_fake import FakeNvml, gpus
+from tests.support.nvml_fake import FakeNvml, gpus
 
-from .helpers import CATALOG, FixedSource
+from .support.helpers import CATALOG, FixedSource
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ from exporter.promtext import LabelSet, Parser
 from exporter.state import DeltaState
 from exporter.transform import MAX_DISTRIBUTION_PAIRS, Transform
 
-from .helpers import CATALOG
+from .support.helpers import CATALOG
 
 TTFT = "vllm:time_to_first_token_seconds"
 TRITON_FIRST = "nv_inference_first_response_histogram_ms"

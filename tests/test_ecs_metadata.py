@@ -19,7 +19,7 @@ from exporter.pipeline import Pipeline
 from exporter.sources import SourceError
 from exporter.sources.ecs import EcsMetadataSource
 
-from .helpers import CATALOG, documents, model_doc, task_doc
+from .support.helpers import CATALOG, documents, model_doc, task_doc
 
 TASK = {
     "Cluster": "arn:aws:ecs:us-east-1:111122223333:cluster/inference",

@@ -19,7 +19,7 @@ from exporter.catalog import CLOUDWATCH_UNITS, Input, Kind, Metric, Scope
 from exporter.emf import Encoder, Event, dimensions_for, safe_dimension_value
 from exporter.emf_validate import validate
 
-from .helpers import CATALOG
+from .support.helpers import CATALOG
 
 NOW = int(time.time() * 1000)
 

@@ -35,8 +35,8 @@ from exporter.sinks import FileSink, Sink, TcpSink
 from exporter.sources import Collected, SourceKind
 from exporter.sources.triton import TritonIndexSource, TritonMetricsSource
 
-from .fakes import LOOPBACK, FakeAgent, FakeHttp, closed_port, drip, respond, silent
-from .helpers import CATALOG, Capture, IndexSource, documents, metric_names, model_doc, pipeline_for, task_doc
+from .support.fakes import LOOPBACK, FakeAgent, FakeHttp, closed_port, drip, respond, silent
+from .support.helpers import CATALOG, Capture, IndexSource, documents, metric_names, model_doc, pipeline_for, task_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = {"timeout": 0.3, "connect_timeout": 0.2}

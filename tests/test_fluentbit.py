@@ -3,7 +3,7 @@
 Log text comes from a real Triton started in the test (both ``--log-format``
 values, a failed load, an unload, the Python stub's traceback, a model named
 ``m@x.v2+b``, a 20 KB error line that Docker would split) and from a fixture of
-the bare pre-24.05 form. See tests/fluentbit_sim.py for what is modelled.
+the bare pre-24.05 form. See tests/support/fluentbit_sim.py for what is modelled.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from demo.triton import TritonServer, copy_models
-from tests.fluentbit_sim import (
+from tests.support.fluentbit_sim import (
     ConfigError,
     Event,
     FireLensTask,

@@ -27,7 +27,7 @@ from exporter.sources import SourceError
 from exporter.sources.http import Response
 from exporter.sources.triton import TritonMetricsSource, parse_index
 
-from .helpers import CATALOG, IndexSource, documents, task_doc
+from .support.helpers import CATALOG, IndexSource, documents, task_doc
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

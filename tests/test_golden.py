@@ -4,7 +4,7 @@ Each folder under tests/fixtures/golden holds metrics-1.txt (the baseline
 scrape), metrics-2.txt (60 s later), index.json, and expected.jsonl (the EMF
 documents of the second window, one per line). ``real_triton`` was captured
 from the real server with known traffic; so were ``vllm`` and ``tensorrt_llm``
-(the LLM sample models), reproducibly, with ``python -m tests.capture_golden``
+(the LLM sample models), reproducibly, with ``python -m tests.support.capture_golden``
 (its docstring has the steps); the hand checks at the end recompute them from
 that traffic. After an intended output change:
 
@@ -29,7 +29,7 @@ from exporter.config import Settings
 from exporter.emf_validate import validate
 from exporter.pipeline import Pipeline
 
-from .helpers import CATALOG, IndexSource, TextSource
+from .support.helpers import CATALOG, IndexSource, TextSource
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir())
@@ -157,7 +157,7 @@ def _model(case: str, model: str) -> dict:
 
 
 def test_golden_vllm_is_the_arithmetic_of_the_captured_traffic():
-    """tests/capture_golden.py VLLM_WINDOW: six requests in the 60 s window (the warm-up is in the baseline)."""
+    """tests/support/capture_golden.py VLLM_WINDOW: six requests in the 60 s window (the warm-up is in the baseline)."""
     v = _model("vllm", "vllm_model")
     assert v["RequestSuccess"] == 6
     assert v["PromptTokens"] == 3 + 5 + 12 + 40 + 7 + 120 == 187
@@ -201,7 +201,7 @@ def test_golden_vllm_is_the_arithmetic_of_the_captured_traffic():
 
 
 def test_golden_tensorrt_llm_is_the_arithmetic_of_the_captured_traffic():
-    """tests/capture_golden.py TRT_WINDOW: a request of 3 sequences, then one of 6 (which sets the gauges)."""
+    """tests/support/capture_golden.py TRT_WINDOW: a request of 3 sequences, then one of 6 (which sets the gauges)."""
     t = _model("tensorrt_llm", "tensorrt_llm")
     assert (t["RequestSuccess"], t["InferenceCount"], t["AverageBatchSize"]) == (2, 9, 4.5)
     assert t["PromptTokens"] == 200 + 30 + 600 + 5 + 60 + 100 + 20 + 7 + 3 == 1025  # nv_llm_input_token_len_sum

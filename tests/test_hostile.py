@@ -3,7 +3,7 @@
 Every EMF document produced here goes through exporter.emf_validate (via
 helpers.documents). Sources that need misbehaviour a real Triton cannot show
 (an HTML page, a 200 MB body, a redirect, a non-JSON index) are loopback
-fakes from tests/fakes.py; the rest is the real pipeline on Triton-shaped text
+fakes from tests/support/fakes.py; the rest is the real pipeline on Triton-shaped text
 (demo.payloads) or the real Triton server.
 """
 
@@ -31,8 +31,8 @@ from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
 from exporter.sources.triton import TritonIndexSource, TritonMetricsSource
 
-from .fakes import FakeHttp, closed_port, huge, redirect, respond, silent
-from .helpers import CATALOG, Capture, IndexSource, TextSource, documents, metric_names, model_doc, task_doc
+from .support.fakes import FakeHttp, closed_port, huge, redirect, respond, silent
+from .support.helpers import CATALOG, Capture, IndexSource, TextSource, documents, metric_names, model_doc, task_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = Settings(nvml="off", timeout=2.0, connect_timeout=0.5)

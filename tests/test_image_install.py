@@ -452,7 +452,7 @@ def is_test_only(path: str) -> bool:
 
 def test_test_only_rule_catches_what_used_to_ship():
     assert is_test_only("exporter/sources/nvml_fake.py") and is_test_only("exporter/render/refs.py")
-    assert is_test_only("tests/helpers.py") and is_test_only("exporter/test_x.py")
+    assert is_test_only("tests/support/helpers.py") and is_test_only("exporter/test_x.py")
     assert not is_test_only("exporter/sources/nvml.py") and not is_test_only("exporter/render/dashboard.py")
 
 

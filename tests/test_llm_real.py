@@ -40,7 +40,7 @@ from demo.triton import LLM_MODELS, TritonServer, copy_models
 from exporter.emf_validate import validate
 from exporter.pipeline import CycleResult, Pipeline
 
-from .helpers import documents, metric_names, model_doc, pipeline_for, task_doc
+from .support.helpers import documents, metric_names, model_doc, pipeline_for, task_doc
 
 pytestmark = pytest.mark.triton
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ import pytest
 from demo.triton import TritonServer
 from exporter.emf_validate import validate
 from modelsync.store import state_dir
-from tests.msync import (
+from tests.support.msync import (
     Moto,
     leftovers,
     make_zip,
@@ -155,7 +155,7 @@ def test_crash_between_extract_and_flip_leaves_a_clean_repository(moto, host: Ho
     v2 = make_zip(model_files(model, 2))
     upload(moto, bucket, f"{model}.zip", v2)
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "modelsync_crash.py"), *host.args(bucket)],
+        [sys.executable, str(ROOT / "tests" / "support" / "modelsync_crash.py"), *host.args(bucket)],
         cwd=ROOT,
         env=moto.env(),
         capture_output=True,

@@ -38,8 +38,8 @@ from modelsync.__main__ import build, main
 from modelsync.events import EventFilter, Pending
 from modelsync.fanout import HEARTBEAT_TAG, HOST_TAG, LEASE, RETENTION_SECONDS, TASK_TAG, Fanout
 from modelsync.settings import ENV_VARS, ConfigError, Settings, load
-from tests.helpers import Capture
-from tests.msync import (
+from tests.support.helpers import Capture
+from tests.support.msync import (
     REGION,
     Moto,
     make_zip,

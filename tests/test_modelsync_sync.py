@@ -19,7 +19,7 @@ import pytest
 from demo.triton import TritonServer
 from modelsync.events import EventFilter, Pending, QueuePoller
 from modelsync.metrics import BY_NAME, PHASES
-from tests.msync import (
+from tests.support.msync import (
     Env,
     FaultFileSystem,
     TruncatingProxy,

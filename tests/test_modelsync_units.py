@@ -21,7 +21,7 @@ from modelsync.fsio import LocalFileSystem
 from modelsync.metrics import METRICS, Attempt, ModelState, Recorder, catalog_metrics
 from modelsync.settings import ENV_VARS, OPTIONS, ConfigError, load, parse_size
 from modelsync.store import Store, StoreError, model_name_problem
-from tests.msync import make_zip, model_files
+from tests.support.msync import make_zip, model_files
 
 LIMITS = Limits(max_entries=100, max_bytes=10 * 1024 * 1024, max_ratio=50)
 

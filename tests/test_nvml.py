@@ -20,11 +20,11 @@ from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.sources import SourceError, SourceRequired, nvml
 from exporter.sources.nvml import NVML_CALLS, NvmlSource, make_nvml_source, select
-from tests import nvml_fake as fk
-from tests.fakes import closed_port
-from tests.helpers import IndexSource, TextSource, documents
+from tests.support import nvml_fake as fk
+from tests.support.fakes import closed_port
+from tests.support.helpers import IndexSource, TextSource, documents
 
-from .helpers import CATALOG
+from .support.helpers import CATALOG
 
 U = fk.UUIDS
 

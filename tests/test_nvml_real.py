@@ -12,7 +12,7 @@ import pynvml
 import pytest
 
 from exporter.sources.nvml import NvmlSource
-from tests import nvml_fake
+from tests.support import nvml_fake
 
 
 def _nvml_works() -> str:

@@ -16,7 +16,7 @@ from exporter.promtext import Parser
 from exporter.sinks import FileSink
 from exporter.sources import Collected, SourceKind
 
-from .helpers import CATALOG, IndexSource, TextSource, documents, model_doc, pipeline_for, task_doc
+from .support.helpers import CATALOG, IndexSource, TextSource, documents, model_doc, pipeline_for, task_doc
 from .test_faults import Loop, starts
 
 

@@ -3,8 +3,8 @@
 ``pytest -m rehearsal`` (or this file) runs it alone; scripts/test.sh runs it with the rest.
 It needs root and apt (it installs docker.io and mmdebstrap when missing and starts its own
 dockerd: scripts/rehearsal-engine.sh); without them it is skipped, saying why. How a task
-definition is run, and what is not modelled, is in tests/ecs_local.py; how the images are
-made, in tests/rehearsal.py.
+definition is run, and what is not modelled, is in tests/support/ecs_local.py; how the images are
+made, in tests/support/rehearsal.py.
 
 No GPU is modelled anywhere here: the Triton container gets placeholder device nodes and a
 fake ``nvidia-smi`` answering like an A10G (the deploy sample's ``ExpectGpu`` is
@@ -41,7 +41,7 @@ import pytest
 from cfnlint.decode.cfn_yaml import load as load_cfn_yaml
 
 from exporter.emf_validate import validate
-from tests.ecs_local import (
+from tests.support.ecs_local import (
     FakeGpu,
     Task,
     TaskFailed,
@@ -52,9 +52,9 @@ from tests.ecs_local import (
     run_task,
     start_order,
 )
-from tests.msync import Moto, make_zip, model_files, sha, upload
-from tests.rehearsal import MODELS, TASK_GATEWAY, Rehearsal
-from tests.rehearsal import rehearsal as rehearsal
+from tests.support.msync import Moto, make_zip, model_files, sha, upload
+from tests.support.rehearsal import MODELS, TASK_GATEWAY, Rehearsal
+from tests.support.rehearsal import rehearsal as rehearsal
 from tests.test_deploy import SAMPLE, TASK_DEF, substitute
 from tests.test_stack import STACK, mk, stack_taskdef
 from tests.test_stack_modelsync import MODELSYNC_SAMPLE, modelsync_file
@@ -63,7 +63,7 @@ from tests.test_startup_check import A10G_QUERY, A10G_TABLE
 pytestmark = [pytest.mark.rehearsal, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parent.parent
-BAKED_MODELS = "/opt/rehearsal/models"  # in the rehearsal Triton base (tests/rehearsal.py)
+BAKED_MODELS = "/opt/rehearsal/models"  # in the rehearsal Triton base (tests/support/rehearsal.py)
 NO_GPU = FakeGpu(A10G_QUERY, A10G_TABLE)
 MODELSYNC_UID = 10001  # the exporter image's user, which modelsync runs as
 SYNC_ORDER = ["log_router", "modelsync-init", "modelsync", "triton-server", "exporter"]

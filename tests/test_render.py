@@ -26,9 +26,9 @@ from exporter.render import main, render, stale_files
 from exporter.render.dashboard import GRID_WIDTH, MAX_METRICS_PER_WIDGET, MAX_WIDGETS
 from exporter.render.options import Options, model_log_group
 from exporter.render.template import build as build_template
-from tests.render_refs import dashboard_refs, metric_rows
+from tests.support.render_refs import dashboard_refs, metric_rows
 
-from .helpers import CATALOG
+from .support.helpers import CATALOG
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSION = botocore.session.get_session()

@@ -1,6 +1,6 @@
 """Sinks under faults: the output may be gone, stuck or broken; the loop must never block on it.
 
-The TCP agent is a loopback stand-in (tests/fakes.py): a real CloudWatch
+The TCP agent is a loopback stand-in (tests/support/fakes.py): a real CloudWatch
 agent cannot be made to accept and never read, or hang up mid-line, on cue.
 """
 
@@ -16,7 +16,7 @@ import pytest
 from exporter.config import Output
 from exporter.sinks import FileSink, SinkClosed, StreamSink, TcpSink, UdpSink, make_sink
 
-from .fakes import LOOPBACK, FakeAgent, closed_port
+from .support.fakes import LOOPBACK, FakeAgent, closed_port
 
 
 def events(n: int, start: int = 0, pad: int = 0) -> list[bytes]:

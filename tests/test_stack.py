@@ -7,7 +7,7 @@ parameter values and then check what CloudFormation would create:
 
 - the containers equal deploy/task-definition.json's, field by field;
 - every log group Fluent Bit writes, found by running log lines through the real
-  fluentbit/triton.conf (tests/fluentbit_sim.py) with the router environment the stack
+  fluentbit/triton.conf (tests/support/fluentbit_sim.py) with the router environment the stack
   sets, exists in the stack or lies under the one per-model wildcard;
 - the task role may write exactly those groups (a small IAM evaluator: Allow statements,
   ``*``/``?`` wildcards), create only the per-model ones, and nothing else;
@@ -30,7 +30,7 @@ from cfnlint.api import ManualArgs
 from cfnlint.api import lint as cfn_lint
 from cfnlint.decode.cfn_yaml import load as load_cfn_yaml
 
-from tests.fluentbit_sim import FireLensTask, Pipeline, Record, dockerfile_copies, dockerfile_env
+from tests.support.fluentbit_sim import FireLensTask, Pipeline, Record, dockerfile_copies, dockerfile_env
 from tests.test_deploy import SAMPLE, substitute
 from tests.test_fluentbit import GOLDEN
 

@@ -38,7 +38,7 @@ from exporter.render.options import Options
 from modelsync.health import Status
 from modelsync.settings import load
 from modelsync.store import state_dir
-from tests.helpers import CATALOG
+from tests.support.helpers import CATALOG
 from tests.test_deploy import PLACEHOLDER, SAMPLE, substitute
 from tests.test_stack import ACCOUNT, REGION, Stack, _as_list, allowed, by_name, mk, stack_taskdef
 from tests.test_stack import template as template

@@ -11,7 +11,7 @@ from exporter.promtext import LabelSet
 from exporter.state import DeltaState
 from exporter.transform import Transform, histogram_quantile
 
-from .helpers import CATALOG
+from .support.helpers import CATALOG
 
 
 def series(**values: float) -> tuple[dict[str, float], dict[str, LabelSet]]:

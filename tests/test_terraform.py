@@ -5,7 +5,7 @@ never run. Instead, with the real parsers (python-hcl2's HCL grammar, json):
 
 - every ``.tf`` file parses, every variable has a type and a description, and the
   resources, variables and outputs the issue lists exist;
-- tests/tfeval.py evaluates the module the way ``terraform plan`` would configure it, and
+- tests/support/tfeval.py evaluates the module the way ``terraform plan`` would configure it, and
   tests/test_stack.py's evaluator does the same for the CloudFormation stack (and its nested
   alarms template), from the SAME parameter values; the two must describe the same
   deployment: containers, network mode, volumes, service, target group, listener rule, log
@@ -46,10 +46,10 @@ from exporter.render import terraform as tfrender
 from exporter.render.alarms import SCALING_ACTIONS, alarm_specs
 from exporter.render.options import Options
 from exporter.render.template import POLICY_IDS
-from tests.helpers import CATALOG
+from tests.support.helpers import CATALOG
+from tests.support.tfeval import Module, TfError, Unknown, ValidationFailed, _source_text, parse_directory
 from tests.test_stack import ACCOUNT, REGION, REGISTRY, VALUES, Stack, api_shape, integer_fields, load_cfn_yaml
 from tests.test_stack_modelsync import MODELSYNC_RESOURCES
-from tests.tfeval import Module, TfError, Unknown, ValidationFailed, _source_text, parse_directory
 
 ROOT = Path(__file__).resolve().parent.parent
 TF = ROOT / "deploy" / "terraform"

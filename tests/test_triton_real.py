@@ -15,8 +15,8 @@ import pytest
 
 from exporter.emf_validate import validate
 
-from .helpers import documents, metric_names, model_doc, pipeline_for, task_doc
-from .render_refs import alarm_refs
+from .support.helpers import documents, metric_names, model_doc, pipeline_for, task_doc
+from .support.render_refs import alarm_refs
 
 pytestmark = pytest.mark.triton
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@
 The source reads each GPU through a narrow interface, the handful of
 ``pynvml`` functions named in :data:`NVML_CALLS`; in production that is the
 ``pynvml`` module (from ``nvidia-ml-py``), in tests
-:class:`tests.nvml_fake.FakeNvml` (not shipped), which keeps the same contract.
+:class:`tests.support.nvml_fake.FakeNvml` (not shipped), which keeps the same contract.
 Series are named ``nvml_*`` in SI units and keyed by ``gpu_uuid``: NVML's UUID
 is the ``gpu_uuid`` label of Triton's DCGM series, so the catalog joins both
 into one event per GPU (Triton's value first where both exist).

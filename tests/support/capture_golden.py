@@ -1,6 +1,6 @@
 """Capture the LLM golden cases from a real Triton (the nvidia-pytriton wheel's 2.51):
 
-    .venv/bin/python -m tests.capture_golden [vllm] [tensorrt_llm]
+    .venv/bin/python -m tests.support.capture_golden [vllm] [tensorrt_llm]
     UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py   # then review expected.jsonl
 
 For each case: a fresh server with only that sample model, a known warm-up
@@ -23,7 +23,7 @@ from pathlib import Path
 from demo.llm import TRT, VLLM, trt, vllm, wait_counted
 from demo.triton import TritonServer, copy_models
 
-GOLDEN = Path(__file__).parent / "fixtures" / "golden"
+GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden"
 
 
 def words(n: int, tag: str) -> str:

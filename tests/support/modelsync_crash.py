@@ -1,11 +1,11 @@
 """Run one modelsync reconcile that dies (``os._exit``) right before the link flip.
 
 Used by tests/test_modelsync_daemon.py as a subprocess: the real settings
-parser and the real parts, with the faulty file system of tests/msync.py,
+parser and the real parts, with the faulty file system of tests/support/msync.py,
 so the process stops after the extraction was committed to the store and
 the temporary link was made, exactly where a power cut would hurt most.
 
-    python tests/modelsync_crash.py [modelsync settings...]
+    python tests/support/modelsync_crash.py [modelsync settings...]
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from exporter import logs
 from modelsync.__main__ import LOGGER, build
 from modelsync.settings import load
-from tests.msync import FaultFileSystem
+from tests.support.msync import FaultFileSystem
 
 if __name__ == "__main__":
     settings = load(sys.argv[1:], os.environ)

@@ -16,7 +16,7 @@ top of stand-in bases tagged with the names their ``FROM`` lines expect
   out as in NVIDIA's image (``/opt/tritonserver/{bin,lib,backends}``), Debian's numpy for
   the sample models, and the core sample models under ``/opt/rehearsal/models``. No GPU:
   ecs_local.FakeGpu gives GPU containers placeholder devices and a fake ``nvidia-smi``;
-* fluentbit/Dockerfile's ``aws-for-fluent-bit:<BASE_TAG>``: tests/rehearsal_router.py, a
+* fluentbit/Dockerfile's ``aws-for-fluent-bit:<BASE_TAG>``: tests/support/rehearsal_router.py, a
   listener on the router's ports (Fluent Bit is not packaged for Debian).
 
 Builds use the classic builder (``DOCKER_BUILDKIT=0``: BuildKit would fetch the
@@ -45,9 +45,9 @@ from typing import Any
 
 import pytest
 
-from tests.ecs_local import DockerEngine, DockerError, Options
+from tests.support.ecs_local import DockerEngine, DockerError, Options
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "rehearsal-engine.sh"
 REHEARSAL_ROOT = Path(os.environ.get("REHEARSAL_ROOT", "/var/tmp/triton-rehearsal"))
 TASK_NETWORK = os.environ.get("REHEARSAL_TASK_NETWORK", "rehearsal-tasks")

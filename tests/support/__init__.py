@@ -1,0 +1,1 @@
+"""Test support: fakes, simulators, evaluators and helpers (not tests themselves; never shipped)."""
