@@ -564,3 +564,20 @@ def test_render_command_takes_the_catalog_flags(tmp_path: Path) -> None:
     assert main(["--out", str(tmp_path), "--metrics", "-NoSuchMetric"]) == 2
     assert main(["--out", str(tmp_path), "--llm-metrics", "off"]) == 0
     assert not (tmp_path / "alarms" / "cli" / "alarm-llm-kv-cache-high.json").exists()
+
+
+def test_every_render_option_with_help_is_a_flag_and_reaches_the_files(tmp_path: Path) -> None:
+    """The render's flags come from the Options table (options.py), so a new option cannot be left out of
+    the command line: each one given a non-default value changes what is rendered."""
+    from dataclasses import fields
+
+    from exporter.render import _parser
+    from exporter.render.options import Options as O
+
+    flags = {a.dest: a for a in _parser()._actions}
+    table = [f for f in fields(O) if "help" in f.metadata]
+    assert table and all(f.name in flags for f in table)
+    assert main(["--out", str(tmp_path / "a"), "--version-skew-periods", "7"]) == 0
+    skew = json.loads((tmp_path / "a" / "alarms/cli/alarm-model-version-skew.json").read_text())
+    assert skew["EvaluationPeriods"] == 7 == skew["DatapointsToAlarm"]
+    assert main(["--out", str(tmp_path / "b"), "--version-skew-periods", "0"]) == 2

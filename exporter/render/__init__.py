@@ -13,7 +13,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from types import SimpleNamespace
 
 from ..catalog import cli
 from . import alarms, dashboard, docsgen, template, terraform
@@ -46,7 +45,7 @@ def stale_files(root: Path, files: dict[str, str]) -> list[Path]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    d = SimpleNamespace(**{f.name: f.default for f in fields(Options) if f.name != "catalog"})  # the defaults
+    """The flags: one per Options field that has a help text (the table is options.py)."""
     p = argparse.ArgumentParser(
         prog="python -m exporter render",
         description="Write dashboards/, alarms/, deploy/terraform/alarms.tf.json and "
@@ -55,82 +54,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=".", help="directory to write into (default: current directory)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ from a render")
-    p.add_argument("--namespace", default=d.namespace, help=f"CloudWatch namespace (default: {d.namespace})")
-    p.add_argument("--region", default=d.region, help=f"region of the dashboard widgets (default: {d.region})")
-    p.add_argument(
-        "--account-id",
-        default=d.account_id,
-        help=f"account of the alarm ARNs in dashboards/triton.json (default: {d.account_id}, a "
-        "placeholder; the CloudFormation template fills in its own account)",
-    )
-    p.add_argument("--cluster", default=d.cluster, help=f"ECS cluster name (default: {d.cluster})")
-    p.add_argument("--service", default=d.service, help=f"ECS service name (default: {d.service})")
-    p.add_argument("--alarm-prefix", default=d.alarm_prefix, help=f"alarm name prefix (default: {d.alarm_prefix})")
-    p.add_argument("--dashboard-name", default=d.dashboard_name, help=f"(default: {d.dashboard_name})")
-    p.add_argument("--sns-topic-arn", default=d.sns_topic_arn, help="SNS topic for notifications (default: none)")
-    p.add_argument(
-        "--log-group-prefix",
-        default=d.log_group_prefix,
-        help=f"Fluent Bit log group prefix (default: {d.log_group_prefix})",
-    )
-    p.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        dest="models",
-        metavar="NAME",
-        help="also render named alarms and a per-model log widget for this model (repeatable)",
-    )
-    p.add_argument(
-        "--failure-threshold",
-        type=float,
-        default=d.failure_threshold,
-        help=f"failed requests per model in 5 minutes (default: {d.failure_threshold:g})",
-    )
-    p.add_argument(
-        "--latency-slo-ms",
-        type=float,
-        default=d.latency_slo_ms,
-        help=f"p95 latency SLO per model in ms (default: {d.latency_slo_ms:g})",
-    )
-    p.add_argument(
-        "--gpu-scale-out",
-        type=float,
-        default=d.gpu_scale_out,
-        help=f"GPU utilization %% that adds a task after 5 min (default: {d.gpu_scale_out:g})",
-    )
-    p.add_argument(
-        "--gpu-scale-in",
-        type=float,
-        default=d.gpu_scale_in,
-        help=f"GPU utilization %% that removes a task after 15 min (default: {d.gpu_scale_in:g})",
-    )
-    p.add_argument(
-        "--gpu-memory",
-        type=float,
-        default=d.gpu_memory,
-        help=f"GPU memory used %% that alarms and adds a task after 10 min (default: {d.gpu_memory:g})",
-    )
-    p.add_argument(
-        "--load-success-rate",
-        type=float,
-        default=d.load_success_rate,
-        help=f"alarm below this model load success %% (default: {d.load_success_rate:g})",
-    )
-    p.add_argument(
-        "--ttft-p95-ms",
-        type=float,
-        default=d.ttft_p95_ms,
-        help=f"time to first token p95 alarm, ms (default: {d.ttft_p95_ms:g})",
-    )
-    p.add_argument(
-        "--kv-cache-utilization",
-        type=float,
-        default=d.kv_cache_utilization,
-        help=f"KV-cache utilization %% alarm per model (default: {d.kv_cache_utilization:g})",
-    )
-    p.add_argument("--min-capacity", type=int, default=d.min_capacity, help=f"(default: {d.min_capacity})")
-    p.add_argument("--max-capacity", type=int, default=d.max_capacity, help=f"(default: {d.max_capacity})")
+    for f in fields(Options):
+        if "help" not in f.metadata:
+            continue
+        flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+        text = f.metadata["help"].format(default=f.default)
+        if isinstance(f.default, tuple):
+            p.add_argument(flag, action="append", default=[], dest=f.name, metavar="NAME", help=text)
+        else:
+            p.add_argument(flag, type=type(f.default), default=f.default, dest=f.name, help=text)
     cli.add_arguments(p)
     return p
 
@@ -145,6 +77,8 @@ def options_from(args: argparse.Namespace) -> Options:
         raise ValueError("need 0 < --gpu-scale-in < --gpu-scale-out <= 100")
     if not 0 <= opts.min_capacity <= opts.max_capacity or opts.max_capacity < 1:
         raise ValueError("need 0 <= --min-capacity <= --max-capacity and --max-capacity >= 1")
+    if not 1 <= opts.version_skew_periods <= 288:  # CloudWatch: at most a day of 5-minute periods
+        raise ValueError("need 1 <= --version-skew-periods <= 288")
     return opts
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..catalog import Catalog
 
@@ -17,30 +18,45 @@ LOG_PARTS = re.compile(r"[A-Za-z0-9_-]+")
 MAX_LOG_GROUPS_PER_QUERY = 50  # Logs Insights: at most 50 log groups in one query
 
 
+def _opt(default: Any, help: str, flag: str = "") -> Any:
+    """A field that is also a ``render`` flag (``--<name>`` unless ``flag`` says otherwise); ``{default}`` in
+    ``help`` shows the default."""
+    return field(default=default, metadata={"help": help, "flag": flag})
+
+
 @dataclass(frozen=True)
 class Options:
-    namespace: str = "Triton"
-    region: str = "us-east-1"
-    account_id: str = "123456789012"  # only for alarm ARNs in the standalone dashboard JSON
+    namespace: str = _opt("Triton", "CloudWatch namespace (default: {default})")
+    region: str = _opt("us-east-1", "region of the dashboard widgets (default: {default})")
+    account_id: str = _opt(  # only for alarm ARNs in the standalone dashboard JSON
+        "123456789012",
+        "account of the alarm ARNs in dashboards/triton.json (default: {default}, a placeholder; the "
+        "CloudFormation template fills in its own account)",
+    )
     partition: str = "aws"
-    cluster: str = "triton"
-    service: str = "triton"
-    alarm_prefix: str = "triton"
-    dashboard_name: str = "Triton"
-    sns_topic_arn: str = ""
-    log_group_prefix: str = "/ecs/triton"
-    models: tuple[str, ...] = ()  # optional: named per-model alarms and per-model log groups
-    failure_threshold: float = 5.0  # failed requests per model in 5 minutes
-    latency_slo_ms: float = 500.0  # p95 per model
-    gpu_scale_out: float = 85.0
-    gpu_scale_in: float = 40.0
-    gpu_memory: float = 95.0
-    load_success_rate: float = 100.0
-    ttft_p95_ms: float = 2000.0  # time to first token p95, service-wide and per named model
-    kv_cache_utilization: float = 90.0  # KV-cache blocks in use, percent, per model
-    min_capacity: int = 1
-    max_capacity: int = 4
-    version_skew_periods: int = 3  # 5-minute periods in which a model's tasks serve different artifacts
+    cluster: str = _opt("triton", "ECS cluster name (default: {default})")
+    service: str = _opt("triton", "ECS service name (default: {default})")
+    alarm_prefix: str = _opt("triton", "alarm name prefix (default: {default})")
+    dashboard_name: str = _opt("Triton", "(default: {default})")
+    sns_topic_arn: str = _opt("", "SNS topic for notifications (default: none)")
+    log_group_prefix: str = _opt("/ecs/triton", "Fluent Bit log group prefix (default: {default})")
+    # optional: named per-model alarms and per-model log groups
+    models: tuple[str, ...] = _opt(
+        (), "also render named alarms and a per-model log widget for this model (repeatable)", flag="--model"
+    )
+    failure_threshold: float = _opt(5.0, "failed requests per model in 5 minutes (default: {default:g})")
+    latency_slo_ms: float = _opt(500.0, "p95 latency SLO per model in ms (default: {default:g})")
+    gpu_scale_out: float = _opt(85.0, "GPU utilization %% that adds a task after 5 min (default: {default:g})")
+    gpu_scale_in: float = _opt(40.0, "GPU utilization %% that removes a task after 15 min (default: {default:g})")
+    gpu_memory: float = _opt(95.0, "GPU memory used %% that alarms and adds a task after 10 min (default: {default:g})")
+    load_success_rate: float = _opt(100.0, "alarm below this model load success %% (default: {default:g})")
+    ttft_p95_ms: float = _opt(2000.0, "time to first token p95 alarm, ms (default: {default:g})")
+    kv_cache_utilization: float = _opt(90.0, "KV-cache utilization %% alarm per model (default: {default:g})")
+    min_capacity: int = _opt(1, "(default: {default})")
+    max_capacity: int = _opt(4, "(default: {default})")
+    version_skew_periods: int = _opt(
+        3, "5-minute periods in which a model's tasks serve different artifacts before the alarm (default: {default})"
+    )
     # What the exporter emits (definitions and --metrics selection): only those metrics are drawn and alarmed on.
     catalog: Catalog = field(kw_only=True, compare=False)
 
