@@ -1,0 +1,518 @@
+"""tests/support/tfeval.py, the Terraform evaluator, on small modules written here.
+
+tests/test_terraform.py trusts this evaluator to say what ``terraform plan`` would configure for
+deploy/terraform/. These tests pin the evaluator itself, independent of that module: each feature it
+implements computes what Terraform computes, and each thing Terraform refuses (or that the evaluator does
+not implement) is a :class:`TfError`, never a silent guess. A regression here shows as a failing test
+named after the feature, not as a diff between the module and the CloudFormation stack.
+
+The reference is Terraform's documentation (developer.hashicorp.com/terraform/language, the same pages as
+website/docs/language/ in hashicorp/terraform), and where it is silent, the code Terraform runs:
+zclconf/go-cty's function library and conversions, hashicorp/hcl's expression evaluator, and
+hashicorp/terraform's own functions and configuration checks. Each test names what it checked. The module
+targets ``required_version >= 1.5.0``, so where Terraform changed behaviour since then, the 1.5 rule (the
+stricter one) is the one asserted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.tfeval import Module, TfError, Unknown, ValidationFailed
+
+
+def module(tmp_path: Path, text: str, inputs: dict[str, Any] | None = None, data: dict | None = None) -> Module:
+    (tmp_path / "main.tf").write_text(text)
+    return Module(tmp_path, inputs or {}, data or {})
+
+
+def value(tmp_path: Path, expr: str, decl: str = "", inputs: dict[str, Any] | None = None) -> Any:
+    """The value of one expression, as an output of a module holding ``decl``."""
+    return module(tmp_path, f'{decl}\noutput "x" {{\n  value = {expr}\n}}\n', inputs).outputs()["x"]
+
+
+def refused(tmp_path: Path, expr: str, match: str, decl: str = "", inputs: dict[str, Any] | None = None) -> None:
+    with pytest.raises(TfError, match=match):
+        value(tmp_path, expr, decl, inputs)
+
+
+# --- declarations and parsing ------------------------------------------------------------------
+
+
+def test_inputs_must_be_declared_and_required_variables_given(tmp_path: Path) -> None:
+    # Terraform: "Value for undeclared variable" (-var) and "No value for required variable".
+    decl = 'variable "a" {\n  type = string\n}\n'
+    with pytest.raises(TfError, match="no variable declared"):
+        module(tmp_path, decl, {"a": "x", "b": "y"})
+    with pytest.raises(TfError, match=r"var\.a is required"):
+        module(tmp_path, decl)
+    refused(tmp_path, "var.nope", r"var\.nope is not declared", decl, {"a": "x"})
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('variable "a" {}\nvariable "a" {}\n', "variable a declared twice"),
+        ("locals {\n  a = 1\n}\nlocals {\n  a = 2\n}\n", r"local\.a declared twice"),
+        ('resource "t" "r" {}\nresource "t" "r" {}\n', r"resource \('t', 'r'\) declared twice"),
+        ('output "o" {\n  value = 1\n  value = 2\n}\n', "attribute value set twice"),
+    ],
+)
+def test_duplicate_declarations_are_refused(tmp_path: Path, text: str, match: str) -> None:
+    # Terraform: "Duplicate variable declaration", "Duplicate local value definition",
+    # "Duplicate resource ... configuration", HCL "Attribute redefined" (hclsyntax/parser.go).
+    with pytest.raises(TfError, match=match):
+        module(tmp_path, text)
+
+
+def test_locals_unknown_names_and_cycles(tmp_path: Path) -> None:
+    assert value(tmp_path, "local.b", "locals {\n  a = 2\n  b = local.a * 3\n}\n") == 6
+    refused(tmp_path, "local.c", r"local\.c is not declared", "locals {\n  a = 1\n}\n")
+    refused(tmp_path, "nothing", "unknown name nothing")
+    refused(tmp_path, "local.a", "cycle through local", "locals {\n  a = local.b\n  b = local.a\n}\n")
+
+
+def test_json_syntax_files(tmp_path: Path) -> None:
+    # Terraform's JSON syntax: strings are templates ("${...}" alone keeps the value's type), "//" is a
+    # comment, a variable's default is a literal value.
+    (tmp_path / "main.tf.json").write_text(
+        json.dumps(
+            {
+                "//": "a comment",
+                "variable": {"n": {"type": "number", "default": 2}},
+                "locals": {"twice": "${var.n * 2}", "text": "n=${var.n}", "literal": "$${var.n}"},
+                "output": {"o": {"value": ["${local.twice}", "${local.text}", "${local.literal}"]}},
+            }
+        )
+    )
+    assert Module(tmp_path, {}, {}).outputs()["o"] == [4, "n=2", "${var.n}"]
+    (tmp_path / "main.tf.json").write_text(json.dumps({"terraform": {"required_version": ">= 1.5.0"}}))
+    with pytest.raises(TfError, match="does not read JSON 'terraform' blocks"):
+        Module(tmp_path, {}, {})
+
+
+# --- variables ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("type_", "given", "expected"),
+    [
+        ("string", 5, "5"),
+        ("string", 1.5, "1.5"),
+        ("string", True, "true"),
+        ("number", "42", 42),
+        ("number", "-1.25", -1.25),
+        ("bool", "false", False),
+        ("list(string)", [1, "a"], ["1", "a"]),
+        ("set(string)", ["b", "a", "b"], ["a", "b"]),
+        ("map(number)", {"x": "1"}, {"x": 1}),
+        ("any", {"k": [1]}, {"k": [1]}),
+    ],
+)
+def test_variable_values_convert_to_the_declared_type(tmp_path: Path, type_: str, given: Any, expected: Any) -> None:
+    # cty/convert: number and bool to string, numeric strings to number, "true"/"false" to bool, element-wise
+    # for collections; a set of strings comes out unique and lexically sorted.
+    m = module(tmp_path, f'variable "v" {{\n  type = {type_}\n}}\n', {"v": given})
+    assert m.var("v") == expected
+
+
+@pytest.mark.parametrize(
+    ("type_", "given"),
+    [("number", "ten"), ("number", True), ("bool", "yes"), ("bool", 1), ("string", [1]), ("list(string)", "a")],
+)
+def test_variable_values_that_do_not_convert_are_refused(tmp_path: Path, type_: str, given: Any) -> None:
+    with pytest.raises(ValidationFailed, match="is not a"):
+        module(tmp_path, f'variable "v" {{\n  type = {type_}\n}}\n', {"v": given})
+
+
+def test_variable_types_the_evaluator_does_not_model_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(TfError, match=r"type object\(\{a=string\}\) is not supported"):
+        module(tmp_path, 'variable "v" {\n  type = object({ a = string })\n}\n', {"v": {"a": "x"}})
+
+
+def test_variable_defaults_and_validation(tmp_path: Path) -> None:
+    decl = (
+        'variable "size" {\n  type    = number\n  default = 4\n'
+        "  validation {\n    condition     = var.size >= 1 && var.size <= 8\n"
+        '    error_message = "Size must be 1 to 8."\n  }\n}\n'
+    )
+    assert module(tmp_path, decl).var("size") == 4
+    assert module(tmp_path, decl, {"size": "8"}).var("size") == 8
+    with pytest.raises(ValidationFailed, match="Size must be 1 to 8"):
+        module(tmp_path, decl, {"size": 9})
+    with pytest.raises(ValidationFailed, match="Size must be 1 to 8"):  # the default is validated too
+        module(tmp_path, decl.replace("default = 4", "default = 0"))
+
+
+def test_validation_with_can_regex_accepts_and_refuses(tmp_path: Path) -> None:
+    decl = (
+        'variable "name" {\n  type = string\n  validation {\n'
+        '    condition     = can(regex("^[a-z][a-z0-9-]{0,9}$", var.name))\n'
+        '    error_message = "Bad name."\n  }\n}\n'
+    )
+    assert module(tmp_path, decl, {"name": "gpu-1"}).var("name") == "gpu-1"
+    for bad in ("", "Gpu", "1gpu", "a" * 11, "a b"):
+        with pytest.raises(ValidationFailed, match="Bad name"):
+            module(tmp_path, decl, {"name": bad})
+
+
+# --- expressions --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("1 + 2 * 3", 7),
+        ("(1 + 2) * 3", 9),
+        ("7 / 2", 3.5),  # numbers are not integers: Terraform's / is exact division
+        ("7 % 3", 1),
+        ("-(2 - 5)", 3),
+        ("2 < 3 && !(3 <= 2)", True),
+        ('"a" == "a"', True),
+        ('"1" == 1', False),  # equality never converts: a string is not a number
+        ("1 == 1.0", True),
+        ("[1, 2] == [1, 2]", True),
+        ("{a = 1} != {a = 2}", True),
+        ("true ? 1 : 2", 1),
+        ("null == null", True),
+    ],
+)
+def test_operators(tmp_path: Path, expr: str, expected: Any) -> None:
+    assert value(tmp_path, expr) == expected
+
+
+@pytest.mark.parametrize(
+    ("expr", "match"),
+    [
+        ('"a" < "b"', "needs numbers"),  # comparison operators take numbers only
+        ("1 + true", "needs numbers"),
+        ("1 && true", "needs bools"),
+        ('!"x"', "needs a bool"),
+        ("1 ? 2 : 3", "not a bool"),
+        ("1 / 0", "division by zero"),
+    ],
+)
+def test_operator_type_errors_are_refused(tmp_path: Path, expr: str, match: str) -> None:
+    refused(tmp_path, expr, match)
+
+
+def test_conditional_evaluates_only_the_chosen_branch_and_logic_evaluates_both(tmp_path: Path) -> None:
+    # hcl hclsyntax ConditionalExpr.Value: the other branch's errors are dropped. && and || evaluate both
+    # operands and report either's error: short-circuiting arrived with HCL v2.24 (commit 4192658, Dec 2024),
+    # long after Terraform 1.5, the oldest release the module allows.
+    assert value(tmp_path, "true ? 1 : local.missing", "locals {\n  a = 1\n}\n") == 1
+    refused(tmp_path, "false && local.missing", r"local\.missing is not declared", "locals {\n  a = 1\n}\n")
+    refused(tmp_path, "true || local.missing", r"local\.missing is not declared", "locals {\n  a = 1\n}\n")
+
+
+def test_strings_escapes_and_templates(tmp_path: Path) -> None:
+    # Terraform docs, "Strings and Templates": \n \t \" \\ \uNNNN \UNNNNNNNN escapes; $${ and %%{ are literal
+    # ${ and %{; a template of a single interpolation keeps its value's type; numbers and bools interpolate
+    # as their string forms.
+    assert value(tmp_path, r'"a\tb\n\"q\" \\ \u00e9\U0001F600"') == 'a\tb\n"q" \\ é\U0001f600'
+    assert value(tmp_path, '"$${var.x} %%{if}"') == "${var.x} %{if}"
+    assert value(tmp_path, '"${1 + 1}"') == 2
+    assert value(tmp_path, '"n=${1 + 1} ${true} ${1.5}"') == "n=2 true 1.5"
+    refused(tmp_path, r'"\q"', r"invalid escape \\q")
+    refused(tmp_path, '"x${null}"', "null value cannot be interpolated")
+    refused(tmp_path, '"x${[1]}"', "cannot convert list to a string")
+
+
+def test_template_directives_and_heredocs_are_not_implemented(tmp_path: Path) -> None:
+    refused(tmp_path, '"%{ if true }yes%{ endif }"', "template directive")
+    refused(tmp_path, "<<EOT\nhello\nEOT\n", "heredocs are not supported")
+
+
+def test_collections_index_and_attribute_access(tmp_path: Path) -> None:
+    decl = 'locals {\n  l = ["a", "b"]\n  m = { k = "v", "with space" = 1 }\n}\n'
+    assert value(tmp_path, '[local.l[1], local.l[1.0], local.m.k, local.m["with space"]]', decl) == ["b", "b", "v", 1]
+    refused(tmp_path, "local.l[2]", "index 2 out of range", decl)
+    refused(tmp_path, "local.l[-1]", "out of range", decl)
+    refused(tmp_path, "local.l[0.5]", "list index", decl)
+    refused(tmp_path, "local.m.nope", "no attribute 'nope'", decl)
+    refused(tmp_path, 'local.m["nope"]', "no element 'nope'", decl)
+    refused(tmp_path, "local.l.x", r"cannot read \.x of list", decl)
+
+
+def test_object_keys(tmp_path: Path) -> None:
+    # A bare name is the key itself; parentheses make the key an expression.
+    decl = 'locals {\n  k = "dyn"\n}\n'
+    assert value(tmp_path, '{ k = 1, (local.k) = 2, "q" = 3 }', decl) == {"k": 1, "dyn": 2, "q": 3}
+
+
+def test_splat(tmp_path: Path) -> None:
+    # Terraform docs, "Splat Expressions": [*] over a list maps; over a non-list value it makes a one-element
+    # list; over null an empty list.
+    decl = "locals {\n  l = [{ n = 1 }, { n = 2 }]\n  one = { n = 3 }\n  none = null\n}\n"
+    assert value(tmp_path, "[local.l[*].n, local.one[*].n, local.none[*]]", decl) == [[1, 2], [3], []]
+
+
+def test_for_expressions(tmp_path: Path) -> None:
+    # Terraform docs, "for Expressions": maps iterate in lexical key order, sets of strings in lexical value
+    # order; two symbols give key/index and value; "if" filters.
+    decl = 'locals {\n  m = { b = 2, a = 1, c = 3 }\n  l = ["x", "y"]\n}\n'
+    assert value(tmp_path, "[for k, v in local.m : k if v > 1]", decl) == ["b", "c"]
+    assert value(tmp_path, "[for v in local.m : v]", decl) == [1, 2, 3]
+    assert value(tmp_path, '[for i, v in local.l : "${i}=${v}"]', decl) == ["0=x", "1=y"]
+    assert value(tmp_path, '[for s in toset(["b", "a", "b"]) : s]', decl) == ["a", "b"]
+    assert value(tmp_path, '{for k, v in local.m : "${k}!" => v if k != "c"}', decl) == {"a!": 1, "b!": 2}
+    refused(tmp_path, "[for v in 5 : v]", "for over int", decl)
+    refused(tmp_path, '{for v in local.l : "same" => v}', "duplicate key 'same'", decl)  # "Duplicate object key"
+    refused(tmp_path, '{for v in local.l : "same" => v...}', "grouping", decl)
+    refused(tmp_path, "[for v in local.l : v if 1]", "not a bool", decl)
+
+
+# --- functions ----------------------------------------------------------------------------------
+
+FOO = 'locals {\n  foo = { bar = "baz" }\n}\n'
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        # substr (docs examples): offsets count characters; a negative offset counts from the end; length -1
+        # is the rest; a length past the end stops at the end.
+        ('substr("hello world", 1, 4)', "ello"),
+        ('substr("hello world", -5, -1)', "world"),
+        ('substr("hello world", 6, 10)', "world"),
+        ('substr("\U0001f914\U0001f937", 0, 1)', "\U0001f914"),
+        ('substr("abc", 5, 1)', ""),
+        ('substr("abc", -10, 2)', "ab"),
+        # lookup (docs examples): the default when the key is absent.
+        ('lookup({a = "ay", b = "bee"}, "a", "what?")', "ay"),
+        ('lookup({a = "ay", b = "bee"}, "c", "what?")', "what?"),
+        ('lookup({a = "ay"}, "a")', "ay"),
+        # one (docs examples): null for an empty list, the element of a one-element list or set.
+        ("one([])", None),
+        ('one(["hello"])', "hello"),
+        ('one(toset(["hello"]))', "hello"),
+        # merge (docs examples): later arguments win; null arguments are skipped (cty MergeFunc).
+        ('merge({a = "b", c = "d"}, {e = "f", c = "z"})', {"a": "b", "c": "z", "e": "f"}),
+        ('merge({a = "b"}, {a = [1, 2], c = "z"}, {d = 3})', {"a": [1, 2], "c": "z", "d": 3}),
+        ("merge({a = 1}, null)", {"a": 1}),
+        # jsonencode (docs): minified; <, >, &, U+2028, U+2029 become \u003c \u003e \u0026 \u2028 \u2029;
+        # object keys in lexical order (cty objects have no declaration order).
+        ('jsonencode({"hello" = "world"})', '{"hello":"world"}'),
+        (r'jsonencode("<a href=\"x\">&</a>")', r'"\u003ca href=\"x\"\u003e\u0026\u003c/a\u003e"'),
+        (r'jsonencode("\u2028\u2029é")', r'"\u2028\u2029é"'),
+        ('jsonencode({b = 1, a = [true, null, 1.5, "x"]})', '{"a":[true,null,1.5,"x"],"b":1}'),
+        ('jsondecode("{\\"a\\": [1, \\"x\\"]}")', {"a": [1, "x"]}),
+        # format (docs examples) with %s and %d; %% is a literal percent sign.
+        ('format("Hello, %s!", "Ander")', "Hello, Ander!"),
+        ('format("There are %d lights", 4)', "There are 4 lights"),
+        ('format("100%% %s", true)', "100% true"),
+        # regex (docs examples): whole match, a list for unnamed groups, an object for named groups.
+        ('regex("[a-z]+", "53453453.345345aaabbbccc23454")', "aaabbbccc"),
+        ('regex("(\\\\d\\\\d\\\\d\\\\d)-(\\\\d\\\\d)-(\\\\d\\\\d)", "2019-02-01")', ["2019", "02", "01"]),
+        (
+            'regex("^(?:(?P<scheme>[^:/?#]+):)?(?://(?P<authority>[^/?#]*))?", "https://terraform.io/docs/")',
+            {"scheme": "https", "authority": "terraform.io"},
+        ),
+        # replace with a plain substring: every occurrence.
+        ('replace("1 + 2 + 3", "+", "-")', "1 - 2 - 3"),
+        ('replace("a/b", "/", "")', "ab"),  # a lone "/" is not the /regex/ form
+        ('trimprefix("helloworld", "hello")', "world"),
+        ('trimprefix("helloworld", "cat")', "helloworld"),
+        ('trimsuffix("helloworld", "world")', "hello"),
+        ('trimsuffix("hello", "")', "hello"),
+        ('length("hello")', 5),
+        ("length([1, 2])", 2),
+        ("length({a = 1})", 1),
+        ("tostring(1.5)", "1.5"),
+        ("tostring(true)", "true"),
+        ('concat(["a"], [], ["b", "c"])', ["a", "b", "c"]),
+        ('distinct(["a", "b", "a", "c", "b"])', ["a", "b", "c"]),  # first occurrences, in order
+        ('toset(["c", "a", "c"])', ["a", "c"]),
+        ("alltrue([])", True),
+        ("alltrue([true, false])", False),
+        ('contains(["a", "b"], "b")', True),
+        ('contains(["1"], 1)', False),
+        ('sha1("hello")', "aaf4c61ddcc5e8a2dabede0f3b482cd9aea9434d"),
+        ('base64encode("Hello World")', "SGVsbG8gV29ybGQ="),
+        # try (docs examples): the first argument that evaluates without a dynamic error.
+        ('try(local.foo.bar, "fallback")', "baz"),
+        ('try(local.foo.boop, "fallback")', "fallback"),
+        ('can(regex("^a", "abc"))', True),
+        ('can(regex("^b", "abc"))', False),
+    ],
+)
+def test_functions(tmp_path: Path, expr: str, expected: Any) -> None:
+    assert value(tmp_path, expr, FOO) == expected
+
+
+@pytest.mark.parametrize(
+    ("expr", "match"),
+    [
+        ('one(["hello", "goodbye"])', r"one\(\): 2 elements"),  # docs: an error for two or more elements
+        ('lookup({a = 1}, "b")', "no key 'b'"),  # no default: an error (lookup failed to find key)
+        ('merge({a = 1}, ["b"])', "maps"),
+        ('regex("[a-z]+", "53453453.34534523454")', "does not match"),  # docs: an error when nothing matches
+        ('replace("a1", "/[0-9]/", "")', "regular expression"),  # the /regex/ form: not implemented here
+        ('cidrsubnet("10.0.0.0/16", 8, 1)', r"function cidrsubnet\(\) is not implemented"),
+        ('provider::aws::arn_parse("x")', "provider functions"),
+        ("tostring([1])", "collection"),
+        ("length(5)", "non-collection"),
+        ('concat(["a"], "b")', "lists"),
+        ("toset([1, 2])", "toset"),
+        ("alltrue([1])", "bools"),
+        ("try(local.foo.boop, local.foo.beep)", "no argument could be evaluated"),
+        ("substr(1, 0, 1)", "takes a string"),
+        ("sha1(1)", "takes strings"),
+        ('format("%x", 255)', r"%x"),
+    ],
+)
+def test_function_errors_are_refused(tmp_path: Path, expr: str, match: str) -> None:
+    refused(tmp_path, expr, match, FOO)
+
+
+def test_file_and_templatefile(tmp_path: Path) -> None:
+    # templatefile docs: the template sees only the given variables and may call functions; the
+    # "Generating JSON" example renders with jsonencode and a for expression. file() reads literally.
+    (tmp_path / "t.tftpl").write_text('${jsonencode({"backends": [for addr in ip_addrs : "${addr}:${port}"]})}')
+    (tmp_path / "plain.txt").write_text("${not interpolated}\n")
+    decl = 'locals {\n  secret = "s"\n}\n'
+    call = 'templatefile("${path.module}/t.tftpl", { port = 8080, ip_addrs = ["10.0.0.1", "10.0.0.2"] })'
+    assert value(tmp_path, call, decl) == '{"backends":["10.0.0.1:8080","10.0.0.2:8080"]}'
+    assert value(tmp_path, 'file("${path.module}/plain.txt")', decl) == "${not interpolated}\n"
+    (tmp_path / "t.tftpl").write_text("${local.secret}")
+    refused(tmp_path, 'templatefile("${path.module}/t.tftpl", {})', "vars map does not contain key 'local'", decl)
+    (tmp_path / "t.tftpl").write_text("%{ for a in ip_addrs }${a}%{ endfor }")
+    refused(tmp_path, call, r"template directives \(%\{...\}\) are not supported", decl)
+    refused(tmp_path, 'file("${path.module}/absent.txt")', "does not exist", decl)
+    refused(tmp_path, 'templatefile("${path.module}/plain.txt", ["x"])', "object of variables", decl)
+
+
+# --- resources, data sources, modules ----------------------------------------------------------
+
+
+def test_resources_count_for_each_and_unknown_attributes(tmp_path: Path) -> None:
+    m = module(
+        tmp_path,
+        'variable "n" {\n  type = number\n}\n'
+        'resource "aws_sqs_queue" "q" {\n  count = var.n\n  name  = "q-${count.index}"\n}\n'
+        'resource "aws_s3_bucket" "b" {\n  for_each = { x = "one", y = "two" }\n'
+        '  bucket = "${each.key}-${each.value}"\n}\n'
+        'resource "aws_sns_topic" "t" {\n  for_each = toset(["b", "a"])\n  name = each.value\n}\n'
+        'resource "aws_iam_role" "r" {\n  name = aws_sqs_queue.q[1].name\n'
+        '  policy = "${aws_s3_bucket.b["x"].arn}/*"\n}\n'
+        'output "names" {\n  value = aws_sqs_queue.q[*].name\n}\n'
+        'output "arns" {\n  value = [for k, b in aws_s3_bucket.b : b.arn]\n}\n'
+        'output "topic" {\n  value = aws_sns_topic.t["a"].name\n}\n',
+        {"n": 2},
+    )
+    plan = m.plan()
+    assert sorted(plan) == [
+        "aws_iam_role.r",
+        'aws_s3_bucket.b["x"]',
+        'aws_s3_bucket.b["y"]',
+        'aws_sns_topic.t["a"]',
+        'aws_sns_topic.t["b"]',
+        "aws_sqs_queue.q[0]",
+        "aws_sqs_queue.q[1]",
+    ]
+    assert plan['aws_s3_bucket.b["y"]'] == {"bucket": "y-two"}
+    # A configured attribute is its value; anything else is known only after apply.
+    assert plan["aws_iam_role.r"] == {"name": "q-1", "policy": '<aws_s3_bucket.b["x"].arn>/*'}
+    outputs = m.outputs()
+    assert outputs["names"] == ["q-0", "q-1"]
+    assert outputs["arns"] == [Unknown('aws_s3_bucket.b["x"].arn'), Unknown('aws_s3_bucket.b["y"].arn')]
+    assert outputs["topic"] == "a"
+    assert module(tmp_path, (tmp_path / "main.tf").read_text(), {"n": 0}).outputs()["names"] == []
+
+
+@pytest.mark.parametrize(
+    ("resource", "match"),
+    [
+        ("count = 1\n  for_each = toset([])", "count and for_each"),  # "Invalid combination of count and for_each"
+        ("count = -1", "count must be a whole number"),
+        ("count = 1.5", "count must be a whole number"),
+        ("count = true", "count must be a whole number"),
+        ('for_each = ["a"]', "for_each takes a map or a set of strings"),  # a list (tuple) is refused
+        ("name = count.index", r"count\.index outside a resource with count"),
+        ("name = each.key", r"each\.key outside a resource with each"),
+        ("name = aws_nope.x.id", r"unknown name aws_nope"),
+        ("name = self.id", r"self\.id is not supported"),
+    ],
+)
+def test_resource_meta_arguments_terraform_refuses(tmp_path: Path, resource: str, match: str) -> None:
+    with pytest.raises(TfError, match=match):
+        module(tmp_path, f'resource "aws_sqs_queue" "q" {{\n  {resource}\n}}\n').plan()
+
+
+def test_resource_references_that_do_not_exist_are_refused(tmp_path: Path) -> None:
+    decl = 'resource "aws_sqs_queue" "q" {\n  count = 1\n}\nresource "aws_sns_topic" "t" {}\n'
+    refused(tmp_path, "aws_sqs_queue.nope.arn", r"aws_sqs_queue\.nope is not declared", decl)
+    refused(tmp_path, "aws_sqs_queue.q.arn", r"cannot read \.arn of list", decl)  # "Missing resource instance key"
+    refused(tmp_path, "aws_sqs_queue.q[1].arn", "out of range", decl)
+    refused(tmp_path, "aws_sns_topic.t[0].arn", "cannot index", decl)  # not a counted resource
+
+
+def test_nested_and_dynamic_blocks(tmp_path: Path) -> None:
+    # Terraform docs, "dynamic Blocks": the iterator (the label, or "iterator") has key (list index or map
+    # key) and value; map elements come in key order; lifecycle and other meta blocks are not configuration.
+    m = module(
+        tmp_path,
+        'resource "aws_security_group" "g" {\n'
+        '  name = "g"\n'
+        "  lifecycle {\n    create_before_destroy = true\n  }\n"
+        "  ingress {\n    from_port = 1\n  }\n"
+        '  dynamic "ingress" {\n    for_each = [10, 20]\n'
+        '    content {\n      from_port = ingress.value\n      note = "i${ingress.key}"\n    }\n  }\n'
+        '  dynamic "egress" {\n    for_each = { b = 2, a = 1 }\n    iterator = rule\n'
+        "    content {\n      to_port = rule.value\n      note = rule.key\n    }\n  }\n"
+        "}\n",
+    )
+    assert m.plan()["aws_security_group.g"] == {
+        "name": "g",
+        "ingress": [{"from_port": 1}, {"from_port": 10, "note": "i0"}, {"from_port": 20, "note": "i1"}],
+        "egress": [{"to_port": 1, "note": "a"}, {"to_port": 2, "note": "b"}],
+    }
+
+
+def test_data_sources(tmp_path: Path) -> None:
+    decl = 'data "aws_caller_identity" "me" {}\ndata "aws_region" "r" {\n  name = "x"\n}\n'
+    stubs = {"aws_caller_identity": {"account_id": "123456789012"}, "aws_region": lambda args: {"id": args["name"]}}
+    m = module(
+        tmp_path,
+        decl + 'output "x" {\n  value = [data.aws_caller_identity.me.account_id, data.aws_region.r.id]\n}\n',
+        data=stubs,
+    )
+    assert m.outputs()["x"] == ["123456789012", "x"]
+    with pytest.raises(TfError, match=r"data\.aws_region\.nope is not declared"):
+        module(tmp_path, decl + 'output "x" {\n  value = data.aws_region.nope.id\n}\n', data=stubs).outputs()
+    with pytest.raises(TfError, match="no stub for data source aws_region"):
+        module(tmp_path, decl + 'output "x" {\n  value = data.aws_region.r.id\n}\n', data={}).outputs()
+
+
+def test_module_calls(tmp_path: Path) -> None:
+    child = tmp_path / "child"
+    child.mkdir()
+    (child / "main.tf").write_text(
+        'variable "prefix" {\n  type = string\n}\n'
+        'resource "aws_sqs_queue" "q" {\n  name = "${var.prefix}-q"\n}\n'
+        'output "queue" {\n  value = aws_sqs_queue.q.name\n}\n'
+        'output "arn" {\n  value = aws_sqs_queue.q.arn\n}\n'
+    )
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "main.tf").write_text(
+        'module "c" {\n  source = "../child"\n  prefix = "p"\n}\n'
+        'output "q" {\n  value = [module.c.queue, module.c.arn]\n}\n'
+    )
+    m = Module(root, {}, {})
+    assert m.plan() == {"module.c.aws_sqs_queue.q": {"name": "p-q"}}
+    # An unknown inside a module is named by its address inside the module.
+    assert m.outputs()["q"] == ["p-q", Unknown("aws_sqs_queue.q.arn")]
+    (root / "main.tf").write_text('module "c" {\n  source = "../child"\n  prefix = "p"\n  colour = "x"\n}\n')
+    with pytest.raises(TfError, match="no variable declared"):
+        Module(root, {}, {}).plan()
+    (root / "main.tf").write_text('module "c" {\n  source = "hashicorp/x/aws"\n}\n')
+    with pytest.raises(TfError, match="only local sources"):
+        Module(root, {}, {}).plan()
+    (root / "main.tf").write_text('module "c" {\n  source = "../child"\n}\n')
+    with pytest.raises(TfError, match=r"var\.prefix is required"):
+        Module(root, {}, {}).plan()
