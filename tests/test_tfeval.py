@@ -204,9 +204,10 @@ def test_conditional_evaluates_only_the_chosen_branch_and_logic_evaluates_both(t
     # hcl hclsyntax ConditionalExpr.Value: the other branch's errors are dropped. && and || evaluate both
     # operands and report either's error: short-circuiting arrived with HCL v2.24 (commit 4192658, Dec 2024),
     # long after Terraform 1.5, the oldest release the module allows.
-    assert value(tmp_path, "true ? 1 : local.missing", "locals {\n  a = 1\n}\n") == 1
-    refused(tmp_path, "false && local.missing", r"local\.missing is not declared", "locals {\n  a = 1\n}\n")
-    refused(tmp_path, "true || local.missing", r"local\.missing is not declared", "locals {\n  a = 1\n}\n")
+    decl = 'locals {\n  foo = { bar = "baz" }\n}\n'
+    assert value(tmp_path, "true ? 1 : local.foo.boop", decl) == 1
+    refused(tmp_path, "false && local.foo.boop", "no attribute 'boop'", decl)
+    refused(tmp_path, "true || local.foo.boop", "no attribute 'boop'", decl)
 
 
 def test_strings_escapes_and_templates(tmp_path: Path) -> None:
@@ -516,3 +517,79 @@ def test_module_calls(tmp_path: Path) -> None:
     (root / "main.tf").write_text('module "c" {\n  source = "../child"\n}\n')
     with pytest.raises(TfError, match=r"var\.prefix is required"):
         Module(root, {}, {}).plan()
+
+
+# --- references are checked before evaluation; try() and can() catch only dynamic errors ----------
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        'try(local.nonexist, "fallback")',  # the try docs' own example: "Reference to undeclared local value"
+        "can(var.nope)",
+        "can(aws_sqs_queue.nope.arn)",
+        "can(data.aws_region.nope.id)",
+        "can(module.nope.x)",
+        "true ? 1 : local.nonexist",  # an unused branch is still checked
+        "[for x in [] : local.nonexist]",  # so is a loop that never runs
+    ],
+)
+def test_references_to_undeclared_objects_are_errors_that_try_and_can_do_not_catch(tmp_path: Path, expr: str) -> None:
+    # try docs: "will not catch errors relating to ... a reference to a top-level object that has not been
+    # declared"; Terraform resolves references when it loads the configuration, before evaluating anything.
+    decl = 'resource "aws_sqs_queue" "q" {}\ndata "aws_region" "r" {}\n'
+    with pytest.raises(TfError, match="not declared"):
+        value(tmp_path, expr, decl)
+
+
+def test_things_the_evaluator_does_not_implement_are_not_caught_by_try_or_can(tmp_path: Path) -> None:
+    # Otherwise can(cidrsubnet(...)) would read as false and try() would quietly take its fallback.
+    refused(tmp_path, 'can(cidrsubnet("10.0.0.0/16", 8, 1))', r"cidrsubnet\(\) is not implemented")
+    refused(tmp_path, 'try(cidrsubnet("10.0.0.0/16", 8, 1), "x")', r"cidrsubnet\(\) is not implemented")
+    refused(tmp_path, 'can(replace("a1", "/[0-9]/", ""))', "regular expression")
+    refused(tmp_path, 'can("%{ if true }x%{ endif }")', "template directive")
+    assert value(tmp_path, 'can(regex("^b", "abc"))') is False  # a function's own error is still caught
+
+
+@pytest.mark.parametrize(
+    ("where", "match"),
+    [
+        ('resource "aws_sqs_queue" "q" {\n  name = count.index\n}\n', r"count\.index outside a resource with count"),
+        ('resource "aws_sqs_queue" "q" {\n  count = 1\n  name = each.key\n}\n', r"each\.key outside"),
+        ('resource "aws_sqs_queue" "q" {\n  count = 1\n  name = count.nope\n}\n', r"count\.nope does not exist"),
+        ('resource "aws_sqs_queue" "q" {\n  count = count.index\n}\n', r"count\.index outside"),
+        ('resource "aws_sqs_queue" "q" {\n  name = aws_sns_topic.t.arn\n}\n', "unknown name aws_sns_topic"),
+        ("locals {\n  a = { (local.k) = 1 }\n}\n", r"local\.k is not declared"),
+        ('locals {\n  x = 1\n}\nvariable "v" {\n  default = local.x\n}\n', "a default must be a literal value"),
+        ('variable "v" {\n  default = upper("x")\n}\n', "a default must be a literal value"),
+        (
+            'resource "aws_security_group" "g" {\n  dynamic "ingress" {\n    for_each = [1]\n'
+            "    content {\n      from_port = egress.value\n    }\n  }\n}\n",
+            "unknown name egress",
+        ),
+    ],
+)
+def test_references_are_checked_in_every_declaration_even_unevaluated(tmp_path: Path, where: str, match: str) -> None:
+    with pytest.raises(TfError, match=match):
+        module(tmp_path, where)
+
+
+def test_validation_conditions_refer_to_their_own_variable_only(tmp_path: Path) -> None:
+    # Terraform before 1.9 (internal/configs/named_values.go): "Invalid reference in variable validation: The
+    # condition for variable "x" can only refer to the variable itself, using var.x", and "Invalid variable
+    # validation condition: ... must refer to var.x in order to test incoming values". The module allows 1.5.
+    def decl(condition: str) -> str:
+        return (
+            'variable "min" {\n  type = number\n  default = 1\n}\n'
+            "locals {\n  max = 9\n}\n"
+            f'variable "n" {{\n  type = number\n  default = 5\n  validation {{\n    condition = {condition}\n'
+            '    error_message = "Out of range."\n  }\n}\n'
+        )
+
+    assert module(tmp_path, decl("alltrue([for x in [var.n] : x > 0])")).var("n") == 5
+    with pytest.raises(TfError, match="can only refer to the variable itself"):
+        module(tmp_path, decl("var.n >= var.min"))
+    with pytest.raises(TfError, match="can only refer to the variable itself"):
+        module(tmp_path, decl("var.n <= local.max"))
+    with pytest.raises(TfError, match=r"must refer to var\.n"):
+        module(tmp_path, decl("true"))

@@ -8,9 +8,11 @@ defaults, validation), locals, data sources (their arguments, and ``count``, wit
 given stub), resources with ``count`` / ``for_each`` / ``dynamic`` blocks, outputs and local ``module`` calls are
 evaluated with Terraform's rules for the subset of the language the module uses.
 
-Anything outside that subset (a function, a directive, a heredoc, a provider function) is a
-:class:`TfError`, never a guess: a module that used it would fail here, not pass. A
-resource attribute the configuration does not set (``arn``, ``id``) is the placeholder
+Anything outside that subset (a function, a directive, a heredoc, a provider function) is
+:class:`Unsupported`, never a guess: a module that used it would fail here, not pass, and try()/can()
+do not turn it into a fallback or ``false``. As in Terraform, every reference is checked when the
+module is loaded (:class:`InvalidConfig`, also beyond try()/can()), so a typo in an unused branch fails
+too. A resource attribute the configuration does not set (``arn``, ``id``) is the placeholder
 ``<type.name[key].attr>``, as ``(known after apply)`` in a plan.
 
 Not modelled (so ``terraform validate`` is still worth running): provider schemas (argument
@@ -41,6 +43,17 @@ class TfError(Exception):
 
 class ValidationFailed(TfError):
     """A variable's value failed its type or a validation block (Terraform refuses to plan)."""
+
+
+class InvalidConfig(TfError):
+    """Invalid whatever the input values (a reference to something not declared, a reference where none is
+    allowed): Terraform reports it when it loads the configuration, before any evaluation, so try() and can()
+    never catch it (the try docs: ``try(local.nonexist, "fallback")`` is an error)."""
+
+
+class Unsupported(TfError):
+    """Something this evaluator does not implement. try() and can() never catch it: a module that used it
+    inside them would otherwise read as 'the expression failed' (false, the fallback) instead of failing here."""
 
 
 META = {"count", "for_each", "depends_on", "lifecycle", "provider", "provisioner", "connection"}
@@ -149,7 +162,7 @@ def parse_json(obj: dict[str, Any], source: str) -> Body:
             out.blocks.append(Block("locals", [], _json_body(value, source), source))
             continue
         if btype not in labels:
-            raise TfError(f"{source}: this evaluator does not read JSON {btype!r} blocks")
+            raise Unsupported(f"{source}: this evaluator does not read JSON {btype!r} blocks")
 
         def walk(v: Any, got: list[str], btype: str = btype) -> None:
             if len(got) == labels[btype]:
@@ -289,7 +302,7 @@ def template_parts(text: str) -> Iterator[str | Tree]:
             lit.append(text[i + 1 : i + 3])
             i += 3
         elif text.startswith("%{", i):
-            raise TfError("template directives (%{...}) are not supported by this evaluator")
+            raise Unsupported("template directives (%{...}) are not supported by this evaluator")
         elif text.startswith("${", i):
             end = _closing_brace(text, i + 2)
             if lit:
@@ -324,6 +337,80 @@ def _closing_brace(text: str, start: int) -> int:
             depth -= 1
         i += 1
     raise TfError("unclosed ${ in a template")
+
+
+def _traversal(node: Tree) -> tuple[str, tuple[str, ...]] | None:
+    """``a.b.c`` as ("a", ("b", "c")); None for anything that is not a plain attribute chain on a name."""
+    names: list[str] = []
+    while True:
+        if node.data == "expr_term":
+            kids = _trees(node)
+            if len(kids) != 1:
+                return None
+            node = kids[0]
+        elif node.data == "identifier":
+            return _name(node), tuple(names)
+        elif node.data == "get_attr_expr_term":
+            base, attr = _trees(node)
+            names.insert(0, _name(_trees(attr)[0]))
+            node = base
+        else:
+            return None
+
+
+def _calls(node: Any) -> bool:
+    if isinstance(node, Template):
+        return any(isinstance(p, Tree) and _calls(p) for p in template_parts(node.text))
+    if isinstance(node, list | dict):
+        return any(_calls(i) for i in (node.values() if isinstance(node, dict) else node))
+    return isinstance(node, Tree) and (node.data == "function_call" or any(_calls(c) for c in _trees(node)))
+
+
+def references(node: Any, bound: frozenset[str] = frozenset()) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """The traversals an expression refers to, as (root name, attribute names after it), leaving out the
+    names its own ``for`` expressions bind: what HCL's ``Expression.Variables()`` gives Terraform."""
+    if isinstance(node, Template):
+        for part in template_parts(node.text):
+            if isinstance(part, Tree):
+                yield from references(part, bound)
+        return
+    if isinstance(node, list):
+        for item in node:
+            yield from references(item, bound)
+        return
+    if isinstance(node, dict):
+        for item in node.values():
+            yield from references(item, bound)
+        return
+    if not isinstance(node, Tree):
+        return
+    if node.data in ("expr_term", "get_attr_expr_term"):
+        chain = _traversal(node)
+        if chain is not None:
+            if chain[0] not in bound:
+                yield chain
+            return
+    if node.data in ("get_attr", "keyword", "identifier"):
+        return  # an attribute name, or a name that is not an expression here
+    if node.data == "function_call":
+        kids = _trees(node)[1:]  # the first is the function's name
+    elif node.data == "object_elem_key":
+        (key,) = _trees(node)
+        if key.data == "expr_term" and [getattr(c, "data", c) for c in _children(key)] == ["identifier"]:
+            return  # a bare name is the key itself, not a reference; (name) would be one
+        kids = [key]
+    elif node.data in ("for_tuple_expr", "for_object_expr"):
+        intro = next(c for c in _trees(node) if c.data == "for_intro")
+        names = frozenset(_name(c) for c in _trees(intro) if c.data == "identifier")
+        yield from references(next(c for c in _trees(intro) if c.data != "identifier"), bound)
+        for c in _trees(node):
+            if c is not intro:
+                yield from references(c, bound | names)
+        return
+    else:
+        kids = _trees(node)
+    for c in kids:
+        yield from references(c, bound)
 
 
 # --- the module ----------------------------------------------------------------------------
@@ -383,6 +470,7 @@ class Module:
         self._data: dict[tuple[str, str], Any] = {}
         self._modules: dict[str, Module] = {}
         self._busy: set[str] = set()
+        self._check_references()
         for name in self.variables:
             self.var(name)
 
@@ -395,6 +483,97 @@ class Module:
                     raise TfError(f"{btype} {key} declared twice ({out[key].source}, {b.source})")
                 out[key] = b
         return out
+
+    # --- references, checked before anything is evaluated --------------------------------
+
+    def _check_references(self) -> None:
+        """Every reference names something declared, wherever it stands: Terraform checks this when it
+        loads the configuration, so an unused branch or a try()/can() argument does not hide a typo."""
+        for name, expr in self.local_exprs.items():
+            self._check_refs(expr, f"local.{name}")
+        for name, b in self.outputs_decl.items():
+            self._check_refs(b.body.attrs.get("value"), f"output {name}")
+        for name, b in self.modules_decl.items():
+            for expr in b.body.attrs.values():
+                self._check_refs(expr, f"module {name}")
+        for (rtype, name), b in [*self.resources_decl.items(), *self.data_decl.items()]:
+            where = f"data.{rtype}.{name}" if b.type == "data" else f"{rtype}.{name}"
+            iterators = {"count"} if "count" in b.body.attrs else {"each"} if "for_each" in b.body.attrs else set()
+            for meta in ("count", "for_each", "depends_on"):
+                self._check_refs(b.body.attrs.get(meta), where)
+            self._check_body_refs(b.body, where, iterators, frozenset())
+        for name, b in self.variables.items():
+            if "default" in b.body.attrs:
+                # Decoded without an evaluation context: "Variables not allowed", "Functions may not be called here".
+                default = b.body.attrs["default"]
+                if next(references(default), None) is not None or _calls(default):
+                    raise InvalidConfig(f"var.{name}: a default must be a literal value (no references, no calls)")
+            for v in (v for v in b.body.blocks if v.type == "validation"):
+                self._check_validation_refs(name, v.body.attrs.get("condition"))
+
+    def _check_body_refs(self, body: Body, where: str, iterators: set[str], bound: frozenset[str]) -> None:
+        for key, expr in body.attrs.items():
+            if key not in META:
+                self._check_refs(expr, where, iterators, bound)
+        for block in body.blocks:
+            if block.type in META:
+                continue
+            if block.type == "dynamic":
+                (label,) = block.labels
+                self._check_refs(block.body.attrs.get("for_each"), where, iterators, bound)
+                it = _name(_trees(block.body.attrs["iterator"])[0]) if "iterator" in block.body.attrs else label
+                for content in (b for b in block.body.blocks if b.type == "content"):
+                    self._check_body_refs(content.body, where, iterators, bound | {it})
+            else:
+                self._check_body_refs(block.body, where, iterators, bound)
+
+    def _check_refs(
+        self, expr: Any, where: str, allowed: set[str] | None = None, bound: frozenset[str] = frozenset()
+    ) -> None:
+        """``allowed``: the iterator roots (count, each) valid here; None for an expression outside a resource."""
+        for root, names in references(expr, bound):
+            self._check_ref(root, names, where, allowed or set())
+
+    def _check_ref(self, root: str, names: tuple[str, ...], where: str, iterators: set[str]) -> None:
+        first = names[0] if names else None
+        if root == "var":
+            if first not in self.variables:
+                raise InvalidConfig(f"{where}: var.{first} is not declared")
+        elif root == "local":
+            if first not in self.local_exprs:
+                raise InvalidConfig(f"{where}: local.{first} is not declared")
+        elif root == "data":
+            if tuple(names[:2]) not in self.data_decl:
+                raise InvalidConfig(f"{where}: data.{'.'.join(names[:2])} is not declared")
+        elif root == "module":
+            if first not in self.modules_decl:
+                raise InvalidConfig(f"{where}: module.{first} is not declared")
+        elif root in ("count", "each"):
+            if root not in iterators:
+                raise InvalidConfig(f"{where}: {root}.{first} outside a resource with {root}")
+            if first not in ({"index"} if root == "count" else {"key", "value"}):
+                raise InvalidConfig(f"{where}: {root}.{first} does not exist")
+        elif root in ("path", "terraform", "self"):
+            pass  # evaluated (or refused) where used
+        elif root in {t for t, _ in self.resources_decl}:
+            if (root, first) not in self.resources_decl:
+                raise InvalidConfig(f"{where}: {root}.{first} is not declared")
+        else:
+            raise InvalidConfig(f"{where}: unknown name {root}" + (f".{first}" if first else ""))
+
+    def _check_validation_refs(self, name: str, condition: Any) -> None:
+        """Before Terraform 1.9 a validation condition may refer to its own variable only, and must refer to
+        it (internal/configs/named_values.go: "Invalid reference in variable validation", "Invalid variable
+        validation condition"); the module allows Terraform 1.5, so that is the rule."""
+        refs = list(references(condition))
+        for root, names in refs:
+            if (root, names[:1]) != ("var", (name,)):
+                raise InvalidConfig(
+                    f"var.{name}: the condition for variable {name!r} can only refer to the variable itself, "
+                    f"using var.{name} (it refers to {'.'.join((root, *names))})"
+                )
+        if not refs:
+            raise InvalidConfig(f"var.{name}: the condition for variable {name!r} must refer to var.{name}")
 
     # --- names ---------------------------------------------------------------------------
 
@@ -410,7 +589,7 @@ class Module:
     def var(self, name: str) -> Any:
         if name not in self._vars:
             if name not in self.variables:
-                raise TfError(f"var.{name} is not declared")
+                raise InvalidConfig(f"var.{name} is not declared")
             self._vars[name] = self._variable(name, self.variables[name])
         return self._vars[name]
 
@@ -444,14 +623,14 @@ class Module:
     def local(self, name: str) -> Any:
         if name not in self._locals:
             if name not in self.local_exprs:
-                raise TfError(f"local.{name} is not declared")
+                raise InvalidConfig(f"local.{name} is not declared")
             self._locals[name] = self._guard(f"local.{name}", lambda: self.eval(self.local_exprs[name], Scope()))
         return self._locals[name]
 
     def data(self, dtype: str, name: str) -> Any:
         """A data source's attributes: its arguments and the stub's (one object, or a list of them with count)."""
         if (dtype, name) not in self.data_decl:
-            raise TfError(f"data.{dtype}.{name} is not declared")
+            raise InvalidConfig(f"data.{dtype}.{name} is not declared")
         if dtype not in self.data_attrs:
             raise TfError(f"no stub for data source {dtype}")
         key = (dtype, name)
@@ -464,7 +643,7 @@ class Module:
         stub = self.data_attrs[dtype]
         where = f"data.{dtype}.{name}"
         if "for_each" in block.body.attrs:
-            raise TfError(f"{where}: for_each on a data source is not supported by this evaluator")
+            raise Unsupported(f"{where}: for_each on a data source is not supported by this evaluator")
 
         def read(iterators: dict[str, Any]) -> dict[str, Any]:
             config = self.evaluate_body(block.body, iterators, where)
@@ -481,7 +660,7 @@ class Module:
         key = (rtype, name)
         if key not in self._resources:
             if key not in self.resources_decl:
-                raise TfError(f"{rtype}.{name} is not declared")
+                raise InvalidConfig(f"{rtype}.{name} is not declared")
             self._resources[key] = self._guard(f"{rtype}.{name}", lambda: self._instances(rtype, name))
         return self._resources[key]
 
@@ -509,11 +688,15 @@ class Module:
 
     def module(self, name: str) -> Module:
         if name not in self._modules:
+            if name not in self.modules_decl:
+                raise InvalidConfig(f"module.{name} is not declared")
             block = self.modules_decl[name]
+            if "source" not in block.body.attrs:
+                raise TfError(f"module {name}: no source")
             args = {k: self.eval(v, Scope()) for k, v in block.body.attrs.items() if k not in ("source", "version")}
             source = self.eval(block.body.attrs["source"], Scope())
             if not isinstance(source, str) or not source.startswith(("./", "../")):
-                raise TfError(f"module {name}: only local sources, got {source!r}")
+                raise Unsupported(f"module {name}: only local sources, got {source!r}")
             self._modules[name] = Module(self.dir / source, args, self.data_attrs)
         return self._modules[name]
 
@@ -575,7 +758,7 @@ class Module:
             raise TfError(f"unexpected token {node!r}")
         handler = getattr(self, f"_e_{node.data}", None)
         if handler is None:
-            raise TfError(f"this evaluator does not implement {node.data}")
+            raise Unsupported(f"this evaluator does not implement {node.data}")
         return handler(node, scope)
 
     def template(self, text: str, scope: Scope, keep_single: bool) -> Any:
@@ -606,13 +789,13 @@ class Module:
             elif child.data == "interpolation":
                 parts.append(_trees(child)[0])
             else:
-                raise TfError(f"template directive {child.data} not supported")
+                raise Unsupported(f"template directive {child.data} not supported")
         if len(parts) == 1 and isinstance(parts[0], Tree):
             return self.eval(parts[0], scope)
         return "".join(p if isinstance(p, str) else tf_str(self.eval(p, scope)) for p in parts)
 
     def _e_heredoc_template(self, node: Tree, scope: Scope) -> Any:
-        raise TfError("heredocs are not supported by this evaluator")
+        raise Unsupported("heredocs are not supported by this evaluator")
 
     def _e_tuple(self, node: Tree, scope: Scope) -> Any:
         return [self.eval(e, scope) for e in _trees(node)]
@@ -643,7 +826,7 @@ class Module:
             raise TfError(f"the templatefile() vars map does not contain key {name!r}")
         if name in ROOTS or name in {t for t, _ in self.resources_decl}:
             return RootName(name)
-        raise TfError(f"unknown name {name}")
+        raise InvalidConfig(f"unknown name {name}")
 
     def _e_get_attr_expr_term(self, node: Tree, scope: Scope) -> Any:
         base_node, attr = _trees(node)
@@ -671,15 +854,15 @@ class Module:
         if r == "path":
             if name == "module":
                 return str(self.dir)
-            raise TfError(f"path.{name} is not supported")
+            raise Unsupported(f"path.{name} is not supported")
         if r == "module":
             return self.module(name).outputs()
         if r in ("data",):
             return RootPath(("data", name))
         if r in ("each", "count"):
-            raise TfError(f"{r}.{name} outside a resource with {r}")
+            raise InvalidConfig(f"{r}.{name} outside a resource with {r}")
         if r in ROOTS:
-            raise TfError(f"{r}.{name} is not supported")
+            raise Unsupported(f"{r}.{name} is not supported")
         return self.resource(r, name)
 
     def _path_attr(self, path: RootPath, name: str) -> Any:
@@ -794,7 +977,7 @@ class Module:
     def _e_for_object_expr(self, node: Tree, scope: Scope) -> Any:
         key, value = [c for c in _trees(node) if c.data not in ("for_intro", "for_cond")]
         if any(isinstance(c, Token) and c.type == "ELLIPSIS" for c in node.children):
-            raise TfError("grouping (...) for expressions are not supported")
+            raise Unsupported("grouping (...) for expressions are not supported")
         out: dict[str, Any] = {}
         for s in self._for(node, scope):
             k = self.eval(key, s)
@@ -809,16 +992,16 @@ class Module:
         parts = _children(node)
         name = _name(parts[0])
         if any(isinstance(p, Token) and p.type == "COLONS" for p in parts):
-            raise TfError("provider functions are not supported")
+            raise Unsupported("provider functions are not supported")
         args_node = next((p for p in parts if isinstance(p, Tree) and p.data == "arguments"), None)
         arg_nodes = _trees(args_node) if args_node is not None else []
         if args_node is not None and any(isinstance(c, Token) and c.type == "ELLIPSIS" for c in args_node.children):
-            raise TfError("argument expansion (...) is not supported")
+            raise Unsupported("argument expansion (...) is not supported")
         if name in ("try", "can"):
             return self._try(name, arg_nodes, scope)
         fn = FUNCTIONS.get(name)
         if fn is None:
-            raise TfError(f"function {name}() is not implemented by this evaluator")
+            raise Unsupported(f"function {name}() is not implemented by this evaluator")
         args = [self.eval(a, scope) for a in arg_nodes]
         if name in ("file", "templatefile"):
             return fn(self, *args)
@@ -829,7 +1012,7 @@ class Module:
             (arg,) = arg_nodes
             try:
                 self.eval(arg, scope)
-            except ValidationFailed:
+            except (ValidationFailed, InvalidConfig, Unsupported):
                 raise
             except TfError:
                 return False
@@ -837,7 +1020,7 @@ class Module:
         for arg in arg_nodes:
             try:
                 return self.eval(arg, scope)
-            except ValidationFailed:
+            except (ValidationFailed, InvalidConfig, Unsupported):
                 raise
             except TfError:
                 continue
@@ -923,7 +1106,7 @@ def convert(value: Any, type_: str, what: str) -> Any:
         if isinstance(value, dict):
             return {k: convert(v, m.group(1), what) for k, v in value.items()}
     else:
-        raise TfError(f"{what}: type {type_} is not supported by this evaluator")
+        raise Unsupported(f"{what}: type {type_} is not supported by this evaluator")
     raise ValidationFailed(f"{what}: {value!r} is not a {type_}")
 
 
@@ -1030,7 +1213,7 @@ def _distinct(items: list[Any]) -> list[Any]:
 
 def _toset(items: list[Any]) -> SetValue:
     if not all(isinstance(i, str) for i in items):
-        raise TfError("this evaluator only takes toset() of strings")
+        raise Unsupported("this evaluator only takes toset() of strings")
     return SetValue(sorted(set(items)))
 
 
@@ -1046,7 +1229,7 @@ def _string_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _replace(text: str, substring: str, replacement: str) -> str:
     """Terraform's replace() with a literal substring; its /regex/ form is refused, not guessed."""
     if len(substring) >= 2 and substring.startswith("/") and substring.endswith("/"):
-        raise TfError("replace() with a /regular expression/ is not implemented by this evaluator")
+        raise Unsupported("replace() with a /regular expression/ is not implemented by this evaluator")
     return text.replace(substring, replacement)
 
 
