@@ -35,6 +35,21 @@ def value(tmp_path: Path, expr: str, decl: str = "", inputs: dict[str, Any] | No
     return module(tmp_path, f'{decl}\noutput "x" {{\n  value = {expr}\n}}\n', inputs).outputs()["x"]
 
 
+def hcl(text: str) -> str:
+    """``text`` as an HCL quoted string (whose escapes are only \\n \\r \\t \\" \\\\ \\uNNNN \\UNNNNNNNN, $${, %%{)."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
+        elif not ch.isprintable():
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out).replace("${", "$${").replace("%{", "%%{") + '"'
+
+
 def refused(tmp_path: Path, expr: str, match: str, decl: str = "", inputs: dict[str, Any] | None = None) -> None:
     with pytest.raises(TfError, match=match):
         value(tmp_path, expr, decl, inputs)
@@ -593,3 +608,80 @@ def test_validation_conditions_refer_to_their_own_variable_only(tmp_path: Path) 
         module(tmp_path, decl("var.n <= local.max"))
     with pytest.raises(TfError, match=r"must refer to var\.n"):
         module(tmp_path, decl("true"))
+
+
+# --- regex() speaks RE2 -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text", "expected"),
+    [
+        # regex docs, zero-width operators: "$  At the end of the given string" (RE2 without the m flag):
+        # unlike Python's $, not before a final newline. So can(regex("^[a-z]+$", "abc\n")) is false.
+        ("^[a-z]+$", "abc", "abc"),
+        ("^[a-z]+$", "abc\n", None),
+        ("^[a-z]+\\z", "abc\n", None),
+        ("^a", "b\na", None),  # ^ is the start of the text, not of a line
+        # \d \s \w are ASCII; \s is space, tab, newline, carriage return, form feed (no vertical tab).
+        ("^\\d+$", "\u0661\u0662", None),  # ARABIC-INDIC digits are \d to Python's str patterns
+        ("^\\w+$", "é", None),
+        ("^\\s$", "\v", None),
+        ("^\\s$", "\f", "\f"),
+        ("^[\\s]$", "\v", None),
+        # POSIX classes from the docs' table.
+        ("^[[:alpha:]]+$", "abcXYZ", "abcXYZ"),
+        ("^[[:alpha:]]+$", "al:", None),  # Python alone would read [[:alpha:] as a set holding ':'
+        ("^[[:xdigit:][:space:]]+$", "0f F\t", "0f F\t"),
+        ("^[[:space:]]$", "\v", "\v"),  # [[:space:]] does include \v
+        # Repetition, lazy forms, literal braces.
+        ("a{2,3}?", "aaaa", "aa"),
+        ("^(?:a{100}){10}$", "a" * 1000, "a" * 1000),  # a product of exactly 1000 is allowed
+        ("^x{1}$", "x", "x"),
+        ("a{", "a{", "a{"),
+        ("(?i)^abc$", "ABC", "ABC"),
+        ("(?s)a.b", "a\nb", "a\nb"),
+        ("a.b", "a\nb", None),
+    ],
+)
+def test_regex_follows_re2(tmp_path: Path, pattern: str, text: str, expected: str | None) -> None:
+    call = f"regex({hcl(pattern)}, {hcl(text)})"
+    if expected is None:
+        assert value(tmp_path, f"can({call})") is False
+    else:
+        assert value(tmp_path, call) == expected
+
+
+@pytest.mark.parametrize(
+    ("pattern", "match"),
+    [
+        # "It's not valid to mix both named and unnamed capture groups in the same pattern." (regex docs)
+        ("(?P<a>x)(y)", "mixes named and unnamed"),
+        # RE2 has no lookaround, atomic groups or backreferences ("it does not support backreferences").
+        ("a(?=b)", "RE2 does not support"),
+        ("a(?!b)", "RE2 does not support"),
+        ("(?<=a)b", "RE2 does not support"),
+        ("(?>a)", "RE2 does not support"),
+        ("a++", "invalid nested repetition"),
+        ("a{2}+", "invalid nested repetition"),
+        # Go's regexp/syntax: counts over 1000, min over max, and nested counts whose product passes 1000.
+        ("a{1001}", "invalid repeat count"),
+        ("^[a-z]{1,2048}$", "invalid repeat count"),
+        ("a{3,2}", "invalid repeat count"),
+        ("(a{100}){11}", "invalid repeat count"),
+        ("((ab){10}c){101}", "invalid repeat count"),
+        ("(a)*{2}", "invalid nested repetition"),
+        ("[a", "missing closing"),
+    ],
+)
+def test_regex_refuses_what_re2_refuses(tmp_path: Path, pattern: str, match: str) -> None:
+    refused(tmp_path, f'regex({hcl(pattern)}, "ab")', match)
+    assert value(tmp_path, f'can(regex({hcl(pattern)}, "ab"))') is False  # an error in Terraform too
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["(?i)é", "(a)\\1", "\\pL", "\\Qa.b\\E", "(?m)^a$", "(?U)a+", "(?<n>a)", "a{,2}", "[[:punct:]]", "\\x{41}", "\\Z"],
+)
+def test_regex_constructs_not_modelled_are_unsupported_even_in_can(tmp_path: Path, pattern: str) -> None:
+    # Valid RE2 (or refused by RE2 for reasons this evaluator does not reproduce): never a quiet false.
+    refused(tmp_path, f'can(regex({hcl(pattern)}, "a"))', "regex")

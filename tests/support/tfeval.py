@@ -1156,13 +1156,148 @@ def _one(items: Any) -> Any:
     return items[0] if items else None
 
 
+# RE2 (Terraform's regex engine: the regex docs' table) on Python's re. RE2's ^ and $ are the start and end
+# of the text (Python's $ also matches before a final newline), \d \w \s \b are ASCII (\s without \v),
+# [[:name:]] is a POSIX class (Python reads it as a set of letters). What RE2 refuses (lookaround,
+# backreferences, possessive repetition, repeat counts over 1000) is a TfError, as in Terraform; what the two
+# engines read differently or this translation does not model is Unsupported.
+_RE2_POSIX = {
+    "alnum": "0-9A-Za-z",
+    "alpha": "A-Za-z",
+    "blank": "\\t ",
+    "digit": "0-9",
+    "lower": "a-z",
+    "space": "\\t\\n\\v\\f\\r ",
+    "upper": "A-Z",
+    "word": "0-9A-Za-z_",
+    "xdigit": "0-9A-Fa-f",
+}
+_RE2_SPACE = "\\t\\n\\f\\r "
+
+
+def _re2_escape(e: str, in_class: bool) -> str:
+    if e == "s":
+        return _RE2_SPACE if in_class else f"[{_RE2_SPACE}]"
+    if e == "S" and not in_class:
+        return f"[^{_RE2_SPACE}]"
+    if e == "z" and not in_class:
+        return "\\Z"
+    if e in ("dDwWafnrtv" if in_class else "AbBdDwWafnrtv"):
+        return "\\" + e
+    if e.isascii() and not e.isalnum():
+        return "\\" + e  # punctuation stands for itself in both
+    raise Unsupported(f"regex(): the escape \\{e} is not modelled by this evaluator")
+
+
+@functools.lru_cache(maxsize=256)
+def re2_compile(pattern: str) -> re.Pattern[str]:
+    out: list[str] = []
+    i, n, in_class, after_repeat = 0, len(pattern), False, False
+    # Go's regexp/syntax also refuses nested counted repetitions whose product passes 1000 (repeatIsValid):
+    # per open group, the largest product inside it; closed, the last group's, for a {n,m} that follows it.
+    products, closed = [1], 0
+    while i < n:
+        c, repeat, after_repeat = pattern[i], after_repeat, False
+        last_closed, closed = closed, 0
+        if c == "\\":
+            if i + 1 >= n:
+                raise TfError("regex(): trailing backslash")
+            if pattern[i + 1] == "x" and re.fullmatch(r"[0-9A-Fa-f]{2}", pattern[i + 2 : i + 4]):
+                out.append(pattern[i : i + 4])
+                i += 4
+                continue
+            out.append(_re2_escape(pattern[i + 1], in_class))
+            i += 2
+        elif in_class:
+            if pattern.startswith("[:", i):
+                m = re.match(r"\[:([a-z]+):\]", pattern[i:])
+                if not m or m.group(1) not in _RE2_POSIX:
+                    raise Unsupported(f"regex(): the class {pattern[i : i + 12]!r} is not modelled by this evaluator")
+                out.append(_RE2_POSIX[m.group(1)])
+                i += len(m.group(0))
+                continue
+            out.append("\\[" if c == "[" else c)  # a [ in a class is literal in RE2; Python warns of nested sets
+            in_class = c != "]"
+            i += 1
+        elif c == "[":
+            out.append("[")
+            in_class, i = True, i + 1
+            for lead in ("^", "]"):
+                if pattern.startswith(lead, i):
+                    out.append("^" if lead == "^" else "\\]")
+                    i += 1
+        elif c == "(" and pattern.startswith("(?", i):
+            named = re.match(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>", pattern[i:])
+            flags = re.match(r"\(\?([A-Za-z-]*)[:)]", pattern[i:])
+            if named:
+                out.append(named.group(0))
+                products.append(1)
+                i += len(named.group(0))
+            elif flags and set(flags.group(1)) <= set("imsU-"):
+                if set(flags.group(1)) & set("mU"):
+                    raise Unsupported(f"regex(): the flags {flags.group(0)!r} are not modelled by this evaluator")
+                out.append(flags.group(0))
+                if flags.group(0).endswith(":"):
+                    products.append(1)
+                i += len(flags.group(0))
+            elif pattern.startswith("(?<", i) and not pattern.startswith(("(?<=", "(?<!"), i):
+                raise Unsupported("regex(): (?<name>...) is RE2 syntax only in Go 1.22 and later; use (?P<name>...)")
+            else:
+                raise TfError(f"regex(): RE2 does not support {pattern[i : i + 4]!r} (lookaround, atomic, comment)")
+        elif c in "*+?":
+            if repeat and c == "?":
+                out.append("?")  # lazy
+            elif repeat:
+                raise TfError(f"regex(): invalid nested repetition operator {pattern[i - 1 : i + 1]!r}")
+            else:
+                out.append(c)
+                after_repeat = True
+            i += 1
+        elif c == "{" and (m := re.match(r"\{(\d*)(,?)(\d*)\}", pattern[i:])):
+            if m.group(1) == "":
+                raise Unsupported(f"regex(): {m.group(0)} is literal text to RE2 and a repetition to Python")
+            low, high = int(m.group(1)), int(m.group(3)) if m.group(3) else (-1 if m.group(2) else int(m.group(1)))
+            most = low if high < 0 else high
+            if low > 1000 or high > 1000 or 0 <= high < low or (most * last_closed > 1000 and most >= 2):
+                raise TfError(f"regex(): invalid repeat count {m.group(0)}")
+            if repeat:
+                raise TfError(f"regex(): invalid nested repetition operator {m.group(0)}")
+            products[-1] = max(products[-1], most * max(last_closed, 1))
+            out.append(m.group(0))
+            after_repeat, i = True, i + len(m.group(0))
+        elif c in "()":
+            if c == "(":
+                products.append(1)
+            elif len(products) > 1:
+                closed = products.pop()
+                products[-1] = max(products[-1], closed)
+            out.append(c)
+            i += 1
+        else:
+            out.append({"$": "\\Z", "{": "\\{", "}": "\\}"}.get(c, c))
+            i += 1
+    if in_class:
+        raise TfError(f"regex(): missing closing ] in {pattern!r}")
+    try:
+        compiled = re.compile("".join(out), re.ASCII)
+    except re.error as exc:
+        raise Unsupported(f"regex(): {pattern!r} does not compile here ({exc})") from exc
+    if compiled.groupindex and len(compiled.groupindex) != compiled.groups:
+        # regex docs: "It's not valid to mix both named and unnamed capture groups in the same pattern."
+        raise TfError(f"regex(): {pattern!r} mixes named and unnamed capture groups")
+    return compiled
+
+
 def _regex(pattern: str, text: str) -> Any:
-    m = re.search(pattern, text)
+    compiled = re2_compile(pattern)
+    if re.search(r"\(\?[A-Za-z-]*i", pattern) and not (pattern + text).isascii():
+        raise Unsupported("regex(): case folding beyond ASCII (RE2 folds all of Unicode) is not modelled")
+    m = compiled.search(text)
     if m is None:
         raise TfError(f"regex(): {pattern!r} does not match {text!r}")
-    if m.re.groupindex:
+    if compiled.groupindex:
         return m.groupdict()
-    return list(m.groups()) if m.re.groups else m.group(0)
+    return list(m.groups()) if compiled.groups else m.group(0)
 
 
 def _format(spec: str, *args: Any) -> str:
