@@ -685,3 +685,151 @@ def test_regex_refuses_what_re2_refuses(tmp_path: Path, pattern: str, match: str
 def test_regex_constructs_not_modelled_are_unsupported_even_in_can(tmp_path: Path, pattern: str) -> None:
     # Valid RE2 (or refused by RE2 for reasons this evaluator does not reproduce): never a quiet false.
     refused(tmp_path, f'can(regex({hcl(pattern)}, "a"))', "regex")
+
+
+# --- functions and operators at the edges Terraform defines ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expr", "match"),
+    [
+        # cty's formatFSM (function/stdlib/format_fsm.rl, since cty 1.0): unused arguments are an error,
+        # "too many arguments; only N used by format string"; missing ones too; %d needs an integer
+        # (formatAppendInteger: "an integer is required"); null only formats with %v.
+        ('format("%s", "a", "b")', "too many arguments; only 1 used"),
+        ('format("x", "a")', "too many arguments; only 0 used"),
+        ('format("%s %s", "a")', "not enough arguments"),
+        ('format("%d", 1.5)', "an integer is required"),
+        ('format("%d", true)', "an integer is required"),
+        ('format("%s", null)', "null value cannot be formatted"),
+        ('format("%y", 1)', "unsupported format verb"),
+        ('format("50%", 1)', "invalid format string"),
+        # Flags, width, precision and other verbs are Terraform's, not this evaluator's: never copied through.
+        ('format("%5s", "x")', r"%5s is not implemented"),
+        ('format("%-3d|", 7)', r"%-3d is not implemented"),
+        ('format("%[1]s", "x")', r"%\[1\]s is not implemented"),
+        ('format("%v", 1)', r"%v is not implemented"),
+        ('format("%d", "5")', "not implemented"),
+    ],
+)
+def test_format_refuses_what_terraform_refuses_and_what_it_does_not_implement(
+    tmp_path: Path, expr: str, match: str
+) -> None:
+    refused(tmp_path, expr, match)
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        # cty Value.Modulo: a - b * trunc(a / b), the sign of the dividend (Python's % floors instead).
+        ("-7 % 3", -1),
+        ("7 % -3", 1),
+        ("-7 % -3", -1),
+        ("7.5 % 2", 1.5),
+        ("-7.5 % 2", -1.5),
+    ],
+)
+def test_modulo_truncates_like_cty(tmp_path: Path, expr: str, expected: float) -> None:
+    assert value(tmp_path, expr) == expected
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        # length and substr count grapheme clusters (cty Strlen: "Unicode characters (technically: grapheme
+        # clusters)"): a letter with a combining accent, a flag, a thumbs-up with a skin tone are one each.
+        ('length("e\\u0301")', 1),
+        ('length("\\U0001F1EB\\U0001F1F7!")', 2),
+        ('length("\\U0001F44D\\U0001F3FD")', 1),
+        ('substr("e\\u0301xy", 1, 1)', "x"),
+        ('substr("ab\\U0001F44D\\U0001F3FD", -1, -1)', "\U0001f44d\U0001f3fd"),
+        # cty SubstrFunc: a zero length is "" ... except after a negative offset, where its loop runs on
+        # and returns the rest of the string; any negative length is the rest.
+        ('substr("hello", 1, 0)', ""),
+        ('substr("hello", -3, 0)', "llo"),
+        ('substr("hello", 1, -2)', "ello"),
+        ('substr("hello", 5, 1)', ""),
+    ],
+)
+def test_length_and_substr_count_grapheme_clusters(tmp_path: Path, expr: str, expected: Any) -> None:
+    assert value(tmp_path, expr) == expected
+
+
+def test_substr_offsets_must_be_whole_numbers(tmp_path: Path) -> None:
+    # gocty.FromCtyValue into an int: a fractional number is an error, not truncated.
+    refused(tmp_path, 'substr("hello", 1.5, 1)', "not a whole number")
+    refused(tmp_path, 'substr("hello", 0, 0.5)', "not a whole number")
+
+
+def test_sets_cannot_be_indexed(tmp_path: Path) -> None:
+    # one() docs: "Set values don't support indexing, so it's not valid to write var.set[0]".
+    decl = 'variable "s" {\n  type    = set(string)\n  default = ["a"]\n}\n'
+    refused(tmp_path, "var.s[0]", "cannot be accessed by index", decl)
+    refused(tmp_path, 'toset(["a"])[0]', "cannot be accessed by index", decl)
+    assert value(tmp_path, "one(var.s)", decl) == "a"
+
+
+def test_dynamic_blocks_over_a_set_use_the_value_as_key(tmp_path: Path) -> None:
+    # dynamic blocks docs: "If the for_each expression produces a set value then key is identical to value".
+    m = module(
+        tmp_path,
+        'resource "aws_security_group" "g" {\n  dynamic "ingress" {\n    for_each = toset(["b", "a"])\n'
+        "    content {\n      k = ingress.key\n      v = ingress.value\n    }\n  }\n}\n",
+    )
+    assert m.plan()["aws_security_group.g"] == {"ingress": [{"k": "a", "v": "a"}, {"k": "b", "v": "b"}]}
+
+
+@pytest.mark.parametrize(
+    ("block", "match"),
+    [
+        ('dynamic "ingress" {\n    for_each = 5\n    content {}\n  }', "for_each over int"),
+        ('dynamic "lifecycle" {\n    for_each = [1]\n    content {}\n  }', "cannot generate lifecycle"),
+        (
+            'dynamic "ingress" {\n    for_each = [1]\n    labels = ["x"]\n    content {}\n  }',
+            "labels are not implemented",
+        ),
+    ],
+)
+def test_dynamic_blocks_refused(tmp_path: Path, block: str, match: str) -> None:
+    # "It is not possible to generate meta-argument blocks such as lifecycle and provisioner" (dynamic docs).
+    with pytest.raises(TfError, match=match):
+        module(tmp_path, f'resource "aws_security_group" "g" {{\n  {block}\n}}\n').plan()
+
+
+def test_templatefile_cannot_call_itself(tmp_path: Path) -> None:
+    # templatefile docs: "recursive calls to templatefile are not permitted".
+    (tmp_path / "a.tftpl").write_text('${templatefile("${dir}/b.tftpl", {})}')
+    (tmp_path / "b.tftpl").write_text("b")
+    refused(tmp_path, f'templatefile("{tmp_path}/a.tftpl", {{ dir = "{tmp_path}" }})', "recursive calls")
+
+
+@pytest.mark.parametrize("given", ["1_000", " 1", "1 ", "nan", "inf", "0x10", "\u0661", "1e", ""])
+def test_number_variables_parse_strings_as_cty_does(tmp_path: Path, given: str) -> None:
+    # cty.ParseNumberVal: Go's big.ParseFloat in base 10: no spaces, digit separators, hex, NaN; ASCII digits.
+    with pytest.raises(ValidationFailed, match="is not a number"):
+        module(tmp_path, 'variable "v" {\n  type = number\n}\n', {"v": given})
+
+
+@pytest.mark.parametrize(("given", "expected"), [("+1", 1), ("1e3", 1000), (".5", 0.5), ("-0", 0)])
+def test_number_variables_accept_what_cty_parses(tmp_path: Path, given: str, expected: float) -> None:
+    assert module(tmp_path, 'variable "v" {\n  type = number\n}\n', {"v": given}).var("v") == expected
+
+
+def test_bool_variables_take_1_and_0_as_strings(tmp_path: Path) -> None:
+    # cty/convert conversion_primitive.go: "true" and "1" are true, "false" and "0" false; "True" is refused.
+    decl = 'variable "v" {\n  type = bool\n}\n'
+    assert [module(tmp_path, decl, {"v": g}).var("v") for g in ("1", "0", "true")] == [True, False, True]
+    with pytest.raises(ValidationFailed):
+        module(tmp_path, decl, {"v": "True"})
+
+
+def test_object_keys_convert_to_strings(tmp_path: Path) -> None:
+    # hclsyntax ObjectConsExpr and ForExpr convert each key with convert.Convert(key, cty.String).
+    assert value(tmp_path, "{for i, v in [10, 20] : i => v}") == {"0": 10, "1": 20}
+    assert value(tmp_path, "{ (1.5) = 1, (true) = 2 }") == {"1.5": 1, "true": 2}
+    refused(tmp_path, "{ (null) = 1 }", "not a string")
+
+
+@pytest.mark.parametrize("expr", ['substr("abc", 1)', "lookup({a = 1})", 'sha1("a", "b")', "one()", "jsonencode()"])
+def test_function_arity_is_checked(tmp_path: Path, expr: str) -> None:
+    refused(tmp_path, expr, "wrong number of arguments")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import inspect
 import json
 import math
 import re
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import hcl2
+import regex
 from lark import Token, Tree
 
 
@@ -470,6 +472,7 @@ class Module:
         self._data: dict[tuple[str, str], Any] = {}
         self._modules: dict[str, Module] = {}
         self._busy: set[str] = set()
+        self._in_template = False
         self._check_references()
         for name in self.variables:
             self.var(name)
@@ -730,12 +733,24 @@ class Module:
                 continue
             if block.type == "dynamic":
                 (label,) = block.labels
+                if label in META:
+                    raise InvalidConfig(f"{where}: a dynamic block cannot generate {label} blocks")
+                if "labels" in block.body.attrs:
+                    raise Unsupported(f"{where}: dynamic block labels are not implemented by this evaluator")
                 items = self.eval(block.body.attrs["for_each"], scope)
                 iterator = label
                 if "iterator" in block.body.attrs:
                     iterator = _name(_trees(block.body.attrs["iterator"])[0])
                 (content,) = [b for b in block.body.blocks if b.type == "content"]
-                pairs = list(enumerate(items)) if isinstance(items, list | SetValue) else sorted(items.items())
+                # dynamic blocks docs: key is the map key or list index; for a set, key is the value itself.
+                if isinstance(items, SetValue):
+                    pairs = [(v, v) for v in items]
+                elif isinstance(items, list):
+                    pairs = list(enumerate(items))
+                elif isinstance(items, dict):
+                    pairs = sorted(items.items())
+                else:
+                    raise TfError(f"{where}: dynamic {label}: for_each over {type(items).__name__}")
                 for k, v in pairs:
                     inner = dict(iterators) | {iterator: {"key": k, "value": v}}
                     out.setdefault(label, []).append(self.evaluate_body(content.body, inner, where))
@@ -811,8 +826,7 @@ class Module:
                 key = _name(k)
             else:
                 key = self.eval(k, scope)
-            if not isinstance(key, str):
-                raise TfError(f"object key {key!r} is not a string")
+            key = _object_key(key)
             if key in out:
                 raise TfError(f"duplicate object key {key}")
             out[key] = self.eval(value, scope)
@@ -877,6 +891,8 @@ class Module:
         return self.index(base, key)
 
     def index(self, base: Any, key: Any) -> Any:
+        if isinstance(base, SetValue):
+            raise TfError("elements of a set cannot be accessed by index (one docs: use one(), or a for expression)")
         if isinstance(base, list):
             if not isinstance(key, int | float) or isinstance(key, bool) or int(key) != key:
                 raise TfError(f"list index {key!r}")
@@ -940,7 +956,7 @@ class Module:
         if not _both_numbers(a, b):
             raise TfError(f"{op} needs numbers, got {a!r} and {b!r}")
         if op in ("/", "%") and b == 0:
-            raise TfError("division by zero")
+            raise Unsupported("division by zero (Terraform gives an infinity, or an error for 0/0): not modelled")
         return _ARITHMETIC[op](a, b)
 
     def _for(self, node: Tree, scope: Scope) -> Iterator[Scope]:
@@ -980,9 +996,7 @@ class Module:
             raise Unsupported("grouping (...) for expressions are not supported")
         out: dict[str, Any] = {}
         for s in self._for(node, scope):
-            k = self.eval(key, s)
-            if not isinstance(k, str):
-                raise TfError(f"for key {k!r} is not a string")
+            k = _object_key(self.eval(key, s))
             if k in out:
                 raise TfError(f"duplicate key {k!r} in a for expression")
             out[k] = self.eval(value, s)
@@ -1004,7 +1018,11 @@ class Module:
             raise Unsupported(f"function {name}() is not implemented by this evaluator")
         args = [self.eval(a, scope) for a in arg_nodes]
         if name in ("file", "templatefile"):
-            return fn(self, *args)
+            args = [self, *args]
+        try:
+            inspect.signature(fn).bind(*args)
+        except TypeError as exc:
+            raise TfError(f"{name}(): wrong number of arguments ({len(arg_nodes)})") from exc
         return fn(*args)
 
     def _try(self, name: str, arg_nodes: list[Tree], scope: Scope) -> Any:
@@ -1058,8 +1076,25 @@ _ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
     "-": lambda a, b: a - b,
     "*": lambda a, b: a * b,
     "/": lambda a, b: a / b,
-    "%": lambda a, b: a % b,
+    "%": lambda a, b: _modulo(a, b),
 }
+
+
+def _object_key(key: Any) -> str:
+    """hclsyntax converts an object key to a string (convert.Convert(key, cty.String)); null is an error."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool | int | float) and not isinstance(key, Unknown):
+        return tf_str(key)
+    raise TfError(f"object key {key!r} is not a string" + (" (null)" if key is None else ""))
+
+
+def _modulo(a: Any, b: Any) -> Any:
+    """cty's Value.Modulo: a - b * trunc(a / b), so the result has the sign of a (Python's % floors)."""
+    if isinstance(a, int) and isinstance(b, int):
+        q = abs(a) // abs(b)
+        return a - b * (q if (a < 0) == (b < 0) else -q)
+    return math.fmod(a, b)
 
 
 def _source_text(node: Any) -> str:
@@ -1088,16 +1123,14 @@ def convert(value: Any, type_: str, what: str) -> Any:
     elif type_ == "number":
         if isinstance(value, int | float) and not isinstance(value, bool):
             return value
-        if isinstance(value, str):
-            try:
-                return float(value) if not re.fullmatch(r"-?\d+", value) else int(value)
-            except ValueError:
-                pass
+        # cty.ParseNumberVal: Go's big.ParseFloat in base 10 (no spaces, underscores, hex, NaN; ASCII digits).
+        if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", value, re.ASCII):
+            return int(value) if re.fullmatch(r"[+-]?\d+", value, re.ASCII) else float(value)
     elif type_ == "bool":
         if isinstance(value, bool):
             return value
-        if value in ("true", "false"):
-            return value == "true"
+        if value in ("true", "false", "1", "0"):  # cty/convert's string-to-bool accepts "1" and "0" too
+            return value in ("true", "1")
     elif m := re.fullmatch(r"(list|set)\((.*)\)", type_):
         if isinstance(value, list):
             items = [convert(v, m.group(2), what) for v in value]
@@ -1123,8 +1156,14 @@ def _file(module: Module, path: str) -> str:
 def _templatefile(module: Module, path: str, variables: dict[str, Any]) -> str:
     if not isinstance(variables, dict):
         raise TfError("templatefile() takes an object of variables")
+    if module._in_template:
+        raise TfError("templatefile(): recursive calls to templatefile are not permitted (templatefile docs)")
     # A template sees only its own variables (Terraform: "vars map does not contain key").
-    return module.template(_file(module, path), TemplateScope(variables), keep_single=False)
+    module._in_template = True
+    try:
+        return module.template(_file(module, path), TemplateScope(variables), keep_single=False)
+    finally:
+        module._in_template = False
 
 
 def _merge(*maps: Any) -> Any:
@@ -1300,25 +1339,61 @@ def _regex(pattern: str, text: str) -> Any:
     return list(m.groups()) if compiled.groups else m.group(0)
 
 
+# The verbs Terraform's format() knows (format docs); this evaluator implements %s and %d without flags.
+_FORMAT_VERBS = set("vtbdoxXeEfgGsq")
+
+
 def _format(spec: str, *args: Any) -> str:
-    out, it = [], iter(args)
-
-    def repl(m: re.Match[str]) -> str:
-        if m.group(0) == "%%":
-            return "%"
-        value = next(it)
-        if m.group(1) == "s":
-            return tf_str(value)
-        if m.group(1) == "d" and isinstance(value, int | float) and int(value) == value:
-            return str(int(value))
-        raise TfError(f"format(): %{m.group(1)} with {value!r}")
-
-    out.append(re.sub(r"%%|%([a-z])", repl, spec))
+    """format(): %s, %d and %%; too many or too few arguments are errors, as in cty's formatFSM."""
+    if not isinstance(spec, str):
+        raise TfError("format() takes a string specification")
+    out, used, i = [], 0, 0
+    while i < len(spec):
+        if spec[i] != "%":
+            out.append(spec[i])
+            i += 1
+            continue
+        if spec.startswith("%%", i):
+            out.append("%")
+            i += 2
+            continue
+        m = re.match(r"%([-+# 0]*(?:\[\d+\])?(?:\d+|\*)?(?:\.(?:\d*|\*))?)([A-Za-z])", spec[i:])
+        if m is None:
+            raise TfError(f"format(): invalid format string at offset {i}")
+        options, verb = m.groups()
+        if verb not in _FORMAT_VERBS:
+            raise TfError(f"format(): unsupported format verb %{verb}")
+        if options or verb not in "sd":
+            raise Unsupported(f"format(): %{options}{verb} is not implemented by this evaluator (only %s and %d)")
+        if used >= len(args):
+            raise TfError(f"format(): not enough arguments for %{verb} at {i}")
+        value = args[used]
+        used += 1
+        if value is None:
+            raise TfError(f"format(): a null value cannot be formatted with %{verb}")
+        if verb == "s":
+            out.append(tf_str(value))
+        elif isinstance(value, str):
+            raise Unsupported("format(): %d of a string (Terraform converts it to a number) is not implemented")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+            raise TfError(f"format(): unsupported value for %d: {value!r} (an integer is required)")
+        else:
+            out.append(str(int(value)))
+        i += len(m.group(0))
+    if used < len(args):
+        raise TfError(f"format(): too many arguments; only {used} used by format string")
     return "".join(out)
 
 
+def _graphemes(text: str) -> list[str]:
+    """Terraform counts a string's characters as Unicode grapheme clusters (cty's Strlen and Substr)."""
+    return regex.findall(r"\X", text)
+
+
 def _length(value: Any) -> int:
-    if isinstance(value, str | list | dict):
+    if isinstance(value, str):
+        return len(_graphemes(value))
+    if isinstance(value, list | dict):
         return len(value)
     raise TfError("length() of a non-collection")
 
@@ -1353,6 +1428,7 @@ def _toset(items: list[Any]) -> SetValue:
 
 
 def _string_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
     def wrapped(*args: Any) -> Any:
         if not all(isinstance(a, str) for a in args):
             raise TfError(f"{fn.__name__}() takes strings")
@@ -1379,13 +1455,23 @@ def _contains(items: list[Any], value: Any) -> bool:
 
 
 def _substr(s: str, offset: Any, length: Any) -> str:
-    """substr(string, offset, length): offsets count characters; length -1 means to the end."""
-    if not isinstance(s, str) or isinstance(offset, str) or isinstance(length, str):
+    """cty's SubstrFunc, step by step: offsets and lengths count grapheme clusters and must be whole
+    numbers; a negative offset counts from the end; a negative length is the rest of the string; a zero
+    length is "" except after a negative offset, where cty's loop never stops and returns the rest."""
+    if not isinstance(s, str):
         raise TfError("substr() takes a string and two numbers")
-    start, count = int(offset), int(length)
+    for n in (offset, length):
+        if isinstance(n, str):
+            raise Unsupported("substr(): a numeric string (Terraform converts it) is not implemented")
+        if isinstance(n, bool) or not isinstance(n, int | float) or int(n) != n:
+            raise TfError(f"substr(): {n!r} is not a whole number")
+    clusters, start, count = _graphemes(s), int(offset), int(length)
     if start < 0:
-        start = max(0, len(s) + start)
-    return s[start:] if count < 0 else s[start : start + count]
+        start += len(clusters)
+    elif count == 0:
+        return ""
+    rest = clusters[start:] if start > 0 else clusters
+    return "".join(rest if count <= 0 else rest[:count])
 
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {
