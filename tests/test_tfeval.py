@@ -206,7 +206,7 @@ def test_operators(tmp_path: Path, expr: str, expected: Any) -> None:
         ('"a" < "b"', "needs numbers"),  # comparison operators take numbers only
         ("1 + true", "needs numbers"),
         ("1 && true", "needs bools"),
-        ('!"x"', "needs a bool"),
+        ('!"x"', "needs bools"),
         ("1 ? 2 : 3", "not a bool"),
         ("1 / 0", "division by zero"),
     ],
@@ -833,3 +833,37 @@ def test_object_keys_convert_to_strings(tmp_path: Path) -> None:
 @pytest.mark.parametrize("expr", ['substr("abc", 1)', "lookup({a = 1})", 'sha1("a", "b")', "one()", "jsonencode()"])
 def test_function_arity_is_checked(tmp_path: Path, expr: str) -> None:
     refused(tmp_path, expr, "wrong number of arguments")
+
+
+def test_operands_convert_as_hcl_converts_them(tmp_path: Path) -> None:
+    # hclsyntax BinaryOpExpr/UnaryOpExpr/ConditionalExpr convert each operand to the operation's type first
+    # (convert.Convert): numeric strings are numbers, "true"/"false" bools; anything else is an error.
+    assert value(tmp_path, '["1" + 2, "2.5" * 2, -"3", "10" > 9]') == [3, 5.0, -3, True]
+    assert value(tmp_path, '["true" && true, !"false", "true" ? 1 : 2]') == [True, True, 1]
+    refused(tmp_path, '"a" + 1', "needs numbers")
+    refused(tmp_path, '"yes" ? 1 : 2', "needs bools")
+    refused(tmp_path, "null + 1", "needs numbers")
+
+
+def test_operations_on_values_known_only_after_apply_are_not_guessed(tmp_path: Path) -> None:
+    # Terraform's result would be unknown ("known after apply"); this evaluator carries no unknown results,
+    # so it refuses rather than compare a placeholder (an == that read false, a count that read 1).
+    decl = 'resource "aws_sqs_queue" "q" {}\n'
+    for expr in ('aws_sqs_queue.q.arn == ""', "aws_sqs_queue.q.arn != null", "aws_sqs_queue.q.delay + 1"):
+        refused(tmp_path, expr, "known only after apply", decl)
+    refused(tmp_path, "aws_sqs_queue.q.fifo ? 1 : 0", "known only after apply", decl)
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        # cty writes numbers with big.Float's Text('f', -1): no exponent, in strings and in jsonencode.
+        ('"n=${0.0000001}"', "n=0.0000001"),
+        ('"n=${1e22}"', "n=10000000000000000000000"),
+        ('"n=${2.50}"', "n=2.5"),
+        ("jsonencode([0.0000001, 2.0, -0.25])", "[0.0000001,2,-0.25]"),
+        ("tostring(1e-3)", "0.001"),
+    ],
+)
+def test_numbers_are_written_without_exponents(tmp_path: Path, expr: str, expected: str) -> None:
+    assert value(tmp_path, expr) == expected

@@ -31,6 +31,7 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -236,9 +237,9 @@ def tf_str(value: Any) -> str:
     if isinstance(value, int | float):
         if isinstance(value, float) and not math.isfinite(value):
             raise TfError("non-finite number")
-        if float(value).is_integer():
-            return str(int(value))
-        return repr(float(value))
+        if isinstance(value, int):
+            return str(value)
+        return format(Decimal(repr(value)).normalize(), "f")  # as big.Float's Text('f', -1): no exponent
     if isinstance(value, str):
         return value
     if isinstance(value, Unknown):
@@ -249,20 +250,21 @@ def tf_str(value: Any) -> str:
 
 
 def go_json(value: Any) -> str:
-    """jsonencode: compact, object keys sorted (cty objects are), <>& escaped as Go does."""
+    """jsonencode: compact, object keys sorted (cty objects are), numbers as cty writes them (no exponent),
+    <>& and U+2028/9 escaped as Go does."""
 
-    def prep(v: Any) -> Any:
-        if isinstance(v, Unknown):
-            return str(v)
+    def enc(v: Any) -> str:
         if isinstance(v, dict):
-            return {k: prep(v[k]) for k in sorted(v)}
+            return "{" + ",".join(f"{enc(str(k))}:{enc(v[k])}" for k in sorted(v)) + "}"
         if isinstance(v, list):
-            return [prep(i) for i in v]
-        if isinstance(v, float) and v.is_integer():
-            return int(v)
-        return v
+            return "[" + ",".join(enc(i) for i in v) + "]"
+        if isinstance(v, bool) or v is None:
+            return json.dumps(v)
+        if isinstance(v, int | float):
+            return tf_str(v)
+        return json.dumps(str(v), ensure_ascii=False)  # a string, or an Unknown's placeholder
 
-    text = json.dumps(prep(value), separators=(",", ":"), ensure_ascii=False)
+    text = enc(value)
     for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         text = text.replace(ch, esc)
     return text
@@ -921,40 +923,36 @@ class Module:
             out.append(item)
         return out
 
+    # Operands convert to the operation's type as hclsyntax does (convert.Convert: "5" is a number, "true" a
+    # bool); a value known only after apply would make the result unknown, which this evaluator does not carry.
+
     def _e_conditional(self, node: Tree, scope: Scope) -> Any:
         cond, yes, no = _trees(node)
-        c = self.eval(cond, scope)
-        if not isinstance(c, bool):
-            raise TfError(f"condition is {c!r}, not a bool")
+        c = _to_bool(self.eval(cond, scope), "condition")
         return self.eval(yes if c else no, scope)
 
     def _e_unary_op(self, node: Tree, scope: Scope) -> Any:
         op, operand = node.children
         v = self.eval(operand, scope)
         if str(op) == "!":
-            if not isinstance(v, bool):
-                raise TfError("! needs a bool")
-            return not v
-        if not isinstance(v, int | float) or isinstance(v, bool):
-            raise TfError("- needs a number")
-        return -v
+            return not _to_bool(v, "!")
+        return -_to_number(v, "-")
 
     def _e_binary_op(self, node: Tree, scope: Scope) -> Any:
         left, term = _trees(node)
         op_node, right = _trees(term)
         op = str(op_node.children[0])
         a = self.eval(left, scope)
+        b = self.eval(right, scope)  # Terraform 1.5 evaluates both sides of && and || too
         if op in ("&&", "||"):
-            b = self.eval(right, scope)  # Terraform evaluates both sides
-            if not isinstance(a, bool) or not isinstance(b, bool):
-                raise TfError(f"{op} needs bools")
+            a, b = _to_bool(a, op), _to_bool(b, op)
             return (a and b) if op == "&&" else (a or b)
-        b = self.eval(right, scope)
         if op in ("==", "!="):
+            if isinstance(a, Unknown) or isinstance(b, Unknown):
+                raise Unsupported(f"{op} with a value known only after apply: the result would be unknown")
             same = type(a) is type(b) and a == b if not _both_numbers(a, b) else a == b
             return same if op == "==" else not same
-        if not _both_numbers(a, b):
-            raise TfError(f"{op} needs numbers, got {a!r} and {b!r}")
+        a, b = _to_number(a, op), _to_number(b, op)
         if op in ("/", "%") and b == 0:
             raise Unsupported("division by zero (Terraform gives an infinity, or an error for 0/0): not modelled")
         return _ARITHMETIC[op](a, b)
@@ -1063,6 +1061,37 @@ class SetValue(list):
     """A set of strings: unique, sorted (Terraform iterates sets of strings in lexical order)."""
 
 
+_NUMBER_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+
+
+def _parse_number(text: str) -> int | float | None:
+    """cty.ParseNumberVal: Go's big.ParseFloat in base 10 (no spaces, digit separators, hex, NaN)."""
+    if not _NUMBER_TEXT.fullmatch(text):
+        return None
+    return int(text) if re.fullmatch(r"[+-]?\d+", text, re.ASCII) else float(text)
+
+
+def _to_number(value: Any, what: str) -> int | float:
+    if isinstance(value, Unknown):
+        raise Unsupported(f"{what} with {value}, known only after apply: the result would be unknown")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    number = _parse_number(value) if isinstance(value, str) else None
+    if number is None:
+        raise TfError(f"{what} needs numbers, got {value!r}")
+    return number
+
+
+def _to_bool(value: Any, what: str) -> bool:
+    if isinstance(value, Unknown):
+        raise Unsupported(f"{what} with {value}, known only after apply: the result would be unknown")
+    if isinstance(value, bool):
+        return value
+    if value in ("true", "false", "1", "0"):
+        return value in ("true", "1")
+    raise TfError(f"{what} needs bools, got {value!r} (not a bool)")
+
+
 def _both_numbers(a: Any, b: Any) -> bool:
     return all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
 
@@ -1123,9 +1152,8 @@ def convert(value: Any, type_: str, what: str) -> Any:
     elif type_ == "number":
         if isinstance(value, int | float) and not isinstance(value, bool):
             return value
-        # cty.ParseNumberVal: Go's big.ParseFloat in base 10 (no spaces, underscores, hex, NaN; ASCII digits).
-        if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", value, re.ASCII):
-            return int(value) if re.fullmatch(r"[+-]?\d+", value, re.ASCII) else float(value)
+        if isinstance(value, str) and (number := _parse_number(value)) is not None:
+            return number
     elif type_ == "bool":
         if isinstance(value, bool):
             return value
