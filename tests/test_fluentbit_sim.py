@@ -438,3 +438,184 @@ def test_cloudwatch_message_is_the_record_as_json_or_the_log_key_raw(tmp_path: P
     (e2,) = run(p, ("raw", {"log": '{"_aws": {}}', "n": 1}))
     assert e2.message == '{"_aws": {}}'
     assert run(p, ("raw", {"n": 1})) == []  # no log_key in the record: "Could not find log_key", not sent
+
+
+# --- what the C sources say, where the simulator used to differ -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "tag", "matches"),
+    [
+        # flb_router.c router_match (1.9.10 and 4.1): only * is a wildcard; ? and [ are plain characters.
+        ("a?c", "abc", False),
+        ("a?c", "a?c", True),
+        ("a[bc]", "ab", False),
+        ("a[bc]", "a[bc]", True),
+    ],
+)
+def test_match_has_no_other_wildcard_than_star(tmp_path: Path, pattern: str, tag: str, matches: bool) -> None:
+    p = pipeline(tmp_path, output(pattern))
+    assert len(run(p, (tag, {"log": "x"}))) == int(matches)
+
+
+@pytest.mark.parametrize(
+    ("regex_", "match", "tag", "matches"),
+    [
+        # router_match: onig_match at the start of the tag (not a search), and only a match of at least one
+        # character counts; when the regex fails, Match is tried too.
+        ("firelens-", None, "app-firelens-1", False),
+        ("app-", None, "app-firelens-1", True),
+        ("^(app|web)-firelens-", None, "web-firelens-1", True),
+        ("x*", None, "abc", False),
+        ("^a", "b.*", "b.x", True),
+        ("^a", "b.*", "c.x", False),
+    ],
+)
+def test_match_regex_is_anchored_at_the_start_and_falls_back_to_match(
+    tmp_path: Path, regex_: str, match: str | None, tag: str, matches: bool
+) -> None:
+    conf = output("unused").replace("Match unused", f"Match_Regex {regex_}" + (f"\n    Match {match}" if match else ""))
+    assert len(run(pipeline(tmp_path, conf), (tag, {"log": "x"}))) == int(matches)
+
+
+def test_regex_options_after_slashes_are_refused(tmp_path: Path) -> None:
+    # flb_regex.c str_to_regex: 4.1 reads /pat/imx options (check_option); 1.9.10 only strips /.../ and takes
+    # "/a.b/m" as the literal pattern. An "o" alone is no option on 4.1 either: literal on both.
+    for pattern in ("/a.b/m", "/ab/i", "/a b/x", "/ab/mo"):
+        with pytest.raises(OnigmoError, match=r"not on 1\.9\.10"):
+            compile_onigmo(pattern)
+    assert compile_onigmo("/ab/o").search("x/ab/o") and not compile_onigmo("/ab/o").search("ab")
+
+
+def test_cloudwatch_needs_exactly_one_of_stream_name_and_prefix(tmp_path: Path) -> None:
+    # cloudwatch_logs.c cb_cloudwatch_init: "Either 'log_stream_name' or 'log_stream_prefix' is required",
+    # for neither and for both, even with a log_stream_template.
+    neither = output("*", log_stream_template="$TAG").replace("    log_stream_prefix s-\n", "")
+    both = output("*", log_stream_name="n", log_stream_prefix="p-")
+    for conf in (neither, both):
+        with pytest.raises(ConfigError, match="Either 'log_stream_name' or 'log_stream_prefix'"):
+            pipeline(tmp_path, conf)
+
+
+def test_a_failed_stream_template_falls_back_to_the_stream_name(tmp_path: Path) -> None:
+    # cloudwatch_api.c get_log_stream: template, else log_stream_name, else log_stream_prefix + tag.
+    p = pipeline(tmp_path, output("*", log_stream_template="$key", log_stream_name="fixed"))
+    e1, e2 = run(p, ("t", {"key": "from-record"}), ("t", {"other": 1}))
+    assert (e1.stream, e2.stream) == ("from-record", "fixed")
+
+
+def test_parser_skips_empty_captures_unless_told_not_to(tmp_path: Path) -> None:
+    # flb_parser.c: Skip_Empty_Values defaults to on; cb_results skips a capture of length 0 (an unset
+    # optional group too); with it off, both are empty strings.
+    parsers = section("PARSER", Name="p", Format="regex", Regex=r"^(?<a>\w*):(?<b>x)?(?<c>.*)$")
+    p = pipeline(tmp_path, parser_filter(parsers=("p",)) + output("*"), parsers)
+    (e,) = run(p, ("t", {"log": ":"}))
+    assert e.record == {}
+    parsers = parsers.replace("Format regex", "Format regex\n    Skip_Empty_Values Off")
+    (e,) = run(pipeline(tmp_path, parser_filter(parsers=("p",)) + output("*"), parsers), ("t", {"log": ":z"}))
+    assert e.record == {"a": "", "b": "", "c": "z"}
+
+
+def test_parser_time_key_defaults_to_time_and_a_bad_time_is_dropped(tmp_path: Path) -> None:
+    # flb_parser_regex.c cb_results: with a Time_Format and no Time_Key the key is "time"; a value that does
+    # not fit the format is logged ("invalid time format") and skipped: not in the record, time unchanged.
+    parsers = section("PARSER", Name="p", Format="regex", Regex=r"^(?<time>\S+) (?<msg>.*)$", Time_Format="%H:%M:%S")
+    p = pipeline(tmp_path, parser_filter(parsers=("p",)) + output("*"), parsers)
+    e1, e2 = run(p, ("t", {"log": "08:09:10 a"}), ("t", {"log": "late b"}))
+    # no year in the format: the current one (2026); no date: January 1st, as strptime
+    assert e1.record == {"msg": "a"} and e1.time == datetime(2026, 1, 1, 8, 9, 10, tzinfo=UTC).timestamp()
+    assert e2.record == {"msg": "b"} and e2.time == T0 + 1
+
+
+def test_parser_time_zone_from_the_value(tmp_path: Path) -> None:
+    parsers = section(
+        "PARSER",
+        Name="p",
+        Format="regex",
+        Regex=r"^(?<t>\S+) (?<msg>.*)$",
+        Time_Key="t",
+        Time_Format="%Y-%m-%dT%H:%M:%S%z",
+    )
+    p = pipeline(tmp_path, parser_filter(parsers=("p",)) + output("*"), parsers)
+    (e,) = run(p, ("t", {"log": "2026-01-02T03:04:05+0200 x"}))
+    assert e.time == datetime(2026, 1, 2, 1, 4, 5, tzinfo=UTC).timestamp()
+
+
+def test_parser_output_puts_parsed_keys_first_and_refuses_duplicates(tmp_path: Path) -> None:
+    # filter_parser.c + flb_pack.c flb_msgpack_expand_map: the parsed map, then the kept keys of the record.
+    # A key in both would be in the record twice (msgpack maps allow it; a dict cannot show it).
+    p = pipeline(tmp_path, parser_filter(parsers=("kv",), Reserve_Data="On") + output("*"), PARSERS)
+    (e,) = run(p, ("t", {"stream": "stdout", "log": "a=b", "z": 1}))
+    assert list(e.record) == ["k", "v", "stream", "z"]
+    assert list(json.loads(e.message)) == ["k", "v", "stream", "z"]
+    with pytest.raises(ConfigError, match=r"parsed \['k'\] also in the record"):
+        run(p, ("t", {"k": "old", "log": "a=b"}))
+
+
+@pytest.mark.parametrize(
+    ("opts", "match"),
+    [
+        ({"Preserve_Key": "On"}, "Preserve_Key without Reserve_Data differs"),  # 1.9.10 drops it, 4.1 keeps it
+        ({"Key_Name": "$log"}, "4.1 only"),
+        ({"Unescape_Key": "On"}, "not modelled"),
+    ],
+)
+def test_parser_filter_options_read_differently_or_not_modelled(tmp_path: Path, opts: dict, match: str) -> None:
+    key = opts.pop("Key_Name", "log")
+    with pytest.raises(ConfigError, match=match):
+        pipeline(tmp_path, parser_filter(key, **opts) + output("*"), PARSERS)
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ("Decode_Field_As json msg", "decoder json not modelled"),
+        ("Decode_Field_As escaped_utf8 msg", "decoder escaped_utf8 not modelled"),
+        ("Decode_Field escaped msg", "not modelled"),
+        ("Types k:integer", "not modelled"),
+        ("Time_Offset +0200", "not modelled"),
+    ],
+)
+def test_parser_options_not_modelled_are_refused(tmp_path: Path, extra: str, match: str) -> None:
+    parsers = PARSERS.replace("Name kv", f"Name kv\n    {extra}")
+    with pytest.raises(ConfigError, match=match):
+        pipeline(tmp_path, parser_filter() + output("*"), parsers)
+
+
+def test_escaped_decoder_drops_the_backslash_of_other_escapes(tmp_path: Path) -> None:
+    # flb_unescape.c flb_unescape_string (Decode_Field_As escaped, unchanged from 1.9.10 to 4.1): only
+    # \n \a \b \t \v \f \r \\ are decoded; before any other character the backslash goes: \" is ", \/ is /,
+    # \u00e9 is "u00e9" (escaped_utf8 would decode it), \q is q.
+    p = pipeline(tmp_path, parser_filter(parsers=("quoted",)) + output("*"), PARSERS)
+    (e,) = run(p, ("t", {"log": '"\\"\\/\\u00e9\\q\\a"'}))
+    assert e.record == {"msg": '"/u00e9q\a'}
+    with pytest.raises(ConfigError, match="lone backslash"):
+        run(pipeline(tmp_path, parser_filter(parsers=("loose",)) + output("*"), PARSERS_LOOSE), ("t", {"log": "x\\"}))
+
+
+PARSERS_LOOSE = section("PARSER", Name="loose", Format="regex", Regex=r"^(?<msg>.*)$", Decode_Field_As="escaped msg")
+
+
+@pytest.mark.parametrize("op", ["Hard_Rename a b", "Copy a b", "Hard_Copy a b", "Remove_Wildcard a", "Remove_Regex ^a"])
+def test_modify_operations_not_modelled_are_refused_when_loaded(tmp_path: Path, op: str) -> None:
+    key, _, val = op.partition(" ")
+    with pytest.raises(ConfigError, match="not modelled"):
+        pipeline(tmp_path, section("FILTER", Name="modify", Match="*", **{key: val}) + output("*"))
+
+
+@pytest.mark.parametrize(
+    ("opts", "match"),
+    [
+        ({"buffer": "off", "multiline.parser": "ml"}, "buffer off"),
+        ({"multiline.parser": "ml, ml2"}, "exactly one multiline.parser"),
+        ({}, "exactly one multiline.parser"),  # ml.c: parser mode with no parser is an error
+    ],
+)
+def test_multiline_options_not_modelled_are_refused(tmp_path: Path, opts: dict, match: str) -> None:
+    parsers = (
+        '[MULTILINE_PARSER]\n    Name  ml\n    Type  regex\n    Rule  "start_state"  "/^a/"  "start_state"\n'
+        '[MULTILINE_PARSER]\n    Name  ml2\n    Type  regex\n    Rule  "start_state"  "/^b/"  "start_state"\n'
+    )
+    conf = section("FILTER", Name="multiline", Match="*", **{"multiline.key_content": "log"}, **opts)
+    with pytest.raises(ConfigError, match=match):
+        pipeline(tmp_path, conf + output("*"), parsers)
