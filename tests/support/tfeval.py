@@ -17,7 +17,10 @@ too. A resource attribute the configuration does not set (``arn``, ``id``) is th
 
 Not modelled (so ``terraform validate`` is still worth running): provider schemas (argument
 names and types of each resource), the type unification of a conditional's two branches,
-and sets other than ``toset()`` of strings.
+and sets other than ``toset()`` of strings. Unknown values do not propagate: an operator on one
+is refused, but a template or jsonencode() writes its placeholder where Terraform's whole result
+would be unknown. ``path.module`` is absolute (Terraform's is relative to the working directory),
+and a relative ``file()`` path is read from the process's working directory.
 """
 
 from __future__ import annotations
