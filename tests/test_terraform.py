@@ -1632,7 +1632,12 @@ def test_variables_accept_and_refuse_what_the_stack_does(template) -> None:
                 tf_ok = True
             except ValidationFailed:
                 tf_ok = False
-            assert tf_ok == _cfn_accepts(p, probe), (name, probe, "terraform accepts" if tf_ok else "terraform refuses")
+            expected = _cfn_accepts(p, probe)
+            if _type(variables()[tfrender.variable_name(name)]) == "bool" and probe in ("1", "0"):
+                # Terraform converts the strings "1" and "0" to a bool (cty/convert) before any validation
+                # runs; the stack's AllowedValues refuse them. A difference of the tools, not of the module.
+                expected = True
+            assert tf_ok == expected, (name, probe, "terraform accepts" if tf_ok else "terraform refuses")
             checked += 1
     assert checked > 100
 

@@ -236,7 +236,8 @@ variable "gpu_ami_parameter" {
   description = "With create_cluster: the SSM parameter that holds the AMI id, by default AWS's public one for the latest ECS GPU-optimized Amazon Linux 2023 AMI. Read at every plan: instances launched after an apply use the newest AMI"
   default     = "/aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id"
   validation {
-    condition     = can(regex("^[A-Za-z0-9_./-]{1,2048}$", var.gpu_ami_parameter))
+    # RE2 (Terraform's regex) refuses repeat counts over 1000, so the 2048 limit is a length() check.
+    condition     = length(var.gpu_ami_parameter) <= 2048 && can(regex("^[A-Za-z0-9_./-]+$", var.gpu_ami_parameter))
     error_message = "The gpu_ami_parameter must be an SSM parameter name (letters, digits, _ . / -)."
   }
 }

@@ -8,8 +8,11 @@ pipeline uses, following their C sources: the classic file format and
 package, refusing constructs the two engines read differently), the record
 accessor templates, and the filters ``multiline`` (regex rules and
 ``partial_message``), ``rewrite_tag``, ``modify``, ``parser`` and the
-``cloudwatch_logs`` output's group and stream naming. What it cannot show
-(option values the C plugins reject, memory limits, timing) is why
+``cloudwatch_logs`` output's group and stream naming. Where 1.9.10 and 4.1
+read an option differently (``/regex/imx`` options, ``Preserve_Key`` without
+``Reserve_Data``, a ``$`` ``Key_Name``), or an option is not modelled, the
+configuration is refused (:class:`ConfigError`), never read one way. What it
+cannot show (option values the C plugins reject, memory limits, timing) is why
 docs/logs.md asks for ``fluent-bit --dry-run`` in the real image.
 """
 
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import calendar
 import contextlib
-import fnmatch
 import json
 import re
 from collections import deque
@@ -206,17 +208,15 @@ def onigmo_to_python(pattern: str) -> str:
 
 
 def compile_onigmo(pattern: str) -> regex.Pattern[str]:
-    """Compile a Fluent Bit regex value, accepting the ``/.../imx`` form of flb_regex."""
+    """Compile a Fluent Bit regex value. flb_regex.c str_to_regex strips the slashes of ``/.../`` on both
+    versions; ``/.../imx`` options exist on 4.1 only (check_option), 1.9.10 reads them as literal text,
+    so a pattern with options is refused."""
     flags = regex.MULTILINE | regex.ASCII
-    m = re.fullmatch(r"/(.*)/([imx]*)", pattern, flags=re.S)
-    if m:
-        pattern = m.group(1)
-        if "i" in m.group(2):
-            flags |= regex.IGNORECASE
-        if "m" in m.group(2):  # Ruby's m is "dot matches newline"
-            flags |= regex.DOTALL
-        if "x" in m.group(2):
-            flags |= regex.VERBOSE
+    options = re.fullmatch(r"/(.*)/([mixo]+)", pattern, flags=re.S)
+    if options and set(options.group(2)) & set("mix"):
+        raise OnigmoError(f"{pattern!r}: /.../{options.group(2)} options exist on Fluent Bit 4.1, not on 1.9.10")
+    if len(pattern) >= 2 and pattern.startswith("/") and pattern.endswith("/"):
+        pattern = pattern[1:-1]
     try:
         return regex.compile(onigmo_to_python(pattern), flags)
     except regex.error as exc:
@@ -390,6 +390,7 @@ class Parser:
     time_format: str | None
     time_keep: bool
     decoders: list[tuple[str, str]]  # (kind, field)
+    skip_empty: bool = True
 
 
 @dataclass
@@ -422,10 +423,15 @@ def load_parsers(path: Path) -> tuple[dict[str, Parser], dict[str, MLParser]]:
                 raise ConfigError(f"{s.where()}: unknown keys {sorted(unknown)}")
             if (s.get("Format") or "").lower() != "regex" or not s.get("Regex"):
                 raise ConfigError(f"{s.where()}: only Format regex with a Regex is used here")
+            if unmodelled := keys & {"decode_field", "types", "time_offset"}:
+                raise ConfigError(f"{s.where()}: {sorted(unmodelled)} not modelled by this simulator")
             decoders = []
             for d in s.all("Decode_Field_As"):
                 kind, _, fld = d.partition(" ")
-                if kind not in ("escaped", "escaped_utf8", "json"):
+                if kind in ("escaped_utf8", "json"):
+                    # escaped_utf8 decodes short \u sequences and surrogates differently on 1.9.10 and 4.1
+                    raise ConfigError(f"{s.where()}: decoder {kind} not modelled by this simulator")
+                if kind != "escaped":
                     raise ConfigError(f"{s.where()}: unknown decoder {kind}")
                 decoders.append((kind, fld.strip()))
             name = s.get("Name") or ""
@@ -434,13 +440,14 @@ def load_parsers(path: Path) -> tuple[dict[str, Parser], dict[str, MLParser]]:
             parsers[name] = Parser(
                 name,
                 compile_onigmo(s.get("Regex") or ""),
-                s.get("Time_Key"),
+                s.get("Time_Key") or ("time" if s.get("Time_Format") else None),  # flb_parser_regex.c cb_results
                 s.get("Time_Format"),
                 _bool(s.get("Time_Keep")),
                 decoders,
+                _bool(s.get("Skip_Empty_Values"), default=True),  # flb_parser.c: skip_empty = FLB_TRUE
             )
-            if parsers[name].time_key and parsers[name].time_key not in parsers[name].regex.groupindex:
-                raise ConfigError(f"{s.where()}: Time_Key {parsers[name].time_key} is not a capture")
+            if s.get("Time_Key") and s.get("Time_Key") not in parsers[name].regex.groupindex:
+                raise ConfigError(f"{s.where()}: Time_Key {s.get('Time_Key')} is not a capture")
         elif s.kind == "MULTILINE_PARSER":
             if unknown := keys - MULTILINE_KEYS:
                 raise ConfigError(f"{s.where()}: unknown keys {sorted(unknown)}")
@@ -490,51 +497,55 @@ class Event:
     tag: str
 
 
+def wildcard_matches(pattern: str, tag: str) -> bool:
+    """flb_router.c router_match: ``*`` is the only wildcard (any run of characters, dots included);
+    every other character, ``?`` and ``[`` too, stands for itself; case-sensitive; the whole tag."""
+    return re.fullmatch(".*".join(re.escape(part) for part in pattern.split("*")), tag, re.S) is not None
+
+
 def tag_matches(section: Section, tag: str) -> bool:
+    """flb_router.c router_match: Match_Regex is tried with onig_match at the start of the tag (anchored
+    there, not searched) and counts only when it matches at least one character; when it does not, Match
+    (if also given) is tried as a wildcard."""
     if section.get("Match_Regex"):
-        return compile_onigmo(section.get("Match_Regex") or "").search(tag) is not None
-    return fnmatch.fnmatchcase(tag, section.get("Match") or "")
+        m = compile_onigmo(section.get("Match_Regex") or "").match(tag)
+        if m is not None and m.end() > 0:
+            return True
+    match = section.get("Match")
+    return match is not None and wildcard_matches(match, tag)
 
 
-def unescape(text: str, utf8: bool) -> str:
-    """flb_unescape_string: backslash escapes of a quoted message (``\\uXXXX`` for escaped_utf8)."""
-    simple = {
-        "n": "\n",
-        "t": "\t",
-        "r": "\r",
-        "b": "\b",
-        "f": "\f",
-        "a": "\a",
-        "v": "\v",
-        '"': '"',
-        "\\": "\\",
-        "/": "/",
-    }
+def unescape(text: str) -> str:
+    """flb_unescape.c flb_unescape_string (Decode_Field_As escaped), the same on 1.9.10 and 4.1: \\n \\a
+    \\b \\t \\v \\f \\r \\\\ are decoded; before any other character the backslash is dropped and the
+    character kept (\\" is ", \\u00e9 is u00e9). A final lone backslash makes it read past the value."""
+    simple = {"n": "\n", "a": "\a", "b": "\b", "t": "\t", "v": "\v", "f": "\f", "r": "\r", "\\": "\\"}
     out, i = [], 0
     while i < len(text):
         c = text[i]
-        if c == "\\" and i + 1 < len(text):
-            e = text[i + 1]
-            if e in simple:
-                out.append(simple[e])
-                i += 2
-                continue
-            if utf8 and e == "u" and re.fullmatch(r"[0-9A-Fa-f]{4}", text[i + 2 : i + 6]):
-                out.append(chr(int(text[i + 2 : i + 6], 16)))
-                i += 6
-                continue
+        if c == "\\":
+            if i + 1 >= len(text):
+                raise ConfigError(f"escaped decoder: {text!r} ends with a lone backslash (undefined in Fluent Bit)")
+            out.append(simple.get(text[i + 1], text[i + 1]))
+            i += 2
+            continue
         out.append(c)
         i += 1
     return "".join(out)
 
 
-def parse_time(value: str, fmt: str, now: datetime) -> float:
-    """Fluent Bit time parsing; formats without a year get the current one (all times UTC)."""
+def parse_time(value: str, fmt: str, now: datetime) -> float | None:
+    """Fluent Bit time parsing; formats without a year get the current one; UTC unless the format has %z.
+    None when the value does not fit the format (flb_parser_time_lookup fails)."""
     py = fmt.replace("%L", "%f")
     text = value
     if "%Y" not in fmt and "%y" not in fmt:
         py, text = "%Y " + py, f"{now.year} {value}"
-    dt = datetime.strptime(text, py).replace(tzinfo=UTC)
+    try:
+        dt = datetime.strptime(text, py)
+    except ValueError:
+        return None
+    dt = dt.astimezone(UTC) if dt.tzinfo else dt.replace(tzinfo=UTC)
     return calendar.timegm(dt.timetuple()) + dt.microsecond / 1e6
 
 
@@ -590,10 +601,33 @@ class Pipeline:
                 for p in s.all("Parser"):
                     if p not in self.parsers:
                         raise ConfigError(f"{s.where()}: parser {p} is not defined")
+                if _bool(s.get("Preserve_Key")) and not _bool(s.get("Reserve_Data")):
+                    # filter_parser.c: 1.9.10 drops Key_Name anyway without Reserve_Data, 4.1 keeps it.
+                    raise ConfigError(f"{s.where()}: Preserve_Key without Reserve_Data differs on 1.9.10 and 4.1")
+                if (s.get("Key_Name") or "").startswith("$"):
+                    raise ConfigError(f"{s.where()}: a $record_accessor Key_Name is 4.1 only (1.9.10: a literal key)")
+                if _bool(s.get("Unescape_Key")):
+                    raise ConfigError(f"{s.where()}: Unescape_Key not modelled by this simulator")
+            if s.name == "modify":
+                for k, v in s.entries:
+                    if k.lower() in ("hard_rename", "copy", "hard_copy", "remove_wildcard", "remove_regex"):
+                        raise ConfigError(f"{s.where()}: {k} not modelled by this simulator")
+                    if k.lower() == "condition" and v.split()[0].lower() not in (
+                        "key_value_equals",
+                        "key_exists",
+                        "key_does_not_exist",
+                    ):
+                        raise ConfigError(f"{s.where()}: condition {v.split()[0]} not modelled by this simulator")
             if s.name == "multiline":
                 mode = (s.get("mode") or "parser").lower()
                 if mode == "partial_message" and s.get("multiline.parser"):
                     raise ConfigError(f"{s.where()}: partial_message mode excludes multiline.parser")
+                if s.get("buffer") is not None and not _bool(s.get("buffer")):
+                    raise ConfigError(f"{s.where()}: buffer off (no emitter) not modelled by this simulator")
+                names = [n.strip() for n in (s.get("multiline.parser") or "").split(",") if n.strip()]
+                if mode != "partial_message" and len(names) != 1:
+                    # ml.c: none is an error; several are tried in turn, which is not modelled here
+                    raise ConfigError(f"{s.where()}: needs exactly one multiline.parser here, got {names}")
                 for p in (s.get("multiline.parser") or "").split(","):
                     if p.strip() and p.strip() not in self.ml_parsers:
                         raise ConfigError(f"{s.where()}: multiline parser {p.strip()} is not defined")
@@ -609,6 +643,10 @@ class Pipeline:
                     raise ConfigError(f"{s.where()}: log_retention_days {days} is not a CloudWatch value")
                 if not LOG_GROUP_RE.fullmatch(s.get("log_group_name") or ""):
                     raise ConfigError(f"{s.where()}: log_group_name {s.get('log_group_name')!r} is invalid")
+                # cloudwatch_logs.c cb_cloudwatch_init, both versions: exactly one of the two, even when a
+                # log_stream_template names every stream (the name or prefix is its fallback).
+                if (s.get("log_stream_name") is None) == (s.get("log_stream_prefix") is None):
+                    raise ConfigError(f"{s.where()}: Either 'log_stream_name' or 'log_stream_prefix' is required")
         multiline_matches = [s for s in self.filters if s.name == "multiline"]
         if multiline_matches and self.filters[0] is not multiline_matches[0]:
             raise ConfigError("the first multiline filter must be the first filter (it re-emits to the head)")
@@ -709,21 +747,33 @@ class Pipeline:
             m = p.regex.search(value)
             if m is None:
                 continue
-            parsed = {k: v for k, v in m.groupdict().items() if v is not None}
-            for kind, fld in p.decoders:
-                if fld in parsed and kind.startswith("escaped"):
-                    parsed[fld] = unescape(parsed[fld], kind == "escaped_utf8")
-            if p.time_key and p.time_key in parsed:
-                rec.time = parse_time(parsed[p.time_key], p.time_format or "", self.now)
-                if not p.time_keep:
-                    del parsed[p.time_key]
-            body: dict = {}
+            # flb_parser_regex.c cb_results, per named group in order: an empty (or unset) capture is skipped
+            # unless Skip_Empty_Values is off; with a Time_Format, the time key sets the record's time and
+            # leaves unless Time_Keep, and a value that does not fit the format is dropped, time unchanged.
+            parsed: dict = {}
+            for k, v in m.groupdict().items():
+                v = v or ""
+                if not v and p.skip_empty:
+                    continue
+                if p.time_format and k == p.time_key:
+                    t = parse_time(v, p.time_format, self.now)
+                    if t is None:
+                        continue
+                    rec.time = t
+                    if not p.time_keep:
+                        continue
+                parsed[k] = v
+            for _kind, fld in p.decoders:
+                if fld in parsed:
+                    parsed[fld] = unescape(parsed[fld])
+            # filter_parser.c: the parsed keys, then (Reserve_Data) the record's others, Key_Name among them
+            # only with Preserve_Key (flb_msgpack_expand_map). A key in both would be written twice.
+            kept = {k: v for k, v in rec.body.items() if k != key or _bool(f.get("Preserve_Key"))}
             if _bool(f.get("Reserve_Data")):
-                body.update({k: v for k, v in rec.body.items() if k != key or _bool(f.get("Preserve_Key"))})
-            elif _bool(f.get("Preserve_Key")):
-                body[key] = value
-            body.update(parsed)
-            rec.body = body
+                if clash := sorted(set(parsed) & set(kept)):
+                    raise ConfigError(f"{f.where()}: parsed {clash} also in the record: Fluent Bit writes both")
+                parsed.update(kept)
+            rec.body = parsed
             return
 
     def _multiline(self, idx: int, f: Section, rec: Record) -> list[Record]:
@@ -801,13 +851,12 @@ class Pipeline:
             if o.get("log_group_template"):
                 with contextlib.suppress(TemplateMissing):
                     group = translate(o.get("log_group_template") or "", rec.tag, rec.body)
+            # cloudwatch_api.c get_log_stream: a template first; else (or when it fails) log_stream_name, else
+            # log_stream_prefix + tag.
+            stream = o.get("log_stream_name") or (o.get("log_stream_prefix") or "") + rec.tag
             if o.get("log_stream_template"):
-                try:
+                with contextlib.suppress(TemplateMissing):
                     stream = translate(o.get("log_stream_template") or "", rec.tag, rec.body)
-                except TemplateMissing:
-                    stream = (o.get("log_stream_prefix") or "") + rec.tag
-            else:
-                stream = o.get("log_stream_name") or (o.get("log_stream_prefix") or "") + rec.tag
             if o.get("log_key"):
                 if o.get("log_key") not in rec.body:
                     continue  # cloudwatch_logs skips records without the key

@@ -8,14 +8,19 @@ defaults, validation), locals, data sources (their arguments, and ``count``, wit
 given stub), resources with ``count`` / ``for_each`` / ``dynamic`` blocks, outputs and local ``module`` calls are
 evaluated with Terraform's rules for the subset of the language the module uses.
 
-Anything outside that subset (a function, a directive, a heredoc, a provider function) is a
-:class:`TfError`, never a guess: a module that used it would fail here, not pass. A
-resource attribute the configuration does not set (``arn``, ``id``) is the placeholder
+Anything outside that subset (a function, a directive, a heredoc, a provider function) is
+:class:`Unsupported`, never a guess: a module that used it would fail here, not pass, and try()/can()
+do not turn it into a fallback or ``false``. As in Terraform, every reference is checked when the
+module is loaded (:class:`InvalidConfig`, also beyond try()/can()), so a typo in an unused branch fails
+too. A resource attribute the configuration does not set (``arn``, ``id``) is the placeholder
 ``<type.name[key].attr>``, as ``(known after apply)`` in a plan.
 
 Not modelled (so ``terraform validate`` is still worth running): provider schemas (argument
 names and types of each resource), the type unification of a conditional's two branches,
-and sets other than ``toset()`` of strings.
+and sets other than ``toset()`` of strings. Unknown values do not propagate: an operator on one
+is refused, but a template or jsonencode() writes its placeholder where Terraform's whole result
+would be unknown. ``path.module`` is absolute (Terraform's is relative to the working directory),
+and a relative ``file()`` path is read from the process's working directory.
 """
 
 from __future__ import annotations
@@ -23,15 +28,18 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import inspect
 import json
 import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import hcl2
+import regex
 from lark import Token, Tree
 
 
@@ -41,6 +49,17 @@ class TfError(Exception):
 
 class ValidationFailed(TfError):
     """A variable's value failed its type or a validation block (Terraform refuses to plan)."""
+
+
+class InvalidConfig(TfError):
+    """Invalid whatever the input values (a reference to something not declared, a reference where none is
+    allowed): Terraform reports it when it loads the configuration, before any evaluation, so try() and can()
+    never catch it (the try docs: ``try(local.nonexist, "fallback")`` is an error)."""
+
+
+class Unsupported(TfError):
+    """Something this evaluator does not implement. try() and can() never catch it: a module that used it
+    inside them would otherwise read as 'the expression failed' (false, the fallback) instead of failing here."""
 
 
 META = {"count", "for_each", "depends_on", "lifecycle", "provider", "provisioner", "connection"}
@@ -149,7 +168,7 @@ def parse_json(obj: dict[str, Any], source: str) -> Body:
             out.blocks.append(Block("locals", [], _json_body(value, source), source))
             continue
         if btype not in labels:
-            raise TfError(f"{source}: this evaluator does not read JSON {btype!r} blocks")
+            raise Unsupported(f"{source}: this evaluator does not read JSON {btype!r} blocks")
 
         def walk(v: Any, got: list[str], btype: str = btype) -> None:
             if len(got) == labels[btype]:
@@ -221,9 +240,9 @@ def tf_str(value: Any) -> str:
     if isinstance(value, int | float):
         if isinstance(value, float) and not math.isfinite(value):
             raise TfError("non-finite number")
-        if float(value).is_integer():
-            return str(int(value))
-        return repr(float(value))
+        if isinstance(value, int):
+            return str(value)
+        return format(Decimal(repr(value)).normalize(), "f")  # as big.Float's Text('f', -1): no exponent
     if isinstance(value, str):
         return value
     if isinstance(value, Unknown):
@@ -234,20 +253,21 @@ def tf_str(value: Any) -> str:
 
 
 def go_json(value: Any) -> str:
-    """jsonencode: compact, object keys sorted (cty objects are), <>& escaped as Go does."""
+    """jsonencode: compact, object keys sorted (cty objects are), numbers as cty writes them (no exponent),
+    <>& and U+2028/9 escaped as Go does."""
 
-    def prep(v: Any) -> Any:
-        if isinstance(v, Unknown):
-            return str(v)
+    def enc(v: Any) -> str:
         if isinstance(v, dict):
-            return {k: prep(v[k]) for k in sorted(v)}
+            return "{" + ",".join(f"{enc(str(k))}:{enc(v[k])}" for k in sorted(v)) + "}"
         if isinstance(v, list):
-            return [prep(i) for i in v]
-        if isinstance(v, float) and v.is_integer():
-            return int(v)
-        return v
+            return "[" + ",".join(enc(i) for i in v) + "]"
+        if isinstance(v, bool) or v is None:
+            return json.dumps(v)
+        if isinstance(v, int | float):
+            return tf_str(v)
+        return json.dumps(str(v), ensure_ascii=False)  # a string, or an Unknown's placeholder
 
-    text = json.dumps(prep(value), separators=(",", ":"), ensure_ascii=False)
+    text = enc(value)
     for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         text = text.replace(ch, esc)
     return text
@@ -289,7 +309,7 @@ def template_parts(text: str) -> Iterator[str | Tree]:
             lit.append(text[i + 1 : i + 3])
             i += 3
         elif text.startswith("%{", i):
-            raise TfError("template directives (%{...}) are not supported by this evaluator")
+            raise Unsupported("template directives (%{...}) are not supported by this evaluator")
         elif text.startswith("${", i):
             end = _closing_brace(text, i + 2)
             if lit:
@@ -324,6 +344,80 @@ def _closing_brace(text: str, start: int) -> int:
             depth -= 1
         i += 1
     raise TfError("unclosed ${ in a template")
+
+
+def _traversal(node: Tree) -> tuple[str, tuple[str, ...]] | None:
+    """``a.b.c`` as ("a", ("b", "c")); None for anything that is not a plain attribute chain on a name."""
+    names: list[str] = []
+    while True:
+        if node.data == "expr_term":
+            kids = _trees(node)
+            if len(kids) != 1:
+                return None
+            node = kids[0]
+        elif node.data == "identifier":
+            return _name(node), tuple(names)
+        elif node.data == "get_attr_expr_term":
+            base, attr = _trees(node)
+            names.insert(0, _name(_trees(attr)[0]))
+            node = base
+        else:
+            return None
+
+
+def _calls(node: Any) -> bool:
+    if isinstance(node, Template):
+        return any(isinstance(p, Tree) and _calls(p) for p in template_parts(node.text))
+    if isinstance(node, list | dict):
+        return any(_calls(i) for i in (node.values() if isinstance(node, dict) else node))
+    return isinstance(node, Tree) and (node.data == "function_call" or any(_calls(c) for c in _trees(node)))
+
+
+def references(node: Any, bound: frozenset[str] = frozenset()) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """The traversals an expression refers to, as (root name, attribute names after it), leaving out the
+    names its own ``for`` expressions bind: what HCL's ``Expression.Variables()`` gives Terraform."""
+    if isinstance(node, Template):
+        for part in template_parts(node.text):
+            if isinstance(part, Tree):
+                yield from references(part, bound)
+        return
+    if isinstance(node, list):
+        for item in node:
+            yield from references(item, bound)
+        return
+    if isinstance(node, dict):
+        for item in node.values():
+            yield from references(item, bound)
+        return
+    if not isinstance(node, Tree):
+        return
+    if node.data in ("expr_term", "get_attr_expr_term"):
+        chain = _traversal(node)
+        if chain is not None:
+            if chain[0] not in bound:
+                yield chain
+            return
+    if node.data in ("get_attr", "keyword", "identifier"):
+        return  # an attribute name, or a name that is not an expression here
+    if node.data == "function_call":
+        kids = _trees(node)[1:]  # the first is the function's name
+    elif node.data == "object_elem_key":
+        (key,) = _trees(node)
+        if key.data == "expr_term" and [getattr(c, "data", c) for c in _children(key)] == ["identifier"]:
+            return  # a bare name is the key itself, not a reference; (name) would be one
+        kids = [key]
+    elif node.data in ("for_tuple_expr", "for_object_expr"):
+        intro = next(c for c in _trees(node) if c.data == "for_intro")
+        names = frozenset(_name(c) for c in _trees(intro) if c.data == "identifier")
+        yield from references(next(c for c in _trees(intro) if c.data != "identifier"), bound)
+        for c in _trees(node):
+            if c is not intro:
+                yield from references(c, bound | names)
+        return
+    else:
+        kids = _trees(node)
+    for c in kids:
+        yield from references(c, bound)
 
 
 # --- the module ----------------------------------------------------------------------------
@@ -383,6 +477,8 @@ class Module:
         self._data: dict[tuple[str, str], Any] = {}
         self._modules: dict[str, Module] = {}
         self._busy: set[str] = set()
+        self._in_template = False
+        self._check_references()
         for name in self.variables:
             self.var(name)
 
@@ -395,6 +491,97 @@ class Module:
                     raise TfError(f"{btype} {key} declared twice ({out[key].source}, {b.source})")
                 out[key] = b
         return out
+
+    # --- references, checked before anything is evaluated --------------------------------
+
+    def _check_references(self) -> None:
+        """Every reference names something declared, wherever it stands: Terraform checks this when it
+        loads the configuration, so an unused branch or a try()/can() argument does not hide a typo."""
+        for name, expr in self.local_exprs.items():
+            self._check_refs(expr, f"local.{name}")
+        for name, b in self.outputs_decl.items():
+            self._check_refs(b.body.attrs.get("value"), f"output {name}")
+        for name, b in self.modules_decl.items():
+            for expr in b.body.attrs.values():
+                self._check_refs(expr, f"module {name}")
+        for (rtype, name), b in [*self.resources_decl.items(), *self.data_decl.items()]:
+            where = f"data.{rtype}.{name}" if b.type == "data" else f"{rtype}.{name}"
+            iterators = {"count"} if "count" in b.body.attrs else {"each"} if "for_each" in b.body.attrs else set()
+            for meta in ("count", "for_each", "depends_on"):
+                self._check_refs(b.body.attrs.get(meta), where)
+            self._check_body_refs(b.body, where, iterators, frozenset())
+        for name, b in self.variables.items():
+            if "default" in b.body.attrs:
+                # Decoded without an evaluation context: "Variables not allowed", "Functions may not be called here".
+                default = b.body.attrs["default"]
+                if next(references(default), None) is not None or _calls(default):
+                    raise InvalidConfig(f"var.{name}: a default must be a literal value (no references, no calls)")
+            for v in (v for v in b.body.blocks if v.type == "validation"):
+                self._check_validation_refs(name, v.body.attrs.get("condition"))
+
+    def _check_body_refs(self, body: Body, where: str, iterators: set[str], bound: frozenset[str]) -> None:
+        for key, expr in body.attrs.items():
+            if key not in META:
+                self._check_refs(expr, where, iterators, bound)
+        for block in body.blocks:
+            if block.type in META:
+                continue
+            if block.type == "dynamic":
+                (label,) = block.labels
+                self._check_refs(block.body.attrs.get("for_each"), where, iterators, bound)
+                it = _name(_trees(block.body.attrs["iterator"])[0]) if "iterator" in block.body.attrs else label
+                for content in (b for b in block.body.blocks if b.type == "content"):
+                    self._check_body_refs(content.body, where, iterators, bound | {it})
+            else:
+                self._check_body_refs(block.body, where, iterators, bound)
+
+    def _check_refs(
+        self, expr: Any, where: str, allowed: set[str] | None = None, bound: frozenset[str] = frozenset()
+    ) -> None:
+        """``allowed``: the iterator roots (count, each) valid here; None for an expression outside a resource."""
+        for root, names in references(expr, bound):
+            self._check_ref(root, names, where, allowed or set())
+
+    def _check_ref(self, root: str, names: tuple[str, ...], where: str, iterators: set[str]) -> None:
+        first = names[0] if names else None
+        if root == "var":
+            if first not in self.variables:
+                raise InvalidConfig(f"{where}: var.{first} is not declared")
+        elif root == "local":
+            if first not in self.local_exprs:
+                raise InvalidConfig(f"{where}: local.{first} is not declared")
+        elif root == "data":
+            if tuple(names[:2]) not in self.data_decl:
+                raise InvalidConfig(f"{where}: data.{'.'.join(names[:2])} is not declared")
+        elif root == "module":
+            if first not in self.modules_decl:
+                raise InvalidConfig(f"{where}: module.{first} is not declared")
+        elif root in ("count", "each"):
+            if root not in iterators:
+                raise InvalidConfig(f"{where}: {root}.{first} outside a resource with {root}")
+            if first not in ({"index"} if root == "count" else {"key", "value"}):
+                raise InvalidConfig(f"{where}: {root}.{first} does not exist")
+        elif root in ("path", "terraform", "self"):
+            pass  # evaluated (or refused) where used
+        elif root in {t for t, _ in self.resources_decl}:
+            if (root, first) not in self.resources_decl:
+                raise InvalidConfig(f"{where}: {root}.{first} is not declared")
+        else:
+            raise InvalidConfig(f"{where}: unknown name {root}" + (f".{first}" if first else ""))
+
+    def _check_validation_refs(self, name: str, condition: Any) -> None:
+        """Before Terraform 1.9 a validation condition may refer to its own variable only, and must refer to
+        it (internal/configs/named_values.go: "Invalid reference in variable validation", "Invalid variable
+        validation condition"); the module allows Terraform 1.5, so that is the rule."""
+        refs = list(references(condition))
+        for root, names in refs:
+            if (root, names[:1]) != ("var", (name,)):
+                raise InvalidConfig(
+                    f"var.{name}: the condition for variable {name!r} can only refer to the variable itself, "
+                    f"using var.{name} (it refers to {'.'.join((root, *names))})"
+                )
+        if not refs:
+            raise InvalidConfig(f"var.{name}: the condition for variable {name!r} must refer to var.{name}")
 
     # --- names ---------------------------------------------------------------------------
 
@@ -410,7 +597,7 @@ class Module:
     def var(self, name: str) -> Any:
         if name not in self._vars:
             if name not in self.variables:
-                raise TfError(f"var.{name} is not declared")
+                raise InvalidConfig(f"var.{name} is not declared")
             self._vars[name] = self._variable(name, self.variables[name])
         return self._vars[name]
 
@@ -444,14 +631,14 @@ class Module:
     def local(self, name: str) -> Any:
         if name not in self._locals:
             if name not in self.local_exprs:
-                raise TfError(f"local.{name} is not declared")
+                raise InvalidConfig(f"local.{name} is not declared")
             self._locals[name] = self._guard(f"local.{name}", lambda: self.eval(self.local_exprs[name], Scope()))
         return self._locals[name]
 
     def data(self, dtype: str, name: str) -> Any:
         """A data source's attributes: its arguments and the stub's (one object, or a list of them with count)."""
         if (dtype, name) not in self.data_decl:
-            raise TfError(f"data.{dtype}.{name} is not declared")
+            raise InvalidConfig(f"data.{dtype}.{name} is not declared")
         if dtype not in self.data_attrs:
             raise TfError(f"no stub for data source {dtype}")
         key = (dtype, name)
@@ -464,7 +651,7 @@ class Module:
         stub = self.data_attrs[dtype]
         where = f"data.{dtype}.{name}"
         if "for_each" in block.body.attrs:
-            raise TfError(f"{where}: for_each on a data source is not supported by this evaluator")
+            raise Unsupported(f"{where}: for_each on a data source is not supported by this evaluator")
 
         def read(iterators: dict[str, Any]) -> dict[str, Any]:
             config = self.evaluate_body(block.body, iterators, where)
@@ -481,7 +668,7 @@ class Module:
         key = (rtype, name)
         if key not in self._resources:
             if key not in self.resources_decl:
-                raise TfError(f"{rtype}.{name} is not declared")
+                raise InvalidConfig(f"{rtype}.{name} is not declared")
             self._resources[key] = self._guard(f"{rtype}.{name}", lambda: self._instances(rtype, name))
         return self._resources[key]
 
@@ -509,11 +696,15 @@ class Module:
 
     def module(self, name: str) -> Module:
         if name not in self._modules:
+            if name not in self.modules_decl:
+                raise InvalidConfig(f"module.{name} is not declared")
             block = self.modules_decl[name]
+            if "source" not in block.body.attrs:
+                raise TfError(f"module {name}: no source")
             args = {k: self.eval(v, Scope()) for k, v in block.body.attrs.items() if k not in ("source", "version")}
             source = self.eval(block.body.attrs["source"], Scope())
             if not isinstance(source, str) or not source.startswith(("./", "../")):
-                raise TfError(f"module {name}: only local sources, got {source!r}")
+                raise Unsupported(f"module {name}: only local sources, got {source!r}")
             self._modules[name] = Module(self.dir / source, args, self.data_attrs)
         return self._modules[name]
 
@@ -547,12 +738,24 @@ class Module:
                 continue
             if block.type == "dynamic":
                 (label,) = block.labels
+                if label in META:
+                    raise InvalidConfig(f"{where}: a dynamic block cannot generate {label} blocks")
+                if "labels" in block.body.attrs:
+                    raise Unsupported(f"{where}: dynamic block labels are not implemented by this evaluator")
                 items = self.eval(block.body.attrs["for_each"], scope)
                 iterator = label
                 if "iterator" in block.body.attrs:
                     iterator = _name(_trees(block.body.attrs["iterator"])[0])
                 (content,) = [b for b in block.body.blocks if b.type == "content"]
-                pairs = list(enumerate(items)) if isinstance(items, list | SetValue) else sorted(items.items())
+                # dynamic blocks docs: key is the map key or list index; for a set, key is the value itself.
+                if isinstance(items, SetValue):
+                    pairs = [(v, v) for v in items]
+                elif isinstance(items, list):
+                    pairs = list(enumerate(items))
+                elif isinstance(items, dict):
+                    pairs = sorted(items.items())
+                else:
+                    raise TfError(f"{where}: dynamic {label}: for_each over {type(items).__name__}")
                 for k, v in pairs:
                     inner = dict(iterators) | {iterator: {"key": k, "value": v}}
                     out.setdefault(label, []).append(self.evaluate_body(content.body, inner, where))
@@ -575,7 +778,7 @@ class Module:
             raise TfError(f"unexpected token {node!r}")
         handler = getattr(self, f"_e_{node.data}", None)
         if handler is None:
-            raise TfError(f"this evaluator does not implement {node.data}")
+            raise Unsupported(f"this evaluator does not implement {node.data}")
         return handler(node, scope)
 
     def template(self, text: str, scope: Scope, keep_single: bool) -> Any:
@@ -606,13 +809,13 @@ class Module:
             elif child.data == "interpolation":
                 parts.append(_trees(child)[0])
             else:
-                raise TfError(f"template directive {child.data} not supported")
+                raise Unsupported(f"template directive {child.data} not supported")
         if len(parts) == 1 and isinstance(parts[0], Tree):
             return self.eval(parts[0], scope)
         return "".join(p if isinstance(p, str) else tf_str(self.eval(p, scope)) for p in parts)
 
     def _e_heredoc_template(self, node: Tree, scope: Scope) -> Any:
-        raise TfError("heredocs are not supported by this evaluator")
+        raise Unsupported("heredocs are not supported by this evaluator")
 
     def _e_tuple(self, node: Tree, scope: Scope) -> Any:
         return [self.eval(e, scope) for e in _trees(node)]
@@ -628,8 +831,7 @@ class Module:
                 key = _name(k)
             else:
                 key = self.eval(k, scope)
-            if not isinstance(key, str):
-                raise TfError(f"object key {key!r} is not a string")
+            key = _object_key(key)
             if key in out:
                 raise TfError(f"duplicate object key {key}")
             out[key] = self.eval(value, scope)
@@ -643,7 +845,7 @@ class Module:
             raise TfError(f"the templatefile() vars map does not contain key {name!r}")
         if name in ROOTS or name in {t for t, _ in self.resources_decl}:
             return RootName(name)
-        raise TfError(f"unknown name {name}")
+        raise InvalidConfig(f"unknown name {name}")
 
     def _e_get_attr_expr_term(self, node: Tree, scope: Scope) -> Any:
         base_node, attr = _trees(node)
@@ -671,15 +873,15 @@ class Module:
         if r == "path":
             if name == "module":
                 return str(self.dir)
-            raise TfError(f"path.{name} is not supported")
+            raise Unsupported(f"path.{name} is not supported")
         if r == "module":
             return self.module(name).outputs()
         if r in ("data",):
             return RootPath(("data", name))
         if r in ("each", "count"):
-            raise TfError(f"{r}.{name} outside a resource with {r}")
+            raise InvalidConfig(f"{r}.{name} outside a resource with {r}")
         if r in ROOTS:
-            raise TfError(f"{r}.{name} is not supported")
+            raise Unsupported(f"{r}.{name} is not supported")
         return self.resource(r, name)
 
     def _path_attr(self, path: RootPath, name: str) -> Any:
@@ -694,6 +896,8 @@ class Module:
         return self.index(base, key)
 
     def index(self, base: Any, key: Any) -> Any:
+        if isinstance(base, SetValue):
+            raise TfError("elements of a set cannot be accessed by index (one docs: use one(), or a for expression)")
         if isinstance(base, list):
             if not isinstance(key, int | float) or isinstance(key, bool) or int(key) != key:
                 raise TfError(f"list index {key!r}")
@@ -722,42 +926,38 @@ class Module:
             out.append(item)
         return out
 
+    # Operands convert to the operation's type as hclsyntax does (convert.Convert: "5" is a number, "true" a
+    # bool); a value known only after apply would make the result unknown, which this evaluator does not carry.
+
     def _e_conditional(self, node: Tree, scope: Scope) -> Any:
         cond, yes, no = _trees(node)
-        c = self.eval(cond, scope)
-        if not isinstance(c, bool):
-            raise TfError(f"condition is {c!r}, not a bool")
+        c = _to_bool(self.eval(cond, scope), "condition")
         return self.eval(yes if c else no, scope)
 
     def _e_unary_op(self, node: Tree, scope: Scope) -> Any:
         op, operand = node.children
         v = self.eval(operand, scope)
         if str(op) == "!":
-            if not isinstance(v, bool):
-                raise TfError("! needs a bool")
-            return not v
-        if not isinstance(v, int | float) or isinstance(v, bool):
-            raise TfError("- needs a number")
-        return -v
+            return not _to_bool(v, "!")
+        return -_to_number(v, "-")
 
     def _e_binary_op(self, node: Tree, scope: Scope) -> Any:
         left, term = _trees(node)
         op_node, right = _trees(term)
         op = str(op_node.children[0])
         a = self.eval(left, scope)
+        b = self.eval(right, scope)  # Terraform 1.5 evaluates both sides of && and || too
         if op in ("&&", "||"):
-            b = self.eval(right, scope)  # Terraform evaluates both sides
-            if not isinstance(a, bool) or not isinstance(b, bool):
-                raise TfError(f"{op} needs bools")
+            a, b = _to_bool(a, op), _to_bool(b, op)
             return (a and b) if op == "&&" else (a or b)
-        b = self.eval(right, scope)
         if op in ("==", "!="):
+            if isinstance(a, Unknown) or isinstance(b, Unknown):
+                raise Unsupported(f"{op} with a value known only after apply: the result would be unknown")
             same = type(a) is type(b) and a == b if not _both_numbers(a, b) else a == b
             return same if op == "==" else not same
-        if not _both_numbers(a, b):
-            raise TfError(f"{op} needs numbers, got {a!r} and {b!r}")
+        a, b = _to_number(a, op), _to_number(b, op)
         if op in ("/", "%") and b == 0:
-            raise TfError("division by zero")
+            raise Unsupported("division by zero (Terraform gives an infinity, or an error for 0/0): not modelled")
         return _ARITHMETIC[op](a, b)
 
     def _for(self, node: Tree, scope: Scope) -> Iterator[Scope]:
@@ -794,12 +994,10 @@ class Module:
     def _e_for_object_expr(self, node: Tree, scope: Scope) -> Any:
         key, value = [c for c in _trees(node) if c.data not in ("for_intro", "for_cond")]
         if any(isinstance(c, Token) and c.type == "ELLIPSIS" for c in node.children):
-            raise TfError("grouping (...) for expressions are not supported")
+            raise Unsupported("grouping (...) for expressions are not supported")
         out: dict[str, Any] = {}
         for s in self._for(node, scope):
-            k = self.eval(key, s)
-            if not isinstance(k, str):
-                raise TfError(f"for key {k!r} is not a string")
+            k = _object_key(self.eval(key, s))
             if k in out:
                 raise TfError(f"duplicate key {k!r} in a for expression")
             out[k] = self.eval(value, s)
@@ -809,19 +1007,23 @@ class Module:
         parts = _children(node)
         name = _name(parts[0])
         if any(isinstance(p, Token) and p.type == "COLONS" for p in parts):
-            raise TfError("provider functions are not supported")
+            raise Unsupported("provider functions are not supported")
         args_node = next((p for p in parts if isinstance(p, Tree) and p.data == "arguments"), None)
         arg_nodes = _trees(args_node) if args_node is not None else []
         if args_node is not None and any(isinstance(c, Token) and c.type == "ELLIPSIS" for c in args_node.children):
-            raise TfError("argument expansion (...) is not supported")
+            raise Unsupported("argument expansion (...) is not supported")
         if name in ("try", "can"):
             return self._try(name, arg_nodes, scope)
         fn = FUNCTIONS.get(name)
         if fn is None:
-            raise TfError(f"function {name}() is not implemented by this evaluator")
+            raise Unsupported(f"function {name}() is not implemented by this evaluator")
         args = [self.eval(a, scope) for a in arg_nodes]
         if name in ("file", "templatefile"):
-            return fn(self, *args)
+            args = [self, *args]
+        try:
+            inspect.signature(fn).bind(*args)
+        except TypeError as exc:
+            raise TfError(f"{name}(): wrong number of arguments ({len(arg_nodes)})") from exc
         return fn(*args)
 
     def _try(self, name: str, arg_nodes: list[Tree], scope: Scope) -> Any:
@@ -829,7 +1031,7 @@ class Module:
             (arg,) = arg_nodes
             try:
                 self.eval(arg, scope)
-            except ValidationFailed:
+            except (ValidationFailed, InvalidConfig, Unsupported):
                 raise
             except TfError:
                 return False
@@ -837,7 +1039,7 @@ class Module:
         for arg in arg_nodes:
             try:
                 return self.eval(arg, scope)
-            except ValidationFailed:
+            except (ValidationFailed, InvalidConfig, Unsupported):
                 raise
             except TfError:
                 continue
@@ -862,6 +1064,37 @@ class SetValue(list):
     """A set of strings: unique, sorted (Terraform iterates sets of strings in lexical order)."""
 
 
+_NUMBER_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+
+
+def _parse_number(text: str) -> int | float | None:
+    """cty.ParseNumberVal: Go's big.ParseFloat in base 10 (no spaces, digit separators, hex, NaN)."""
+    if not _NUMBER_TEXT.fullmatch(text):
+        return None
+    return int(text) if re.fullmatch(r"[+-]?\d+", text, re.ASCII) else float(text)
+
+
+def _to_number(value: Any, what: str) -> int | float:
+    if isinstance(value, Unknown):
+        raise Unsupported(f"{what} with {value}, known only after apply: the result would be unknown")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    number = _parse_number(value) if isinstance(value, str) else None
+    if number is None:
+        raise TfError(f"{what} needs numbers, got {value!r}")
+    return number
+
+
+def _to_bool(value: Any, what: str) -> bool:
+    if isinstance(value, Unknown):
+        raise Unsupported(f"{what} with {value}, known only after apply: the result would be unknown")
+    if isinstance(value, bool):
+        return value
+    if value in ("true", "false", "1", "0"):
+        return value in ("true", "1")
+    raise TfError(f"{what} needs bools, got {value!r} (not a bool)")
+
+
 def _both_numbers(a: Any, b: Any) -> bool:
     return all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
 
@@ -875,8 +1108,25 @@ _ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
     "-": lambda a, b: a - b,
     "*": lambda a, b: a * b,
     "/": lambda a, b: a / b,
-    "%": lambda a, b: a % b,
+    "%": lambda a, b: _modulo(a, b),
 }
+
+
+def _object_key(key: Any) -> str:
+    """hclsyntax converts an object key to a string (convert.Convert(key, cty.String)); null is an error."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool | int | float) and not isinstance(key, Unknown):
+        return tf_str(key)
+    raise TfError(f"object key {key!r} is not a string" + (" (null)" if key is None else ""))
+
+
+def _modulo(a: Any, b: Any) -> Any:
+    """cty's Value.Modulo: a - b * trunc(a / b), so the result has the sign of a (Python's % floors)."""
+    if isinstance(a, int) and isinstance(b, int):
+        q = abs(a) // abs(b)
+        return a - b * (q if (a < 0) == (b < 0) else -q)
+    return math.fmod(a, b)
 
 
 def _source_text(node: Any) -> str:
@@ -905,16 +1155,13 @@ def convert(value: Any, type_: str, what: str) -> Any:
     elif type_ == "number":
         if isinstance(value, int | float) and not isinstance(value, bool):
             return value
-        if isinstance(value, str):
-            try:
-                return float(value) if not re.fullmatch(r"-?\d+", value) else int(value)
-            except ValueError:
-                pass
+        if isinstance(value, str) and (number := _parse_number(value)) is not None:
+            return number
     elif type_ == "bool":
         if isinstance(value, bool):
             return value
-        if value in ("true", "false"):
-            return value == "true"
+        if value in ("true", "false", "1", "0"):  # cty/convert's string-to-bool accepts "1" and "0" too
+            return value in ("true", "1")
     elif m := re.fullmatch(r"(list|set)\((.*)\)", type_):
         if isinstance(value, list):
             items = [convert(v, m.group(2), what) for v in value]
@@ -923,7 +1170,7 @@ def convert(value: Any, type_: str, what: str) -> Any:
         if isinstance(value, dict):
             return {k: convert(v, m.group(1), what) for k, v in value.items()}
     else:
-        raise TfError(f"{what}: type {type_} is not supported by this evaluator")
+        raise Unsupported(f"{what}: type {type_} is not supported by this evaluator")
     raise ValidationFailed(f"{what}: {value!r} is not a {type_}")
 
 
@@ -940,8 +1187,14 @@ def _file(module: Module, path: str) -> str:
 def _templatefile(module: Module, path: str, variables: dict[str, Any]) -> str:
     if not isinstance(variables, dict):
         raise TfError("templatefile() takes an object of variables")
+    if module._in_template:
+        raise TfError("templatefile(): recursive calls to templatefile are not permitted (templatefile docs)")
     # A template sees only its own variables (Terraform: "vars map does not contain key").
-    return module.template(_file(module, path), TemplateScope(variables), keep_single=False)
+    module._in_template = True
+    try:
+        return module.template(_file(module, path), TemplateScope(variables), keep_single=False)
+    finally:
+        module._in_template = False
 
 
 def _merge(*maps: Any) -> Any:
@@ -973,34 +1226,205 @@ def _one(items: Any) -> Any:
     return items[0] if items else None
 
 
+# RE2 (Terraform's regex engine: the regex docs' table) on Python's re. RE2's ^ and $ are the start and end
+# of the text (Python's $ also matches before a final newline), \d \w \s \b are ASCII (\s without \v),
+# [[:name:]] is a POSIX class (Python reads it as a set of letters). What RE2 refuses (lookaround,
+# backreferences, possessive repetition, repeat counts over 1000) is a TfError, as in Terraform; what the two
+# engines read differently or this translation does not model is Unsupported.
+_RE2_POSIX = {
+    "alnum": "0-9A-Za-z",
+    "alpha": "A-Za-z",
+    "blank": "\\t ",
+    "digit": "0-9",
+    "lower": "a-z",
+    "space": "\\t\\n\\v\\f\\r ",
+    "upper": "A-Z",
+    "word": "0-9A-Za-z_",
+    "xdigit": "0-9A-Fa-f",
+}
+_RE2_SPACE = "\\t\\n\\f\\r "
+
+
+def _re2_escape(e: str, in_class: bool) -> str:
+    if e == "s":
+        return _RE2_SPACE if in_class else f"[{_RE2_SPACE}]"
+    if e == "S" and not in_class:
+        return f"[^{_RE2_SPACE}]"
+    if e == "z" and not in_class:
+        return "\\Z"
+    if e in ("dDwWafnrtv" if in_class else "AbBdDwWafnrtv"):
+        return "\\" + e
+    if e.isascii() and not e.isalnum():
+        return "\\" + e  # punctuation stands for itself in both
+    raise Unsupported(f"regex(): the escape \\{e} is not modelled by this evaluator")
+
+
+@functools.lru_cache(maxsize=256)
+def re2_compile(pattern: str) -> re.Pattern[str]:
+    out: list[str] = []
+    i, n, in_class, after_repeat = 0, len(pattern), False, False
+    # Go's regexp/syntax also refuses nested counted repetitions whose product passes 1000 (repeatIsValid):
+    # per open group, the largest product inside it; closed, the last group's, for a {n,m} that follows it.
+    products, closed = [1], 0
+    while i < n:
+        c, repeat, after_repeat = pattern[i], after_repeat, False
+        last_closed, closed = closed, 0
+        if c == "\\":
+            if i + 1 >= n:
+                raise TfError("regex(): trailing backslash")
+            if pattern[i + 1] == "x" and re.fullmatch(r"[0-9A-Fa-f]{2}", pattern[i + 2 : i + 4]):
+                out.append(pattern[i : i + 4])
+                i += 4
+                continue
+            out.append(_re2_escape(pattern[i + 1], in_class))
+            i += 2
+        elif in_class:
+            if pattern.startswith("[:", i):
+                m = re.match(r"\[:([a-z]+):\]", pattern[i:])
+                if not m or m.group(1) not in _RE2_POSIX:
+                    raise Unsupported(f"regex(): the class {pattern[i : i + 12]!r} is not modelled by this evaluator")
+                out.append(_RE2_POSIX[m.group(1)])
+                i += len(m.group(0))
+                continue
+            out.append("\\[" if c == "[" else c)  # a [ in a class is literal in RE2; Python warns of nested sets
+            in_class = c != "]"
+            i += 1
+        elif c == "[":
+            out.append("[")
+            in_class, i = True, i + 1
+            for lead in ("^", "]"):
+                if pattern.startswith(lead, i):
+                    out.append("^" if lead == "^" else "\\]")
+                    i += 1
+        elif c == "(" and pattern.startswith("(?", i):
+            named = re.match(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>", pattern[i:])
+            flags = re.match(r"\(\?([A-Za-z-]*)[:)]", pattern[i:])
+            if named:
+                out.append(named.group(0))
+                products.append(1)
+                i += len(named.group(0))
+            elif flags and set(flags.group(1)) <= set("imsU-"):
+                if set(flags.group(1)) & set("mU"):
+                    raise Unsupported(f"regex(): the flags {flags.group(0)!r} are not modelled by this evaluator")
+                out.append(flags.group(0))
+                if flags.group(0).endswith(":"):
+                    products.append(1)
+                i += len(flags.group(0))
+            elif pattern.startswith("(?<", i) and not pattern.startswith(("(?<=", "(?<!"), i):
+                raise Unsupported("regex(): (?<name>...) is RE2 syntax only in Go 1.22 and later; use (?P<name>...)")
+            else:
+                raise TfError(f"regex(): RE2 does not support {pattern[i : i + 4]!r} (lookaround, atomic, comment)")
+        elif c in "*+?":
+            if repeat and c == "?":
+                out.append("?")  # lazy
+            elif repeat:
+                raise TfError(f"regex(): invalid nested repetition operator {pattern[i - 1 : i + 1]!r}")
+            else:
+                out.append(c)
+                after_repeat = True
+            i += 1
+        elif c == "{" and (m := re.match(r"\{(\d*)(,?)(\d*)\}", pattern[i:])):
+            if m.group(1) == "":
+                raise Unsupported(f"regex(): {m.group(0)} is literal text to RE2 and a repetition to Python")
+            low, high = int(m.group(1)), int(m.group(3)) if m.group(3) else (-1 if m.group(2) else int(m.group(1)))
+            most = low if high < 0 else high
+            if low > 1000 or high > 1000 or 0 <= high < low or (most * last_closed > 1000 and most >= 2):
+                raise TfError(f"regex(): invalid repeat count {m.group(0)}")
+            if repeat:
+                raise TfError(f"regex(): invalid nested repetition operator {m.group(0)}")
+            products[-1] = max(products[-1], most * max(last_closed, 1))
+            out.append(m.group(0))
+            after_repeat, i = True, i + len(m.group(0))
+        elif c in "()":
+            if c == "(":
+                products.append(1)
+            elif len(products) > 1:
+                closed = products.pop()
+                products[-1] = max(products[-1], closed)
+            out.append(c)
+            i += 1
+        else:
+            out.append({"$": "\\Z", "{": "\\{", "}": "\\}"}.get(c, c))
+            i += 1
+    if in_class:
+        raise TfError(f"regex(): missing closing ] in {pattern!r}")
+    try:
+        compiled = re.compile("".join(out), re.ASCII)
+    except re.error as exc:
+        raise Unsupported(f"regex(): {pattern!r} does not compile here ({exc})") from exc
+    if compiled.groupindex and len(compiled.groupindex) != compiled.groups:
+        # regex docs: "It's not valid to mix both named and unnamed capture groups in the same pattern."
+        raise TfError(f"regex(): {pattern!r} mixes named and unnamed capture groups")
+    return compiled
+
+
 def _regex(pattern: str, text: str) -> Any:
-    m = re.search(pattern, text)
+    compiled = re2_compile(pattern)
+    if re.search(r"\(\?[A-Za-z-]*i", pattern) and not (pattern + text).isascii():
+        raise Unsupported("regex(): case folding beyond ASCII (RE2 folds all of Unicode) is not modelled")
+    m = compiled.search(text)
     if m is None:
         raise TfError(f"regex(): {pattern!r} does not match {text!r}")
-    if m.re.groupindex:
+    if compiled.groupindex:
         return m.groupdict()
-    return list(m.groups()) if m.re.groups else m.group(0)
+    return list(m.groups()) if compiled.groups else m.group(0)
+
+
+# The verbs Terraform's format() knows (format docs); this evaluator implements %s and %d without flags.
+_FORMAT_VERBS = set("vtbdoxXeEfgGsq")
 
 
 def _format(spec: str, *args: Any) -> str:
-    out, it = [], iter(args)
-
-    def repl(m: re.Match[str]) -> str:
-        if m.group(0) == "%%":
-            return "%"
-        value = next(it)
-        if m.group(1) == "s":
-            return tf_str(value)
-        if m.group(1) == "d" and isinstance(value, int | float) and int(value) == value:
-            return str(int(value))
-        raise TfError(f"format(): %{m.group(1)} with {value!r}")
-
-    out.append(re.sub(r"%%|%([a-z])", repl, spec))
+    """format(): %s, %d and %%; too many or too few arguments are errors, as in cty's formatFSM."""
+    if not isinstance(spec, str):
+        raise TfError("format() takes a string specification")
+    out, used, i = [], 0, 0
+    while i < len(spec):
+        if spec[i] != "%":
+            out.append(spec[i])
+            i += 1
+            continue
+        if spec.startswith("%%", i):
+            out.append("%")
+            i += 2
+            continue
+        m = re.match(r"%([-+# 0]*(?:\[\d+\])?(?:\d+|\*)?(?:\.(?:\d*|\*))?)([A-Za-z])", spec[i:])
+        if m is None:
+            raise TfError(f"format(): invalid format string at offset {i}")
+        options, verb = m.groups()
+        if verb not in _FORMAT_VERBS:
+            raise TfError(f"format(): unsupported format verb %{verb}")
+        if options or verb not in "sd":
+            raise Unsupported(f"format(): %{options}{verb} is not implemented by this evaluator (only %s and %d)")
+        if used >= len(args):
+            raise TfError(f"format(): not enough arguments for %{verb} at {i}")
+        value = args[used]
+        used += 1
+        if value is None:
+            raise TfError(f"format(): a null value cannot be formatted with %{verb}")
+        if verb == "s":
+            out.append(tf_str(value))
+        elif isinstance(value, str):
+            raise Unsupported("format(): %d of a string (Terraform converts it to a number) is not implemented")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+            raise TfError(f"format(): unsupported value for %d: {value!r} (an integer is required)")
+        else:
+            out.append(str(int(value)))
+        i += len(m.group(0))
+    if used < len(args):
+        raise TfError(f"format(): too many arguments; only {used} used by format string")
     return "".join(out)
 
 
+def _graphemes(text: str) -> list[str]:
+    """Terraform counts a string's characters as Unicode grapheme clusters (cty's Strlen and Substr)."""
+    return regex.findall(r"\X", text)
+
+
 def _length(value: Any) -> int:
-    if isinstance(value, str | list | dict):
+    if isinstance(value, str):
+        return len(_graphemes(value))
+    if isinstance(value, list | dict):
         return len(value)
     raise TfError("length() of a non-collection")
 
@@ -1030,11 +1454,12 @@ def _distinct(items: list[Any]) -> list[Any]:
 
 def _toset(items: list[Any]) -> SetValue:
     if not all(isinstance(i, str) for i in items):
-        raise TfError("this evaluator only takes toset() of strings")
+        raise Unsupported("this evaluator only takes toset() of strings")
     return SetValue(sorted(set(items)))
 
 
 def _string_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
     def wrapped(*args: Any) -> Any:
         if not all(isinstance(a, str) for a in args):
             raise TfError(f"{fn.__name__}() takes strings")
@@ -1046,7 +1471,7 @@ def _string_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _replace(text: str, substring: str, replacement: str) -> str:
     """Terraform's replace() with a literal substring; its /regex/ form is refused, not guessed."""
     if len(substring) >= 2 and substring.startswith("/") and substring.endswith("/"):
-        raise TfError("replace() with a /regular expression/ is not implemented by this evaluator")
+        raise Unsupported("replace() with a /regular expression/ is not implemented by this evaluator")
     return text.replace(substring, replacement)
 
 
@@ -1061,13 +1486,23 @@ def _contains(items: list[Any], value: Any) -> bool:
 
 
 def _substr(s: str, offset: Any, length: Any) -> str:
-    """substr(string, offset, length): offsets count characters; length -1 means to the end."""
-    if not isinstance(s, str) or isinstance(offset, str) or isinstance(length, str):
+    """cty's SubstrFunc, step by step: offsets and lengths count grapheme clusters and must be whole
+    numbers; a negative offset counts from the end; a negative length is the rest of the string; a zero
+    length is "" except after a negative offset, where cty's loop never stops and returns the rest."""
+    if not isinstance(s, str):
         raise TfError("substr() takes a string and two numbers")
-    start, count = int(offset), int(length)
+    for n in (offset, length):
+        if isinstance(n, str):
+            raise Unsupported("substr(): a numeric string (Terraform converts it) is not implemented")
+        if isinstance(n, bool) or not isinstance(n, int | float) or int(n) != n:
+            raise TfError(f"substr(): {n!r} is not a whole number")
+    clusters, start, count = _graphemes(s), int(offset), int(length)
     if start < 0:
-        start = max(0, len(s) + start)
-    return s[start:] if count < 0 else s[start : start + count]
+        start += len(clusters)
+    elif count == 0:
+        return ""
+    rest = clusters[start:] if start > 0 else clusters
+    return "".join(rest if count <= 0 else rest[:count])
 
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {
