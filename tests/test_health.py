@@ -23,9 +23,10 @@ import pytest
 
 from demo.triton import TritonServer, copy_models
 from tests.test_triton_side import install_copy, python38
+from triton_side import _http, _infer, _report
 from triton_side import probe as health
 
-HEALTH_PY = Path(health.__file__).with_name("health.py")  # the command; its code is probe.py
+HEALTH_PY = Path(health.__file__).with_name("health.py")  # the command; its code is probe.py and its modules
 
 
 def run_probe(*args: str, python: str = sys.executable, script: Path = HEALTH_PY, env: dict | None = None):
@@ -64,9 +65,9 @@ def clone_model(repo: Path, src: str, name: str) -> None:
 
 def test_first_line_keeps_only_the_headline_of_a_traceback() -> None:
     reason = "Internal: RuntimeError: boom\n\nAt:\n  /models/broken/1/model.py(2): <module>\n"
-    assert health.first_line(reason) == "Internal: RuntimeError: boom"
-    long = health.first_line("x\x1b[31m" + "y" * 1000)
-    assert len(long) == health.REASON_MAX and long.endswith("…") and "\x1b" not in long
+    assert _report.first_line(reason) == "Internal: RuntimeError: boom"
+    long = _report.first_line("x\x1b[31m" + "y" * 1000)
+    assert len(long) == _report.REASON_MAX and long.endswith("…") and "\x1b" not in long
 
 
 def test_flags_win_over_environment_and_bad_values_are_usage_errors(capsys: pytest.CaptureFixture) -> None:
@@ -102,16 +103,16 @@ def test_build_infer_follows_metadata_and_config() -> None:
                        {"name": "O", "datatype": "INT64", "shape": [-1, 2]}]}  # fmt: skip
     config = {"max_batch_size": 8, "input": [{"name": "INPUT0", "dims": [-1]}, {"name": "T", "dims": [3]},
                                              {"name": "O", "dims": [2], "optional": True}]}  # fmt: skip
-    body, n = health.build_infer(meta, config)
+    body, n = _infer.build_infer(meta, config)
     header = json.loads(body[:n])
     assert [(i["name"], i["shape"], i["parameters"]["binary_data_size"]) for i in header["inputs"]] == [
         ("INPUT0", [1, 1], 4), ("T", [1, 3], 12)]  # fmt: skip
     assert body[n:] == bytes(16) and header["parameters"]["binary_data_output"] is True
     config["input"][0]["is_shape_tensor"] = True
-    with pytest.raises(health.Unsynthesisable, match="shape tensor"):
-        health.build_infer(meta, config)
-    with pytest.raises(health.Unsynthesisable, match="cannot be synthesised"):
-        health.build_infer({"inputs": [{"name": "x", "datatype": "STRANGE", "shape": [1]}]}, None)
+    with pytest.raises(_http.Unsynthesisable, match="shape tensor"):
+        _infer.build_infer(meta, config)
+    with pytest.raises(_http.Unsynthesisable, match="cannot be synthesised"):
+        _infer.build_infer({"inputs": [{"name": "x", "datatype": "STRANGE", "shape": [1]}]}, None)
 
 
 def test_trickling_server_cannot_stretch_the_deadline() -> None:
@@ -383,8 +384,8 @@ def test_non_ascii_name_goes_out_as_utf8(odd_server: TritonServer) -> None:
     code, out, _ = run_probe("--url", odd_server.url, "--models", NON_ASCII)
     assert code == 1 and out.startswith(f"FAIL model '{NON_ASCII}' version 1 is UNAVAILABLE: Internal: "), out
     # ... and raw UTF-8 in the path reaches that model (a percent-escaped path is "not found")
-    client = health.Client(odd_server.url, health.Deadline(5))
-    seg = health.segment(NON_ASCII)
+    client = _http.Client(odd_server.url, _http.Deadline(5))
+    seg = _http.segment(NON_ASCII)
     assert seg == NON_ASCII
     resp = client.request("GET", f"/v2/models/{seg}")
     assert resp.status == 404 and "has no available versions" in resp.error_text()

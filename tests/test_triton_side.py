@@ -8,8 +8,8 @@ check below for the runtime constructs and standard-library names ruff does
 not know (``dict | dict``, ``list[int]`` outside annotations, ``str.removeprefix``,
 ...), and, where a 3.8 interpreter exists, a real run on it.
 
-The probe's start-up shortcuts (``_cli``'s own reader, ``probe.loads``,
-``probe.split_url``, ``probe.run_parallel``) are compared with the standard
+The probe's start-up shortcuts (``_cli``'s own reader, ``_http.loads``,
+``_http.split_url``, ``probe.run_parallel``) are compared with the standard
 library code they replace.
 """
 
@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from demo.triton import TritonServer
-from triton_side import _cli, probe, startup_check
+from triton_side import _cli, _http, probe, startup_check
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "triton_side"
@@ -274,6 +274,36 @@ def test_file_imports_only_the_standard_library(path: Path) -> None:
             assert top in sys.stdlib_module_names or top in SIBLINGS, f"{path.name}:{node.lineno} imports {mod}"
 
 
+# The folder's modules, each importing only modules after it (probe.py's docstring): no cycle, as scripts or as the
+# package. A new file goes into this list.
+IMPORT_ORDER = ["health", "startup_check", "probe", "_infer", "_report", "_http", "_cli", "__init__"]
+
+
+def sibling_imports(path: Path) -> set[str]:
+    """The folder's modules that ``path`` imports, in either form (package or script), at the top or in a function."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None:
+            names = [a.name for a in node.names]  # from . import _cli
+        elif isinstance(node, ast.ImportFrom) and node.level <= 1 and node.module:
+            names = [node.module.split(".")[0]]  # from ._infer import smoke, from _infer import smoke
+        else:
+            continue
+        found |= {name for name in names if name in SIBLINGS}
+    return found - {path.stem}
+
+
+def test_imports_between_the_files_point_one_way() -> None:
+    assert sorted(IMPORT_ORDER) == sorted(SIBLINGS)
+    graph = {path.stem: sibling_imports(path) for path in FILES}
+    assert graph["probe"] == {"_cli", "_http", "_report", "_infer"} and graph["health"] == {"probe"}
+    for module, imported in graph.items():
+        for other in imported:
+            assert IMPORT_ORDER.index(other) > IMPORT_ORDER.index(module), f"{module}.py imports {other}"
+
+
 def ruff_check(source: str, filename: str) -> subprocess.CompletedProcess:
     ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     assert ruff, "ruff is in the dev extra: bash scripts/setup.sh"
@@ -317,13 +347,13 @@ def test_runs_on_a_real_python_38_when_there_is_one(tmp_path: Path) -> None:
         assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr
     # the fast command-line reader agrees with 3.8's argparse too
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import _cli, probe\n"
+        "import sys; sys.path.insert(0, sys.argv[1]); import _cli, _http, probe\n"
         "for argv in ([], ['--url', 'http://h:1', '--quiet'], ['--smoke', '--deadline=2'], ['--models', 'a', "
         "'--models', 'b/2', '--smoke', 'add'], ['--smoke']):\n"
         "    fast = _cli.read_plain(probe.FLAGS, argv)\n"
         "    slow = vars(_cli.argparse_parser(probe.FLAGS, 'health.py', '').parse_args(argv))\n"
         "    assert fast == slow, (argv, fast, slow)\n"
-        "print(probe.loads(' [1, 2.5, \"x\", {\"a\": null}] '), probe.split_url('http://h:8/p'))\n"
+        "print(_http.loads(' [1, 2.5, \"x\", {\"a\": null}] '), _http.split_url('http://h:8/p'))\n"
     )
     proc = subprocess.run([python, "-I", "-S", "-c", code, str(folder)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -332,7 +362,7 @@ def test_runs_on_a_real_python_38_when_there_is_one(tmp_path: Path) -> None:
 
 # --- start-up cost ----------------------------------------------------------------------------
 
-# What the probe's default run must not import: each pulls in re, enum or functools (see probe.py).
+# What the probe's default run must not import: each pulls in re, enum or functools (see _http.py).
 HEAVY = {"argparse", "json", "re", "enum", "functools", "collections", "socket", "threading", "concurrent",
          "dataclasses", "logging", "urllib", "typing", "random", "ssl", "encodings.idna", "ipaddress"}  # fmt: skip
 
@@ -350,8 +380,11 @@ def test_default_probe_run_imports_nothing_heavy(triton: TritonServer) -> None:
     """The healthCheck's run (every 30 s in every task) loads only the C modules it needs."""
     code, names = imported_modules("--url", triton.url, "--ignore", "broken", "--quiet")
     assert code == 0
-    assert {"probe", "_cli", "_socket", "_json"} <= names
+    assert {"probe", "_cli", "_http", "_report", "_socket", "_json"} <= names
     assert names & HEAVY == set(), sorted(names & HEAVY)
+    assert "_infer" not in names  # the smoke inference's module is imported by --smoke only (probe._smoke)
+    code, names = imported_modules("--url", triton.url, "--models", "add", "--smoke", "--quiet")
+    assert code == 0 and "_infer" in names
     code, names = imported_modules("--url", "http://127.0.0.1:9", "--quiet")  # nothing listens on port 9
     assert code == 1 and names & HEAVY == set(), sorted(names & HEAVY)
     # --help is the exception: argparse writes it
@@ -420,23 +453,23 @@ def same_outcome(ours, theirs, arg) -> None:
 @given(value=JSON_VALUES, indent=st.sampled_from([None, 0, 2]), pad=st.sampled_from(["", " ", "\n\t ", "\r\n"]))
 def test_loads_matches_json_loads(value, indent, pad) -> None:
     text = pad + json.dumps(value, indent=indent, ensure_ascii=False) + pad
-    assert probe.loads(text) == json.loads(text)
-    same_outcome(probe.loads, json.loads, text.encode())
-    same_outcome(probe.loads, json.loads, text + " x")
+    assert _http.loads(text) == json.loads(text)
+    same_outcome(_http.loads, json.loads, text.encode())
+    same_outcome(_http.loads, json.loads, text + " x")
 
 
 @settings(max_examples=300, deadline=None)
 @given(data=st.text(alphabet='{}[]",:0123456789.eE-+ tfalsenurNIinity\\\x00\n', max_size=20))
 def test_loads_fails_where_json_loads_fails(data) -> None:
-    same_outcome(probe.loads, json.loads, data)
-    same_outcome(probe.loads, json.loads, data.encode())
+    same_outcome(_http.loads, json.loads, data)
+    same_outcome(_http.loads, json.loads, data.encode())
 
 
 def test_loads_edge_cases() -> None:
     for data in ("NaN", "[-Infinity, Infinity]", '"\\ud800"', "\ufeff[]", "", "  ", "1 2",
                  b"\xef\xbb\xbf[1]", "[1]".encode("utf-16"), "[1]".encode("utf-32-le"), b'"\xff"'):  # fmt: skip
-        same_outcome(lambda d: repr(probe.loads(d)), lambda d: repr(json.loads(d)), data)
-    assert math.isnan(probe.loads("NaN"))
+        same_outcome(lambda d: repr(_http.loads(d)), lambda d: repr(json.loads(d)), data)
+    assert math.isnan(_http.loads("NaN"))
 
 
 def reference_split(url: str):
@@ -454,17 +487,17 @@ def reference_split(url: str):
 )
 def test_split_url_matches_urlsplit(scheme, rest) -> None:
     url = f"{scheme}://{rest}"
-    same_outcome(probe.split_url, reference_split, url)
+    same_outcome(_http.split_url, reference_split, url)
 
 
 def test_split_url_reads_the_usual_urls_itself() -> None:
     for url, expected in [("http://localhost:8000", ("http", "localhost", 8000, "")),
                           ("HTTP://Triton.Local:8000/prefix/", ("http", "triton.local", 8000, "/prefix/")),
                           ("https://10.0.0.7", ("https", "10.0.0.7", None, ""))]:  # fmt: skip
-        assert probe.split_url(url) == expected == reference_split(url)
-    assert probe.split_url("http://[::1]:8000/x") == ("http", "::1", 8000, "/x")  # via urlsplit
+        assert _http.split_url(url) == expected == reference_split(url)
+    assert _http.split_url("http://[::1]:8000/x") == ("http", "::1", 8000, "/x")  # via urlsplit
     with pytest.raises(ValueError, match="out of range"):
-        probe.split_url("http://h:65536")
+        _http.split_url("http://h:65536")
 
 
 def test_run_parallel_keeps_order_limits_concurrency_and_raises_the_first_error() -> None:

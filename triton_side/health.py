@@ -1,10 +1,11 @@
 """The Triton container's health check: ``python3 /opt/triton-health/health.py [--deadline 4 ...]``.
 
-The probe's code is ``probe.py`` in this folder. This file stays a few lines
-because Python compiles the script it is started with on every run but loads an
-imported module from its cached bytecode (``__pycache__``), and ECS starts this
-every 30 s in every task: compiling probe.py takes about 15 ms, more than the
-rest of a probe run. See docs/health.md.
+The probe's code is ``probe.py`` and the modules it imports from this folder.
+This file stays a few lines because Python compiles the script it is started
+with on every run but loads an imported module from its cached bytecode
+(``__pycache__``), and ECS starts this every 30 s in every task: compiling the
+probe's code on every run would take longer than the rest of a probe run (the
+"no bytecode cache" row of bench/bench_health.py). See docs/health.md.
 """
 
 from __future__ import annotations
