@@ -84,7 +84,11 @@ def test_flags_win_over_environment_and_bad_values_are_usage_errors(capsys: pyte
         None,
     )
     assert health.options(["--smoke", "add"], {}).smoke == [("add", None)]
+    assert health.options(["--jobs", "1"], {}).jobs == 1  # serial: was refused ("must be above 1")
+    assert health.options([], {"HEALTH_JOBS": "64"}).jobs == 64
     for argv in (
+        ["--jobs", "0"],
+        ["--jobs", "65"],
         ["--deadline", "soon"],
         ["--deadline", "0"],
         ["--url", "ftp://x"],

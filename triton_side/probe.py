@@ -444,7 +444,7 @@ def options(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) ->
             opts.smoke = parse_specs(smoke, "--smoke/HEALTH_SMOKE")
     for attr, var, flag, conv, lo, hi in (
         ("deadline", "HEALTH_DEADLINE", ns["deadline"], float, 0.0, 3600.0),
-        ("jobs", "HEALTH_JOBS", ns["jobs"], int, 1, 64),
+        ("jobs", "HEALTH_JOBS", ns["jobs"], int, 0, 64),  # bounds exclusive below: one job (serial) is allowed
     ):
         raw = pick(flag, var)
         if raw is None:
