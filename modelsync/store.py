@@ -217,7 +217,16 @@ class Store:
         return self._previous.get(model)
 
     def managed_models(self) -> list[str]:
-        return sorted(p.name for p in self.repository.iterdir() if p.is_symlink() and self.current(p.name))
+        return sorted(self._linked())
+
+    def _linked(self) -> dict[str, Installed]:
+        """Model -> the store directory its repository link points at, for every link of ours."""
+        out = {}
+        for p in self.repository.iterdir():
+            current = self.current(p.name) if p.is_symlink() else None
+            if current is not None:
+                out[p.name] = current
+        return out
 
     def unmanaged(self, model: str) -> bool:
         """True when the repository holds something for ``model`` that is not our link."""
@@ -332,24 +341,18 @@ class Store:
         self._pending.discard(f"{model}/{path.name}")
         if self._previous.get(model) == path.name:
             del self._previous[model]
-        with self._locked():
-            self._write_refs()
-            self._collect(model)
+        self._release(model)
 
     def prune(self, model: str) -> list[str]:
         """Keep the current directory and the one it replaced; remove the rest that no repository
         references. Returns what went."""
         if self.current(model) is None:
             return []
-        with self._locked():
-            self._write_refs()
-            return self._collect(model)
+        return self._release(model)
 
     def remove_model(self, model: str) -> None:
         self.flip(model, None)
-        with self._locked():
-            self._write_refs()
-            self._collect(model)
+        self._release(model)
 
     def update_record(self, installed: Installed, record: dict[str, Any]) -> Installed:
         """Rewrite a directory's record (a new object with the same content), under the store's lock."""
@@ -375,28 +378,24 @@ class Store:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def references(self) -> set[str]:
-        """``<model>/<dir>`` this repository needs: what it links to, what those replaced, what it installs."""
-        out = set(self._pending)
-        for model in self.managed_models():
-            current = self.current(model)
-            if current is None:
-                continue
-            out.add(f"{model}/{current.name}")
-            prev = self._previous.get(model)
-            if prev and prev != current.name:
-                out.add(f"{model}/{prev}")
-        return out
+    def _release(self, model: str) -> list[str]:
+        """Rewrite this repository's references, then collect what of ``model`` nobody references any more."""
+        with self._locked():
+            self._write_refs()
+            return self._collect(model)
 
     def _write_refs(self) -> None:
-        linked = set(self.managed_models())
+        """Record ``<model>/<dir>`` this repository needs: what it links to, what those replaced (one scan of
+        the repository), and what it is installing."""
+        linked = self._linked()
         self._previous = {m: d for m, d in self._previous.items() if m in linked}
-        doc = {
-            "id": self.id,
-            "repository": str(self.repository),
-            "dirs": sorted(self.references()),
-            "previous": self._previous,
-        }
+        dirs = set(self._pending)
+        for model, current in linked.items():
+            dirs.add(f"{model}/{current.name}")
+            prev = self._previous.get(model)
+            if prev and prev != current.name:
+                dirs.add(f"{model}/{prev}")
+        doc = {"id": self.id, "repository": str(self.repository), "dirs": sorted(dirs), "previous": self._previous}
         # Bookkeeping, not model data: straight to the disk (the injectable fs faults the install path).
         write_json(LocalFileSystem(), self.root / REFS / f"{self.id}.json", doc)
 
