@@ -291,6 +291,12 @@ def task_moto() -> Iterator[Moto]:
         server.stop()
 
 
+def aws_for(moto: Moto) -> dict[str, str]:
+    """What IAM and the AWS endpoints supply, given explicitly: moto's address and test credentials. No
+    region: the daemon must take it from the task definition's AWS_REGION."""
+    return {"AWS_ENDPOINT_URL": moto.url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
 def _announce(moto: Moto, topic: str, bucket: str, key: str) -> None:
     """What the stack's EventBridge rule publishes for an upload (an S3 event through the topic)."""
     event = {
@@ -318,7 +324,7 @@ def synced(
     td = stack_task_definition(ModelSyncBucketName=bucket, ModelSyncPrefix="triton/")
     # What IAM and CloudFormation supply, given explicitly: moto's endpoint and test credentials, and the
     # topic's ARN where the stack's Ref resolves to it.
-    aws = {"AWS_ENDPOINT_URL": task_moto.url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    aws = aws_for(task_moto)
     opts = rehearsal.options(
         tmp_path_factory.mktemp("synced"),
         fake_gpu=NO_GPU,
@@ -407,7 +413,7 @@ def test_the_json_task_definition_with_model_sync_runs_the_same(
     td = modelsync_file(
         MODELSYNC_SAMPLE | {"ModelSyncBucketName": bucket, "ModelSyncPrefix": "triton/", "ModelSyncTopicArn": topic}
     )
-    aws = {"AWS_ENDPOINT_URL": task_moto.url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    aws = aws_for(task_moto)
     opts = rehearsal.options(tmp_path, fake_gpu=NO_GPU, environment={"modelsync": aws})
     with run_task(rehearsal.docker, td, opts) as task:
         task.wait_for("triton-server", health="healthy", timeout=180)
