@@ -34,6 +34,8 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_INPUT=1
 WORKDIR /src
 COPY requirements.lock pyproject.toml setup.py README.md LICENSE ./
+COPY telemetry/ ./telemetry/
+COPY catalog/ ./catalog/
 COPY exporter/ ./exporter/
 COPY triton_side/ ./triton_side/
 COPY modelsync/ ./modelsync/

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout:
 
 import pynvml
 
+from catalog import build
 from demo.payloads import triton_metrics
-from exporter.catalog import build
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.promtext import Parser

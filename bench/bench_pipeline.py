@@ -67,7 +67,7 @@ class FileSource:
 
 
 def _ours(models: int, repeat: int, workdir: Path) -> dict:
-    from exporter.catalog import build
+    from catalog import build
     from exporter.config import Settings
     from exporter.pipeline import Pipeline
     from tests.support.helpers import IndexSource
@@ -110,7 +110,7 @@ def _reference(models: int, repeat: int, workdir: Path) -> dict:
 
 def _parse_only(path: str, repeat: int, workdir: Path) -> dict:
     """One parser path over the same body: ``c`` (the C scanner) or ``python`` (the full-grammar regex)."""
-    from exporter.catalog import build
+    from catalog import build
     from exporter.promtext import Parser
 
     parser = Parser(build().wanted_samples(), native=path == "c")

@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from catalog import build
 from demo.payloads import triton_metrics
-from exporter.catalog import build
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     distinct = args.models + churn.k // args.churn_every
     if args.pool:
         distinct = min(distinct, args.pool)
-    from exporter import emf
+    from telemetry import emf
 
     parser = sources[0].parser
     caches = (

@@ -27,9 +27,10 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import logs
-from .catalog import Catalog, CatalogError, build
-from .catalog.cli import packs
+from catalog import Catalog, CatalogError, build
+from catalog.cli import packs
+from telemetry import logs
+
 from .config import ConfigError, Settings, load
 from .sources import Source, SourceRequired
 
@@ -101,7 +102,7 @@ def listens(url: str, timeout: float) -> bool:
 def catalog_main(argv: Sequence[str]) -> int:
     import orjson
 
-    from .catalog import cli
+    from catalog import cli
 
     parser = argparse.ArgumentParser(
         prog="python -m exporter catalog",
@@ -142,7 +143,7 @@ def catalog_main(argv: Sequence[str]) -> int:
 
 
 def validate_main(argv: Sequence[str]) -> int:
-    from .emf_validate import validate
+    from telemetry.emf_validate import validate
 
     parser = argparse.ArgumentParser(
         prog="python -m exporter validate", description="Check EMF documents, one JSON object per line."
@@ -192,9 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CatalogError as exc:
         sys.stderr.write(f"error: invalid catalog: {exc}\n")
         return 2
+    from telemetry.sinks import SinkClosed, StreamSink, make_sink
+
     from .pipeline import Pipeline
     from .runner import Runner, TritonUnreachable, run_once
-    from .sinks import SinkClosed, StreamSink, make_sink
 
     logs.setup(settings.log_level or ("error" if settings.once else "info"))
     try:

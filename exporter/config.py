@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .catalog.cli import attach_selection
+from catalog.cli import attach_selection
+from telemetry.sinks import Output, parse_output
 
 
 class ConfigError(ValueError):
@@ -23,24 +24,11 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class Output:
-    kind: str  # stdout | tcp | udp | file
-    host: str = ""
-    port: int = 0
-    path: str = ""
-
-    def __str__(self) -> str:
-        if self.kind in ("tcp", "udp"):
-            return f"{self.kind}://{self.host}:{self.port}"
-        return f"file:{self.path}" if self.kind == "file" else self.kind
-
-
-@dataclass(frozen=True)
 class Settings:
     triton_url: str = "http://localhost:8000"
     metrics_url: str = "http://localhost:8002/metrics"
     namespace: str = "Triton"
-    output: Output = Output("stdout")
+    output: Output = Output("stdout")  # noqa: RUF009 - a frozen dataclass
     interval: float = 60.0
     timeout: float = 5.0
     connect_timeout: float = 1.0
@@ -57,27 +45,6 @@ class Settings:
     breakdown_zeros: str = "omit"  # omit: a breakdown's zero is left out while its total is zero
     startup_wait: float = 300.0  # seconds the first scrape waits for Triton to listen (0: at once)
     once: bool = False
-
-
-def parse_output(text: str) -> Output:
-    text = text.strip()
-    if text in ("", "stdout", "-"):
-        return Output("stdout")
-    if text.startswith("file:"):
-        path = text[5:]
-        if not path:
-            raise ValueError("file: needs a path, e.g. file:/tmp/emf.log")
-        return Output("file", path=path)
-    parts = urlsplit(text)
-    if parts.scheme in ("tcp", "udp"):
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        if not parts.hostname or not port:
-            raise ValueError(f"{parts.scheme} output needs host and port, e.g. {parts.scheme}://127.0.0.1:25888")
-        return Output(parts.scheme, host=parts.hostname, port=port)
-    raise ValueError("use stdout, tcp://HOST:PORT, udp://HOST:PORT or file:PATH")
 
 
 def http_url(text: str) -> str:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .catalog import Catalog
+from catalog import Catalog
+
 from .promtext import Exposition
 from .sources import Collected, GpuInfo
 

@@ -5,7 +5,7 @@ fixture sources and a fake clock, and the runner drives it on a schedule.
 The pieces it orchestrates live in their own modules: the cardinality cap
 (:mod:`exporter.cap`), the GPU join (:mod:`exporter.gpus`), the exporter's
 own values (:mod:`exporter.selfmetrics`), the computation
-(:mod:`exporter.transform`) and the encoding (:mod:`exporter.emf`).
+(:mod:`exporter.transform`) and the encoding (:mod:`telemetry.emf`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from catalog import BASE_DIMENSIONS, Catalog, Scope
+from telemetry.emf import NO_DISTRIBUTIONS, Encoder, Event, clip, dimensions_for
+from telemetry.logs import Conditions, get
+
 from . import __version__
 from .cap import ModelCap
-from .catalog import Catalog, Scope
 from .config import Settings
-from .emf import NO_DISTRIBUTIONS, Encoder, Event, clip, dimensions_for
 from .gpus import GpuIndex, gpu_samples, gpu_uuids, keep_tritons_gpus
-from .logs import Conditions, get
 from .promtext import LabelSet, model_key
 from .selfmetrics import Bookkeeping, SourceStatus, exporter_values, index_values
 from .sources import Collected, GpuInfo, Source, SourceError, SourceKind, VersionState
@@ -301,7 +302,7 @@ class Pipeline:
                     props["state"] = v.state
                     if v.reason:
                         props["reason"] = clip(v.reason)
-                dims = dimensions_for(scope, {"model": model, "version": version}, props)
+                dims = dimensions_for(BASE_DIMENSIONS[scope], {"model": model, "version": version}, props)
             elif scope is Scope.GPU:
                 if ls is None or kind != "gpu":  # a per-GPU series without gpu_uuid
                     misplaced += 1
@@ -309,10 +310,10 @@ class Pipeline:
                 uuid = ls.entity[1]
                 info = gpus.get(uuid)
                 props = {**common, "gpu_uuid": uuid, **(info.properties if info else {})}
-                dims = dimensions_for(scope, {"gpu": str(gpu_index.get(uuid, uuid))}, props)
+                dims = dimensions_for(BASE_DIMENSIONS[scope], {"gpu": str(gpu_index.get(uuid, uuid))}, props)
             elif scope is Scope.SOURCE:
                 props = dict(common)
-                dims = dimensions_for(scope, {"source": key}, props)
+                dims = dimensions_for(BASE_DIMENSIONS[scope], {"source": key}, props)
             else:
                 if key != "":  # a task-wide series that carries a model or gpu label
                     misplaced += 1

@@ -24,9 +24,10 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from .logs import get
+from telemetry.logs import get
+from telemetry.sinks import Sink, SinkClosed
+
 from .pipeline import CycleResult, Pipeline
-from .sinks import Sink, SinkClosed
 from .sources import SourceKind
 from .summary import render_summary
 

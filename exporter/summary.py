@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .catalog import Scope
-from .emf import Event
+from catalog import Scope
+from telemetry.emf import Event
+
 from .pipeline import CycleResult
 
 MODEL_COLUMNS = (

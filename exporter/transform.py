@@ -33,7 +33,8 @@ from itertools import compress
 from operator import itemgetter, sub
 from typing import Any
 
-from .catalog import HISTOGRAM_KINDS, Catalog, Combine, Input, Kind, Metric
+from catalog import HISTOGRAM_KINDS, Catalog, Combine, Input, Kind, Metric
+
 from .promtext import LabelSet, Series
 from .state import Window
 

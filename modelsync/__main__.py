@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from exporter import logs
-from exporter.sinks import Sink, SinkClosed, make_sink
+from telemetry import logs
+from telemetry.sinks import Sink, SinkClosed, make_sink
 
 from .events import EventFilter, Pending, QueuePoller
 from .fanout import Fanout, build_fanout

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_plus
 
-from exporter.logs import Conditions
+from telemetry.logs import Conditions
 
 from .s3 import model_of
 

@@ -80,7 +80,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from exporter.logs import Conditions
+from telemetry.logs import Conditions
 
 from .events import EventFilter, Pending, QueuePoller
 

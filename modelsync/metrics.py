@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from exporter.catalog import Kind, Metric, Scope
-from exporter.emf import Encoder, Event, clip, safe_dimension_value
-from exporter.sinks import Sink
+from catalog import Kind, Metric, Scope
+from telemetry.emf import Encoder, Event, clip, safe_dimension_value
+from telemetry.sinks import Sink
 
 ATTEMPT, MODEL, HOST = "attempt", "model", "host"
 PHASES = ("download", "verify", "extract", "swap", "load")

@@ -19,7 +19,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from exporter.config import Output, choice, given, http_url, non_negative, parse_output, valid_namespace
+from exporter.config import choice, given, http_url, non_negative, valid_namespace
+from telemetry.sinks import Output, parse_output
 
 from . import __version__
 from .fanout import check_queue_prefix, check_topic_arn

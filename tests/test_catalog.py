@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.catalog import BUILTIN_PACKS, Catalog, CatalogError, Kind, Scope, build, parse_selection
-from exporter.catalog.load import FAMILY_KEYS, METRIC_KEYS, SELF_METRICS, STATE_METRICS
+from catalog import BUILTIN_PACKS, Catalog, CatalogError, Kind, Scope, build, parse_selection
+from catalog.load import FAMILY_KEYS, METRIC_KEYS, SELF_METRICS, STATE_METRICS
 from exporter.render.docsgen import FAMILY_KEYS_DOC, METRIC_KEYS_DOC, example_catalog
 
 from .support.helpers import CATALOG
@@ -101,7 +101,7 @@ def test_a_user_file_adds_a_metric_for_a_custom_family(tmp_path: Path) -> None:
 
 
 def test_the_shipped_example_file_loads_and_is_the_documented_one() -> None:
-    path = ROOT / "exporter" / "catalog" / "example.toml"
+    path = ROOT / "catalog" / "example.toml"
     catalog = build([path])
     assert {"PromptCacheHits", "PromptCacheHitsPerSecond", "ToolCallTime"} <= {m.name for m in catalog.metrics}
     assert catalog.get("ToolCallTime").kind is Kind.DISTRIBUTION

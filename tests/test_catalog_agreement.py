@@ -22,11 +22,11 @@ from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
 from exporter.render import alarms, dashboard, render
 from exporter.render.options import Options
-from exporter.sinks import StreamSink
 from exporter.sources import Collected, VersionState
 from exporter.sources.nvml import NvmlSource
 from modelsync.errors import Result
 from modelsync.metrics import METRICS, PHASES, Attempt, ModelState, Recorder
+from telemetry.sinks import StreamSink
 from tests.support.nvml_fake import FakeNvml, gpus
 from tests.support.render_refs import alarm_refs, dashboard_refs, emitted, expression_refs
 

@@ -78,7 +78,7 @@ def test_help_documents_every_setting_and_its_variable():
 def test_catalog_command_lists_every_metric(tmp_path):
     import orjson
 
-    from exporter.catalog import build
+    from catalog import build
 
     proc = subprocess.run([sys.executable, "-m", "exporter", "catalog", "--json"], capture_output=True, timeout=30)
     assert proc.returncode == 0

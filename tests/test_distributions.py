@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.catalog import Scope
-from exporter.emf import Encoder, Event
-from exporter.emf_validate import validate
+from catalog import Scope
 from exporter.promtext import LabelSet, Parser
 from exporter.state import DeltaState
 from exporter.transform import MAX_DISTRIBUTION_PAIRS, Transform
+from telemetry.emf import Encoder, Event
+from telemetry.emf_validate import validate
 
 from .support.helpers import CATALOG
 

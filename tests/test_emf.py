@@ -14,10 +14,10 @@ from aws_embedded_metrics.unit import Unit as AemUnit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter import emf
-from exporter.catalog import CLOUDWATCH_UNITS, Input, Kind, Metric, Scope
-from exporter.emf import Encoder, Event, dimensions_for, safe_dimension_value
-from exporter.emf_validate import validate
+from catalog import BASE_DIMENSIONS, CLOUDWATCH_UNITS, Input, Kind, Metric, Scope
+from telemetry import emf
+from telemetry.emf import Encoder, Event, dimensions_for, safe_dimension_value
+from telemetry.emf_validate import validate
 
 from .support.helpers import CATALOG
 
@@ -51,7 +51,7 @@ def _event(n_metrics: int, **dims: str) -> tuple[Encoder, Event]:
     metrics = [Metric(f"M{i}", Scope.MODEL, "Count", Kind.GAUGE, "x", (Input("s", "s"),)) for i in range(n_metrics)]
     enc = Encoder("Triton", metrics)
     props: dict[str, object] = {}
-    dims = dimensions_for(Scope.MODEL, {"model": "m", "version": "1", **dims}, props)
+    dims = dimensions_for(BASE_DIMENSIONS[Scope.MODEL], {"model": "m", "version": "1", **dims}, props)
     return enc, Event(Scope.MODEL, dims, {f"M{i}": float(i) for i in range(n_metrics)}, props)
 
 
@@ -108,7 +108,7 @@ def test_changed_names_stay_distinct_and_keep_the_original():
     a, b = safe_dimension_value("modèle"), safe_dimension_value("mod_le")
     assert a.value != b.value and a.changed and not b.changed
     props: dict[str, object] = {}
-    dims = dimensions_for(Scope.MODEL, {"model": "modèle", "version": "1"}, props)
+    dims = dimensions_for(BASE_DIMENSIONS[Scope.MODEL], {"model": "modèle", "version": "1"}, props)
     assert props["model_original"] == "modèle" and dims["model"] == a.value
 
 

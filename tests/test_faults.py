@@ -31,9 +31,9 @@ from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
 from exporter.runner import Runner
-from exporter.sinks import FileSink, Sink, TcpSink
 from exporter.sources import Collected, SourceKind
 from exporter.sources.triton import TritonIndexSource, TritonMetricsSource
+from telemetry.sinks import FileSink, Sink, TcpSink
 
 from .support.fakes import LOOPBACK, FakeAgent, FakeHttp, closed_port, drip, respond, silent
 from .support.helpers import CATALOG, Capture, IndexSource, documents, metric_names, model_doc, pipeline_for, task_doc
@@ -582,7 +582,7 @@ def test_wall_clock_jumps_change_timestamps_but_not_windows():
 
 
 def documents_with_time(result) -> list[dict]:
-    from exporter.emf_validate import validate
+    from telemetry.emf_validate import validate
 
     docs = []
     for raw in result.events:

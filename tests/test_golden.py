@@ -26,8 +26,8 @@ import pytest
 import exporter
 from exporter import pipeline as pipeline_module
 from exporter.config import Settings
-from exporter.emf_validate import validate
 from exporter.pipeline import Pipeline
+from telemetry.emf_validate import validate
 
 from .support.helpers import CATALOG, IndexSource, TextSource
 

@@ -1,6 +1,6 @@
 """Hostile input and security: what arrives may be broken, huge or malicious.
 
-Every EMF document produced here goes through exporter.emf_validate (via
+Every EMF document produced here goes through telemetry.emf_validate (via
 helpers.documents). Sources that need misbehaviour a real Triton cannot show
 (an HTML page, a 200 MB body, a redirect, a non-JSON index) are loopback
 fakes from tests/support/fakes.py; the rest is the real pipeline on Triton-shaped text
@@ -26,10 +26,10 @@ import pytest
 
 from demo.payloads import triton_metrics
 from exporter.config import Settings
-from exporter.emf import MAX_DIMENSION_VALUE_LENGTH, MAX_EVENT_BYTES
 from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
 from exporter.sources.triton import TritonIndexSource, TritonMetricsSource
+from telemetry.emf import MAX_DIMENSION_VALUE_LENGTH, MAX_EVENT_BYTES
 
 from .support.fakes import FakeHttp, closed_port, huge, redirect, respond, silent
 from .support.helpers import CATALOG, Capture, IndexSource, TextSource, documents, metric_names, model_doc, task_doc
@@ -180,7 +180,7 @@ def test_hostile_label_values_become_safe_distinct_dimensions_with_the_original_
 
 RSS_PROBE = textwrap.dedent("""
     import sys, time
-    from exporter.catalog import build
+    from catalog import build
     from exporter.config import Settings
     from exporter.promtext import Parser
     from exporter.sources import SourceError

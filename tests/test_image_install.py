@@ -28,6 +28,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
+SHIPPED = ("telemetry", "catalog", "exporter", "modelsync", "triton_side")  # the packages the wheel holds
 TRITON_DOCKERFILE = ROOT / "deploy" / "triton.Dockerfile"
 LOCK = ROOT / "requirements.lock"
 DEV_LOCK = ROOT / "requirements-dev.lock"
@@ -246,7 +247,7 @@ def test_runtime_dependencies_are_what_the_shipped_code_imports():
     imported: set[str] = set()
     shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     packages = sorted({p.rstrip("*") for p in shipped})
-    assert packages == ["exporter", "modelsync", "triton_side"]
+    assert packages == ["catalog", "exporter", "modelsync", "telemetry", "triton_side"]
     for path in (p for package in packages for p in (ROOT / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -314,7 +315,7 @@ def test_one_version_source():
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert exporter.__version__ == importlib.metadata.version("triton-emf-exporter") == version
     literal = re.compile(r"(?<![\w.])" + re.escape(version) + r"(?![\w.])")
-    shipped = [*sorted((ROOT / "exporter").rglob("*.py")), ROOT / "setup.py", DOCKERFILE]
+    shipped = [*sorted(p for d in SHIPPED for p in (ROOT / d).rglob("*.py")), ROOT / "setup.py", DOCKERFILE]
     assert [p.relative_to(ROOT).as_posix() for p in shipped if literal.search(p.read_text())] == []
     _, stages = parse_dockerfile(DOCKERFILE.read_text())
     final_args = [s.args for s in stages[-1].steps if s.op == "ARG" and s.args.startswith("VERSION")]
@@ -465,10 +466,11 @@ def test_wheel_and_image_hold_only_what_runs(image):
     names = zipfile.ZipFile(wheels[0]).namelist()
     modules = [n for n in names if n.endswith((".py", ".c", ".so"))]
     assert {"exporter/__main__.py", "exporter/sources/nvml.py", "exporter/render/dashboard.py"} <= set(modules)
-    # The exporter, the Triton-side probe (``python -m exporter health`` runs it) and the model-sync daemon.
-    others = {n.split("/")[0] for n in names if not n.startswith(("exporter/", "triton_side/", "modelsync/"))}
+    # The output layer, the catalog, the exporter, the Triton-side probe (``python -m exporter health`` runs it)
+    # and the model-sync daemon.
+    others = {n.split("/")[0] for n in names if n.split("/")[0] not in SHIPPED}
     assert len(others) == 1 and others.pop().endswith(".dist-info"), "the wheel holds only the shipped packages"
-    assert {"exporter/catalog/core.toml", "exporter/catalog/llm.toml", "exporter/catalog/example.toml"} <= set(names)
+    assert {"catalog/core.toml", "catalog/llm.toml", "catalog/example.toml"} <= set(names)
     assert [n for n in modules if is_test_only(n)] == []
     importers = re.compile(r"^\s*(from|import)\s+tests\b", re.MULTILINE)
     with zipfile.ZipFile(wheels[0]) as whl:
@@ -476,10 +478,11 @@ def test_wheel_and_image_hold_only_what_runs(image):
     site = next((root / "opt" / "venv" / "lib").glob("python3*/site-packages"))
     installed = sorted(
         p.relative_to(site).as_posix()
-        for p in (site / "exporter").rglob("*")
+        for d in SHIPPED
+        for p in (site / d).rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     )
-    assert installed == sorted(n for n in names if n.startswith("exporter/") and not n.endswith("/"))
+    assert installed == sorted(n for n in names if n.split("/")[0] in SHIPPED and not n.endswith("/"))
 
 
 @pytest.mark.slow

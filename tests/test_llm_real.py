@@ -37,14 +37,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from demo import llm as demo_llm
 from demo.llm import TRT, VLLM, trt, vllm, wait_counted
 from demo.triton import LLM_MODELS, TritonServer, copy_models
-from exporter.emf_validate import validate
 from exporter.pipeline import CycleResult, Pipeline
+from telemetry.emf_validate import validate
 
 from .support.helpers import documents, metric_names, model_doc, pipeline_for, task_doc
 
 pytestmark = pytest.mark.triton
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE_CATALOG = ROOT / "exporter" / "catalog" / "example.toml"
+EXAMPLE_CATALOG = ROOT / "catalog" / "example.toml"
 # Every metric the LLM pack derives from a counter or histogram (none may survive a reset window).
 COUNTER_DERIVED = (
     "PromptTokens",

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from demo.triton import TritonServer
-from exporter.emf_validate import validate
 from modelsync.store import state_dir
+from telemetry.emf_validate import validate
 from tests.support.msync import (
     Moto,
     leftovers,

@@ -2,7 +2,7 @@
 
 Each test has its own bucket and model names; the Triton and its repository
 are shared, so a test only looks at its own models. Every EMF line read back
-goes through exporter.emf_validate (Env.docs).
+goes through telemetry.emf_validate (Env.docs).
 """
 
 from __future__ import annotations

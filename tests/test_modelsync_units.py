@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from exporter.emf_validate import validate
-from exporter.sinks import StreamSink
 from modelsync.__main__ import main, one_line
 from modelsync.archive import Limits, extract, inspect
 from modelsync.errors import UnsafeArchive
@@ -21,6 +19,8 @@ from modelsync.fsio import LocalFileSystem
 from modelsync.metrics import METRICS, Attempt, ModelState, Recorder, catalog_metrics
 from modelsync.settings import ENV_VARS, OPTIONS, ConfigError, load, parse_size
 from modelsync.store import Store, StoreError, model_name_problem
+from telemetry.emf_validate import validate
+from telemetry.sinks import StreamSink
 from tests.support.msync import make_zip, model_files
 
 LIMITS = Limits(max_entries=100, max_bytes=10 * 1024 * 1024, max_ratio=50)

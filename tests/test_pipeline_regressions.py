@@ -13,8 +13,8 @@ from demo.payloads import triton_metrics
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.promtext import Parser
-from exporter.sinks import FileSink
 from exporter.sources import Collected, SourceKind
+from telemetry.sinks import FileSink
 
 from .support.helpers import CATALOG, IndexSource, TextSource, documents, model_doc, pipeline_for, task_doc
 from .test_faults import Loop, starts
@@ -73,7 +73,7 @@ def test_frozen_triton_keeps_the_schedule_at_the_default_timeout(triton_factory,
 
 def test_tcp_sink_backoff_is_not_cut_short_by_new_events(monkeypatch):
     """Found in review: send() woke the sender out of its backoff, so it reconnected every cycle."""
-    from exporter import sinks
+    from telemetry import sinks
 
     attempts: list[float] = []
 

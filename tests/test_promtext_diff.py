@@ -23,12 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.catalog import build
+from catalog import build
 from exporter.promtext import Parser
 
 EXAMPLES = int(os.environ.get("PROMTEXT_EXAMPLES", "300"))
 ROOT = Path(__file__).resolve().parent.parent
-WANTED = build([ROOT / "exporter" / "catalog" / "example.toml"]).wanted_samples()
+WANTED = build([ROOT / "catalog" / "example.toml"]).wanted_samples()
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
 CAPTURED = ("real_triton", "tensorrt_llm", "vllm")  # golden cases whose bodies came from the real Triton
 

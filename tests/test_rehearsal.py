@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 from cfnlint.decode.cfn_yaml import load as load_cfn_yaml
 
-from exporter.emf_validate import validate
+from telemetry.emf_validate import validate
 from tests.support.ecs_local import (
     FakeGpu,
     Task,

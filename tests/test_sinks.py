@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from exporter.config import Output
-from exporter.sinks import FileSink, SinkClosed, StreamSink, TcpSink, UdpSink, make_sink
+from telemetry.sinks import FileSink, SinkClosed, StreamSink, TcpSink, UdpSink, make_sink
 
 from .support.fakes import LOOPBACK, FakeAgent, closed_port
 

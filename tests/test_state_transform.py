@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from exporter.catalog import Scope
+from catalog import Scope
 from exporter.promtext import LabelSet
 from exporter.state import DeltaState
 from exporter.transform import Transform, histogram_quantile

@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from exporter.emf_validate import validate
+from telemetry.emf_validate import validate
 
 from .support.helpers import documents, metric_names, model_doc, pipeline_for, task_doc
 from .support.render_refs import alarm_refs

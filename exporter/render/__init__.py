@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from ..catalog import cli
+from catalog import cli
+
 from . import alarms, dashboard, docsgen, template, terraform
 from .options import Options
 

@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..emf import safe_dimension_value
+from telemetry.emf import safe_dimension_value
+
 from . import modelsync
 from .options import Options
 

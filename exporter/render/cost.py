@@ -17,9 +17,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from catalog import Catalog, CatalogError, Kind, Metric, Scope, cli
+from telemetry.emf import Encoder, Event
+
 from .. import __version__
-from ..catalog import Catalog, CatalogError, Kind, Metric, Scope, cli
-from ..emf import Encoder, Event
 from .alarms import alarm_specs, insight_rule_specs
 from .modelsync import SKEW_PERIOD
 from .options import Options

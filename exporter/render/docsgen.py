@@ -1,6 +1,6 @@
 """docs/metrics.md: the metric reference and the catalog file schema, generated so they cannot go stale.
 
-The worked example is ``exporter/catalog/example.toml``, shipped with the
+The worked example is ``catalog/example.toml``, shipped with the
 package; tests load it as a user catalog against a real Triton.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from ..catalog import CLOUDWATCH_UNITS, Catalog, Kind, Scope
+from catalog import CLOUDWATCH_UNITS, Catalog, Kind, Scope
 
 SCOPE_TEXT = {
     Scope.MODEL: "Per model version (`model`, `version`)",
@@ -34,7 +34,7 @@ SCHEMA = """\
 ## Catalog files
 
 Every metric above is defined in a TOML file: `core.toml` (Triton's core families, NVML, the exporter's
-own metrics) and `llm.toml` (vLLM and TensorRT-LLM) are built in (`exporter/catalog/`). Files you pass
+own metrics) and `llm.toml` (vLLM and TensorRT-LLM) are built in (`catalog/`). Files you pass
 with `--catalog PATH` (repeatable; `EXPORTER_CATALOG`, paths separated by `:`) are read after them, in
 order, with the same schema: they add metrics for any family Triton serves (custom `pb_utils` families
 included, `:` in names too), replace a built-in metric (`override = true`) or remove one (`drop`).
@@ -92,7 +92,7 @@ self.wait = pb_utils.MetricFamily("app:tool_call_seconds", "Tool call time", pb_
 self.wait_metric = self.wait.Metric(labels={{...}}, buckets=[0.05, 0.1, 0.5, 1, 5])
 ```
 
-This file (shipped as `exporter/catalog/example.toml`) emits its hits per window and per second and the
+This file (shipped as `catalog/example.toml`) emits its hits per window and per second and the
 tool-call time as a distribution, per model version:
 
 ```toml
@@ -146,7 +146,7 @@ def _keys_table(rows: tuple[tuple[str, str], ...]) -> str:
 
 
 def example_catalog() -> str:
-    return (resources.files("exporter.catalog") / "example.toml").read_text(encoding="utf-8")
+    return (resources.files("catalog") / "example.toml").read_text(encoding="utf-8")
 
 
 def _cell(text: str) -> str:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..catalog import Catalog
+from catalog import Catalog
 
 LOG_PARTS = re.compile(r"[A-Za-z0-9_-]+")
 MAX_LOG_GROUPS_PER_QUERY = 50  # Logs Insights: at most 50 log groups in one query

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from telemetry.logs import get
+
 from ..config import Settings
-from ..logs import get
 from ..promtext import Exposition, LabelSet
 from . import Collected, GpuInfo, SourceError, SourceKind, SourceRequired
 

@@ -8,14 +8,14 @@ from dataclasses import replace
 
 import orjson
 
+from catalog import build
 from exporter.__main__ import build_sources
-from exporter.catalog import build
 from exporter.config import Settings
-from exporter.emf_validate import validate
 from exporter.pipeline import CycleResult, Pipeline
 from exporter.promtext import Parser
 from exporter.sources import Collected, SourceKind
 from exporter.sources.triton import parse_index
+from telemetry.emf_validate import validate
 
 CATALOG = build()  # the built-in catalog, as the sidecar builds it with default settings
 

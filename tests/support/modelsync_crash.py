@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from exporter import logs
 from modelsync.__main__ import LOGGER, build
 from modelsync.settings import load
+from telemetry import logs
 from tests.support.msync import FaultFileSystem
 
 if __name__ == "__main__":

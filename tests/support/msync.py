@@ -32,12 +32,12 @@ from botocore.config import Config
 
 from demo.triton import TritonServer, free_port
 from exporter.config import Output
-from exporter.emf_validate import validate
 from modelsync.__main__ import App, build
 from modelsync.fsio import LocalFileSystem
 from modelsync.reconcile import Report
 from modelsync.settings import Settings
 from modelsync.store import state_dir
+from telemetry.emf_validate import validate
 
 REGION = "us-east-1"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}

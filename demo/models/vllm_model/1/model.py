@@ -4,7 +4,7 @@ It publishes, through ``pb_utils.MetricFamily``, the families the vLLM backend
 publishes with ``REPORT_CUSTOM_METRICS`` on (same names, types, labels
 ``model``/``version`` and buckets), plus two custom families of its own
 (``app:prompt_cache_hits_total``, ``app:tool_call_seconds``; the exporter's
-``exporter/catalog/example.toml`` reads them).
+``catalog/example.toml`` reads them).
 
 Every number is deterministic from the request, so tests can predict them:
 

@@ -24,13 +24,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from telemetry.emf import CLOUDWATCH_UNITS, MAX_METRIC_NAME_LENGTH
+
 from .load import SELF_METRICS, STATE_METRICS, CatalogError, read, read_paths
 from .model import (
     BASE_DIMENSIONS,
-    CLOUDWATCH_UNITS,
     COUNTER_KINDS,
     HISTOGRAM_KINDS,
-    MAX_METRIC_NAME_LENGTH,
     Combine,
     Family,
     Input,

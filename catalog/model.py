@@ -10,18 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-# CloudWatch's units, as the aws-embedded-metrics library's Unit enum lists them. Importing that
-# library costs ~23 MB of RSS (its package __init__ pulls in its whole logger stack), so the list is
-# kept here and tests/test_emf.py proves it equals the library's enum, which stays the reference.
-CLOUDWATCH_UNITS = (
-    "Seconds", "Microseconds", "Milliseconds", "Bytes", "Kilobytes", "Megabytes", "Gigabytes", "Terabytes",
-    "Bits", "Kilobits", "Megabits", "Gigabits", "Terabits", "Percent", "Count", "Bytes/Second",
-    "Kilobytes/Second", "Megabytes/Second", "Gigabytes/Second", "Terabytes/Second", "Bits/Second",
-    "Kilobits/Second", "Megabits/Second", "Gigabits/Second", "Terabits/Second", "Count/Second", "None",
-)  # fmt: skip
-
-MAX_METRIC_NAME_LENGTH = 255  # CloudWatch's limit for a metric name
-
 
 class Scope(StrEnum):
     """What one EMF event describes; fixes the event's base dimensions."""

@@ -1,29 +1,40 @@
 """CloudWatch Embedded Metric Format documents, valid by construction.
 
-One event per model version, per GPU, per source and one for the task:
-EMF carries one value per root key, so two model versions cannot share an
-event. Every limit of the format is a named constant here and enforced on
-the way out; ``exporter.emf_validate`` checks the result independently and
-the tests run every emitted document through it.
+The encoder knows metrics only as a name, a unit and dimension sets
+(:class:`MetricSpec`); what an event describes (a model version, a GPU, a
+sync attempt) is its caller's business. EMF carries one value per root
+key, so two entities cannot share an event. Every limit of the format is a
+named constant here and enforced on the way out; :mod:`telemetry.emf_validate`
+checks the result independently and the tests run every emitted document
+through it.
 
 Serialised with orjson: the aws-embedded-metrics library (3.5) was ~7x slower for
 the same documents (1000 model events: 112 ms against 16 ms) and its agent sink blocks. Its
-``Unit`` enum is the reference list of units (see catalog).
+``Unit`` enum is the reference list of units (:data:`CLOUDWATCH_UNITS`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
-from .catalog import BASE_DIMENSIONS, Metric, Scope
+# CloudWatch's units, as the aws-embedded-metrics library's Unit enum lists them. Importing that
+# library costs ~23 MB of RSS (its package __init__ pulls in its whole logger stack), so the list is
+# kept here and tests/test_emf.py proves it equals the library's enum, which stays the reference.
+CLOUDWATCH_UNITS = (
+    "Seconds", "Microseconds", "Milliseconds", "Bytes", "Kilobytes", "Megabytes", "Gigabytes", "Terabytes",
+    "Bits", "Kilobits", "Megabits", "Gigabits", "Terabits", "Percent", "Count", "Bytes/Second",
+    "Kilobytes/Second", "Megabytes/Second", "Gigabytes/Second", "Terabytes/Second", "Bits/Second",
+    "Kilobits/Second", "Megabits/Second", "Gigabits/Second", "Terabits/Second", "Count/Second", "None",
+)  # fmt: skip
 
+MAX_METRIC_NAME_LENGTH = 255  # CloudWatch's limit for a metric name
 # --- limits of the format (https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Specification.html)
 MAX_METRICS_PER_DIRECTIVE = 100
 MAX_DIMENSIONS_PER_SET = 30
@@ -73,6 +84,17 @@ def clip(text: str, limit: int = MAX_PROPERTY_LENGTH) -> str:
     return text if len(text) <= limit else text[: limit - 15] + "...[truncated]"
 
 
+class MetricSpec(Protocol):
+    """What the encoder needs of a metric (a catalog's ``Metric`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def unit(self) -> str: ...
+    @property
+    def dimension_sets(self) -> tuple[tuple[str, ...], ...]: ...
+
+
 NO_DISTRIBUTIONS: Mapping[str, dict[str, Any]] = MappingProxyType({})  # shared: most events have none
 
 
@@ -86,7 +108,7 @@ class Event:
     every event it receives.
     """
 
-    scope: Scope
+    scope: str  # what the event describes (the caller's vocabulary: a catalog scope); the encoder ignores it
     dimensions: dict[str, str]
     values: dict[str, float]
     properties: dict[str, object]
@@ -96,7 +118,7 @@ class Event:
 class Encoder:
     """Turns :class:`Event` objects into EMF JSON lines (bytes, no newline)."""
 
-    def __init__(self, namespace: str, metrics: Iterable[Metric], storage_resolution: int = 60) -> None:
+    def __init__(self, namespace: str, metrics: Iterable[MetricSpec], storage_resolution: int = 60) -> None:
         if not 1 <= len(namespace) <= MAX_NAMESPACE_LENGTH or not namespace.isascii():
             raise ValueError(f"namespace must be 1-{MAX_NAMESPACE_LENGTH} ASCII characters: {namespace!r}")
         if namespace.startswith("AWS/"):
@@ -179,10 +201,10 @@ class Encoder:
         )
 
 
-def dimensions_for(scope: Scope, raw: Mapping[str, str], properties: dict[str, object]) -> dict[str, str]:
-    """Safe dimension values for an event; originals that had to change go into properties."""
+def dimensions_for(names: Sequence[str], raw: Mapping[str, str], properties: dict[str, object]) -> dict[str, str]:
+    """Safe values of the dimensions ``names`` for an event; originals that had to change go into properties."""
     out: dict[str, str] = {}
-    for name in BASE_DIMENSIONS[scope]:
+    for name in names:
         safe = safe_dimension_value(raw.get(name, ""))
         out[name] = safe.value
         if safe.changed:

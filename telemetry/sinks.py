@@ -16,10 +16,49 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import BinaryIO, Protocol
+from urllib.parse import urlsplit
 
-from .config import Output
 from .logs import Conditions, get
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a daemon's EMF goes (its ``--output``)."""
+
+    kind: str  # stdout | tcp | udp | file
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    def __str__(self) -> str:
+        if self.kind in ("tcp", "udp"):
+            return f"{self.kind}://{self.host}:{self.port}"
+        return f"file:{self.path}" if self.kind == "file" else self.kind
+
+
+def parse_output(text: str) -> Output:
+    """``stdout``, ``tcp://HOST:PORT``, ``udp://HOST:PORT`` or ``file:PATH``; ValueError says what is wrong."""
+    text = text.strip()
+    if text in ("", "stdout", "-"):
+        return Output("stdout")
+    if text.startswith("file:"):
+        path = text[5:]
+        if not path:
+            raise ValueError("file: needs a path, e.g. file:/tmp/emf.log")
+        return Output("file", path=path)
+    parts = urlsplit(text)
+    if parts.scheme in ("tcp", "udp"):
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if not parts.hostname or not port:
+            raise ValueError(f"{parts.scheme} output needs host and port, e.g. {parts.scheme}://127.0.0.1:25888")
+        return Output(parts.scheme, host=parts.hostname, port=port)
+    raise ValueError("use stdout, tcp://HOST:PORT, udp://HOST:PORT or file:PATH")
+
 
 log = get("sink")
 

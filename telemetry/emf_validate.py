@@ -1,6 +1,6 @@
 """An independent checker for EMF documents: the specification's rules, as code.
 
-Used by the tests on every document the exporter emits, and available to
+Used by the tests on every document the exporter and model sync emit, and available to
 users (``python -m exporter validate FILE``) for EMF from anywhere. CloudWatch
 itself never reports invalid EMF to the sender (the document is just stored
 as a log line), so this is the only place such a bug shows up early.
@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from .catalog import CLOUDWATCH_UNITS
 from .emf import (
+    CLOUDWATCH_UNITS,
     MAX_DIMENSION_VALUE_LENGTH,
     MAX_DIMENSIONS_PER_SET,
     MAX_EVENT_BYTES,

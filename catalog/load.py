@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from telemetry.emf import CLOUDWATCH_UNITS, MAX_METRIC_NAME_LENGTH
+
 from .model import (
     BASE_DIMENSIONS,
-    CLOUDWATCH_UNITS,
     FAMILY_TYPES,
     HISTOGRAM_KINDS,
-    MAX_METRIC_NAME_LENGTH,
     Combine,
     Family,
     Input,

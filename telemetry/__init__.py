@@ -1,0 +1,10 @@
+"""The output layer: how telemetry is encoded, sent, logged and configured, knowing nothing of Triton.
+
+- :mod:`telemetry.emf`: the CloudWatch EMF encoder (metrics as name, unit, dimension sets);
+- :mod:`telemetry.emf_validate`: an independent checker of EMF documents;
+- :mod:`telemetry.sinks`: the transports (stdout, TCP, UDP, file) behind one ``Sink`` protocol;
+- :mod:`telemetry.logs`: JSON log lines on stderr;
+- :mod:`telemetry.settings`: one table of options that builds argparse and reads the environment.
+
+The exporter, model sync and the metric catalog build on it; it imports none of them.
+"""
