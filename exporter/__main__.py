@@ -27,11 +27,11 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
-from catalog import Catalog, CatalogError, build
-from catalog.cli import packs
+from catalog import Catalog, CatalogError, build, cli
 from telemetry import logs
+from telemetry.settings import ConfigError, add_options, parse
 
-from .config import ConfigError, Settings, load
+from .config import Settings, load
 from .sources import Source, SourceRequired
 
 # Commands that live in their own modules, imported only when used.
@@ -44,7 +44,7 @@ COMMANDS = {
 
 def build_catalog(settings: Settings) -> Catalog:
     """The catalog the settings describe, validated once; raises CatalogError (exit 2)."""
-    return build(settings.catalog_files, settings.metrics, packs(settings.llm_metrics))
+    return build(settings.catalog_files, settings.metrics, cli.packs(settings.llm_metrics))
 
 
 def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
@@ -102,17 +102,19 @@ def listens(url: str, timeout: float) -> bool:
 def catalog_main(argv: Sequence[str]) -> int:
     import orjson
 
-    from catalog import cli
-
     parser = argparse.ArgumentParser(
         prog="python -m exporter catalog",
         description="List every metric the exporter emits with this catalog and selection.",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    cli.add_arguments(parser)
-    args = parser.parse_args(cli.attach_selection(argv))
+    add_options(parser, cli.OPTIONS)
     try:
-        catalog = cli.from_arguments(args)
+        args, values = parse(parser, cli.OPTIONS, argv, os.environ)
+    except ConfigError as exc:
+        sys.stderr.write(f"error: invalid setting: {exc}\n")
+        return 2
+    try:
+        catalog = cli.from_values(values)
     except CatalogError as exc:
         sys.stderr.write(f"error: invalid catalog: {exc}\n")
         return 2
@@ -149,7 +151,7 @@ def validate_main(argv: Sequence[str]) -> int:
         prog="python -m exporter validate", description="Check EMF documents, one JSON object per line."
     )
     parser.add_argument("file", help="path, or - for stdin")
-    args = parser.parse_args(list(argv))
+    args, _ = parse(parser, (), argv, os.environ)  # no settings: one positional argument
     try:
         stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
     except OSError as exc:

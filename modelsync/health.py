@@ -81,9 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         settings = load(list(sys.argv[1:] if argv is None else argv), os.environ)
-    except ConfigError as exc:
+    except ConfigError as exc:  # exit 2 as every command (ECS counts any non-zero as unhealthy)
         sys.stderr.write(f"unhealthy: invalid setting: {exc}\n")
-        return 1
+        return 2
     why = problem(Status.read(settings.repository), time.time())
     if why:
         sys.stderr.write(f"unhealthy: {why}\n")

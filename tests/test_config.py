@@ -68,8 +68,8 @@ def test_help_documents_every_setting_and_its_variable():
     proc = subprocess.run([sys.executable, "-m", "exporter", "--help"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
-    for _, flag, _envs, _, _ in OPTIONS:
-        assert flag in text
+    for option in OPTIONS:
+        assert option.flag in text
     for env in ENV_VARS:
         assert env in text
     assert "--once" in text

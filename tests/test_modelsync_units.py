@@ -77,9 +77,9 @@ def test_help_lists_every_flag_and_variable(capsys) -> None:
         main(["--help"])
     assert exc.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    for _, flag, envs, _, _ in OPTIONS:
-        assert flag in out
-        for env in envs:
+    for option in OPTIONS:
+        assert option.flag in out
+        for env in option.env:
             assert env in out
     for flag in (
         "--once",
@@ -542,10 +542,10 @@ def test_clients_take_the_region_from_aws_region(monkeypatch) -> None:
 def test_urls_follow_the_exporters_rule() -> None:
     """One URL converter for both daemons (the two copies disagreed on trailing slashes): a base URL loses a
     bare trailing '/', a path is kept as written, a port must be valid."""
-    from exporter.config import http_url
     from exporter.config import load as load_exporter
+    from telemetry.settings import http_url
 
-    converters = {field: convert for field, _, _, convert, _ in OPTIONS}
+    converters = {o.field: o.convert for o in OPTIONS}
     assert converters["triton_url"] is http_url
     env = {"MODELSYNC_BUCKET": "models", "TRITON_URL": "http://triton:8000/"}
     queue = "https://sqs.us-east-1.amazonaws.com/123456789012/q/"

@@ -571,10 +571,10 @@ def test_every_render_option_with_help_is_a_flag_and_reaches_the_files(tmp_path:
     the command line: each one given a non-default value changes what is rendered."""
     from dataclasses import fields
 
-    from exporter.render import _parser
+    from exporter.render import options_table
     from exporter.render.options import Options as O
 
-    flags = {a.dest: a for a in _parser()._actions}
+    flags = {o.field: o for o in options_table()}
     table = [f for f in fields(O) if "help" in f.metadata]
     assert table and all(f.name in flags for f in table)
     assert main(["--out", str(tmp_path / "a"), "--version-skew-periods", "7"]) == 0

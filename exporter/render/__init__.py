@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
-from catalog import cli
+from catalog import CatalogError, cli
+from telemetry.settings import ConfigError, Option, add_options, integer, number, parse
 
 from . import alarms, dashboard, docsgen, template, terraform
 from .options import Options
@@ -45,8 +48,31 @@ def stale_files(root: Path, files: dict[str, str]) -> list[Path]:
     return out
 
 
-def _parser() -> argparse.ArgumentParser:
-    """The flags: one per Options field that has a help text (the table is options.py)."""
+_CONVERTERS: dict[type, Callable[[str], Any]] = {str: str, float: number, int: integer}
+
+
+def options_table() -> tuple[Option, ...]:
+    """One option per Options field that has a help text (the table is options.py), and the catalog's."""
+    out = []
+    for f in fields(Options):
+        if "help" not in f.metadata:
+            continue
+        repeatable = isinstance(f.default, tuple)
+        out.append(
+            Option(
+                f.name,
+                f.metadata["flag"] or "--" + f.name.replace("_", "-"),
+                convert=str if repeatable else _CONVERTERS[type(f.default)],
+                help=f.metadata["help"].format(default=f.default),
+                repeatable=repeatable,
+                metavar="NAME" if repeatable else "",
+                shown="",
+            )
+        )
+    return (*out, *cli.OPTIONS)
+
+
+def _parser(table: Sequence[Option]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m exporter render",
         description="Write dashboards/, alarms/, deploy/terraform/alarms.tf.json and "
@@ -55,25 +81,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=".", help="directory to write into (default: current directory)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ from a render")
-    for f in fields(Options):
-        if "help" not in f.metadata:
-            continue
-        flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
-        text = f.metadata["help"].format(default=f.default)
-        if isinstance(f.default, tuple):
-            p.add_argument(flag, action="append", default=[], dest=f.name, metavar="NAME", help=text)
-        else:
-            p.add_argument(flag, type=type(f.default), default=f.default, dest=f.name, help=text)
-    cli.add_arguments(p)
+    add_options(p, table)
     return p
 
 
-def options_from(args: argparse.Namespace) -> Options:
-    """Options from the flags, with the catalog they describe (raises CatalogError, ValueError)."""
-    catalog = cli.from_arguments(args)
-    fields = {k: v for k, v in vars(args).items() if k not in ("out", "check", "catalog", "metrics", "llm_metrics")}
-    fields["models"] = tuple(dict.fromkeys(fields["models"]))
-    opts = Options(catalog=catalog, **fields)
+def options_from(values: Mapping[str, Any]) -> Options:
+    """Options from the settings' values, with the catalog they describe (raises CatalogError, ValueError)."""
+    catalog = cli.from_values(values)
+    given = {k: v for k, v in values.items() if k not in cli.FIELDS}
+    if "models" in given:
+        given["models"] = tuple(dict.fromkeys(given["models"]))
+    opts = Options(catalog=catalog, **given)
     if not 0 < opts.gpu_scale_in < opts.gpu_scale_out <= 100:
         raise ValueError("need 0 < --gpu-scale-in < --gpu-scale-out <= 100")
     if not 0 <= opts.min_capacity <= opts.max_capacity or opts.max_capacity < 1:
@@ -84,10 +102,17 @@ def options_from(args: argparse.Namespace) -> Options:
 
 
 def main(argv: Sequence[str]) -> int:
-    args = _parser().parse_args(cli.attach_selection(argv))
+    table = options_table()
     try:
-        opts = options_from(args)
+        args, values = parse(_parser(table), table, argv, os.environ)
+        opts = options_from(values)
         files = render(opts)
+    except ConfigError as exc:
+        sys.stderr.write(f"error: invalid setting: {exc}\n")
+        return 2
+    except CatalogError as exc:
+        sys.stderr.write(f"error: invalid catalog: {exc}\n")
+        return 2
     except (ValueError, KeyError) as exc:  # CatalogError is a ValueError
         sys.stderr.write(f"error: {exc}\n")
         return 2

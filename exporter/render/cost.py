@@ -13,12 +13,14 @@ the distinct metrics the real pipeline emits for the same deployment.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from catalog import Catalog, CatalogError, Kind, Metric, Scope, cli
 from telemetry.emf import Encoder, Event
+from telemetry.settings import ConfigError, Option, add_options, choice, integer, parse, positive
 
 from .. import __version__
 from .alarms import alarm_specs, insight_rule_specs
@@ -313,62 +315,58 @@ DOC_ROWS = (
 )
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    def check(text: str) -> int:
+        value = integer(text)
+        if value < low:
+            raise ValueError(f"must be at least {low}")
+        return value
+
+    return check
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("models", "--models", (), _at_least(0), "models loaded (required unless --markdown)", shown=""),
+    Option("versions", "--versions", (), _at_least(1), "loaded versions per model"),
+    Option("gpus", "--gpus", (), _at_least(0), "GPUs per task"),
+    Option("tasks", "--tasks", (), _at_least(1), "tasks of the service"),
+    Option("interval", "--interval", (), positive, "exporter interval, seconds"),
+    Option("llm_models", "--llm-models", (), _at_least(0), "of the models, how many are LLMs"),
+    Option("llm_backend", "--llm-backend", (), choice(*LLM_BACKENDS), "their backend", metavar="|".join(LLM_BACKENDS)),
+    Option("breakdown_zeros", "--breakdown-zeros", (), choice("omit", "emit"), "as the sidecar's setting"),
+    *cli.OPTIONS,
+)
+
+
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python -m exporter cost", description="Custom metrics, alarms and monthly list price the defaults create."
     )
-    p.add_argument("--models", type=int, help="models loaded (required unless --markdown)")
-    p.add_argument("--versions", type=int, default=1, help="loaded versions per model (default: 1)")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs per task (default: 1)")
-    p.add_argument("--tasks", type=int, default=1, help="tasks of the service (default: 1)")
-    p.add_argument("--interval", type=float, default=60.0, help="exporter interval, seconds (default: 60)")
-    p.add_argument("--llm-models", type=int, default=0, help="of the models, how many are LLMs (default: 0)")
-    p.add_argument("--llm-backend", choices=LLM_BACKENDS, default="vllm", help="their backend (default: vllm)")
+    add_options(p, OPTIONS, Deployment(models=0))
     p.add_argument("--no-nvml", action="store_true", help="NVML source off (EXPORTER_NVML=off)")
     p.add_argument("--no-summaries", action="store_true", help="Triton without summary_latencies")
     p.add_argument("--histograms", action="store_true", help="Triton with histogram_latencies")
-    p.add_argument(
-        "--breakdown-zeros", choices=("omit", "emit"), default="omit", help="as the sidecar's setting (default: omit)"
-    )
     p.add_argument("--markdown", action="store_true", help="print the docs table for the small and large cases")
-    cli.add_arguments(p)
-    args = p.parse_args(cli.attach_selection(argv))
     try:
-        opts = Options(catalog=cli.from_arguments(args))
+        args, values = parse(p, OPTIONS, argv, os.environ)
+    except ConfigError as exc:
+        sys.stderr.write(f"error: invalid setting: {exc}\n")
+        return 2
+    try:
+        opts = Options(catalog=cli.from_values(values))
     except CatalogError as exc:
         sys.stderr.write(f"error: invalid catalog: {exc}\n")
         return 2
     if args.markdown:
         sys.stdout.write(markdown_table(DOC_ROWS, opts))
         return 0
-    if args.models is None:
+    if "models" not in values:
         p.error("--models is required")
-    if (
-        args.models < 0
-        or args.versions < 1
-        or args.gpus < 0
-        or args.tasks < 1
-        or args.interval <= 0
-        or not 0 <= args.llm_models <= args.models
-    ):
-        sys.stderr.write(
-            "error: need --models >= 0, --versions >= 1, --gpus >= 0, --tasks >= 1, --interval > 0, "
-            "0 <= --llm-models <= --models\n"
-        )
+    deployment = {k: v for k, v in values.items() if k not in cli.FIELDS}
+    if not deployment.get("llm_models", 0) <= deployment["models"]:
+        sys.stderr.write("error: need --llm-models <= --models\n")
         return 2
-    d = Deployment(
-        models=args.models,
-        versions=args.versions,
-        gpus=args.gpus,
-        tasks=args.tasks,
-        nvml=not args.no_nvml,
-        summaries=not args.no_summaries,
-        histograms=args.histograms,
-        llm_models=args.llm_models,
-        llm_backend=args.llm_backend,
-        interval=args.interval,
-        breakdown_zeros=args.breakdown_zeros,
-    )
+    d = Deployment(**deployment, nvml=not args.no_nvml, summaries=not args.no_summaries, histograms=args.histograms)
     e = estimate(d, opts)
     w = sys.stdout.write
     w(
