@@ -40,7 +40,7 @@ COPY exporter/ ./exporter/
 COPY triton_side/ ./triton_side/
 COPY modelsync/ ./modelsync/
 
-# A C compiler for the optional /metrics scanner (exporter/_scan.c, ~2x faster parsing);
+# A C compiler for the optional /metrics scanner (exporter/sources/_scan.c, ~2x faster parsing);
 # it stays in this stage. OS packages only: the replay test skips this step.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev

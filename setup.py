@@ -1,10 +1,10 @@
 """Only for the optional C scanner; all other metadata is in pyproject.toml.
 
 The extension is optional: without a compiler the build carries on and
-exporter.promtext uses its pure-Python path (same results, slower; the
+exporter.sources.promtext uses its pure-Python path (same results, slower; the
 differential tests run both).
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("exporter._scan", ["exporter/_scan.c"], optional=True)])
+setup(ext_modules=[Extension("exporter.sources._scan", ["exporter/sources/_scan.c"], optional=True)])

@@ -32,9 +32,9 @@ from catalog import build
 from demo.payloads import triton_metrics
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
-from exporter.promtext import Parser
 from exporter.sources import Collected, SourceKind
 from exporter.sources.nvml import MEMORY_TEMP_FIELD, MEMORY_V2, NvmlSource
+from exporter.sources.promtext import Parser
 from tests.support import nvml_fake as fk
 
 CATALOG = build()  # the built-in catalog, built once by this script

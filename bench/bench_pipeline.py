@@ -49,7 +49,7 @@ class FileSource:
     kind = SourceKind.TRITON
 
     def __init__(self, paths: list[Path], wanted: frozenset[str], native: bool = True) -> None:
-        from exporter.promtext import Parser
+        from exporter.sources.promtext import Parser
 
         self.paths = paths
         self.parser = Parser(wanted, native=native)
@@ -111,7 +111,7 @@ def _reference(models: int, repeat: int, workdir: Path) -> dict:
 def _parse_only(path: str, repeat: int, workdir: Path) -> dict:
     """One parser path over the same body: ``c`` (the C scanner) or ``python`` (the full-grammar regex)."""
     from catalog import build
-    from exporter.promtext import Parser
+    from exporter.sources.promtext import Parser
 
     parser = Parser(build().wanted_samples(), native=path == "c")
     text = sorted(workdir.glob("metrics-*.txt"))[0].read_text()

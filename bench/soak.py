@@ -31,8 +31,8 @@ from catalog import build
 from demo.payloads import triton_metrics
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
-from exporter.promtext import Parser
 from exporter.sources import Collected, SourceKind
+from exporter.sources.promtext import Parser
 from exporter.sources.triton import TritonIndexSource, TritonMetricsSource
 
 CATALOG = build()  # the built-in catalog, built once by this script

@@ -50,9 +50,9 @@ def build_catalog(settings: Settings) -> Catalog:
 def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
     # Imported here, not at the top: requests alone is about half of the start-up import time,
     # and commands like catalog or validate never need it.
-    from .promtext import Parser
     from .sources.ecs import EcsMetadataSource
     from .sources.http import make_session
+    from .sources.promtext import Parser
     from .sources.triton import TritonIndexSource, TritonMetricsSource
 
     # One session per source: the pipeline reads sources concurrently.
@@ -85,7 +85,7 @@ def _nvml_source(settings: Settings) -> Source | None:
                 f"--nvml on (EXPORTER_NVML=on) needs the NVML source, which cannot load: {exc}"
             ) from None
         return None
-    return make_nvml_source(settings)
+    return make_nvml_source(settings.nvml)
 
 
 def listens(url: str, timeout: float) -> bool:

@@ -24,9 +24,9 @@ from . import __version__
 from .cap import ModelCap
 from .config import Settings
 from .gpus import GpuIndex, gpu_samples, gpu_uuids, keep_tritons_gpus
-from .promtext import LabelSet, model_key
 from .selfmetrics import Bookkeeping, SourceStatus, exporter_values, index_values
 from .sources import Collected, GpuInfo, Source, SourceError, SourceKind, VersionState
+from .sources.promtext import LabelSet, model_key
 from .state import DeltaState
 from .transform import Column, Result, Transform
 

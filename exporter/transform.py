@@ -35,7 +35,7 @@ from typing import Any
 
 from catalog import HISTOGRAM_KINDS, Catalog, Combine, Input, Kind, Metric
 
-from .promtext import LabelSet, Series
+from .sources.promtext import LabelSet, Series
 from .state import Window
 
 Column = dict[str, float]  # entity_key -> value

@@ -19,11 +19,11 @@ import pytest
 from demo.payloads import first_response_metrics, llm_metrics, triton_metrics
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
-from exporter.promtext import Parser
 from exporter.render import alarms, dashboard, render
 from exporter.render.options import Options
 from exporter.sources import Collected, VersionState
 from exporter.sources.nvml import NvmlSource
+from exporter.sources.promtext import Parser
 from modelsync.errors import Result
 from modelsync.metrics import METRICS, PHASES, Attempt, ModelState, Recorder
 from telemetry.sinks import StreamSink

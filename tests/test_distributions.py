@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog import Scope
-from exporter.promtext import LabelSet, Parser
+from exporter.sources.promtext import LabelSet, Parser
 from exporter.state import DeltaState
 from exporter.transform import MAX_DISTRIBUTION_PAIRS, Transform
 from telemetry.emf import Encoder, Event

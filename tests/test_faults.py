@@ -29,9 +29,9 @@ from demo.payloads import triton_metrics
 from exporter import __main__ as exporter_main
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
-from exporter.promtext import Parser
 from exporter.runner import Runner
 from exporter.sources import Collected, SourceKind
+from exporter.sources.promtext import Parser
 from exporter.sources.triton import TritonIndexSource, TritonMetricsSource
 from telemetry.sinks import FileSink, Sink, TcpSink
 

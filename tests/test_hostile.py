@@ -27,7 +27,7 @@ import pytest
 from demo.payloads import triton_metrics
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
-from exporter.promtext import Parser
+from exporter.sources.promtext import Parser
 from exporter.sources.triton import TritonIndexSource, TritonMetricsSource
 from telemetry.emf import MAX_DIMENSION_VALUE_LENGTH, MAX_EVENT_BYTES
 
@@ -182,7 +182,7 @@ RSS_PROBE = textwrap.dedent("""
     import sys, time
     from catalog import build
     from exporter.config import Settings
-    from exporter.promtext import Parser
+    from exporter.sources.promtext import Parser
     from exporter.sources import SourceError
     from exporter.sources.triton import TritonMetricsSource
     src = TritonMetricsSource(sys.argv[1], Parser(build().wanted_samples()), 1.0, Settings().max_body_bytes)
@@ -244,6 +244,7 @@ def test_ten_thousand_models_are_capped_with_a_warning_and_a_dropped_count():
     capture = Capture()
     logger = logging.getLogger("exporter.pipeline")
     logger.addHandler(capture)
+    logger.setLevel(logging.WARNING)  # whatever level an earlier test's logs.setup() left on "exporter"
     try:
         pipe = Pipeline(
             SETTINGS,
@@ -257,6 +258,7 @@ def test_ten_thousand_models_are_capped_with_a_warning_and_a_dropped_count():
         result = pipe.cycle()
     finally:
         logger.removeHandler(capture)
+        logger.setLevel(logging.NOTSET)
     docs = documents(result)
     models = [d for d in docs if "model" in d]
     assert len(models) == SETTINGS.max_models == 500

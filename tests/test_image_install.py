@@ -145,7 +145,7 @@ def replay_build(root: Path) -> tuple[Stage, list[str]]:
         elif step.op == "COPY":
             replay_copy(step.args, workdir, root)
         elif step.op == "RUN" and step.args.startswith("apt-get "):
-            # OS packages (the compiler for exporter/_scan.c): this machine has them already.
+            # OS packages (the compiler for exporter/sources/_scan.c): this machine has them already.
             assert shutil.which("gcc"), "the replay needs the compiler the Dockerfile installs"
             log.append(f"(skipped OS packages) {step.args}")
         elif step.op == "RUN":
@@ -357,7 +357,7 @@ def test_dockerignore_lets_every_copied_file_through():
     assert not dockerignore_included("tests/conftest.py", patterns)
     assert not dockerignore_included("triton_side/__pycache__/probe.cpython-311.pyc", patterns)
     # A C scanner built on the host must not reach the image: the build stage compiles its own.
-    assert not dockerignore_included("exporter/_scan.cpython-311-x86_64-linux-gnu.so", patterns)
+    assert not dockerignore_included("exporter/sources/_scan.cpython-311-x86_64-linux-gnu.so", patterns)
     for dockerfile in (DOCKERFILE, TRITON_DOCKERFILE):
         for stage in parse_dockerfile(dockerfile.read_text())[1]:
             for step in stage.steps:
@@ -400,7 +400,11 @@ def test_replayed_image_has_only_the_lock_and_runs_help(image):
     where, *dists = listing.stdout.splitlines()
     assert where.startswith(str(venv)), where
     native = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import exporter._scan"], cwd=cwd, env=env, capture_output=True, text=True
+        [str(venv / "bin" / "python"), "-c", "import exporter.sources._scan"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert native.returncode == 0, "the image must carry the C scanner: " + native.stderr
     installed = {canonicalize_name(d.split("==")[0]): d.split("==")[1] for d in dists}

@@ -357,7 +357,7 @@ def test_gpus_not_read_before_the_timeout_are_left_out_of_the_cycle() -> None:
 
 def test_library_missing_auto_on_a_cpu_host_warns_once_and_reports_down(tmp_path: Path, caplog) -> None:
     with caplog.at_level(logging.INFO, logger="exporter.nvml"):
-        source = make_nvml_source(Settings(nvml="auto"), fk.library_missing(), {}, dev=tmp_path)
+        source = make_nvml_source("auto", fk.library_missing(), {}, dev=tmp_path)
     assert source is not None  # kept: SourceUp{source=nvml}=0 tells the truth every cycle
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "--nvml off" in warnings[0]
@@ -366,9 +366,7 @@ def test_library_missing_auto_on_a_cpu_host_warns_once_and_reports_down(tmp_path
 
 
 def test_library_missing_auto_with_gpu_hints_reports_the_source_down(tmp_path: Path) -> None:
-    source = make_nvml_source(
-        Settings(nvml="auto"), fk.library_missing(), {"NVIDIA_VISIBLE_DEVICES": "all"}, dev=tmp_path
-    )
+    source = make_nvml_source("auto", fk.library_missing(), {"NVIDIA_VISIBLE_DEVICES": "all"}, dev=tmp_path)
     assert source is not None
     with pytest.raises(SourceError, match=r"libnvidia-ml\.so\.1"):
         source.collect(5.0)
@@ -377,7 +375,7 @@ def test_library_missing_auto_with_gpu_hints_reports_the_source_down(tmp_path: P
 def test_library_missing_auto_reports_down_and_retries_slowly(tmp_path: Path) -> None:
     fake = fk.library_missing()
     clock = Clock()
-    source = make_nvml_source(Settings(nvml="auto"), fake, {"NVIDIA_VISIBLE_DEVICES": "all"}, dev=tmp_path)
+    source = make_nvml_source("auto", fake, {"NVIDIA_VISIBLE_DEVICES": "all"}, dev=tmp_path)
     assert source is not None
     source.clock = clock
     source.next_try = clock.now + source.retry_interval
@@ -397,7 +395,7 @@ def test_library_missing_auto_reports_down_and_retries_slowly(tmp_path: Path) ->
 
 
 def test_pynvml_not_installed_reports_down(tmp_path: Path) -> None:
-    assert make_nvml_source(Settings(nvml="off"), fk.two_healthy(), {}) is None
+    assert make_nvml_source("off", fk.two_healthy(), {}) is None
     source = NvmlSource(None, {})
     with pytest.raises(SourceError, match="not installed"):
         source.collect(5.0)
@@ -420,7 +418,7 @@ def test_pynvml_not_installed_reports_down(tmp_path: Path) -> None:
 def test_on_without_nvml_refuses_to_start_naming_the_cause(fake, environ, cause, tmp_path: Path) -> None:
     api = fake()
     with pytest.raises(SourceRequired, match=cause) as info:
-        make_nvml_source(Settings(nvml="on"), api, environ, dev=tmp_path)
+        make_nvml_source("on", api, environ, dev=tmp_path)
     message = str(info.value)
     assert message.startswith("--nvml on (EXPORTER_NVML=on)") and "\n" not in message
     assert "retrying" not in message  # nothing retries: the sidecar stops
@@ -429,7 +427,7 @@ def test_on_without_nvml_refuses_to_start_naming_the_cause(fake, environ, cause,
 
 def test_on_with_nvml_present_starts_and_later_failures_are_handled_as_under_auto(tmp_path: Path) -> None:
     fake = fk.two_healthy()
-    source = make_nvml_source(Settings(nvml="on"), fake, {}, dev=tmp_path)
+    source = make_nvml_source("on", fake, {}, dev=tmp_path)
     assert source is not None and source.ready
     fake.unload_driver()
     with pytest.raises(SourceError) as info:  # reported down, not a crash or an exit
@@ -458,7 +456,7 @@ def test_entry_point_maps_on_without_nvml_to_exit_2_with_one_line(monkeypatch, c
 
 
 def test_auto_with_nvml_present_keeps_the_source(tmp_path: Path) -> None:
-    source = make_nvml_source(Settings(nvml="auto"), fk.two_healthy(), {}, dev=tmp_path)
+    source = make_nvml_source("auto", fk.two_healthy(), {}, dev=tmp_path)
     assert source is not None and source.ready
 
 

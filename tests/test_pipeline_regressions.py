@@ -12,8 +12,8 @@ import pytest
 from demo.payloads import triton_metrics
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
-from exporter.promtext import Parser
 from exporter.sources import Collected, SourceKind
+from exporter.sources.promtext import Parser
 from telemetry.sinks import FileSink
 
 from .support.helpers import CATALOG, IndexSource, TextSource, documents, model_doc, pipeline_for, task_doc

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from catalog import build
-from exporter.promtext import Parser
+from exporter.sources.promtext import Parser
 
 EXAMPLES = int(os.environ.get("PROMTEXT_EXAMPLES", "300"))
 ROOT = Path(__file__).resolve().parent.parent

@@ -36,9 +36,8 @@ from typing import Any
 
 from telemetry.logs import get
 
-from ..config import Settings
-from ..promtext import Exposition, LabelSet
 from . import Collected, GpuInfo, SourceError, SourceKind, SourceRequired
+from .promtext import Exposition, LabelSet
 
 log = get("nvml")
 
@@ -658,12 +657,12 @@ def load_api() -> Any:
 
 
 def make_nvml_source(
-    settings: Settings,
+    mode: str,
     api: Any = None,
     environ: Mapping[str, str] | None = None,
     dev: Path = Path("/dev"),
 ) -> NvmlSource | None:
-    """The NVML source for ``settings.nvml`` ("off": None).
+    """The NVML source for the ``--nvml`` mode: ``auto``, ``on`` or ``off`` (None).
 
     ``on``: NVML is required; when it cannot start, :class:`SourceRequired`
     names the cause and the sidecar does not run (a GPU task deployed without
@@ -678,7 +677,7 @@ def make_nvml_source(
     ``--nvml off``: a GPU task whose sidecar was not given the driver looks
     the same from inside, and that is the case this must not hide.
     """
-    if settings.nvml == "off":
+    if mode == "off":
         return None
     environ = os.environ if environ is None else environ
     api = load_api() if api is None else api
@@ -686,7 +685,7 @@ def make_nvml_source(
     try:
         source.start()
     except NvmlUnavailable as exc:
-        if settings.nvml == "on":
+        if mode == "on":
             raise SourceRequired(
                 f"--nvml on (EXPORTER_NVML=on) needs NVML, which is unavailable: {exc.reason}; "
                 "--nvml auto runs without it and retries"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import orjson
 import requests
 
-from ..promtext import Exposition, Parser
 from . import Collected, SourceError, SourceKind, VersionState
 from .http import fetch, make_session, redact
+from .promtext import Exposition, Parser
 
 
 class TritonMetricsSource:

@@ -12,8 +12,8 @@ from catalog import build
 from exporter.__main__ import build_sources
 from exporter.config import Settings
 from exporter.pipeline import CycleResult, Pipeline
-from exporter.promtext import Parser
 from exporter.sources import Collected, SourceKind
+from exporter.sources.promtext import Parser
 from exporter.sources.triton import parse_index
 from telemetry.emf_validate import validate
 

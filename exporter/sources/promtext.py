@@ -11,7 +11,7 @@ How:
   ``# TYPE`` line, so only the blocks of wanted families are scanned. A
   wanted name with no ``# TYPE`` line (absent, the common case for optional
   families, or untyped) is looked for in one pass over the whole body.
-- Two ways to read a block: the C scanner (``exporter/_scan.c``, which the
+- Two ways to read a block: the C scanner (``exporter/sources/_scan.c``, which the
   image always builds) for the plain layout, and the full grammar as one
   regex per name, in pure Python, for everything else (timestamps, odd value
   spellings, malformed lines) and where no compiler built the scanner.
@@ -327,7 +327,7 @@ class Parser:
         return out
 
     def _native(self, out: Exposition, text: str, name: str, start: int, end: int) -> bool:
-        """The plain layout through the C scanner (exporter/_scan.c): False means "use the Python paths".
+        """The plain layout through the C scanner (exporter/sources/_scan.c): False means "use the Python paths".
 
         Label blocks the scanner has not seen are checked here with the full
         grammar before they are trusted; a bad one sends the whole block to the

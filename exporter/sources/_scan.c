@@ -1,4 +1,4 @@
-/* The hot loop of exporter/promtext.py, in C: optional, with a pure-Python twin.
+/* The hot loop of exporter/sources/promtext.py, in C: optional, with a pure-Python twin.
  *
  * scan(text, start, end, prefix, blocks) reads the lines of one family block
  * text[start:end] that begin with `prefix` ("name{") and returns
@@ -189,11 +189,11 @@ static PyObject *names(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"scan", scan, METH_VARARGS, "Read one family block's plain lines (see exporter/promtext.py)."},
-    {"names", names, METH_VARARGS, "The sample names that start a line (see exporter/promtext.py)."},
+    {"scan", scan, METH_VARARGS, "Read one family block's plain lines (see exporter/sources/promtext.py)."},
+    {"names", names, METH_VARARGS, "The sample names that start a line (see exporter/sources/promtext.py)."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "exporter._scan", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "exporter.sources._scan", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }

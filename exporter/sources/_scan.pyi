@@ -1,4 +1,4 @@
-"""Types of the C scanner (exporter/_scan.c); see exporter/promtext.py for how it is used."""
+"""Types of the C scanner (exporter/sources/_scan.c); see exporter/sources/promtext.py for how it is used."""
 
 def scan(
     text: str, start: int, end: int, prefix: str, blocks: dict[str, str], /
