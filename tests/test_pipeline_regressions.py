@@ -73,7 +73,7 @@ def test_frozen_triton_keeps_the_schedule_at_the_default_timeout(triton_factory,
 
 def test_tcp_sink_backoff_is_not_cut_short_by_new_events(monkeypatch):
     """Found in review: send() woke the sender out of its backoff, so it reconnected every cycle."""
-    from telemetry import sinks
+    from telemetry.sinks import tcp as sinks
 
     attempts: list[float] = []
 

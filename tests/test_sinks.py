@@ -13,8 +13,7 @@ import time
 import orjson
 import pytest
 
-from exporter.config import Output
-from telemetry.sinks import FileSink, SinkClosed, StreamSink, TcpSink, UdpSink, make_sink
+from telemetry.sinks import FileSink, Output, SinkClosed, StreamSink, TcpSink, UdpSink, make_sink
 
 from .support.fakes import LOOPBACK, FakeAgent, closed_port
 
@@ -172,3 +171,20 @@ def test_make_sink_uses_the_configured_buffer():
         assert isinstance(sink, TcpSink) and sink.capacity == 123
     finally:
         sink.close(0.1)
+
+
+def test_every_registered_transport_parses_its_own_spelling_and_makes_a_working_sink(tmp_path) -> None:
+    """A transport is a module plus one row in TRANSPORTS: its spelling parses, its sink sends and closes."""
+    from telemetry.sinks import TRANSPORTS, make_sink, parse_output
+
+    examples = {"none": "{name}", "hostport": "{name}://127.0.0.1:9", "path": "{name}:" + str(tmp_path / "out.log")}
+    for name, transport in TRANSPORTS.items():
+        output = parse_output(examples[transport.address].format(name=name))
+        assert output.kind == name and str(output) == examples[transport.address].format(name=name)
+        sink = make_sink(output, buffer_events=10, connect_timeout=0.1)
+        if name != "stdout":  # stdout is the test's own
+            sink.send([b'{"_aws":{}}'])
+        sink.close(0.1)
+        assert isinstance(sink.take_dropped(), int)
+    with pytest.raises(ValueError, match="use stdout, tcp://HOST:PORT, udp://HOST:PORT or file:PATH"):
+        parse_output("kafka://x:1")

@@ -31,13 +31,13 @@ import pytest
 from botocore.config import Config
 
 from demo.triton import TritonServer, free_port
-from exporter.config import Output
 from modelsync.__main__ import App, build
 from modelsync.fsio import LocalFileSystem
 from modelsync.reconcile import Report
 from modelsync.settings import Settings
 from modelsync.store import state_dir
 from telemetry.emf_validate import validate
+from telemetry.sinks import Output
 
 REGION = "us-east-1"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}
