@@ -22,7 +22,9 @@ from botocore.exceptions import ParamValidationError
 from botocore.validate import validate_parameters
 from cfnlint.api import lint_all
 
+from catalog import modelsync_catalog
 from exporter.render import main, render, stale_files
+from exporter.render.base import emitted
 from exporter.render.dashboard import GRID_WIDTH, MAX_METRICS_PER_WIDGET, MAX_WIDGETS
 from exporter.render.options import Options, model_log_group
 from exporter.render.template import build as build_template
@@ -348,12 +350,14 @@ def test_model_sync_section_and_alarm(default_files) -> None:
 
 
 def test_model_sync_render_refuses_a_metric_modelsync_does_not_emit() -> None:
-    from exporter.render import modelsync as render_modelsync
-
+    pack = modelsync_catalog()
+    assert emitted(pack, "SyncFailures", ("model",)) == "SyncFailures"
     with pytest.raises(KeyError):
-        render_modelsync._metric("SyncLatency", ())
+        emitted(pack, "SyncLatency", ())
     with pytest.raises(KeyError):
-        render_modelsync._metric("ModelsInSync", ("model",))  # a host total has no model dimension
+        emitted(pack, "ModelsInSync", ("model",))  # a host total has no model dimension
+    with pytest.raises(KeyError):
+        emitted(CATALOG, "SyncFailures", ())  # the exporter's catalog does not emit model sync's metrics
 
 
 def test_scaling_steps_add_and_remove_one_task(default_files) -> None:

@@ -22,7 +22,7 @@ from telemetry.emf import Encoder, Event
 
 from .. import __version__
 from .alarms import alarm_specs, insight_rule_specs
-from .modelsync import SKEW_PERIOD
+from .alarms.modelsync import SKEW_PERIOD
 from .options import Options
 
 HOURS_PER_MONTH = 730  # AWS's billing month

@@ -15,18 +15,9 @@ from dataclasses import replace
 from typing import Any
 
 from . import dashboard
-from .alarms import (
-    PARAMETERS,
-    SCALING_ACTIONS,
-    Ref,
-    alarm_specs,
-    api_fields,
-    has_scaling,
-    insight_rule_specs,
-    parameter_values,
-    scaling_specs,
-)
+from .alarms import SCALING_ACTIONS, alarm_specs, has_scaling, insight_rule_specs, scaling_specs
 from .options import Options
+from .params import PARAMETERS, Ref, api_fields, parameter_values
 
 _TOKEN = re.compile(r"\$\{[A-Za-z0-9:]+\}")
 
