@@ -28,6 +28,7 @@ from exporter.render.base import emitted
 from exporter.render.dashboard import GRID_WIDTH, MAX_METRICS_PER_WIDGET, MAX_WIDGETS
 from exporter.render.options import Options, model_log_group
 from exporter.render.template import build as build_template
+from modelsync.errors import Result
 from tests.support.render_refs import dashboard_refs, metric_rows
 
 from .support.helpers import CATALOG
@@ -585,3 +586,11 @@ def test_every_render_option_with_help_is_a_flag_and_reaches_the_files(tmp_path:
     skew = json.loads((tmp_path / "a" / "alarms/cli/alarm-model-version-skew.json").read_text())
     assert skew["EvaluationPeriods"] == 7 == skew["DatapointsToAlarm"]
     assert main(["--out", str(tmp_path / "b"), "--version-skew-periods", "0"]) == 2
+
+
+def test_modelsync_doc_is_rendered_from_the_pack(default_files) -> None:
+    doc = default_files["docs/modelsync-metrics.md"]
+    pack = modelsync_catalog()
+    assert all(f"| `{m.name}` | {m.unit} | {m.event}: " in doc for m in pack.metrics)
+    assert all(f"| `{r.value}` | " in doc for r in Result)
+    assert "(modelsync-metrics.md)" in (ROOT / "docs" / "modelsync.md").read_text()
