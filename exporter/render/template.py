@@ -1,6 +1,6 @@
 """The self-contained CloudFormation template: alarms, ECS step scaling and the dashboard.
 
-Built from the same specs as the CLI files (alarms.py) and the same
+Built from the same specs as the CLI files (alarms/) and the same
 dashboard builder, so the three cannot drift apart. Every value a user
 might change is a Parameter whose default is the render option, so
 deploy/ can include it as a nested stack and pass its own names.

@@ -1,6 +1,6 @@
 """The Terraform half of the render: alarms, GPU step scaling and the dashboard template.
 
-Built from the same specs as the CloudFormation template (alarms.py's ``alarm_specs``,
+Built from the same specs as the CloudFormation template (alarms/'s ``alarm_specs``,
 ``scaling_specs`` and ``PARAMETERS``; template.py's dashboard stand-ins), so the two
 cannot drift apart. Two files:
 
