@@ -9,6 +9,12 @@ resulting :class:`Catalog` is passed to everything that needs it (the
 /metrics reader, the delta state, the transform, the EMF encoder, render,
 cost, docs). Nothing derived from a catalog lives at module level.
 
+Model sync's metrics are a pack of their own (``modelsync.toml``, scope
+``modelsync``, kind ``supplied``), read with :func:`modelsync_catalog`: the
+model-sync daemon encodes its events from it and render, docs and ``cost``
+derive from it. It is never part of the exporter's catalog (:func:`build`
+refuses a ``modelsync`` metric there), so the exporter does not emit them.
+
 A metric is computed from *series*: samples a source produced, keyed by
 name and labels. Triton's series keep their Prometheus names
 (``nv_inference_count``, ``vllm:prompt_tokens_total``); the NVML source
@@ -30,8 +36,10 @@ from .load import SELF_METRICS, STATE_METRICS, CatalogError, read, read_paths
 from .model import (
     BASE_DIMENSIONS,
     COUNTER_KINDS,
+    EVENT_KEYS,
     HISTOGRAM_KINDS,
     Combine,
+    Dimension,
     Family,
     Input,
     Kind,
@@ -40,13 +48,15 @@ from .model import (
 )
 
 __all__ = [
-    "BASE_DIMENSIONS", "BUILTIN_PACKS", "CLOUDWATCH_UNITS", "COUNTER_KINDS", "HISTOGRAM_KINDS",
-    "MAX_METRIC_NAME_LENGTH", "SELF_METRICS",
-    "STATE_METRICS", "Catalog", "CatalogError", "Combine", "Family", "Input", "Kind", "Metric", "Scope",
-    "build", "parse_selection",
+    "BASE_DIMENSIONS", "BUILTIN_PACKS", "CLOUDWATCH_UNITS", "COUNTER_KINDS", "EVENT_KEYS", "HISTOGRAM_KINDS",
+    "MAX_METRIC_NAME_LENGTH", "MODELSYNC_PACK", "SELF_METRICS",
+    "STATE_METRICS", "Catalog", "CatalogError", "Combine", "Dimension", "Family", "Input", "Kind", "Metric",
+    "Scope", "build", "modelsync_catalog", "parse_selection",
 ]  # fmt: skip
 
 BUILTIN_PACKS = ("core", "llm")
+MODELSYNC_PACK = "modelsync"
+"""Model sync's metrics: read on its own (:func:`modelsync_catalog`), never with the exporter's packs."""
 
 
 class Catalog:
@@ -65,9 +75,11 @@ class Catalog:
         selected: Iterable[str] | None = None,
         files: Sequence[str] = (),
         selection: str = "",
+        dimensions: Mapping[str, Dimension] | None = None,
     ) -> None:
         self.defined: tuple[Metric, ...] = tuple(definitions)
         self.families: Mapping[str, Family] = dict(families)
+        self.dimensions: Mapping[str, Dimension] = dict(dimensions or {})
         self.files = tuple(files)
         self.selection = selection
         keep = None if selected is None else set(selected)
@@ -93,7 +105,7 @@ class Catalog:
     def select(self, selection: str) -> Catalog:
         """The same definitions with another ``--metrics`` selection."""
         chosen = parse_selection(selection, [m.name for m in self.defined]) if selection.strip() else None
-        return Catalog(self.defined, self.families, chosen, self.files, selection)
+        return Catalog(self.defined, self.families, chosen, self.files, selection, self.dimensions)
 
     def wanted_samples(self, source: str = "triton") -> frozenset[str]:
         """Sample names the /metrics reader must keep (everything else is skipped unread)."""
@@ -128,7 +140,7 @@ def builtin_files(packs: Sequence[str] = BUILTIN_PACKS) -> list[tuple[str, str]]
     root = resources.files(__package__)
     out = []
     for pack in packs:
-        if pack not in BUILTIN_PACKS:
+        if pack not in (*BUILTIN_PACKS, MODELSYNC_PACK):
             raise CatalogError(f"unknown built-in pack {pack!r}; one of {', '.join(BUILTIN_PACKS)}")
         out.append((f"{pack}.toml (built in)", (root / f"{pack}.toml").read_text(encoding="utf-8")))
     return out
@@ -139,8 +151,24 @@ def build(paths: Sequence[Path | str] = (), selection: str = "", packs: Sequence
 
     Raises CatalogError with a one-line message naming the file, the entry and the problem.
     """
+    if MODELSYNC_PACK in packs:
+        raise CatalogError(f"the {MODELSYNC_PACK} pack is read on its own: modelsync_catalog()")
     loaded = read([*builtin_files(packs), *read_paths(paths)])
-    return Catalog(list(loaded.metrics.values()), loaded.families, files=loaded.files).select(selection)
+    for m in loaded.metrics.values():
+        if m.scope is Scope.MODELSYNC:
+            raise CatalogError(f"{m.origin}: metric {m.name!r}: scope modelsync is only for the model-sync pack")
+    return Catalog(
+        list(loaded.metrics.values()), loaded.families, files=loaded.files, dimensions=loaded.dimensions
+    ).select(selection)
+
+
+def modelsync_catalog() -> Catalog:
+    """Model sync's metrics (``modelsync.toml``): what the model-sync daemon emits, every one of them."""
+    loaded = read(builtin_files((MODELSYNC_PACK,)))
+    for m in loaded.metrics.values():
+        if m.scope is not Scope.MODELSYNC:
+            raise CatalogError(f"{m.origin}: metric {m.name!r}: the model-sync pack holds scope modelsync only")
+    return Catalog(list(loaded.metrics.values()), loaded.families, files=loaded.files, dimensions=loaded.dimensions)
 
 
 def parse_selection(text: str, names: Sequence[str]) -> list[str]:

@@ -6,6 +6,14 @@ file first (so a user file may use a built-in family and vice versa), then
 metrics file by file, where a later file may replace an earlier metric
 (``override = true``) or remove it (``drop = [...]``).
 
+The model-sync pack (``modelsync.toml``) uses the same schema with two
+additions: scope ``modelsync`` (events keyed by what happened: no base
+dimensions, rollups over the keys ``model`` and ``result``, each metric
+naming the ``event`` that carries it) with kind ``supplied`` (the daemon
+supplies the value; no inputs), and ``[dimensions.NAME]`` tables that
+declare a dimension's allowed values once, each with its meaning
+(``values = { ok = "..." }``): model sync's result names.
+
 Every problem is a :class:`CatalogError` whose one-line message names the
 file, the entry and what is wrong; the entry point turns it into exit 2.
 """
@@ -24,9 +32,11 @@ from telemetry.emf import CLOUDWATCH_UNITS, MAX_METRIC_NAME_LENGTH
 
 from .model import (
     BASE_DIMENSIONS,
+    EVENT_KEYS,
     FAMILY_TYPES,
     HISTOGRAM_KINDS,
     Combine,
+    Dimension,
     Family,
     Input,
     Kind,
@@ -66,8 +76,12 @@ METRIC_KEYS = {
     "combine",
     "rollups",
     "breakdown_of",
+    "event",
     "override",
 }
+DIMENSION_KEYS = {"help", "values"}
+MODELSYNC_EVENTS = ("attempt", "model", "host")
+"""The events model sync writes (modelsync/metrics.py): one per attempt, per model and reconcile, per reconcile."""
 INPUT_KEYS = {"family", "sample", "split", "select", "scale"}
 SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -90,6 +104,7 @@ class Loaded:
     metrics: dict[str, Metric] = field(default_factory=dict)
     families: dict[str, Family] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    dimensions: dict[str, Dimension] = field(default_factory=dict)
 
 
 def read(files: Sequence[tuple[str, str]]) -> Loaded:
@@ -99,6 +114,8 @@ def read(files: Sequence[tuple[str, str]]) -> Loaded:
     for name, doc in docs:
         for fam_name, raw in _table(doc.get("families", {}), _Where(name, "[families]")).items():
             _add_family(out.families, name, fam_name, raw)
+        for dim_name, raw in _table(doc.get("dimensions", {}), _Where(name, "[dimensions]")).items():
+            _add_dimension(out.dimensions, name, dim_name, raw)
     for name, doc in docs:
         entries = doc.get("metric", [])
         if not isinstance(entries, list):
@@ -153,9 +170,11 @@ def _parse(name: str, text: str) -> dict[str, Any]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError(f"{name}: not valid TOML: {exc}") from None
-    unknown = set(doc) - {"families", "metric", "drop"}
+    unknown = set(doc) - {"families", "dimensions", "metric", "drop"}
     if unknown:
-        raise CatalogError(f"{name}: unknown top-level key(s) {sorted(unknown)}; expected families, metric, drop")
+        raise CatalogError(
+            f"{name}: unknown top-level key(s) {sorted(unknown)}; expected families, dimensions, metric, drop"
+        )
     return doc
 
 
@@ -196,6 +215,28 @@ def _add_family(families: dict[str, Family], file: str, name: str, raw: Any) -> 
     if earlier is not None and earlier != family and raw.get("override") is not True:
         raise where.error("declared differently in an earlier file; set override = true to replace it")
     families[name] = family
+
+
+def _add_dimension(dimensions: dict[str, Dimension], file: str, name: str, raw: Any) -> None:
+    where = _Where(file, f"dimension {name!r}")
+    raw = _table(raw, where)
+    _no_unknown(raw, DIMENSION_KEYS, where)
+    if not LABEL_NAME.fullmatch(name) or name != name.lower():
+        raise where.error("a dimension name is a lower-case word ([a-z_][a-z0-9_]*)")
+    help_text = raw.get("help", "")
+    if not isinstance(help_text, str) or not help_text.strip():
+        raise where.error("help must be a non-empty string")
+    values = _table(raw.get("values"), _Where(file, f"dimension {name!r}: values"))
+    if not values:
+        raise where.error("values must declare at least one value")
+    for value, meaning in values.items():
+        if not LABEL_NAME.fullmatch(value):
+            raise where.error(f"value {value!r} is not a word ([a-zA-Z_][a-zA-Z0-9_]*)")
+        if not isinstance(meaning, str) or not meaning.strip():
+            raise where.error(f"value {value!r}: its meaning must be a non-empty string")
+    if name in dimensions:
+        raise where.error("declared already in an earlier file")
+    dimensions[name] = Dimension(name, help_text.strip(), tuple((v, m.strip()) for v, m in values.items()))
 
 
 def _no_unknown(raw: Mapping[str, Any], allowed: set[str], where: _Where) -> None:
@@ -239,6 +280,15 @@ def _metric(raw: dict[str, Any], families: Mapping[str, Family], where: _Where) 
     combine = _enum(raw, "combine", Combine, where, "sum")
     if kind in (Kind.STATE, Kind.SELF) and (raw.get("inputs") or raw.get("denominators")):
         raise where.error(f"kind {kind} takes no inputs (the exporter computes it)")
+    if kind is Kind.SUPPLIED and (raw.get("inputs") or raw.get("denominators") or "guard" in raw):
+        raise where.error("kind supplied takes no inputs (the emitting program supplies the value)")
+    if (scope is Scope.MODELSYNC) != (kind is Kind.SUPPLIED):
+        raise where.error("scope modelsync and kind supplied go together (model sync supplies its own values)")
+    event = raw.get("event", "")
+    if scope is Scope.MODELSYNC and event not in MODELSYNC_EVENTS:
+        raise where.error(f"scope modelsync needs event, one of {', '.join(MODELSYNC_EVENTS)}; got {event!r}")
+    if scope is not Scope.MODELSYNC and "event" in raw:
+        raise where.error("event is only for scope modelsync")
     inputs = _inputs(raw.get("inputs", []), "inputs", kind, scope, families, where)
     denominators = _inputs(raw.get("denominators", []), "denominators", kind, scope, families, where)
     guard = None
@@ -250,7 +300,7 @@ def _metric(raw: dict[str, Any], families: Mapping[str, Family], where: _Where) 
         known = STATE_METRICS if kind is Kind.STATE else SELF_METRICS
         if name not in known:
             raise where.error(f"kind {kind} is only for the exporter's own metrics ({', '.join(sorted(known))})")
-    elif not inputs:
+    elif not inputs and kind is not Kind.SUPPLIED:
         raise where.error("needs inputs")
     if scope is Scope.SOURCE and kind is not Kind.SELF:
         raise where.error("scope source is only for the exporter's own per-source metrics")
@@ -276,7 +326,9 @@ def _metric(raw: dict[str, Any], families: Mapping[str, Family], where: _Where) 
     breakdown = raw.get("breakdown_of")
     if breakdown is not None and (not isinstance(breakdown, str) or breakdown == name):
         raise where.error("breakdown_of must name another metric (its total)")
-    source = {Kind.STATE: "index", Kind.SELF: "exporter"}.get(kind) or families[inputs[0].family].source
+    source = {Kind.STATE: "index", Kind.SELF: "exporter", Kind.SUPPLIED: "modelsync"}.get(kind) or families[
+        inputs[0].family
+    ].source
     return Metric(
         name,
         scope,
@@ -292,6 +344,7 @@ def _metric(raw: dict[str, Any], families: Mapping[str, Family], where: _Where) 
         breakdown,
         where.file,
         source,
+        event,
     )
 
 
@@ -382,13 +435,14 @@ def _check_scope(scope: Scope, family: Family, where: _Where) -> None:
 
 def _rollups(raw: Any, scope: Scope, where: _Where) -> tuple[tuple[str, ...], ...]:
     base = BASE_DIMENSIONS[scope]
+    keys = (*base, *EVENT_KEYS.get(scope, ()))
     if not isinstance(raw, list) or not all(isinstance(r, list) and all(isinstance(d, str) for d in r) for r in raw):
         raise where.error('rollups must be a list of dimension lists, e.g. [["model"], []]')
     out: list[tuple[str, ...]] = []
     for r in raw:
         dims = tuple(r)
-        if not set(dims) <= set(base) or len(set(dims)) != len(dims):
-            raise where.error(f"rollup {list(dims)} must be a subset of the scope's dimensions {list(base)}")
+        if not set(dims) <= set(keys) or len(set(dims)) != len(dims):
+            raise where.error(f"rollup {list(dims)} must be a subset of the scope's dimensions {list(keys)}")
         if dims == base or dims in out:
             raise where.error(f"rollup {list(dims)} repeats a dimension set")
         out.append(dims)
@@ -399,6 +453,12 @@ def _check_references(out: Loaded) -> None:
     combine: dict[tuple[str, tuple[str, str] | None], tuple[Combine, str]] = {}
     for m in out.metrics.values():
         where = _Where(m.origin, f"metric {m.name!r}")
+        for keys in m.rollups:
+            undeclared = [
+                k for k in keys if k in EVENT_KEYS.get(m.scope, ()) and k != "model" and k not in out.dimensions
+            ]
+            if undeclared:
+                raise where.error(f"rollup {list(keys)}: declare the values of {undeclared[0]!r} under [dimensions]")
         if m.breakdown_of is not None:
             total = out.metrics.get(m.breakdown_of)
             if total is None:

@@ -18,6 +18,7 @@ class Scope(StrEnum):
     GPU = "gpu"  # one GPU: dimension gpu (index); uuid is a property
     TASK = "task"  # the Triton server of this task: no dimensions
     SOURCE = "source"  # one scrape source: dimension source
+    MODELSYNC = "modelsync"  # one model-sync event (attempt, model, host): no base dimensions; see EVENT_KEYS
 
 
 BASE_DIMENSIONS: dict[Scope, tuple[str, ...]] = {
@@ -25,7 +26,19 @@ BASE_DIMENSIONS: dict[Scope, tuple[str, ...]] = {
     Scope.GPU: ("gpu",),
     Scope.TASK: (),
     Scope.SOURCE: ("source",),
+    Scope.MODELSYNC: (),
 }
+
+EVENT_KEYS: dict[Scope, tuple[str, ...]] = {
+    Scope.MODELSYNC: ("model", "result"),
+}
+"""Keys an event of the scope may carry beyond its base dimensions; a rollup may use them.
+
+A model-sync event is keyed by what happened (the model, the result of an
+attempt), not by an entity the exporter scrapes: every dimension set is a
+rollup over these keys, and the empty set (the base) is one series across
+the whole service.
+"""
 
 
 class Kind(StrEnum):
@@ -41,6 +54,7 @@ class Kind(StrEnum):
     PERCENTILE = "percentile"  # a per-task percentile interpolated from the window's bucket deltas
     STATE = "state"  # from the repository index
     SELF = "self"  # the exporter's own bookkeeping
+    SUPPLIED = "supplied"  # the emitting program supplies the value itself (model sync); no inputs
 
 
 COUNTER_KINDS = frozenset({Kind.DELTA, Kind.RATE, Kind.RATIO, Kind.DISTRIBUTION, Kind.PERCENTILE})
@@ -84,6 +98,18 @@ class Family:
 
 
 @dataclass(frozen=True)
+class Dimension:
+    """A dimension whose values a pack declares once, each with its meaning (model sync's ``result``)."""
+
+    name: str
+    help: str
+    values: tuple[tuple[str, str], ...]  # (value, meaning), in the pack's order
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(v for v, _ in self.values)
+
+
+@dataclass(frozen=True)
 class Input:
     """One source series a metric reads.
 
@@ -121,7 +147,8 @@ class Metric:
     rollups: tuple[tuple[str, ...], ...] = ()  # extra dimension sets, each a billed metric
     breakdown_of: str | None = None  # zeros left out while this total is zero (cost)
     origin: str = ""  # the catalog file that defined it (for errors and docs)
-    source: str = "triton"  # where the value comes from: triton, nvml, index, exporter
+    source: str = "triton"  # where the value comes from: triton, nvml, index, exporter, modelsync
+    event: str = ""  # scope modelsync: the event that carries it (attempt, model, host)
 
     @property
     def dimension_sets(self) -> tuple[tuple[str, ...], ...]:

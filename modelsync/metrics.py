@@ -1,9 +1,13 @@
-"""Every metric modelsync emits, defined once, and the recorder that writes them as EMF.
+"""The recorder that writes modelsync's metrics as EMF, from the model-sync pack of the catalog.
 
-:data:`METRICS` is the whole table (name, unit, which event carries it,
-dimension sets, help). The EMF encoder, the rendered dashboard section and
-alarm (``exporter/render/modelsync.py``) and the tests all read it, so a
-renamed metric breaks the render instead of leaving an empty widget.
+The metrics are catalog data (``catalog/modelsync.toml``, read with
+:func:`catalog.modelsync_catalog`): name, unit, which event carries it,
+dimension sets, help, and the ``result`` dimension's values with their
+meaning. The EMF encoder here, the rendered dashboard section and alarms,
+docs/modelsync.md's tables and ``cost`` all read the pack, so a renamed
+metric breaks the render instead of leaving an empty widget. The result
+names of :class:`modelsync.errors.Result` are checked against the pack when
+this module is imported.
 
 Three kinds of event, each one EMF document:
 
@@ -25,97 +29,39 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from catalog import Kind, Metric, Scope
-from telemetry.emf import Encoder, Event, clip, safe_dimension_value
+from catalog import EVENT_KEYS, Catalog, Metric, Scope, modelsync_catalog
+from telemetry.emf import Encoder, Event, clip, dimensions_for
 from telemetry.sinks import Sink
+
+from .errors import Result
 
 ATTEMPT, MODEL, HOST = "attempt", "model", "host"
 PHASES = ("download", "verify", "extract", "swap", "load")
-SOURCE = "modelsync"
+KEYS = EVENT_KEYS[Scope.MODELSYNC]  # model, result: what an event may carry as dimensions
 
 
-@dataclass(frozen=True)
-class MetricRow:
-    name: str
-    unit: str
-    event: str  # attempt | model | host: which event carries it
-    dimension_sets: tuple[tuple[str, ...], ...]
-    help: str
-
-
-_ALL, _MODEL, _RESULT, _MODEL_RESULT = (), ("model",), ("result",), ("model", "result")
-
-METRICS: tuple[MetricRow, ...] = (
-    MetricRow(
-        "SyncAttempts",
-        "Count",
-        ATTEMPT,
-        (_ALL, _RESULT, _MODEL_RESULT),
-        "1 per sync attempt of a model, by result: ok, hash_mismatch, missing_hash, download_error, "
-        "disk_full, unsafe_archive, load_failed, rolled_back.",
-    ),
-    MetricRow(
-        "SyncFailures",
-        "Count",
-        ATTEMPT,
-        (_ALL, _MODEL),
-        "1 per attempt that did not end ok, 0 for one that did; the sync-failure alarm reads it.",
-    ),
-    *(
-        MetricRow(
-            f"Sync{p.title()}Time",
-            "Milliseconds",
-            ATTEMPT,
-            (_ALL, _MODEL),
-            f"Duration of the {p} phase of an attempt (emitted only for the phases the attempt reached).",
+def check_pack(pack: Catalog) -> None:
+    """Refuse a pack that disagrees with this module: the result names, a phase or an event without its metric."""
+    declared = pack.dimensions["result"].names() if "result" in pack.dimensions else ()
+    if declared != tuple(r.value for r in Result):
+        raise ValueError(
+            f"modelsync/errors.py Result {[r.value for r in Result]} differs from the result values the "
+            f"model-sync pack declares {list(declared)}"
         )
-        for p in PHASES
-    ),
-    MetricRow(
-        "SyncUploadToReady",
-        "Seconds",
-        ATTEMPT,
-        (_ALL, _MODEL),
-        "From the archive's S3 LastModified to the model READY in Triton (successful attempts).",
-    ),
-    MetricRow("SyncBytesDownloaded", "Bytes", ATTEMPT, (_ALL, _MODEL), "Archive bytes read from S3 by the attempt."),
-    MetricRow(
-        "ModelInSync",
-        "Count",
-        MODEL,
-        (_ALL, _MODEL),
-        "1 when the installed archive is the one in S3 and Triton reports the model READY, else 0; once "
-        "per model per reconcile, with the ModelArtifact property (the sha256 served).",
-    ),
-    MetricRow("ModelsInSync", "Count", HOST, (_ALL,), "Models of the bucket prefix in sync on this host."),
-    MetricRow(
-        "ModelsOutOfSync",
-        "Count",
-        HOST,
-        (_ALL,),
-        "Models not in sync on this host: failed, not READY, or removed from S3 but kept.",
-    ),
-    MetricRow(
-        "SecondsSinceLastSuccess",
-        "Seconds",
-        HOST,
-        (_ALL,),
-        "Since the last reconcile that left every model in sync (absent until the first one).",
-    ),
-)
-BY_NAME: dict[str, MetricRow] = {m.name: m for m in METRICS}
+    wanted = {
+        *(f"Sync{p.title()}Time" for p in PHASES),
+        "SyncAttempts", "SyncFailures", "SyncUploadToReady", "SyncBytesDownloaded",
+        "ModelInSync", "ModelsInSync", "ModelsOutOfSync", "SecondsSinceLastSuccess",
+    }  # fmt: skip
+    missing = sorted(wanted - {m.name for m in pack.metrics})
+    if missing:
+        raise ValueError(f"the model-sync pack does not define {', '.join(missing)}, which modelsync emits")
 
 
-def catalog_metrics() -> list[Metric]:
-    """The table as the encoder's metric objects (base scope: no dimensions, the rest as rollups)."""
-    out = []
-    for row in METRICS:
-        if row.dimension_sets[0] != ():
-            raise ValueError(f"{row.name}: the first dimension set must be the empty one")
-        out.append(
-            Metric(row.name, Scope.TASK, row.unit, Kind.SELF, row.help, rollups=row.dimension_sets[1:], source=SOURCE)
-        )
-    return out
+PACK: Catalog = modelsync_catalog()
+check_pack(PACK)
+METRICS: tuple[Metric, ...] = PACK.metrics
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 
 
 @dataclass
@@ -154,19 +100,13 @@ class Recorder:
     def __init__(
         self, namespace: str, sink: Sink, host: str, storage_resolution: int = 60, wall: Callable[[], float] = time.time
     ) -> None:
-        self.encoder = Encoder(namespace, catalog_metrics(), storage_resolution)
+        self.encoder = Encoder(namespace, METRICS, storage_resolution)
         self.sink = sink
         self.host = host
         self.wall = wall
 
     def _send(self, event: Event) -> None:
         self.sink.send(self.encoder.encode(event, int(self.wall() * 1000)))
-
-    def _model_dims(self, model: str, props: dict[str, object]) -> dict[str, str]:
-        safe = safe_dimension_value(model)
-        if safe.changed:
-            props["model_original"] = clip(model, 4096)
-        return {"model": safe.value}
 
     def attempt(self, a: Attempt) -> None:
         props: dict[str, object] = {
@@ -181,7 +121,7 @@ class Recorder:
             props["reason"] = clip(a.reason)
         if a.reused:
             props["reused"] = True
-        dims = {**self._model_dims(a.model, props), "result": a.result}
+        dims = dimensions_for(KEYS, {"model": a.model, "result": a.result}, props)
         values: dict[str, float] = {"SyncAttempts": 1.0, "SyncFailures": 0.0 if a.result == "ok" else 1.0}
         for phase, seconds in a.phases.items():
             values[f"Sync{phase.title()}Time"] = round(seconds * 1000.0, 3)
@@ -189,7 +129,7 @@ class Recorder:
             values["SyncBytesDownloaded"] = float(a.bytes_downloaded)
         if a.upload_to_ready is not None:
             values["SyncUploadToReady"] = round(max(0.0, a.upload_to_ready), 3)
-        self._send(Event(Scope.TASK, dims, values, props))
+        self._send(Event(Scope.MODELSYNC, dims, values, props))
 
     def model_state(self, s: ModelState) -> None:
         props: dict[str, object] = {
@@ -200,9 +140,8 @@ class Recorder:
         }
         if s.reason:
             props["reason"] = clip(s.reason)
-        self._send(
-            Event(Scope.TASK, self._model_dims(s.model, props), {"ModelInSync": 1.0 if s.in_sync else 0.0}, props)
-        )
+        dims = dimensions_for(("model",), {"model": s.model}, props)
+        self._send(Event(Scope.MODELSYNC, dims, {"ModelInSync": 1.0 if s.in_sync else 0.0}, props))
 
     def host_state(
         self, in_sync: int | None, out_of_sync: int | None, since_success: float | None, **props: object
@@ -213,4 +152,4 @@ class Recorder:
             values = {"ModelsInSync": float(in_sync), "ModelsOutOfSync": float(out_of_sync)}
         if since_success is not None:
             values["SecondsSinceLastSuccess"] = round(max(0.0, since_success), 3)
-        self._send(Event(Scope.TASK, {}, values, {"host": self.host, **props}))
+        self._send(Event(Scope.MODELSYNC, {}, values, {"host": self.host, **props}))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from catalog import BUILTIN_PACKS, Catalog, CatalogError, Kind, Scope, build, parse_selection
-from catalog.load import FAMILY_KEYS, METRIC_KEYS, SELF_METRICS, STATE_METRICS
-from exporter.render.docsgen import FAMILY_KEYS_DOC, METRIC_KEYS_DOC, example_catalog
+from catalog import BUILTIN_PACKS, Catalog, CatalogError, Kind, Scope, build, modelsync_catalog, parse_selection
+from catalog.load import DIMENSION_KEYS, FAMILY_KEYS, METRIC_KEYS, SELF_METRICS, STATE_METRICS, read
+from exporter.render.docsgen import DIMENSION_KEYS_DOC, FAMILY_KEYS_DOC, METRIC_KEYS_DOC, example_catalog
 
 from .support.helpers import CATALOG
 
@@ -309,6 +309,7 @@ def test_catalog_command_honours_catalog_and_selection(tmp_path: Path) -> None:
 
 def test_docs_describe_every_schema_key() -> None:
     assert {k for k, _ in FAMILY_KEYS_DOC} == FAMILY_KEYS
+    assert {k for k, _ in DIMENSION_KEYS_DOC} == DIMENSION_KEYS
     assert {k for k, _ in METRIC_KEYS_DOC} == METRIC_KEYS
 
 
@@ -358,3 +359,69 @@ def test_a_bad_llm_metrics_value_is_refused_by_every_command(command: list[str])
     )
     assert proc.returncode == 2, (proc.stdout[-500:], proc.stderr[-500:])
     assert "EXPORTER_LLM_METRICS='yes'" in proc.stderr and "on" in proc.stderr
+
+
+# --- the model-sync pack: its own scope, kind and declared result values --------------------------
+
+SYNC = """
+[dimensions.result]
+help = "outcome"
+values = { ok = "fine", broken = "not fine" }
+
+[[metric]]
+name = "Attempts"
+scope = "modelsync"
+event = "attempt"
+unit = "Count"
+kind = "supplied"
+rollups = ROLLUPS
+help = "attempts"
+"""
+
+
+def read_sync(text: str) -> Catalog:
+    loaded = read([("sync.toml", text)])
+    return Catalog(list(loaded.metrics.values()), loaded.families, dimensions=loaded.dimensions)
+
+
+def test_the_modelsync_pack_loads_apart_from_the_exporters_catalog() -> None:
+    pack = modelsync_catalog()
+    assert pack.metrics and all(m.scope is Scope.MODELSYNC and m.kind is Kind.SUPPLIED for m in pack.metrics)
+    assert all(m.source == "modelsync" and m.event in ("attempt", "model", "host") for m in pack.metrics)
+    assert pack.dimensions["result"].names()[0] == "ok"
+    assert not {m.name for m in pack.metrics} & {m.name for m in build().defined}  # the exporter emits none
+    with pytest.raises(CatalogError, match="read on its own"):
+        build(packs=("core", "modelsync"))
+
+
+def test_modelsync_rollups_use_the_event_keys_only() -> None:
+    cat = read_sync(SYNC.replace("ROLLUPS", '[["result"], ["model", "result"]]'))
+    assert cat.defined[0].dimension_sets == ((), ("result",), ("model", "result"))
+    with pytest.raises(CatalogError, match=r"rollup \['version'\] must be a subset of the scope's dimensions"):
+        read_sync(SYNC.replace("ROLLUPS", '[["version"]]'))
+    with pytest.raises(CatalogError, match="declare the values of 'result'"):
+        read_sync("[[metric]]" + SYNC.replace("ROLLUPS", '[["result"]]').split("[[metric]]")[1])  # no [dimensions]
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (('kind = "supplied"', 'kind = "self"'), "scope modelsync and kind supplied go together"),
+        (('event = "attempt"', 'event = "upload"'), "scope modelsync needs event"),
+        (('event = "attempt"', ""), "scope modelsync needs event"),
+        (('kind = "supplied"', 'kind = "supplied"\ninputs = ["x"]'), "kind supplied takes no inputs"),
+        (('values = { ok = "fine", broken = "not fine" }', "values = {}"), "values must declare at least one"),
+        (('values = { ok = "fine", broken = "not fine" }', 'values = { ok = "" }'), "its meaning must be"),
+    ],
+)
+def test_modelsync_pack_refusals(change: tuple[str, str], problem: str) -> None:
+    with pytest.raises(CatalogError, match=problem):
+        read_sync(SYNC.replace("ROLLUPS", "[]").replace(*change))
+
+
+def test_a_user_file_cannot_add_modelsync_metrics_to_the_exporter(tmp_path: Path) -> None:
+    path = write(tmp_path, SYNC.replace("ROLLUPS", "[]"))
+    with pytest.raises(CatalogError, match="scope modelsync is only for the model-sync pack"):
+        build([path])
+    with pytest.raises(CatalogError, match="event is only for scope modelsync"):
+        build([write(tmp_path, BASE + 'event = "attempt"\n', "b.toml")])

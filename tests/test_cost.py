@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from exporter.render.options import Options
 from exporter.sources import Collected, VersionState
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.promtext import Parser
+from modelsync.metrics import ModelState, Recorder
+from telemetry.sinks import StreamSink
 from tests.support.nvml_fake import FakeNvml, gpus
 
 from .support.helpers import CATALOG, FixedSource
@@ -179,3 +182,21 @@ def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     e = cost.estimate(cost.Deployment(5, 1, 1, 2), OPTS)
     assert f"{e.metrics:>10,}" in out and f"${e.total_usd:>10,.2f}/month" in out and "Assumptions:" in out
     assert cost.main(["--models", "-1"]) == 2
+
+
+def test_model_sync_metrics_are_counted_as_its_recorder_writes_them() -> None:
+    """Every reconcile writes a model event per model and a host event: cost counts exactly those metrics."""
+    buf = io.BytesIO()
+    rec = Recorder("Triton", StreamSink(buf), "ip-10-0-7-42.ec2.internal", wall=lambda: 1_700_000_000.0)
+    for i in range(7):
+        rec.model_state(ModelState(f"model_{i}", True, serving="a" * 64, expected="a" * 64, version_id="v" * 32))
+    rec.host_state(7, 0, 12.0)
+    events = buf.getvalue().splitlines()
+    d = cost.Deployment(7)
+    assert cost.modelsync_metric_count(OPTS.modelsync, d) == len(distinct_metrics(events)) == 1 + 7 + 3
+    real = sum(len(e) + cost.PUTLOGEVENTS_OVERHEAD for e in events)
+    assert abs(cost.modelsync_bytes(OPTS.modelsync, replace(d, model_name_length=len("model_0"))) - real) < 0.1 * real
+    with_sync, without = cost.estimate(d, OPTS), cost.estimate(replace(d, modelsync=False), OPTS)
+    assert with_sync.metrics - without.metrics == with_sync.sync_metrics == 1 + 7 + 3
+    assert with_sync.alarms - without.alarms == 2  # the sync-failure and version-skew alarms
+    assert with_sync.gb_per_month > without.gb_per_month

@@ -469,12 +469,12 @@ def test_wheel_and_image_hold_only_what_runs(image):
     assert len(wheels) == 1, wheels
     names = zipfile.ZipFile(wheels[0]).namelist()
     modules = [n for n in names if n.endswith((".py", ".c", ".so"))]
-    assert {"exporter/__main__.py", "exporter/sources/nvml.py", "exporter/render/dashboard.py"} <= set(modules)
+    assert {"exporter/__main__.py", "exporter/sources/nvml.py", "exporter/render/dashboard/__init__.py"} <= set(modules)
     # The output layer, the catalog, the exporter, the Triton-side probe (``python -m exporter health`` runs it)
     # and the model-sync daemon.
     others = {n.split("/")[0] for n in names if n.split("/")[0] not in SHIPPED}
     assert len(others) == 1 and others.pop().endswith(".dist-info"), "the wheel holds only the shipped packages"
-    assert {"catalog/core.toml", "catalog/llm.toml", "catalog/example.toml"} <= set(names)
+    assert {"catalog/core.toml", "catalog/llm.toml", "catalog/example.toml", "catalog/modelsync.toml"} <= set(names)
     assert [n for n in modules if is_test_only(n)] == []
     importers = re.compile(r"^\s*(from|import)\s+tests\b", re.MULTILINE)
     with zipfile.ZipFile(wheels[0]) as whl:

@@ -7,16 +7,18 @@ import json
 import os
 import stat
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from catalog import Catalog
 from modelsync.__main__ import main, one_line
 from modelsync.archive import Limits, extract, inspect
-from modelsync.errors import UnsafeArchive
+from modelsync.errors import Result, UnsafeArchive
 from modelsync.events import EventFilter, MalformedMessage, ObjectEvent, newer, parse
 from modelsync.fsio import LocalFileSystem
-from modelsync.metrics import METRICS, Attempt, ModelState, Recorder, catalog_metrics
+from modelsync.metrics import METRICS, PACK, Attempt, ModelState, Recorder, check_pack
 from modelsync.settings import ENV_VARS, OPTIONS, ConfigError, load, parse_size
 from modelsync.store import Store, StoreError, model_name_problem
 from telemetry.emf_validate import validate
@@ -517,11 +519,42 @@ def test_every_event_the_recorder_writes_is_valid_emf() -> None:
     assert docs[0]["ModelArtifact"] == "a" * 64 and docs[0]["SyncFailures"] == 0 and docs[1]["SyncFailures"] == 1
 
 
-def test_metric_table_is_consistent() -> None:
-    names = [m.name for m in METRICS]
-    assert len(names) == len(set(names))
-    for m, cat in zip(METRICS, catalog_metrics(), strict=True):
-        assert cat.dimension_sets == m.dimension_sets and cat.unit == m.unit and m.help
+_ALL, _M, _R, _MR = (), ("model",), ("result",), ("model", "result")
+# What modelsync has always emitted (name, unit, event, dimension sets): the pack must keep it byte for byte.
+EMITTED = [
+    ("SyncAttempts", "Count", "attempt", (_ALL, _R, _MR)),
+    ("SyncFailures", "Count", "attempt", (_ALL, _M)),
+    *(
+        (f"Sync{p}Time", "Milliseconds", "attempt", (_ALL, _M))
+        for p in ("Download", "Verify", "Extract", "Swap", "Load")
+    ),
+    ("SyncUploadToReady", "Seconds", "attempt", (_ALL, _M)),
+    ("SyncBytesDownloaded", "Bytes", "attempt", (_ALL, _M)),
+    ("ModelInSync", "Count", "model", (_ALL, _M)),
+    ("ModelsInSync", "Count", "host", (_ALL,)),
+    ("ModelsOutOfSync", "Count", "host", (_ALL,)),
+    ("SecondsSinceLastSuccess", "Seconds", "host", (_ALL,)),
+]
+
+
+def test_the_pack_defines_what_modelsync_emits() -> None:
+    assert [(m.name, m.unit, m.event, m.dimension_sets) for m in METRICS] == EMITTED
+    assert all(m.help and m.kind == "supplied" and m.scope == "modelsync" for m in METRICS)
+
+
+def test_result_names_are_the_packs() -> None:
+    assert PACK.dimensions["result"].names() == tuple(r.value for r in Result)
+    assert all(meaning for _, meaning in PACK.dimensions["result"].values)
+
+
+def test_a_pack_that_disagrees_with_errors_py_is_refused() -> None:
+    result = PACK.dimensions["result"]
+    fewer = replace(result, values=result.values[:-1])
+    bad = Catalog(PACK.defined, PACK.families, dimensions={"result": fewer})
+    with pytest.raises(ValueError, match="rolled_back"):
+        check_pack(bad)
+    with pytest.raises(ValueError, match="SyncLoadTime"):
+        check_pack(Catalog([m for m in PACK.defined if m.name != "SyncLoadTime"], {}, dimensions=PACK.dimensions))
 
 
 def test_clients_take_the_region_from_aws_region(monkeypatch) -> None:

@@ -22,10 +22,13 @@ from botocore.exceptions import ParamValidationError
 from botocore.validate import validate_parameters
 from cfnlint.api import lint_all
 
+from catalog import modelsync_catalog
 from exporter.render import main, render, stale_files
+from exporter.render.base import emitted
 from exporter.render.dashboard import GRID_WIDTH, MAX_METRICS_PER_WIDGET, MAX_WIDGETS
 from exporter.render.options import Options, model_log_group
 from exporter.render.template import build as build_template
+from modelsync.errors import Result
 from tests.support.render_refs import dashboard_refs, metric_rows
 
 from .support.helpers import CATALOG
@@ -348,12 +351,14 @@ def test_model_sync_section_and_alarm(default_files) -> None:
 
 
 def test_model_sync_render_refuses_a_metric_modelsync_does_not_emit() -> None:
-    from exporter.render import modelsync as render_modelsync
-
+    pack = modelsync_catalog()
+    assert emitted(pack, "SyncFailures", ("model",)) == "SyncFailures"
     with pytest.raises(KeyError):
-        render_modelsync._metric("SyncLatency", ())
+        emitted(pack, "SyncLatency", ())
     with pytest.raises(KeyError):
-        render_modelsync._metric("ModelsInSync", ("model",))  # a host total has no model dimension
+        emitted(pack, "ModelsInSync", ("model",))  # a host total has no model dimension
+    with pytest.raises(KeyError):
+        emitted(CATALOG, "SyncFailures", ())  # the exporter's catalog does not emit model sync's metrics
 
 
 def test_scaling_steps_add_and_remove_one_task(default_files) -> None:
@@ -581,3 +586,11 @@ def test_every_render_option_with_help_is_a_flag_and_reaches_the_files(tmp_path:
     skew = json.loads((tmp_path / "a" / "alarms/cli/alarm-model-version-skew.json").read_text())
     assert skew["EvaluationPeriods"] == 7 == skew["DatapointsToAlarm"]
     assert main(["--out", str(tmp_path / "b"), "--version-skew-periods", "0"]) == 2
+
+
+def test_modelsync_doc_is_rendered_from_the_pack(default_files) -> None:
+    doc = default_files["docs/modelsync-metrics.md"]
+    pack = modelsync_catalog()
+    assert all(f"| `{m.name}` | {m.unit} | {m.event}: " in doc for m in pack.metrics)
+    assert all(f"| `{r.value}` | " in doc for r in Result)
+    assert "(modelsync-metrics.md)" in (ROOT / "docs" / "modelsync.md").read_text()

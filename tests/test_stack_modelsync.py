@@ -33,8 +33,7 @@ import botocore.session
 import pytest
 from botocore.validate import validate_parameters
 
-from exporter.render import modelsync as render_modelsync
-from exporter.render.options import Options
+from exporter.render.options import Options, modelsync_log_group
 from modelsync.health import Status
 from modelsync.settings import load
 from modelsync.store import state_dir
@@ -247,9 +246,7 @@ def test_container_environment_is_a_valid_modelsync_configuration(on: Stack) -> 
     assert settings.queue_name_prefix == QUEUE_PREFIX and not settings.queue_url
     assert str(settings.output) == "stdout"  # awslogs: each stdout line is one event, CloudWatch extracts the EMF
     assert settings.namespace == "Triton/triton" == env_of(by_name(stack_taskdef(on))["exporter"])["AWS_EMF_NAMESPACE"]
-    assert daemon["logConfiguration"]["options"]["awslogs-group"] == render_modelsync.log_group(
-        Options(catalog=CATALOG)
-    )
+    assert daemon["logConfiguration"]["options"]["awslogs-group"] == modelsync_log_group(Options(catalog=CATALOG))
 
 
 def test_task_role_reads_only_the_prefix_and_owns_only_its_queues(on: Stack) -> None:
@@ -367,8 +364,8 @@ def test_event_rule_publishes_the_prefix_object_events_to_the_topic(on: Stack) -
 
 def test_the_daemon_log_group_is_the_one_the_dashboard_queries(on: Stack) -> None:
     group = on.ref("ModelSyncLogGroup")
-    assert group == render_modelsync.log_group(Options(catalog=CATALOG))
+    assert group == modelsync_log_group(Options(catalog=CATALOG))
     assert on.props("ModelSyncLogGroup")["RetentionInDays"] == "30"
     s = mk(on.t, **ON, LogGroupPrefix="/prod/inf")
     prod = Options(catalog=CATALOG, log_group_prefix="/prod/inf")
-    assert s.ref("ModelSyncLogGroup") == render_modelsync.log_group(prod)
+    assert s.ref("ModelSyncLogGroup") == modelsync_log_group(prod)

@@ -31,6 +31,7 @@ def render(opts: Options) -> dict[str, str]:
         "dashboards/triton.json": json.dumps(dashboard.build(opts), indent=2) + "\n",
         "alarms/triton-alarms.template.json": json.dumps(template.build(opts), indent=2) + "\n",
         "docs/metrics.md": docsgen.metrics_markdown(opts.catalog, opts.namespace),
+        docsgen.MODELSYNC_DOC: docsgen.modelsync_markdown(opts.modelsync),
     }
     for rel, text in alarms.cli_files(opts).items():
         files[f"alarms/cli/{rel}"] = text

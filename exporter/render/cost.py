@@ -6,7 +6,10 @@ metric the deployment emits is a billed metric per distinct set of values
 (the empty set is one metric across all tasks). Whether a metric exists in a
 deployment follows from its families' ``requires`` (a Triton flag, an LLM
 backend) and source. EMF log bytes come from encoding representative events
-with the exporter's own Encoder. tests/test_cost.py checks the count against
+with the exporter's own Encoder. Where model sync is in use (the default, as
+the shipped deploy and the rendered alarms assume; ``--no-modelsync``), its
+pack of the catalog adds the metrics it writes every reconcile and the bytes
+of those events. tests/test_cost.py checks the count against
 the distinct metrics the real pipeline emits for the same deployment.
 """
 
@@ -24,7 +27,7 @@ from telemetry.settings import ConfigError, Option, add_options, choice, integer
 
 from .. import __version__
 from .alarms import alarm_specs, insight_rule_specs
-from .modelsync import SKEW_PERIOD
+from .alarms.modelsync import CONDITION, SKEW_PERIOD
 from .options import Options
 
 HOURS_PER_MONTH = 730  # AWS's billing month
@@ -67,6 +70,7 @@ class Deployment:
     interval: float = 60.0
     model_name_length: int = 16
     breakdown_zeros: str = "omit"  # as the sidecar's --breakdown-zeros
+    modelsync: bool = True  # model sync deployed (ModelSyncBucketName): its metrics, events, alarms and rules
     # Totals assumed non-zero in every hour (models serve traffic all day; failures happen in no hour):
     # with breakdown_zeros=omit, a breakdown of any other total is billed in no hour.
     busy_totals: frozenset[str] = field(default_factory=lambda: frozenset({"RequestSuccess"}))
@@ -115,7 +119,8 @@ def sources(d: Deployment) -> int:
 
 def values_of(dims: tuple[str, ...], d: Deployment, models: int) -> int:
     """Distinct value combinations one dimension set takes."""
-    sizes = {"model": models, "version": d.versions, "gpu": d.gpus, "source": sources(d)}
+    # result: model sync's attempts end ok in every hour that has any (failures, like breakdowns, in none)
+    sizes = {"model": models, "version": d.versions, "gpu": d.gpus, "source": sources(d), "result": 1}
     n = 1
     for name in dims:
         n *= sizes[name]
@@ -132,6 +137,49 @@ def metric_count(catalog: Catalog, d: Deployment) -> int:
         for m in emitted_metrics(catalog, d)
         for dims in m.dimension_sets
     )
+
+
+SYNC_EVERY_RECONCILE = ("model", "host")  # model sync's events written at every reconcile of every task
+RECONCILE = SKEW_PERIOD  # seconds between reconciles in the shipped deploy (MODELSYNC_INTERVAL 300)
+
+
+def modelsync_metrics(pack: Catalog, d: Deployment) -> list[Metric]:
+    """Model sync's metrics billed every hour: those of the events every reconcile writes.
+
+    Attempt metrics exist only in the hours a model is synced (an upload): like a breakdown whose total is
+    zero, they are billed in (nearly) no hour and are left out.
+    """
+    return [m for m in pack.metrics if m.event in SYNC_EVERY_RECONCILE] if d.modelsync else []
+
+
+def modelsync_metric_count(pack: Catalog, d: Deployment) -> int:
+    return sum(values_of(dims, d, d.models) for m in modelsync_metrics(pack, d) for dims in m.dimension_sets)
+
+
+def modelsync_bytes(pack: Catalog, d: Deployment, namespace: str = "Triton") -> int:
+    """Encoded bytes one task's model sync writes per reconcile: a model event per model and the host event."""
+    metrics = modelsync_metrics(pack, d)
+    if not metrics:
+        return 0
+    enc = Encoder(namespace, pack.metrics)
+    name = ("m" * d.model_name_length)[: d.model_name_length]
+    sha = "0123456789abcdef" * 4
+    host = {"host": "ip-10-0-1-23.ec2.internal"}
+    model = enc.encode(
+        Event(
+            Scope.MODELSYNC,
+            {"model": name},
+            {m.name: 1.0 for m in metrics if m.event == "model"},
+            {**host, "ModelArtifact": sha, "sha256": sha, "s3_version_id": "x" * 32},
+        ),
+        1_700_000_000_000,
+    )
+    host_event = enc.encode(
+        Event(Scope.MODELSYNC, {}, {m.name: 5.0 for m in metrics if m.event == "host"}, dict(host)),
+        1_700_000_000_000,
+    )
+    size = sum(len(doc) + PUTLOGEVENTS_OVERHEAD for doc in model)
+    return d.models * size + sum(len(doc) + PUTLOGEVENTS_OVERHEAD for doc in host_event)
 
 
 def metric_cost(count: int) -> float:
@@ -204,12 +252,14 @@ class Estimate:
     metrics: int
     alarms: int
     alarm_metrics: int
-    bytes_per_cycle: int  # all tasks
-    gb_per_month: float
+    bytes_per_cycle: int  # all tasks, the exporter's events per interval
+    gb_per_month: float  # the exporter's and model sync's EMF
     metrics_usd: float
     alarms_usd: float
     logs_usd: float
     dashboard_usd: float
+    sync_metrics: int = 0  # of ``metrics``, model sync's
+    sync_bytes_per_reconcile: int = 0  # all tasks
 
     @property
     def total_usd(self) -> float:
@@ -218,7 +268,8 @@ class Estimate:
 
 def estimate(d: Deployment, opts: Options) -> Estimate:
     catalog = opts.catalog
-    specs = alarm_specs(opts)
+    # Model sync's alarms and rules exist only where it is deployed (the ModelSync parameter).
+    specs = [s for s in alarm_specs(opts) if d.modelsync or s.get("_condition") != CONDITION]
     emitted = {m.name: m for m in emitted_metrics(catalog, d)}
     alarm_metrics = 0
     for s in specs:
@@ -239,10 +290,13 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
         + sources(d) * plain.get(Scope.SOURCE, 0)
     )
     per_cycle = per_task * d.tasks
-    gb = per_cycle * HOURS_PER_MONTH * 3600 / d.interval / 1e9
-    count = metric_count(catalog, d)
+    sync_bytes = modelsync_bytes(opts.modelsync, d, opts.namespace) * d.tasks
+    seconds = HOURS_PER_MONTH * 3600
+    gb = (per_cycle * seconds / d.interval + sync_bytes * seconds / RECONCILE) / 1e9
+    sync_count = modelsync_metric_count(opts.modelsync, d)
+    count = metric_count(catalog, d) + sync_count
     # The version-skew rules match one model-sync event per model per task per reconcile (every SKEW_PERIOD).
-    rules = insight_rule_specs(opts)
+    rules = [r for r in insight_rule_specs(opts) if d.modelsync or r.get("_condition") != CONDITION]
     matched = len(rules) * d.tasks * d.models * HOURS_PER_MONTH * 3600 / SKEW_PERIOD
     rules_usd = len(rules) * INSIGHT_RULE_MONTH + matched / 1e6 * INSIGHT_EVENTS_PER_MILLION
     return Estimate(
@@ -256,6 +310,8 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
         alarm_metrics * ALARM_METRIC_MONTH + rules_usd,
         gb * LOG_INGESTION_PER_GB,
         DASHBOARD_MONTH,
+        sync_count,
+        sync_bytes,
     )
 
 
@@ -279,6 +335,9 @@ ASSUMPTIONS = (
     "EMF bytes: one event per model version, GPU, source and task per interval, as the exporter's Encoder "
     "writes them with ECS metadata properties and 16-character model names, plus 26 bytes per event; "
     "distributions with five buckets.",
+    "Model sync is in use (--no-modelsync: not): its ModelInSync per model and service-wide and its three host "
+    "totals are written at every reconcile (every 5 minutes) and billed all month, with those events' bytes; "
+    "its attempt metrics exist only in the hours a model is synced and are not counted.",
     "Not included: log storage after ingestion, Logs Insights queries of the dashboard ($0.005/GB scanned), "
     "GetMetricData calls, the other log groups (Triton's own logs), data transfer.",
 )
@@ -346,6 +405,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--no-nvml", action="store_true", help="NVML source off (EXPORTER_NVML=off)")
     p.add_argument("--no-summaries", action="store_true", help="Triton without summary_latencies")
     p.add_argument("--histograms", action="store_true", help="Triton with histogram_latencies")
+    p.add_argument("--no-modelsync", action="store_true", help="model sync not deployed: no metrics of it")
     p.add_argument("--markdown", action="store_true", help="print the docs table for the small and large cases")
     try:
         args, values = parse(p, OPTIONS, argv, os.environ)
@@ -366,7 +426,13 @@ def main(argv: Sequence[str]) -> int:
     if not deployment.get("llm_models", 0) <= deployment["models"]:
         sys.stderr.write("error: need --llm-models <= --models\n")
         return 2
-    d = Deployment(**deployment, nvml=not args.no_nvml, summaries=not args.no_summaries, histograms=args.histograms)
+    d = Deployment(
+        **deployment,
+        nvml=not args.no_nvml,
+        summaries=not args.no_summaries,
+        histograms=args.histograms,
+        modelsync=not args.no_modelsync,
+    )
     e = estimate(d, opts)
     w = sys.stdout.write
     w(
@@ -374,6 +440,8 @@ def main(argv: Sequence[str]) -> int:
         f"{d.gpus} GPUs/task, {d.tasks} tasks, interval {d.interval:g}s; {len(opts.catalog.metrics)} metrics selected\n"
     )
     w(f"custom metrics:        {e.metrics:>10,}   ${e.metrics_usd:>10,.2f}/month\n")
+    if d.modelsync:
+        w(f"  of them model sync:  {e.sync_metrics:>10,}   (--no-modelsync: without it)\n")
     w(f"alarms:                {e.alarms:>10,}   ${e.alarms_usd:>10,.2f}/month ({e.alarm_metrics:,} alarm metrics)\n")
     w(
         f"EMF log ingestion:     {e.gb_per_month:>10.2f} GB ${e.logs_usd:>7,.2f}/month "

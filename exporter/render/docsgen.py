@@ -15,6 +15,7 @@ SCOPE_TEXT = {
     Scope.GPU: "Per GPU (`gpu` = index; the uuid is the `gpu_uuid` property)",
     Scope.TASK: "Per task (no dimensions: one series across all tasks of the namespace)",
     Scope.SOURCE: "Per scrape source (`source`)",
+    Scope.MODELSYNC: "Per model-sync event (no base dimensions; rollups over `model` and `result`)",
 }
 
 KIND_TEXT = {
@@ -28,6 +29,7 @@ KIND_TEXT = {
     Kind.PERCENTILE: "one task's percentile (`quantile`), interpolated in the window's bucket deltas",
     Kind.STATE: "from the repository index (built-in metrics only)",
     Kind.SELF: "the exporter's own bookkeeping (built-in metrics only)",
+    Kind.SUPPLIED: "the value the model-sync daemon supplies (scope `modelsync`, the model-sync pack only)",
 }
 
 SCHEMA = """\
@@ -49,15 +51,27 @@ removes (`-RequestFailure*,-Compute*`), nothing when it adds (`Gpu*,ModelReady`)
 nothing is an error. `python -m exporter catalog`, `cost` and `render` take the same `--catalog`,
 `--metrics` and `--llm-metrics` flags, so you can list, price and draw a selection before you deploy it.
 
-Top-level keys: `[families]`, `[[metric]]`, `drop = ["Name", ...]`.
+Top-level keys: `[families]`, `[dimensions]`, `[[metric]]`, `drop = ["Name", ...]`.
 
 `[families]`: one entry per family a source serves, `name = {{ type = ..., labels = [...] }}`.
 
 {family_keys}
 
+`[dimensions]`: a dimension whose values are declared once, each with its meaning (model sync's `result`,
+in `catalog/modelsync.toml`), `name = {{ help = "...", values = {{ value = "meaning", ... }} }}`.
+
+{dimension_keys}
+
 `[[metric]]`: one per EMF metric.
 
 {metric_keys}
+
+Model sync's metrics are a pack of their own, `catalog/modelsync.toml`, read apart from the exporter's
+catalog (the exporter never emits them; the model-sync daemon encodes its events from it, and `render`
+and `cost` read it): scope `modelsync`, kind `supplied`, `event` naming the event that carries the
+metric, and rollups over the keys an event carries (`model`, and `result`, whose values the pack
+declares under `[dimensions.result]`). docs/modelsync-metrics.md (its metric and result tables) is
+rendered from it.
 
 | kind | computation |
 | --- | --- |
@@ -111,12 +125,16 @@ FAMILY_KEYS_DOC = (
     ("requires", "optional: what must be on for Triton to serve it (`summary_latencies`, `vllm`, ...); `cost` uses it"),
     ("override", "`true` to redeclare a family an earlier file declared differently"),
 )
+DIMENSION_KEYS_DOC = (
+    ("help", "what the dimension says (required)"),
+    ("values", 'its allowed values, each with its meaning: `{ ok = "...", ... }` (required)'),
+)
 METRIC_KEYS_DOC = (
     ("name", "the EMF metric name: upper-case first letter, then letters, digits, `_ . -`; at most 255 characters"),
     (
         "scope",
         "`model` (dimensions `model`, `version`), `gpu` (`gpu`) or `task` (none); the family must "
-        "carry `model` and `version`, `gpu_uuid`, or neither",
+        "carry `model` and `version`, `gpu_uuid`, or neither; `modelsync` is for the model-sync pack",
     ),
     ("unit", "a CloudWatch unit: {units}"),
     ("kind", "the computation (table below)"),
@@ -134,9 +152,14 @@ METRIC_KEYS_DOC = (
         "`sum` (default) or `max`: how an entity's series that differ in other labels merge (a model "
         "on two GPUs has one series per `gpu_uuid`)",
     ),
-    ("rollups", 'extra dimension sets, each a billed metric: `[["model"], []]` adds per-model and service-wide'),
+    (
+        "rollups",
+        'extra dimension sets, each a billed metric: `[["model"], []]` adds per-model and service-wide; '
+        "scope `modelsync`: subsets of `model`, `result`",
+    ),
     ("breakdown_of", "a total (another metric): this metric's zero is left out while the total is zero too"),
     ("help", "what it means (required)"),
+    ("event", "scope `modelsync` only (required there): the event that carries it, `attempt`, `model` or `host`"),
     ("override", "`true` to replace a metric of the same name from an earlier file"),
 )
 
@@ -203,7 +226,43 @@ def metrics_markdown(catalog: Catalog, namespace: str) -> str:
     metric_keys = _keys_table(METRIC_KEYS_DOC).replace("{units}", units)
     lines.append(
         SCHEMA.format(
-            family_keys=_keys_table(FAMILY_KEYS_DOC), metric_keys=metric_keys, kinds=kinds, example=example_catalog()
+            family_keys=_keys_table(FAMILY_KEYS_DOC),
+            dimension_keys=_keys_table(DIMENSION_KEYS_DOC),
+            metric_keys=metric_keys,
+            kinds=kinds,
+            example=example_catalog(),
         )
     )
     return "\n".join(lines)
+
+
+MODELSYNC_DOC = "docs/modelsync-metrics.md"
+EVENT_TEXT = {
+    "attempt": "one per sync attempt of one model",
+    "model": "one per model per reconcile",
+    "host": "one per reconcile",
+}
+
+
+def modelsync_markdown(pack: Catalog) -> str:
+    """docs/modelsync-metrics.md: model sync's metrics and result names, from its pack of the catalog."""
+    lines = [
+        "# Model sync metrics",
+        "",
+        "Generated by `python -m exporter render` from `catalog/modelsync.toml`, the model-sync pack; do not",
+        "edit by hand (tests/test_render.py fails when this file differs from a fresh render). The daemon",
+        "encodes its events from the pack; see [modelsync.md](modelsync.md#metrics-emf) for the events'",
+        "properties and the alarms. Each dimension set is its own billed custom metric per distinct set of",
+        "values; `(none)` is one metric across all hosts.",
+        "",
+        "| Metric | Unit | Event | Dimension sets | Meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for m in pack.metrics:
+        dims = "<br>".join(", ".join(f"`{d}`" for d in ds) or "(none)" for ds in m.dimension_sets)
+        event = f"{m.event}: {EVENT_TEXT.get(m.event, '')}"
+        lines.append(f"| `{m.name}` | {m.unit} | {_cell(event)} | {dims} | {_cell(m.help)} |")
+    for dim in pack.dimensions.values():
+        lines += ["", f"## `{dim.name}`: {_cell(dim.help)}", "", "| Value | Meaning |", "| --- | --- |"]
+        lines += [f"| `{value}` | {_cell(meaning)} |" for value, meaning in dim.values]
+    return "\n".join(lines) + "\n"

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from catalog import Catalog
+from catalog import Catalog, modelsync_catalog
 
 LOG_PARTS = re.compile(r"[A-Za-z0-9_-]+")
 MAX_LOG_GROUPS_PER_QUERY = 50  # Logs Insights: at most 50 log groups in one query
@@ -59,6 +59,8 @@ class Options:
     )
     # What the exporter emits (definitions and --metrics selection): only those metrics are drawn and alarmed on.
     catalog: Catalog = field(kw_only=True, compare=False)
+    # What model sync emits (its own pack): its dashboard section, alarms and docs table read it.
+    modelsync: Catalog = field(default_factory=modelsync_catalog, kw_only=True, compare=False)
 
     @property
     def latency_slo_us(self) -> float:
@@ -66,6 +68,11 @@ class Options:
 
     def alarm_name(self, suffix: str) -> str:
         return f"{self.alarm_prefix}-{suffix}"
+
+
+def modelsync_log_group(opts: Options) -> str:
+    """Where the modelsync daemon's stdout (EMF and nothing else) lands: deploy/stack.yaml's awslogs group."""
+    return f"{opts.log_group_prefix}/modelsync"
 
 
 def model_log_group(prefix: str, model: str) -> str:

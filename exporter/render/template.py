@@ -1,6 +1,6 @@
 """The self-contained CloudFormation template: alarms, ECS step scaling and the dashboard.
 
-Built from the same specs as the CLI files (alarms.py) and the same
+Built from the same specs as the CLI files (alarms/) and the same
 dashboard builder, so the three cannot drift apart. Every value a user
 might change is a Parameter whose default is the render option, so
 deploy/ can include it as a nested stack and pass its own names.
@@ -15,18 +15,9 @@ from dataclasses import replace
 from typing import Any
 
 from . import dashboard
-from .alarms import (
-    PARAMETERS,
-    SCALING_ACTIONS,
-    Ref,
-    alarm_specs,
-    api_fields,
-    has_scaling,
-    insight_rule_specs,
-    parameter_values,
-    scaling_specs,
-)
+from .alarms import SCALING_ACTIONS, alarm_specs, has_scaling, insight_rule_specs, scaling_specs
 from .options import Options
+from .params import PARAMETERS, Ref, api_fields, parameter_values
 
 _TOKEN = re.compile(r"\$\{[A-Za-z0-9:]+\}")
 

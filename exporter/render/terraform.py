@@ -1,6 +1,6 @@
 """The Terraform half of the render: alarms, GPU step scaling and the dashboard template.
 
-Built from the same specs as the CloudFormation template (alarms.py's ``alarm_specs``,
+Built from the same specs as the CloudFormation template (alarms/'s ``alarm_specs``,
 ``scaling_specs`` and ``PARAMETERS``; template.py's dashboard stand-ins), so the two
 cannot drift apart. Two files:
 
@@ -22,18 +22,9 @@ import json
 import re
 from typing import Any
 
-from .alarms import (
-    PARAMETERS,
-    SCALING_ACTIONS,
-    Param,
-    Ref,
-    alarm_specs,
-    api_fields,
-    insight_rule_specs,
-    parameter_values,
-    scaling_specs,
-)
+from .alarms import SCALING_ACTIONS, alarm_specs, insight_rule_specs, scaling_specs
 from .options import Options
+from .params import PARAMETERS, Param, Ref, api_fields, parameter_values
 from .template import dashboard_body_template, dashboard_parameters
 
 ALARMS_FILE = "deploy/terraform/alarms.tf.json"

@@ -1,0 +1,29 @@
+"""Every alarm and Contributor Insights rule the render writes, fleet-wide first.
+
+The exporter's (:mod:`.core`) and model sync's (:mod:`.modelsync`), as
+specs in the API's own shapes (:mod:`.spec`); the CLI files
+(:mod:`.cli`), the CloudFormation template and Terraform all render these.
+"""
+
+from __future__ import annotations
+
+from ..options import Options
+from ..params import parameter_values, resolve
+from . import core, modelsync
+from .spec import Spec
+
+
+def alarm_specs(opts: Options) -> list[Spec]:
+    """Every alarm on a metric that is emitted: the exporter's fleet-wide ones, model sync's, the named models'."""
+    specs = [*core.fleet_specs(opts), *modelsync.alarm_specs(opts), *core.model_specs(opts)]
+    return [s for s in specs if s is not None]
+
+
+def insight_rule_specs(opts: Options) -> list[Spec]:
+    """Contributor Insights rules (PutInsightRule shape) that alarms read with INSIGHT_RULE_METRIC."""
+    return modelsync.insight_rule_specs(opts)
+
+
+def alarm_names(opts: Options) -> list[str]:
+    values = parameter_values(opts)
+    return [resolve(s["AlarmName"], values) for s in alarm_specs(opts)]

@@ -1,0 +1,60 @@
+"""Logs: Logs Insights over the Fluent Bit log groups (errors, failed loads, per-model load history)."""
+
+from __future__ import annotations
+
+from ..base import Placed, Section, logs, text
+from ..options import MAX_LOG_GROUPS_PER_QUERY, Options, model_log_group
+
+TEXT = (
+    "**Logs**: Logs Insights over the Fluent Bit log groups: recent errors and failed model loads "
+    "(errors group), and load/unload history of the models named at render time (per-model groups)."
+)
+
+
+def widgets(opts: Options) -> list[Placed]:
+    errors = f"{opts.log_group_prefix}/errors"
+    groups = sorted({model_log_group(opts.log_group_prefix, m) for m in opts.models})
+    history = (
+        logs(
+            opts,
+            "Model load/unload history (per-model groups)",
+            groups[:MAX_LOG_GROUPS_PER_QUERY],
+            "fields @timestamp, model, version, level, message"
+            "\n| filter message like /^(loading: |successfully loaded|successfully unloaded|failed to load)/"
+            "\n| sort @timestamp desc\n| limit 100",
+        )
+        if groups
+        else text(
+            "**Model load/unload history**: render with `--model NAME` (repeatable) to add a "
+            f"Logs Insights widget over the per-model groups `{opts.log_group_prefix}/model/<name>`; "
+            "failed loads of every model are in the errors group on the left."
+        )
+    )
+    return [
+        Placed(
+            logs(
+                opts,
+                "Recent errors and warnings (errors group)",
+                [errors],
+                "fields @timestamp, level, model, version, message, @logStream\n| sort @timestamp desc\n| limit 100",
+            ),
+            24,
+        ),
+        Placed(
+            logs(
+                opts,
+                "Failed model loads (errors group)",
+                [errors],
+                "fields @timestamp, model, version, message"
+                '\n| filter level = "ERROR" and message like /^failed to load \'/'
+                "\n| parse message /: (?<reason>[^\\n]*)/"
+                "\n| stats count(*) as failures, latest(reason) as last_reason, max(@timestamp) as last_seen"
+                " by model, version\n| sort last_seen desc\n| limit 100",
+            ),
+            12,
+        ),
+        Placed(history, 12),
+    ]
+
+
+SECTION = Section(TEXT, widgets)

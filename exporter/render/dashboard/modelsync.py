@@ -1,0 +1,127 @@
+"""Model sync: attempts by result, failures, phase durations, upload to READY, bytes, version skew, failures.
+
+Every metric comes from model sync's pack of the catalog (``opts.modelsync``) through the one reference
+checker; the phase-duration graph draws every ``Sync<Phase>Time`` metric the pack defines. :data:`GRAPHS`
+is the table of per-model and per-result SEARCH graphs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..alarms.modelsync import SKEW_PERIOD, skew_expressions
+from ..base import Placed, Section, emitted, expr, graph, logs, row, search
+from ..options import Options, modelsync_log_group
+
+TEXT = (
+    "**Model sync**: S3 archives installed on every host by modelsync: attempts by result, failures per "
+    "model, phase durations, time from upload to READY, and hosts serving different builds of one model "
+    "(Logs Insights over the modelsync log group)."
+)
+PHASE = re.compile(r"Sync([A-Z][a-z]+)Time")
+
+# title, metric, dimension set, statistic, y-axis label, annotations
+GRAPHS: tuple[tuple[str, str, tuple[str, ...], str, str, list[dict[str, Any]] | None], ...] = (
+    ("Sync attempts by result (all hosts)", "SyncAttempts", ("result",), "Sum", "attempts", None),
+    (
+        "Sync failures per model",
+        "SyncFailures",
+        ("model",),
+        "Sum",
+        "failures",
+        [{"value": 0, "label": "alarm: any failure in 5 min"}],
+    ),
+)
+LATER_GRAPHS: tuple[tuple[str, str, tuple[str, ...], str, str, list[dict[str, Any]] | None], ...] = (
+    ("Upload to READY per model (s, slowest host)", "SyncUploadToReady", ("model",), "Maximum", "seconds", None),
+    ("Archive bytes downloaded per model", "SyncBytesDownloaded", ("model",), "Sum", "bytes", None),
+)
+
+
+def _searches(opts: Options, table: tuple[tuple[str, str, tuple[str, ...], str, str, Any], ...]) -> list[Placed]:
+    return [
+        Placed(
+            graph(
+                opts,
+                title,
+                [expr(search(opts, metric, dims, stat, catalog=opts.modelsync), "", "e1")],
+                stat=stat,
+                unit_label=label,
+                annotations=annotations,
+            )
+        )
+        for title, metric, dims, stat, label, annotations in table
+    ]
+
+
+def widgets(opts: Options) -> list[Placed]:
+    pack = opts.modelsync
+    phases = [(m.name, match.group(1).lower()) for m in pack.metrics if (match := PHASE.fullmatch(m.name))]
+    group = modelsync_log_group(opts)
+    in_sync = emitted(pack, "ModelInSync", ("model",))
+    failures = emitted(pack, "SyncFailures", ("model",))
+    artifacts, models = skew_expressions(opts.alarm_prefix)
+    hosts = graph(
+        opts,
+        "Models in sync / out of sync (per host: min / max)",
+        [
+            row(opts, "ModelsInSync", {"stat": "Minimum", "label": "in sync (min over hosts)"}, pack),
+            row(opts, "ModelsOutOfSync", {"stat": "Maximum", "label": "out of sync (max over hosts)"}, pack),
+            row(
+                opts,
+                "SecondsSinceLastSuccess",
+                {"stat": "Maximum", "label": "s since all in sync (worst host)", "yAxis": "right"},
+                pack,
+            ),
+        ],
+    )
+    durations = graph(
+        opts,
+        "Sync phase durations (ms, worst attempt)",
+        [row(opts, name, {"stat": "Maximum", "label": label}, pack) for name, label in phases],
+        stat="Maximum",
+        unit_label="milliseconds",
+    )
+    skew = graph(
+        opts,
+        "Version skew: artifacts served beyond one per model (all tasks, 5 min)",
+        [
+            expr(artifacts, "model/artifact pairs", "pairs", visible=False, period=SKEW_PERIOD),
+            expr(models, "models", "models", visible=False, period=SKEW_PERIOD),
+            expr("pairs - models", "extra artifacts (0: every task agrees)", "skew", period=SKEW_PERIOD),
+        ],
+        stat="Maximum",
+        unit_label="artifacts",
+        annotations=[{"value": 0, "label": "alarm: above 0 for VersionSkewPeriods x 5 min"}],
+    )
+    served = logs(
+        opts,
+        "Artifacts served per model, with the tasks serving each (last reconcile of every task)",
+        [group],
+        "fields @timestamp, model, host, ModelArtifact"
+        f"\n| filter ispresent({in_sync})"
+        "\n| stats latest(ModelArtifact) as artifact by model, host"
+        "\n| stats count(*) as tasks by model, artifact"
+        "\n| sort model asc, tasks desc\n| limit 200",
+    )
+    recent = logs(
+        opts,
+        "Recent sync failures",
+        [group],
+        "fields @timestamp, model, result, host, reason, sha256"
+        f"\n| filter {failures} > 0"
+        "\n| sort @timestamp desc\n| limit 50",
+    )
+    return [
+        *_searches(opts, GRAPHS),
+        Placed(hosts),
+        Placed(durations),
+        *_searches(opts, LATER_GRAPHS),
+        Placed(skew, 12),
+        Placed(served, 12),
+        Placed(recent, 12),
+    ]
+
+
+SECTION = Section(TEXT, widgets)

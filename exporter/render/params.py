@@ -1,0 +1,123 @@
+"""The parameters of the rendered alarms, scaling and dashboard, and their resolution to values.
+
+Specs are written once with ``${Param}`` tokens in strings and :class:`Ref`
+for numbers. The CLI files resolve them to the render options
+(:func:`resolve`); the CloudFormation template keeps them as parameters and
+Terraform as variables.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .options import Options
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A CloudFormation parameter (numbers); strings carry ``${Name}`` tokens instead."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Param:
+    type: str
+    description: str
+    min: float | None = None
+    max: float | None = None
+    allowed: tuple[str, ...] = ()
+
+
+PARAMETERS: dict[str, Param] = {
+    "Namespace": Param("String", "CloudWatch namespace the exporter writes (AWS_EMF_NAMESPACE); one per ECS service"),
+    "AlarmNamePrefix": Param("String", "Prefix of every alarm and scaling policy name"),
+    "AlarmTopicArn": Param("String", "SNS topic for alarm notifications; empty for none"),
+    "ClusterName": Param("String", "ECS cluster of the Triton service"),
+    "ServiceName": Param("String", "ECS service running Triton and the exporter"),
+    "LogGroupPrefix": Param("String", "Fluent Bit log group prefix (TRITON_LOG_GROUP_PREFIX)"),
+    "DashboardName": Param("String", "Name of the CloudWatch dashboard"),
+    "CreateDashboard": Param("String", "Create the dashboard", allowed=("true", "false")),
+    "EnableScaling": Param(
+        "String", "Create the scalable target, scaling policies and scaling alarms", allowed=("true", "false")
+    ),
+    "FailureThreshold": Param("Number", "Alarm when a model has more failed requests than this in 5 minutes", 0),
+    "LatencySloMicroseconds": Param("Number", "p95 latency SLO per model, microseconds", 0),
+    "LoadSuccessRateThreshold": Param("Number", "Alarm when the model load success rate is below this percent", 0, 100),
+    "GpuMemoryThreshold": Param("Number", "GPU memory used percent that alarms and adds a task (10 minutes)", 0, 100),
+    "GpuScaleOutUtilization": Param("Number", "Service GPU utilization percent that adds a task (5 minutes)", 0, 100),
+    "GpuScaleInUtilization": Param(
+        "Number", "Service GPU utilization percent that removes a task (15 minutes)", 0, 100
+    ),
+    "TtftP95Milliseconds": Param(
+        "Number", "Alarm when time to first token p95 (all tasks) stays above this, ms (5 minutes)", 0
+    ),
+    "KvCacheUtilizationThreshold": Param(
+        "Number", "Alarm when a model's KV-cache utilization stays above this percent (5 minutes)", 0, 100
+    ),
+    "MinCapacity": Param("Number", "Fewest tasks scaling may leave", 0),
+    "MaxCapacity": Param("Number", "Most tasks scaling may start", 1),
+    "ModelSync": Param(
+        "String",
+        "Model sync is deployed: create its alarms (sync failures, version skew) and Contributor Insights rules",
+        allowed=("true", "false"),
+    ),
+    "VersionSkewPeriods": Param(
+        "Number",
+        "Alarm when a model's tasks serve different artifacts in this many consecutive 5-minute periods",
+        1,
+        288,
+    ),
+}
+
+
+def parameter_values(opts: Options) -> dict[str, Any]:
+    return {
+        "Namespace": opts.namespace,
+        "AlarmNamePrefix": opts.alarm_prefix,
+        "AlarmTopicArn": opts.sns_topic_arn,
+        "ClusterName": opts.cluster,
+        "ServiceName": opts.service,
+        "LogGroupPrefix": opts.log_group_prefix,
+        "DashboardName": opts.dashboard_name,
+        "CreateDashboard": "true",
+        "EnableScaling": "true",
+        "FailureThreshold": opts.failure_threshold,
+        "LatencySloMicroseconds": opts.latency_slo_us,
+        "LoadSuccessRateThreshold": opts.load_success_rate,
+        "GpuMemoryThreshold": opts.gpu_memory,
+        "GpuScaleOutUtilization": opts.gpu_scale_out,
+        "GpuScaleInUtilization": opts.gpu_scale_in,
+        "TtftP95Milliseconds": opts.ttft_p95_ms,
+        "KvCacheUtilizationThreshold": opts.kv_cache_utilization,
+        "MinCapacity": opts.min_capacity,
+        "MaxCapacity": opts.max_capacity,
+        "ModelSync": "true",
+        "VersionSkewPeriods": opts.version_skew_periods,
+    }
+
+
+# --- resolution to concrete values (CLI files) ----------------------------------------------------
+
+_TOKEN = re.compile(r"\$\{([A-Za-z0-9:]+)\}")
+
+
+def resolve(value: Any, values: dict[str, Any]) -> Any:
+    """Replace :class:`Ref` and ``${Name}`` tokens by the render option values."""
+    if isinstance(value, Ref):
+        return values[value.name]
+    if isinstance(value, str):
+        return _TOKEN.sub(lambda m: str(values[m.group(1)]), value)
+    if isinstance(value, list):
+        return [resolve(v, values) for v in value]
+    if isinstance(value, tuple):
+        return tuple(resolve(v, values) for v in value)
+    if isinstance(value, dict):
+        return {k: resolve(v, values) for k, v in value.items()}
+    return value
+
+
+def api_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if not k.startswith("_")}
