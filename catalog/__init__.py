@@ -32,7 +32,7 @@ from pathlib import Path
 
 from telemetry.emf import CLOUDWATCH_UNITS, MAX_METRIC_NAME_LENGTH
 
-from .load import SELF_METRICS, STATE_METRICS, CatalogError, read, read_paths
+from .load import CatalogError, read, read_paths
 from .model import (
     BASE_DIMENSIONS,
     COUNTER_KINDS,
@@ -49,8 +49,8 @@ from .model import (
 
 __all__ = [
     "BASE_DIMENSIONS", "BUILTIN_PACKS", "CLOUDWATCH_UNITS", "COUNTER_KINDS", "EVENT_KEYS", "HISTOGRAM_KINDS",
-    "MAX_METRIC_NAME_LENGTH", "MODELSYNC_PACK", "SELF_METRICS",
-    "STATE_METRICS", "Catalog", "CatalogError", "Combine", "Dimension", "Family", "Input", "Kind", "Metric",
+    "MAX_METRIC_NAME_LENGTH", "MODELSYNC_PACK",
+    "Catalog", "CatalogError", "Combine", "Dimension", "Family", "Input", "Kind", "Metric",
     "Scope", "build", "modelsync_catalog", "parse_selection",
 ]  # fmt: skip
 
@@ -153,7 +153,8 @@ def build(paths: Sequence[Path | str] = (), selection: str = "", packs: Sequence
     """
     if MODELSYNC_PACK in packs:
         raise CatalogError(f"the {MODELSYNC_PACK} pack is read on its own: modelsync_catalog()")
-    loaded = read([*builtin_files(packs), *read_paths(paths)])
+    builtins = builtin_files(packs)
+    loaded = read([*builtins, *read_paths(paths)], builtin=len(builtins))
     for m in loaded.metrics.values():
         if m.scope is Scope.MODELSYNC:
             raise CatalogError(f"{m.origin}: metric {m.name!r}: scope modelsync is only for the model-sync pack")
@@ -164,7 +165,7 @@ def build(paths: Sequence[Path | str] = (), selection: str = "", packs: Sequence
 
 def modelsync_catalog() -> Catalog:
     """Model sync's metrics (``modelsync.toml``): what the model-sync daemon emits, every one of them."""
-    loaded = read(builtin_files((MODELSYNC_PACK,)))
+    loaded = read(builtin_files((MODELSYNC_PACK,)), builtin=1)
     for m in loaded.metrics.values():
         if m.scope is not Scope.MODELSYNC:
             raise CatalogError(f"{m.origin}: metric {m.name!r}: the model-sync pack holds scope modelsync only")

@@ -54,13 +54,6 @@ LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Upper-case first: dimension and property keys share the EMF root with metric names and are lower case.
 METRIC_NAME = re.compile(r"[A-Z][A-Za-z0-9_.\-]*")
 
-STATE_METRICS = frozenset({"ModelReady", "ModelsReady", "ModelsNotReady", "ModelLoadSuccessRate"})
-"""Metrics the pipeline computes from the repository index (kind ``state``)."""
-SELF_METRICS = frozenset({
-    "TritonUp", "ScrapeDuration", "SeriesKept", "SeriesDropped", "ParseErrors", "DuplicateSeries",
-    "CounterResets", "EventsDropped", "EventsOversize", "ExporterHeartbeat", "SourceUp", "SourceDuration",
-})  # fmt: skip
-"""The exporter's own metrics (kind ``self``); the pipeline provides exactly these."""
 
 FAMILY_KEYS = {"type", "labels", "source", "help", "requires", "override"}
 METRIC_KEYS = {
@@ -107,8 +100,14 @@ class Loaded:
     dimensions: dict[str, Dimension] = field(default_factory=dict)
 
 
-def read(files: Sequence[tuple[str, str]]) -> Loaded:
-    """Build the catalog from (display name, TOML text) pairs, in order."""
+def read(files: Sequence[tuple[str, str]], builtin: int = 0) -> Loaded:
+    """Build the catalog from (display name, TOML text) pairs, in order; the first ``builtin`` are built-in packs.
+
+    Kinds ``self`` and ``state`` are values the exporter computes itself
+    (exporter/selfmetrics.py, which a test holds to the built-in packs'
+    list): only a built-in pack defines them; a user file may override or
+    drop one, never invent one that nothing would compute.
+    """
     docs = [(name, _parse(name, text)) for name, text in files]
     out = Loaded(files=[name for name, _ in files])
     for name, doc in docs:
@@ -116,7 +115,7 @@ def read(files: Sequence[tuple[str, str]]) -> Loaded:
             _add_family(out.families, name, fam_name, raw)
         for dim_name, raw in _table(doc.get("dimensions", {}), _Where(name, "[dimensions]")).items():
             _add_dimension(out.dimensions, name, dim_name, raw)
-    for name, doc in docs:
+    for position, (name, doc) in enumerate(docs):
         entries = doc.get("metric", [])
         if not isinstance(entries, list):
             raise CatalogError(f"{name}: 'metric' must be an array of tables ([[metric]])")
@@ -132,6 +131,15 @@ def read(files: Sequence[tuple[str, str]]) -> Loaded:
                 raise where.error("duplicate EMF name in this file")
             seen.add(metric.name)
             earlier = out.metrics.get(metric.name)
+            if (
+                metric.kind in (Kind.STATE, Kind.SELF)
+                and position >= builtin
+                and getattr(earlier, "kind", None) != metric.kind
+            ):
+                raise where.error(
+                    f"kind {metric.kind} is only for the exporter's own metrics, which the built-in packs define "
+                    "(a catalog file may override or drop one)"
+                )
             if raw.get("override") is True:
                 if earlier is None:
                     raise where.error("override = true, but no earlier file defines this metric")
@@ -296,11 +304,7 @@ def _metric(raw: dict[str, Any], families: Mapping[str, Family], where: _Where) 
         if kind is not Kind.QUANTILE:
             raise where.error("guard is only for kind quantile")
         guard = _inputs([raw["guard"]], "guard", Kind.DELTA, scope, families, where)[0]
-    if kind in (Kind.STATE, Kind.SELF):
-        known = STATE_METRICS if kind is Kind.STATE else SELF_METRICS
-        if name not in known:
-            raise where.error(f"kind {kind} is only for the exporter's own metrics ({', '.join(sorted(known))})")
-    elif not inputs and kind is not Kind.SUPPLIED:
+    if not inputs and kind not in (Kind.STATE, Kind.SELF, Kind.SUPPLIED):
         raise where.error("needs inputs")
     if scope is Scope.SOURCE and kind is not Kind.SELF:
         raise where.error("scope source is only for the exporter's own per-source metrics")

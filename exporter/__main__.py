@@ -38,7 +38,7 @@ from .sources import Source, SourceRequired
 COMMANDS = {
     "health": "triton_side.probe:main",  # the Triton-side probe, shipped in the wheel too
     "render": "exporter.render:main",
-    "cost": "exporter.render.cost:main",
+    "cost": "exporter.cost:main",
 }
 
 

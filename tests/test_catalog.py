@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from catalog import BUILTIN_PACKS, Catalog, CatalogError, Kind, Scope, build, modelsync_catalog, parse_selection
-from catalog.load import DIMENSION_KEYS, FAMILY_KEYS, METRIC_KEYS, SELF_METRICS, STATE_METRICS, read
+from catalog.load import DIMENSION_KEYS, FAMILY_KEYS, METRIC_KEYS, read
 from exporter.render.docsgen import DIMENSION_KEYS_DOC, FAMILY_KEYS_DOC, METRIC_KEYS_DOC, example_catalog
 
 from .support.helpers import CATALOG
@@ -74,8 +74,24 @@ def test_state_and_self_metrics_are_exactly_what_the_pipeline_provides() -> None
         [VersionState("a", "1", "READY"), VersionState("b", "1", "UNAVAILABLE", "x")],
         {"k": VersionState("a", "1", "READY")},
     )
-    assert set(given) == SELF_METRICS | STATE_METRICS
-    assert {m.name for m in CATALOG.metrics if m.kind in (Kind.STATE, Kind.SELF)} == SELF_METRICS | STATE_METRICS
+    # The names are written twice by nature: where they are defined (core.toml) and where they are computed.
+    assert set(given) == {m.name for m in CATALOG.defined if m.kind in (Kind.STATE, Kind.SELF)}
+
+
+@pytest.mark.parametrize("kind", ["self", "state"])
+def test_a_user_file_may_override_the_exporters_own_metrics_but_not_invent_one(tmp_path: Path, kind: str) -> None:
+    """Nothing would compute an invented one: it would be defined, documented, drawn and never emitted."""
+    invented = tmp_path / "invented.toml"
+    invented.write_text(f'[[metric]]\nname = "MyOwn"\nscope = "task"\nunit = "Count"\nkind = "{kind}"\nhelp = "h"\n')
+    with pytest.raises(CatalogError, match=f"kind {kind} is only for the exporter's own metrics"):
+        build([invented])
+    existing = "TritonUp" if kind == "self" else "ModelsReady"
+    overriding = tmp_path / "override.toml"
+    overriding.write_text(
+        f'[[metric]]\nname = "{existing}"\nscope = "task"\nunit = "Count"\nkind = "{kind}"\nhelp = "mine"\n'
+        "override = true\n"
+    )
+    assert build([overriding]).get(existing).help == "mine"
 
 
 def test_wanted_and_counter_samples_follow_the_catalog() -> None:
@@ -329,7 +345,7 @@ def test_an_excluding_selection_works_as_a_separate_argument() -> None:
 
 
 def test_cost_prices_the_selection(capsys: pytest.CaptureFixture[str]) -> None:
-    from exporter.render import cost
+    from exporter import cost
 
     def metrics(*argv: str) -> int:
         assert cost.main(["--models", "10", "--gpus", "0", *argv]) == 0

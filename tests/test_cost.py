@@ -10,10 +10,10 @@ import orjson
 import pytest
 
 from demo.payloads import first_response_metrics, llm_metrics, triton_metrics
+from exporter import cost
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
-from exporter.render import cost
-from exporter.render.options import Options
+from exporter.render.base.options import Options
 from exporter.sources import Collected, VersionState
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.promtext import Parser

@@ -24,9 +24,9 @@ from cfnlint.api import lint_all
 
 from catalog import modelsync_catalog
 from exporter.render import main, render, stale_files
-from exporter.render.base import emitted
+from exporter.render.base.options import Options, model_log_group
+from exporter.render.base.widgets import emitted
 from exporter.render.dashboard import GRID_WIDTH, MAX_METRICS_PER_WIDGET, MAX_WIDGETS
-from exporter.render.options import Options, model_log_group
 from exporter.render.template import build as build_template
 from modelsync.errors import Result
 from tests.support.render_refs import dashboard_refs, metric_rows
@@ -577,7 +577,7 @@ def test_every_render_option_with_help_is_a_flag_and_reaches_the_files(tmp_path:
     from dataclasses import fields
 
     from exporter.render import options_table
-    from exporter.render.options import Options as O
+    from exporter.render.base.options import Options as O
 
     flags = {o.field: o for o in options_table()}
     table = [f for f in fields(O) if "help" in f.metadata]

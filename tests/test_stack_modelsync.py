@@ -33,7 +33,7 @@ import botocore.session
 import pytest
 from botocore.validate import validate_parameters
 
-from exporter.render.options import Options, modelsync_log_group
+from exporter.render.base.options import Options, modelsync_log_group
 from modelsync.health import Status
 from modelsync.settings import load
 from modelsync.store import state_dir

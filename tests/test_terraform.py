@@ -44,7 +44,7 @@ from lark.exceptions import UnexpectedInput
 from exporter.render import render
 from exporter.render import terraform as tfrender
 from exporter.render.alarms import SCALING_ACTIONS, alarm_specs
-from exporter.render.options import Options
+from exporter.render.base.options import Options
 from exporter.render.template import POLICY_IDS
 from tests.support.helpers import CATALOG
 from tests.support.tfeval import Module, TfError, Unknown, ValidationFailed, _source_text, parse_directory

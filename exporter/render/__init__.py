@@ -20,7 +20,7 @@ from catalog import CatalogError, cli
 from telemetry.settings import ConfigError, Option, add_options, integer, number, parse
 
 from . import alarms, dashboard, docsgen, template, terraform
-from .options import Options
+from .base.options import Options
 
 GENERATED_DIRS = ("dashboards", "alarms")
 

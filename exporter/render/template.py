@@ -16,8 +16,8 @@ from typing import Any
 
 from . import dashboard
 from .alarms import SCALING_ACTIONS, alarm_specs, has_scaling, insight_rule_specs, scaling_specs
-from .options import Options
-from .params import PARAMETERS, Ref, api_fields, parameter_values
+from .base.options import Options
+from .base.params import PARAMETERS, Ref, api_fields, parameter_values
 
 _TOKEN = re.compile(r"\$\{[A-Za-z0-9:]+\}")
 

@@ -23,8 +23,8 @@ import re
 from typing import Any
 
 from .alarms import SCALING_ACTIONS, alarm_specs, insight_rule_specs, scaling_specs
-from .options import Options
-from .params import PARAMETERS, Param, Ref, api_fields, parameter_values
+from .base.options import Options
+from .base.params import PARAMETERS, Param, Ref, api_fields, parameter_values
 from .template import dashboard_body_template, dashboard_parameters
 
 ALARMS_FILE = "deploy/terraform/alarms.tf.json"

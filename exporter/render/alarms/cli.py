@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..options import Options
-from ..params import api_fields, parameter_values, resolve
+from ..base.options import Options
+from ..base.params import api_fields, parameter_values, resolve
 from .scaling import SCALING_ACTIONS, has_scaling, scaling_specs
 from .table import alarm_specs, insight_rule_specs
 

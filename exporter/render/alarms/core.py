@@ -17,8 +17,8 @@ from dataclasses import replace
 
 from telemetry.emf import safe_dimension_value
 
-from ..options import Options
-from ..params import Ref
+from ..base.options import Options
+from ..base.params import Ref
 from .spec import MetricAlarm, ModelAlarm, Spec, model_slug
 
 LATENCY_PERIOD = 60

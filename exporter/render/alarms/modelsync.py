@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import json
 
-from ..base import emitted
-from ..options import Options
-from ..params import Ref
+from ..base.options import Options
+from ..base.params import Ref
+from ..base.widgets import emitted
 from .spec import MetricAlarm, Spec
 
 FAILURE_PERIOD = 300  # any failed sync in 5 minutes

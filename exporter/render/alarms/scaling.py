@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..params import Ref
+from ..base.params import Ref
 from .spec import Spec
 
 COOLDOWN = 300

@@ -1,7 +1,7 @@
 """Alarm specifications as data: one dataclass per alarm shape, with named fields.
 
 A spec renders to the ``PutMetricAlarm`` shape (:meth:`MetricAlarm.spec`),
-with ``${Param}`` tokens in strings and :class:`~exporter.render.params.Ref`
+with ``${Param}`` tokens in strings and :class:`~exporter.render.base.params.Ref`
 for numbers; keys starting with ``_`` are render metadata, not API fields
 (``_file``: the file and resource name; ``_actions``: notify and scaling
 actions; ``_condition``: the parameter that must be "true"; ``_metric``: the
@@ -19,8 +19,8 @@ from typing import Any
 
 from catalog import Catalog
 
-from ..base import emitted
-from ..params import Ref
+from ..base.params import Ref
+from ..base.widgets import emitted
 
 Spec = dict[str, Any]
 NOTIFY = ("notify",)

@@ -7,8 +7,8 @@ specs in the API's own shapes (:mod:`.spec`); the CLI files
 
 from __future__ import annotations
 
-from ..options import Options
-from ..params import parameter_values, resolve
+from ..base.options import Options
+from ..base.params import parameter_values, resolve
 from . import core, modelsync
 from .spec import Spec
 

@@ -2,7 +2,7 @@
 
 Each section module holds its intro text and its widgets (``SECTION``); to add a widget, add it to its
 section's file; to add a section, write a module and list it here. Widgets are built on
-:mod:`exporter.render.base`: every metric goes through its one reference checker, and a widget whose
+:mod:`exporter.render.base.widgets`: every metric goes through its one reference checker, and a widget whose
 metrics the ``--metrics`` selection leaves out is not drawn. Histogram metrics are CloudWatch
 distributions: their graphs use percentile statistics (p50, p95, p99) computed over the events of every task.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import GRID_WIDTH, MAX_METRICS_PER_WIDGET, MAX_WIDGETS, Layout, Section, search, text
-from ..options import Options
+from ..base.options import Options
+from ..base.widgets import GRID_WIDTH, MAX_METRICS_PER_WIDGET, MAX_WIDGETS, Layout, Section, search, text
 from . import gpu, llm, logs, models, modelsync, overview
 
 __all__ = ["GRID_WIDTH", "MAX_METRICS_PER_WIDGET", "MAX_WIDGETS", "SECTIONS", "build", "search"]

@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
-from ..base import Placed, Section, expr, graph, row, search
-from ..options import Options
+from ..base.options import Options
+from ..base.widgets import Placed, Section, expr, graph, row, search
 
 TEXT = (
     "**GPU**: utilization and memory (the scaling signals, with their thresholds), power, and the NVML "

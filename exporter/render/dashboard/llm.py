@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..base import Placed, Section, expr, graph, per_second, search
-from ..options import Options
+from ..base.options import Options
+from ..base.widgets import Placed, Section, expr, graph, per_second, search
 
 TEXT = (
     "**LLM serving**: time to first token and inter-token latency as percentiles over every task "

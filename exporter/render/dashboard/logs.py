@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..base import Placed, Section, logs, text
-from ..options import MAX_LOG_GROUPS_PER_QUERY, Options, model_log_group
+from ..base.options import MAX_LOG_GROUPS_PER_QUERY, Options, model_log_group
+from ..base.widgets import Placed, Section, logs, text
 
 TEXT = (
     "**Logs**: Logs Insights over the Fluent Bit log groups: recent errors and failed model loads "

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..base import Placed, Section, expr, graph, search
-from ..options import Options
+from ..base.options import Options
+from ..base.widgets import Placed, Section, expr, graph, search
 
 TEXT = (
     "**Per model**: throughput, success and failure, latency (average, p95, p99), queue versus compute "

@@ -11,8 +11,8 @@ import re
 from typing import Any
 
 from ..alarms.modelsync import SKEW_PERIOD, skew_expressions
-from ..base import Placed, Section, emitted, expr, graph, logs, row, search
-from ..options import Options, modelsync_log_group
+from ..base.options import Options, modelsync_log_group
+from ..base.widgets import Placed, Section, emitted, expr, graph, logs, row, search
 
 TEXT = (
     "**Model sync**: S3 archives installed on every host by modelsync: attempts by result, failures per "

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..alarms import alarm_names
-from ..base import MAX_ALARMS_PER_WIDGET, Placed, Section, expr, graph, insights, row
-from ..options import Options
+from ..base.options import Options
+from ..base.widgets import MAX_ALARMS_PER_WIDGET, Placed, Section, expr, graph, insights, row
 
 TEXT = (
     "**Overview**: is Triton up on every task, are the models loaded, how much traffic and how many "

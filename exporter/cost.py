@@ -25,10 +25,10 @@ from catalog import Catalog, CatalogError, Kind, Metric, Scope, cli
 from telemetry.emf import Encoder, Event
 from telemetry.settings import ConfigError, Option, add_options, choice, integer, parse, positive
 
-from .. import __version__
-from .alarms import alarm_specs, insight_rule_specs
-from .alarms.modelsync import CONDITION, SKEW_PERIOD
-from .options import Options
+from . import __version__
+from .render.alarms import alarm_specs, insight_rule_specs
+from .render.alarms.modelsync import CONDITION, SKEW_PERIOD
+from .render.base.options import Options
 
 HOURS_PER_MONTH = 730  # AWS's billing month
 # us-east-1 list prices
