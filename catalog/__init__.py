@@ -54,7 +54,7 @@ __all__ = [
     "Scope", "build", "modelsync_catalog", "parse_selection",
 ]  # fmt: skip
 
-BUILTIN_PACKS = ("core", "llm")
+BUILTIN_PACKS = ("core", "llm", "traces")
 MODELSYNC_PACK = "modelsync"
 """Model sync's metrics: read on its own (:func:`modelsync_catalog`), never with the exporter's packs."""
 

@@ -55,6 +55,7 @@ LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 METRIC_NAME = re.compile(r"[A-Z][A-Za-z0-9_.\-]*")
 
 
+FAMILY_SOURCES = ("triton", "nvml", "traces")  # /metrics, the NVML source, the trace relay
 FAMILY_KEYS = {"type", "labels", "source", "help", "requires", "override"}
 METRIC_KEYS = {
     "name",
@@ -210,8 +211,8 @@ def _add_family(families: dict[str, Family], file: str, name: str, raw: Any) -> 
     if reserved in labels:
         raise where.error(f"a {ftype} carries {reserved!r} by itself; do not list it")
     source = raw.get("source", "triton")
-    if source not in ("triton", "nvml"):
-        raise where.error(f"source must be triton or nvml, got {source!r}")
+    if source not in FAMILY_SOURCES:
+        raise where.error(f"source must be one of {', '.join(FAMILY_SOURCES)}, got {source!r}")
     help_text = raw.get("help", "")
     if not isinstance(help_text, str):
         raise where.error("help must be a string")

@@ -84,7 +84,7 @@ class Family:
     name: str
     type: str
     labels: tuple[str, ...] = ()
-    source: str = "triton"  # "triton": read from /metrics; "nvml": produced by the NVML source
+    source: str = "triton"  # "triton": read from /metrics; "nvml": the NVML source; "traces": the trace relay
     help: str = ""
     requires: str = ""  # what must be on for Triton to serve it (a Triton flag, a backend); cost reads it
 
@@ -147,7 +147,7 @@ class Metric:
     rollups: tuple[tuple[str, ...], ...] = ()  # extra dimension sets, each a billed metric
     breakdown_of: str | None = None  # zeros left out while this total is zero (cost)
     origin: str = ""  # the catalog file that defined it (for errors and docs)
-    source: str = "triton"  # where the value comes from: triton, nvml, index, exporter, modelsync
+    source: str = "triton"  # where the value comes from: triton, nvml, traces, index, exporter, modelsync
     event: str = ""  # scope modelsync: the event that carries it (attempt, model, host)
 
     @property

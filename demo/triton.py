@@ -214,10 +214,12 @@ class TritonServer:
 
     # --- a tiny HTTP client, enough for tests and the demo ---------------------------------
 
-    def request(self, method: str, path: str, body: object | None = None, timeout: float = 10.0):
+    def request(
+        self, method: str, path: str, body: object | None = None, timeout: float = 10.0, headers: dict | None = None
+    ):
         """Return (status, parsed JSON or text) for one HTTP call to the server."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers or {})
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
@@ -248,9 +250,12 @@ class TritonServer:
             time.sleep(0.05)
         return status
 
-    def infer(self, model: str, inputs: list[dict], version: str | None = None) -> tuple[int, object]:
+    def infer(
+        self, model: str, inputs: list[dict], version: str | None = None, headers: dict | None = None
+    ) -> tuple[int, object]:
+        """``headers``: e.g. a W3C ``traceparent``, which Triton honours in trace mode."""
         path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
-        return self.request("POST", path, {"inputs": inputs})
+        return self.request("POST", path, {"inputs": inputs}, headers=headers)
 
     def infer_add(self, n: int = 1, values: tuple[float, ...] = (1.0, 2.0)) -> None:
         """Send ``n`` successful requests to the sample model ``add``."""

@@ -70,9 +70,36 @@ def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
         nvml = _nvml_source(settings)
         if nvml is not None:
             sources.append(nvml)
+    ecs = None
     if settings.ecs_metadata_url:
-        sources.append(EcsMetadataSource(settings.ecs_metadata_url, settings.connect_timeout))
+        ecs = EcsMetadataSource(settings.ecs_metadata_url, settings.connect_timeout)
+        sources.append(ecs)
+    if settings.traces_to:
+        sources.append(_trace_source(settings, ecs))
     return sources
+
+
+def _trace_source(settings: Settings, ecs: Any) -> Source:
+    """The trace relay, listening already; SourceRequired when its port cannot be had (exit 2)."""
+    from .sources.http import make_session
+    from .traces.context import ecs_resource
+    from .traces.relay import TraceRelay
+    from .traces.sampling import TraceRate
+    from .traces.source import TraceSource
+
+    def context() -> dict[str, object]:
+        metadata = (ecs.cached if ecs is not None else None) or {}
+        return ecs_resource(metadata, settings.traces_container, settings.traces_log_groups)
+
+    host, port = settings.traces_listen
+    try:
+        relay = TraceRelay(host, port, context).start()
+    except OSError as exc:
+        raise SourceRequired(
+            f"--traces-to needs the relay to listen on {host}:{port} (--traces-listen): {exc.strerror or exc}"
+        ) from None
+    rate = TraceRate(settings.triton_url, settings.trace_rate, make_session()) if settings.trace_rate else None
+    return TraceSource(relay, rate)
 
 
 def _nvml_source(settings: Settings) -> Source | None:

@@ -53,7 +53,33 @@ class Settings:
     llm_metrics: str = "on"  # the built-in LLM pack
     breakdown_zeros: str = "omit"  # omit: a breakdown's zero is left out while its total is zero
     startup_wait: float = 300.0  # seconds the first scrape waits for Triton to listen (0: at once)
+    traces_to: str = ""  # otlp+https://... (SigV4) or otlp+http://...: the trace relay runs when set
+    traces_listen: tuple[str, int] = ("127.0.0.1", 4318)
+    trace_rate: int = 0  # 0: leave Triton's trace rate as its flags set it
+    traces_log_groups: tuple[str, ...] = ()  # aws.log.group.names on every span's resource
+    traces_container: str = "triton-server"
     once: bool = False
+
+
+def _otlp_url(text: str) -> str:
+    if not text.startswith(("otlp+https://", "otlp+http://")):
+        raise ValueError("must be otlp+https://HOST/PATH (signed with SigV4) or otlp+http://HOST:PORT/PATH")
+    http_url(text[len("otlp+") :])
+    return text
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:4318")
+    return (host.strip("[]") or "127.0.0.1", int(port))
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names or not all(n.isprintable() and len(n) <= 512 for n in names):
+        raise ValueError("must be comma-separated log group names")
+    return names
 
 
 def _resolution(text: str) -> int:
@@ -146,6 +172,48 @@ OPTIONS: tuple[Option, ...] = (
         choice("debug", "info", "warning", "error"),
         "level of the exporter's own JSON log lines on stderr (default: info; error with --once)",
         shown="",
+    ),
+    Option(
+        "traces_to",
+        "--traces-to",
+        ("EXPORTER_TRACES_TO",),
+        _otlp_url,
+        "run the trace relay and forward Triton's spans here: otlp+https://xray.REGION.amazonaws.com/v1/traces "
+        "(SigV4) or otlp+http://HOST:PORT/v1/traces (a collector or the CloudWatch agent; docs/tracing.md)",
+        shown="off",
+    ),
+    Option(
+        "traces_listen",
+        "--traces-listen",
+        ("EXPORTER_TRACES_LISTEN",),
+        _listen,
+        "where the relay takes OTLP/HTTP from Triton (--trace-config opentelemetry,url=http://THIS/v1/traces)",
+        shown="127.0.0.1:4318",
+    ),
+    Option(
+        "trace_rate",
+        "--trace-rate",
+        ("EXPORTER_TRACE_RATE",),
+        positive_int,
+        "apply Triton's trace rate at runtime (1 request in N is traced; POST /v2/trace/setting, re-applied after a "
+        "Triton restart)",
+        shown="leave Triton's",
+    ),
+    Option(
+        "traces_log_groups",
+        "--traces-log-groups",
+        ("EXPORTER_TRACES_LOG_GROUPS",),
+        _names,
+        "log groups whose lines carry trace ids (comma-separated): aws.log.group.names on every span, so the X-Ray "
+        "console shows them beside the trace",
+        shown="none",
+    ),
+    Option(
+        "traces_container",
+        "--traces-container",
+        ("EXPORTER_TRACES_CONTAINER",),
+        str,
+        "Triton's container name, container.name on every span",
     ),
     *catalog_cli.OPTIONS,
     Option(

@@ -233,7 +233,7 @@ class Pipeline:
             if result.inconsistent_histograms
             else None,
         )
-        entities = self._events(result, exp.labels, index_keys, got.gpus, triton_gpus, got.properties)
+        entities = self._events(result, exp.labels, index_keys, got.gpus, triton_gpus, got.properties, got.models)
         events = self._encode(entities, timestamp_ms)
         return CycleResult(
             events=events,
@@ -275,6 +275,7 @@ class Pipeline:
         gpus: dict[str, GpuInfo],
         triton_gpus: list[str],
         properties: dict[str, object],
+        models: dict[str, dict[str, object]],
     ) -> list[Event]:
         by_entity = _transpose(self.catalog, result)
         dists = _distributions(self.catalog, result)
@@ -297,7 +298,7 @@ class Pipeline:
                 else:  # a per-model series printed without its model label
                     misplaced += 1
                     continue
-                props = dict(properties)  # task identity: Logs Insights can tell tasks apart
+                props = {**properties, **models.get(key, {})}  # task identity, and what a source says of it
                 if v is not None:
                     props["state"] = v.state
                     if v.reason:
@@ -335,4 +336,5 @@ def _merge(into: Collected, got: Collected) -> None:
     if got.index is not None:
         into.index = got.index
     into.gpus.update(got.gpus)
+    into.models.update(got.models)
     into.properties.update(got.properties)

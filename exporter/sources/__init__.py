@@ -58,6 +58,7 @@ class Collected:
     index: list[VersionState] | None = None
     gpus: dict[str, GpuInfo] = field(default_factory=dict)
     properties: dict[str, object] = field(default_factory=dict)
+    models: dict[str, dict[str, object]] = field(default_factory=dict)  # entity key -> properties of that model
 
 
 class SourceKind(StrEnum):
@@ -66,6 +67,7 @@ class SourceKind(StrEnum):
     TRITON = "triton"  # Triton itself: TritonUp, and --once needs it
     GPU = "gpu"  # GPU telemetry beside Triton's own (NVML): kept to the GPUs Triton reports
     METADATA = "metadata"  # task identity: properties only
+    TRACES = "traces"  # the trace relay: phase histograms, the slowest requests, its own counts
 
 
 class Source(Protocol):

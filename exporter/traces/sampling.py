@@ -1,0 +1,47 @@
+"""Triton's trace rate, applied at runtime through its trace settings API and kept applied.
+
+``POST /v2/trace/setting {"trace_rate": "N"}`` changes the global rate (1
+request in N traced) without a restart; a restarted Triton is back at its
+flags' rate, so every scrape reads the setting and posts again when it
+differs. A client's W3C ``traceparent`` is traced whatever the rate (seen on
+Triton 2.51), which is how one request is followed end to end.
+"""
+
+from __future__ import annotations
+
+import orjson
+import requests
+
+from telemetry.logs import Conditions, get
+
+from ..sources import SourceError
+from ..sources.http import fetch
+
+log = get("traces.sampling")
+
+
+class TraceRate:
+    def __init__(self, triton_url: str, rate: int, session: requests.Session, connect_timeout: float = 1.0) -> None:
+        self.url = triton_url.rstrip("/") + "/v2/trace/setting"
+        self.rate = str(rate)
+        self.session = session
+        self.connect_timeout = connect_timeout
+        self.conditions = Conditions(log)
+        self.applied = 0  # times we had to post it (1 at start, one more per Triton restart)
+
+    def keep(self, timeout: float) -> None:
+        """Read Triton's setting and post ours when it differs; a failure is logged once, never raised."""
+        try:
+            resp = fetch(self.session, "GET", self.url, timeout, self.connect_timeout, 1 << 16)
+            current = orjson.loads(resp.body).get("trace_rate") if resp.status == 200 else None
+            if current != self.rate:
+                resp = fetch(
+                    self.session, "POST", self.url, timeout, self.connect_timeout, 1 << 16, {"trace_rate": self.rate}
+                )
+                if resp.status != 200:
+                    raise SourceError(f"{self.url}: answered HTTP {resp.status}: {resp.body[:200]!r}")
+                self.applied += 1
+                log.info("Triton's trace rate set to %s (was %s)", self.rate, current)
+            self.conditions.set("trace_rate", None)
+        except (SourceError, orjson.JSONDecodeError, AttributeError) as exc:
+            self.conditions.set("trace_rate", f"cannot apply --trace-rate {self.rate}: {exc}")

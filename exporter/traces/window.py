@@ -1,0 +1,111 @@
+"""Per-phase latency and the slowest requests, kept between two scrapes of the relay's source.
+
+Each phase of each model version is a cumulative histogram, exactly like
+one Triton publishes, so the catalog's ``distribution`` kind turns its
+bucket deltas into one CloudWatch distribution per window: p99 queue time
+across every task is then one statistic (Triton's own summaries cannot be
+combined across tasks). Buckets are the R5 series (1, 1.6, 2.5, 4, 6.3 per
+decade) from 10 us to 100 s: a value is known within its bucket, about
++-23 %, and CloudWatch receives the bucket's midpoint.
+
+The slowest requests of each model version in the window (by the model's
+whole server time) are kept with their trace and span ids: they become
+properties of the model's EMF event and one log line each, so a p99 spike
+leads to its traces.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ..sources.promtext import Exposition, LabelSet, model_key
+from .spans import PHASES, ModelRequest
+
+BOUNDS_MS = (*(round(m * 10.0**e, 6) for e in range(-2, 5) for m in (1.0, 1.6, 2.5, 4.0, 6.3)), 100_000.0)
+LE = (*(f"{b:g}" for b in BOUNDS_MS), "+Inf")
+SLOWEST_PER_MODEL = 3
+MAX_MODELS = 2_000  # model versions tracked; more are counted, not kept (the pipeline caps what it emits anyway)
+
+
+def family(phase: str) -> str:
+    """The histogram family of a phase, as the catalog names it."""
+    return f"triton_trace_{phase}_ms"
+
+
+@dataclass
+class _Histogram:
+    counts: list[int] = field(default_factory=lambda: [0] * (len(BOUNDS_MS) + 1))
+    total: float = 0.0
+    n: int = 0
+    # The pipeline takes a series it sees for the first time as its baseline, so a new histogram is first
+    # shown at zero and its observations one scrape later: late for a new model, but none lost.
+    shown: bool = False
+
+    def observe(self, ms: float) -> None:
+        i = 0
+        while i < len(BOUNDS_MS) and ms > BOUNDS_MS[i]:
+            i += 1
+        self.counts[i] += 1
+        self.total += ms
+        self.n += 1
+
+
+@dataclass
+class PhaseWindow:
+    """Thread-safe: the relay's worker records, the pipeline's scrape reads."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    histograms: dict[tuple[str, str, str], _Histogram] = field(default_factory=dict)
+    slowest: dict[tuple[str, str], list[tuple[float, str, ModelRequest]]] = field(default_factory=dict)
+    models_over_limit: int = 0
+
+    def record(self, requests: Iterable[ModelRequest]) -> None:
+        with self.lock:
+            for r in requests:
+                key = (r.model, r.version)
+                if key not in self.slowest and len(self.slowest) >= MAX_MODELS:
+                    self.models_over_limit += 1
+                    continue
+                for phase, ms in r.phases.items():
+                    h = self.histograms.get((r.model, r.version, phase))
+                    if h is None:
+                        h = self.histograms[(r.model, r.version, phase)] = _Histogram()
+                    h.observe(ms)
+                heap = self.slowest.setdefault(key, [])
+                total = r.phases.get("request")
+                if total is None:
+                    continue
+                item = (total, r.span_id, r)
+                if len(heap) < SLOWEST_PER_MODEL:
+                    heapq.heappush(heap, item)
+                elif item > heap[0]:
+                    heapq.heapreplace(heap, item)
+
+    def take(self) -> tuple[Exposition, dict[str, list[ModelRequest]]]:
+        """The cumulative histograms as series, and the window's slowest requests by model entity key (reset)."""
+        out = Exposition()
+        with self.lock:
+            for (model, version, phase), h in self.histograms.items():
+                name = family(phase)
+                cumulative = 0
+                for le, count in zip(LE, h.counts):
+                    cumulative += count if h.shown else 0
+                    out.add(f"{name}_bucket", LabelSet.of(model=model, version=version, le=le), float(cumulative))
+                labels = LabelSet.of(model=model, version=version)
+                out.add(f"{name}_sum", labels, h.total if h.shown else 0.0)
+                out.add(f"{name}_count", labels, float(h.n if h.shown else 0))
+                h.shown = True
+            slowest = {
+                model_key(model, version): [r for _, _, r in sorted(heap, reverse=True)]
+                for (model, version), heap in self.slowest.items()
+                if heap
+            }
+            for heap in self.slowest.values():
+                heap.clear()
+        return out, slowest
+
+
+__all__ = ["BOUNDS_MS", "LE", "PHASES", "PhaseWindow", "family"]
