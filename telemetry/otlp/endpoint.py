@@ -43,11 +43,11 @@ def parse_endpoint(text: str, environ: Mapping[str, str] | None = None) -> Endpo
     """An endpoint string as an :class:`Endpoint` (a settings converter); ValueError says what is wrong."""
     env = os.environ if environ is None else environ
     text = text.strip()
-    scheme, sep, _ = text.partition("://")
+    scheme, sep, rest = text.partition("://")
     if not sep or scheme.lower() not in SCHEMES:
         raise ValueError(f"an OTLP endpoint starts with otlp+https:// (SigV4-signed) or otlp+http://, {EXAMPLES}")
     signed = SCHEMES[scheme.lower()]
-    url = text[len("otlp+") :]
+    url = f"{scheme.lower().removeprefix('otlp+')}://{rest}"
     parts = urlsplit(url)
     try:
         parts.port  # noqa: B018 - raises on a bad port
