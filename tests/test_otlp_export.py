@@ -32,6 +32,7 @@ from telemetry.otlp import (
     Signer,
     parse_endpoint,
 )
+from telemetry.otlp.exporter import retry_after
 
 from .support.otlp_endpoint import ACCESS_KEY, SECRET_KEY, OtlpEndpoint, Reply
 
@@ -428,3 +429,15 @@ def test_close_keeps_its_deadline_and_counts_the_rest(endpoint, exporters):
     stats = exporter.stats()
     assert stats.dropped_undelivered == 15 and stats.sent == 0 and stats.failed_batches == 1 and balanced(stats)
     assert exporter.pending() == 0
+    exporter.submit(resource(), SCOPE, spans(2, 15))  # after close: counted, not kept
+    stats = exporter.stats()
+    assert stats.dropped_undelivered == 17 and exporter.pending() == 0 and balanced(stats)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("3", 3.0), (" 0 ", 0.0), ("Wed, 21 Oct 2015 07:28:05 GMT", 5.0), ("soon", None), ("", None), (None, None)],
+)
+def test_retry_after(value, seconds):
+    now = 1445412480.0  # 2015-10-21 07:28:00 UTC
+    assert retry_after(value, now) == seconds

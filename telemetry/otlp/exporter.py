@@ -176,6 +176,10 @@ class OtlpHttpExporter(Generic[P]):
             entries.append(Entry(rhead, shead, data, units))
         with self.cond:
             self.counts.accepted += total
+            if self.closing:  # nobody will send them
+                self.counts.dropped_undelivered += total - oversize
+                self.counts.dropped_oversize += oversize
+                return
             if oversize:
                 self.counts.dropped_oversize += oversize
                 self.conditions.set(
