@@ -224,6 +224,17 @@ def test_signed_delivery_with_credentials_from_the_standard_chain(endpoint, expo
     assert balanced(stats)
 
 
+def test_temporary_credentials_sign_their_session_token(endpoint, exporters):
+    parsed = parse_endpoint(endpoint.endpoint(), {"AWS_REGION": "us-east-1"})
+    signer = Signer(parsed.service, parsed.region, lambda: Credentials(ACCESS_KEY, SECRET_KEY, "task-role-token"))
+    exporter = exporters(endpoint, signer=signer)
+    exporter.submit(resource(), SCOPE, spans(1))
+    wait_for(lambda: exporter.stats().sent == 1)
+    headers = {k.lower(): v for k, v in endpoint.received[0].headers.items()}
+    assert headers["x-amz-security-token"] == "task-role-token"
+    assert "x-amz-security-token" in headers["authorization"]
+
+
 def test_wrong_secret_key_is_refused_and_counted(endpoint, exporters):
     exporter = exporters(endpoint, secret="not-the-secret")
     exporter.submit(resource(), SCOPE, spans(5))
