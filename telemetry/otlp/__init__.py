@@ -1,1 +1,22 @@
-"""OTLP: OpenTelemetry's protocol, over HTTP, as the relay receives it and the exporters send it."""
+"""OTLP/HTTP export, shared by every OTLP output (the trace relay, the OTLP metrics output).
+
+- :mod:`telemetry.otlp.endpoint`: ``otlp+https://`` (SigV4-signed) and ``otlp+http://`` (plain) endpoints,
+  with the AWS service and region a signature needs;
+- :mod:`telemetry.otlp.sigv4`: signing the exact bytes sent, with credentials from the standard AWS chain;
+- :mod:`telemetry.otlp.signals`: what differs between traces and metrics (unit counted, limits, response type);
+- :mod:`telemetry.otlp.otlpjson`: OTLP/JSON in (Triton sends only JSON), ids read as hex;
+- :mod:`telemetry.otlp.exporter`: a sender thread behind a bounded FIFO that batches, gzips, signs, posts
+  and retries, so the producer never waits on the network and every drop is counted.
+"""
+
+from __future__ import annotations
+
+from .endpoint import Endpoint, parse_endpoint
+from .exporter import ExportOptions, ExportStats, OtlpHttpExporter
+from .signals import METRICS, TRACES, Signal
+from .sigv4 import CredentialsMissing, Signer
+
+__all__ = [
+    "METRICS", "TRACES", "CredentialsMissing", "Endpoint", "ExportOptions", "ExportStats", "OtlpHttpExporter",
+    "Signal", "Signer", "parse_endpoint",
+]  # fmt: skip
