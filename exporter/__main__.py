@@ -24,7 +24,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from catalog import Catalog, CatalogError, build, cli
@@ -33,6 +33,9 @@ from telemetry.settings import ConfigError, add_options, parse
 
 from .config import Settings, load
 from .sources import Source, SourceRequired
+
+if TYPE_CHECKING:
+    from telemetry.otlp.endpoint import Endpoint
 
 # Commands that live in their own modules, imported only when used.
 COMMANDS = {
@@ -74,15 +77,16 @@ def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
     if settings.ecs_metadata_url:
         ecs = EcsMetadataSource(settings.ecs_metadata_url, settings.connect_timeout)
         sources.append(ecs)
-    if settings.traces_to:
-        sources.append(_trace_source(settings, ecs))
+    if settings.traces_to is not None:
+        sources.append(_trace_source(settings, settings.traces_to, ecs))
     return sources
 
 
-def _trace_source(settings: Settings, ecs: Any) -> Source:
+def _trace_source(settings: Settings, endpoint: Endpoint, ecs: Any) -> Source:
     """The trace relay, listening already; SourceRequired when its port cannot be had (exit 2)."""
     from .sources.http import make_session
     from .traces.context import ecs_resource
+    from .traces.forward import SpanForwarder
     from .traces.relay import TraceRelay
     from .traces.sampling import TraceRate
     from .traces.source import TraceSource
@@ -93,11 +97,13 @@ def _trace_source(settings: Settings, ecs: Any) -> Source:
 
     host, port = settings.traces_listen
     try:
-        relay = TraceRelay(host, port, context).start()
+        relay = TraceRelay(host, port, context)
     except OSError as exc:
         raise SourceRequired(
             f"--traces-to needs the relay to listen on {host}:{port} (--traces-listen): {exc.strerror or exc}"
         ) from None
+    relay.forwarder = SpanForwarder(endpoint)
+    relay.start()
     rate = TraceRate(settings.triton_url, settings.trace_rate, make_session()) if settings.trace_rate else None
     return TraceSource(relay, rate)
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from catalog import cli as catalog_cli
+from telemetry.otlp.endpoint import Endpoint, parse_endpoint
 from telemetry.settings import (
     ConfigError,
     Option,
@@ -53,19 +54,12 @@ class Settings:
     llm_metrics: str = "on"  # the built-in LLM pack
     breakdown_zeros: str = "omit"  # omit: a breakdown's zero is left out while its total is zero
     startup_wait: float = 300.0  # seconds the first scrape waits for Triton to listen (0: at once)
-    traces_to: str = ""  # otlp+https://... (SigV4) or otlp+http://...: the trace relay runs when set
+    traces_to: Endpoint | None = None  # otlp+https://... (SigV4) or otlp+http://...: the trace relay runs when set
     traces_listen: tuple[str, int] = ("127.0.0.1", 4318)
     trace_rate: int = 0  # 0: leave Triton's trace rate as its flags set it
     traces_log_groups: tuple[str, ...] = ()  # aws.log.group.names on every span's resource
     traces_container: str = "triton-server"
     once: bool = False
-
-
-def _otlp_url(text: str) -> str:
-    if not text.startswith(("otlp+https://", "otlp+http://")):
-        raise ValueError("must be otlp+https://HOST/PATH (signed with SigV4) or otlp+http://HOST:PORT/PATH")
-    http_url(text[len("otlp+") :])
-    return text
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -177,7 +171,7 @@ OPTIONS: tuple[Option, ...] = (
         "traces_to",
         "--traces-to",
         ("EXPORTER_TRACES_TO",),
-        _otlp_url,
+        parse_endpoint,
         "run the trace relay and forward Triton's spans here: otlp+https://xray.REGION.amazonaws.com/v1/traces "
         "(SigV4) or otlp+http://HOST:PORT/v1/traces (a collector or the CloudWatch agent; docs/tracing.md)",
         shown="off",

@@ -10,14 +10,19 @@ to get their own.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from demo.triton import TritonServer, copy_models, sample_models
+
+from .support.helpers import ECS_TASK
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -51,3 +56,27 @@ def triton_factory(tmp_path: Path) -> Iterator[Callable[..., TritonServer]]:
     yield make
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def metadata_server():
+    """A local ECS task metadata endpoint (v4): (base URL, the paths it was asked)."""
+    hits: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            body = json.dumps(ECS_TASK).encode() if self.path == "/v4/abc/task" else b"{}"
+            self.send_response(200 if self.path == "/v4/abc/task" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v4/abc", hits
+    server.shutdown()

@@ -6,10 +6,7 @@ task document shaped like the v4 endpoint's (field names from the AWS docs).
 
 from __future__ import annotations
 
-import json
-import threading
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -20,39 +17,7 @@ from exporter.sources import SourceError
 from exporter.sources.ecs import EcsMetadataSource
 
 from .support.helpers import CATALOG, documents, model_doc, task_doc
-
-TASK = {
-    "Cluster": "arn:aws:ecs:us-east-1:111122223333:cluster/inference",
-    "TaskARN": "arn:aws:ecs:us-east-1:111122223333:task/inference/0123456789abcdef",
-    "Family": "triton",
-    "Revision": "7",
-    "AvailabilityZone": "us-east-1b",
-    "LaunchType": "EC2",
-    "Containers": [{"Name": "triton-server"}],
-}
-
-
-@pytest.fixture
-def metadata_server():
-    hits: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            hits.append(self.path)
-            body = json.dumps(TASK).encode() if self.path == "/v4/abc/task" else b"{}"
-            self.send_response(200 if self.path == "/v4/abc/task" else 404)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v4/abc", hits
-    server.shutdown()
+from .support.helpers import ECS_TASK as TASK
 
 
 def test_metadata_is_read_once_and_cached(metadata_server):

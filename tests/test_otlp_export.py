@@ -22,17 +22,10 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import Gauge, Metric, NumberData
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from telemetry.otlp import (
-    METRICS,
-    TRACES,
-    Endpoint,
-    ExportOptions,
-    ExportStats,
-    OtlpHttpExporter,
-    Signer,
-    parse_endpoint,
-)
-from telemetry.otlp.exporter import retry_after
+from telemetry.otlp.endpoint import Endpoint, parse_endpoint
+from telemetry.otlp.exporter import ExportOptions, ExportStats, OtlpHttpExporter, retry_after
+from telemetry.otlp.signals import METRICS, TRACES
+from telemetry.otlp.sigv4 import Signer
 
 from .support.otlp_endpoint import ACCESS_KEY, SECRET_KEY, OtlpEndpoint, Reply
 

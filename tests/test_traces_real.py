@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from demo.triton import free_port
+from telemetry.otlp.endpoint import parse_endpoint
 
-from .support.helpers import documents, model_doc, pipeline_for, task_doc
+from .support.helpers import ECS_TASK, documents, model_doc, pipeline_for, task_doc
+from .support.otlp_endpoint import ACCESS_KEY, SECRET_KEY, OtlpEndpoint
 
 pytestmark = pytest.mark.triton
 
@@ -35,10 +39,33 @@ def wait_for_spans(pipe, at_least: int, timeout: float = 20.0) -> None:
     assert relay.drain(5)
 
 
-def test_phases_and_slowest_traces_from_a_real_triton_land_in_the_models_event(triton_factory) -> None:
+@pytest.fixture
+def xray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A local HTTPS stand-in for X-Ray's OTLP endpoint that checks SigV4 with known test credentials."""
+    endpoint = OtlpEndpoint(tmp_path, region="us-west-2")
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_CA_BUNDLE": str(endpoint.ca_bundle),
+        "AWS_REGION": "us-west-2",
+    }.items():
+        monkeypatch.setenv(name, value)
+    yield endpoint
+    endpoint.close()
+
+
+def test_phases_and_slowest_traces_from_a_real_triton_land_in_the_models_event(
+    triton_factory, xray, metadata_server
+) -> None:
     port = free_port()
     server = triton_factory(models=["add", "slow"], start=False, extra_args=trace_flags(port))
-    pipe = pipeline_for(server, traces_to="otlp+http://127.0.0.1:9/v1/traces", traces_listen=("127.0.0.1", port))
+    pipe = pipeline_for(
+        server,
+        traces_to=parse_endpoint(xray.endpoint("/v1/traces")),  # https, so signed (service from the path: xray)
+        traces_listen=("127.0.0.1", port),
+        traces_log_groups=("/ecs/triton/exporter",),
+        ecs_metadata_url=metadata_server[0],
+    )
     try:
         server.start()
         pipe.cycle()  # baseline
@@ -51,9 +78,28 @@ def test_phases_and_slowest_traces_from_a_real_triton_land_in_the_models_event(t
         server.infer_add(3)
         wait_for_spans(pipe, 7 * 3)  # InferRequest, the model, compute: three spans a request
         first = documents(pipe.cycle())  # the models' phase histograms are new: their baseline
+        deadline = time.monotonic() + 10
+        while sum(r.units() for r in xray.accepted()) < 21 and time.monotonic() < deadline:
+            time.sleep(0.1)
         docs = documents(pipe.cycle())
     finally:
         pipe.close()
+    # What reached the endpoint: signed (the stand-in refuses a bad signature with 403), Triton's spans with
+    # the task's context, the root SERVER and everything under it INTERNAL, the client's trace id kept.
+    assert [r.status for r in xray.received] == [200] * len(xray.received) and xray.received
+    spans, resources = [], []
+    for got in xray.accepted():
+        for rs in got.request.resource_spans:
+            resources.append({kv.key: kv.value for kv in rs.resource.attributes})
+            spans += [s for ss in rs.scope_spans for s in ss.spans]
+    assert len(spans) == 21
+    assert {s.kind for s in spans if s.name == "InferRequest"} == {Span.SPAN_KIND_SERVER}
+    assert {s.kind for s in spans if s.name != "InferRequest"} == {Span.SPAN_KIND_INTERNAL}
+    assert CLIENT_TRACE in {s.trace_id.hex() for s in spans}
+    attrs = resources[0]
+    assert attrs["aws.ecs.task.arn"].string_value == ECS_TASK["TaskARN"]
+    assert attrs["cloud.region"].string_value == "us-east-1" and attrs["service.name"].string_value == "triton"
+    assert [v.string_value for v in attrs["aws.log.group.names"].array_value.values] == ["/ecs/triton/exporter"]
     slow = model_doc(docs, "slow")
     dist = slow["TracedRequestTime"]
     assert dist["Count"] == 4 and dist["Min"] >= 40 and dist["Max"] <= 400  # the model sleeps 50 ms
@@ -63,4 +109,5 @@ def test_phases_and_slowest_traces_from_a_real_triton_land_in_the_models_event(t
     assert model_doc(docs, "add")["TracedRequestTime"]["Count"] == 3
     task = task_doc(first)
     assert task["SpansReceived"] == 21 and task["SpansDropped"] == 0 and task["TraceRequestsInvalid"] == 0
+    assert task_doc(first)["SpansExported"] + task_doc(docs)["SpansExported"] == 21
     assert all(len(t["trace_id"]) == 32 and len(t["span_id"]) == 16 for t in traces)

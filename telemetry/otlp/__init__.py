@@ -9,14 +9,5 @@
   and retries, so the producer never waits on the network and every drop is counted.
 """
 
-from __future__ import annotations
-
-from .endpoint import Endpoint, parse_endpoint
-from .exporter import ExportOptions, ExportStats, OtlpHttpExporter
-from .signals import METRICS, TRACES, Signal
-from .sigv4 import CredentialsMissing, Signer
-
-__all__ = [
-    "METRICS", "TRACES", "CredentialsMissing", "Endpoint", "ExportOptions", "ExportStats", "OtlpHttpExporter",
-    "Signal", "Signer", "parse_endpoint",
-]  # fmt: skip
+# No re-exports: importing the endpoint parser (every settings table does) must not pull in requests and
+# the exporter; import from the submodules.

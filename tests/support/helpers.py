@@ -17,6 +17,17 @@ from exporter.sources.promtext import Parser
 from exporter.sources.triton import parse_index
 from telemetry.emf_validate import validate
 
+ECS_TASK = {  # what the ECS task metadata endpoint (v4) answers at /task, trimmed
+    "Cluster": "arn:aws:ecs:us-east-1:111122223333:cluster/inference",
+    "TaskARN": "arn:aws:ecs:us-east-1:111122223333:task/inference/0123456789abcdef",
+    "Family": "triton",
+    "Revision": "7",
+    "AvailabilityZone": "us-east-1b",
+    "LaunchType": "EC2",
+    "Containers": [{"Name": "triton-server"}],
+}
+
+
 CATALOG = build()  # the built-in catalog, as the sidecar builds it with default settings
 
 
