@@ -234,3 +234,39 @@ def test_a_relay_that_cannot_listen_is_a_clear_exit_2(capsys) -> None:
         )
     err = capsys.readouterr().err
     assert code == 2 and f"listen on 127.0.0.1:{port}" in err and err.count("\n") == 1
+
+
+def test_the_dashboards_slow_request_query_reads_the_relays_log_line_as_firelens_ships_it() -> None:
+    """The widget's parse pattern (Logs Insights' named groups are Python's) against the real log line."""
+    import logging
+    import re
+
+    from exporter.render.dashboard.logs import SLOW_REQUESTS
+    from telemetry.logs import JsonFormatter
+
+    from .support.helpers import Capture
+
+    window_relay = TraceRelay("127.0.0.1", 0, dict)
+    try:
+        window_relay.window.record(list(SpanProcessor(dict).process(list(fixture_request().resource_spans))))
+        capture = Capture()
+        logger = logging.getLogger("exporter.traces")
+        logger.addHandler(capture)
+        logger.setLevel(logging.INFO)
+        try:
+            TraceSource(window_relay).collect(1.0)
+        finally:
+            logger.removeHandler(capture)
+            logger.setLevel(logging.NOTSET)
+    finally:
+        window_relay.close(1.0)
+    lines = [JsonFormatter().format(r) for r in capture.records]
+    assert len(lines) == 3
+    pattern = re.search(r"\| parse @message /(.*)/\n", SLOW_REQUESTS).group(1).replace("(?<", "(?P<")
+    for line in lines:
+        firelens = orjson.dumps({"log": line, "source": "stderr", "container_name": "exporter"}).decode()
+        got = re.search(pattern, firelens)
+        assert got is not None, firelens
+        fields = orjson.loads(line)
+        assert got["trace_id"] == fields["trace_id"] and got["span_id"] == fields["span_id"]
+        assert got["model"] == "add" and float(got["ms"]) == pytest.approx(fields["phases_ms"]["request"], abs=1e-3)

@@ -120,7 +120,8 @@ class TraceReceiver:
         return self
 
     def close(self) -> None:
-        self.server.shutdown()
+        if self.thread.is_alive():  # shutdown() waits for serve_forever(), forever if it never ran
+            self.server.shutdown()
         self.server.server_close()
 
     def _count(self, **add: int) -> None:

@@ -97,7 +97,8 @@ class TraceRelay:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self._worker.join(timeout / 2)
+        if self._worker.is_alive():
+            self._worker.join(timeout / 2)
         if self.forwarder is not None:
             self.forwarder.close(timeout / 2)
 

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from ..base.options import MAX_LOG_GROUPS_PER_QUERY, Options, model_log_group
-from ..base.widgets import Placed, Section, logs, text
+from ..base.widgets import Placed, Section, emitted, logs, text
 
 TEXT = (
     "**Logs**: Logs Insights over the Fluent Bit log groups: recent errors and failed model loads "
     "(errors group), and load/unload history of the models named at render time (per-model groups)."
+)
+# The trace relay's slow-request lines (exporter/traces/source.py); the same query is in docs/tracing.md.
+SLOW_REQUESTS = (
+    "fields @timestamp, @message"
+    "\n| filter @message like /slow request: model=/"
+    "\n| parse @message /model=(?<model>\\S+) version=(?<version>\\S+) request_ms=(?<ms>[0-9.]+)"
+    " trace_id=(?<trace_id>[0-9a-f]{32}) span_id=(?<span_id>[0-9a-f]{16})/"
+    "\n| fields ms * 1 as request_ms"  # parsed fields are strings: sort as a number
+    "\n| sort request_ms desc\n| limit 50"
 )
 
 
@@ -54,6 +63,21 @@ def widgets(opts: Options) -> list[Placed]:
             12,
         ),
         Placed(history, 12),
+        *(
+            [
+                Placed(
+                    logs(
+                        opts,
+                        "Slowest traced requests: open a trace_id in X-Ray (exporter group)",
+                        [f"{opts.log_group_prefix}/exporter"],
+                        SLOW_REQUESTS,
+                    ),
+                    24,
+                )
+            ]
+            if emitted(opts.catalog, "TracedRequestTime", ("model", "version"), optional=True)
+            else []
+        ),
     ]
 
 
