@@ -59,7 +59,7 @@ ALARMS = ROOT / "alarms" / "triton-alarms.template.json"
 DATA: dict[str, Any] = {
     "aws_caller_identity": {"account_id": ACCOUNT},
     "aws_region": {"region": REGION},
-    "aws_partition": {"partition": "aws"},
+    "aws_partition": {"partition": "aws", "dns_suffix": "amazonaws.com"},
     # The value of the parameter as the stack's evaluator writes an SSM-typed parameter's (tests/test_stack.py).
     "aws_ssm_parameter": lambda args: {"insecure_value": f"<ssm:{args['name']}>", "type": "String"},
 }
@@ -126,6 +126,15 @@ SCENARIOS = {
         "LogGroupPrefix": "/prod/inf",
         "ServiceName": "inference",
         "LogRetentionDays": "90",
+    },
+    # Tracing with its defaults, and with its rate, the service name, the log prefix and model sync changed.
+    "tracing": {"Tracing": "true"},
+    "tracing-renamed": {
+        "Tracing": "true",
+        "TraceRate": "7",
+        "ServiceName": "inference",
+        "LogGroupPrefix": "/prod/inf",
+        "ModelSyncBucketName": "example-models",
     },
     # A cluster from zero with its defaults.
     "cluster": {"CreateCluster": "true"},
@@ -1230,9 +1239,11 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
             {"name": "model-store", "host_path": params.get("ModelSyncHostPath", "/opt/triton-models")},
             {"name": "model-repository", "host_path": None},
         ]
+    tracing = [a for a in plan if "xray" in a]
+    assert tracing == (["aws_iam_role_policy_attachment.task_xray[0]"] if scenario.startswith("tracing") else [])
     if "ModelBucketKmsKeyArn" in params:
         assert "aws_iam_role_policy.task_model_bucket_key[0]" in plan
-    cluster = [a for a in plan if a.split(".")[0] in CLUSTER_TYPES]
+    cluster = [a for a in plan if a.split(".")[0] in CLUSTER_TYPES and a not in tracing]
     if scenario.startswith("cluster"):  # the whole cluster, and the service on its capacity provider
         assert len(cluster) == len(CLUSTER_TYPES) + 1  # + the second managed policy
         svc = plan["aws_ecs_service.this"]
@@ -1295,6 +1306,13 @@ DRIFTS = [
         "scaling policy triton-gpu-scale-in",
     ),
     ("../../dashboards/triton.json.tftpl", '"period": 60', '"period": 300', "dashboards differ"),
+    # The X-Ray policy attached without tracing, where the stack attaches none.
+    (
+        "tracing.tf",
+        "count      = local.tracing ? 1 : 0",
+        "count      = 1",
+        "TaskRole.ManagedPolicyArns",
+    ),
     # A model-sync resource created without a bucket, where the stack creates none.
     (
         "modelsync.tf",
@@ -1362,6 +1380,17 @@ MODELSYNC_DRIFTS = [
         "container triton-server.command",
     ),
     ("main.tf", "{ cpu = var.triton_cpu }", "{}", "container triton-server.cpu"),
+]
+# Tracing, compared with its rate, the service name and the log prefix changed.
+TRACING_DRIFTS = [
+    ("tracing.tf", "rate=${var.trace_rate}", "rate=1000", "container triton-server.command"),
+    ("tracing.tf", "service.name=${var.service_name}", "service.name=triton", "container triton-server.command"),
+    ("tracing.tf", "level=TIMESTAMPS", "level=OFF", "container triton-server.command"),
+    ("tracing.tf", '"EXPORTER_TRACES_LOG_GROUPS"', '"EXPORTER_TRACE_LOG_GROUPS"', "container exporter.environment"),
+    ("tracing.tf", '["exporter"].name', '["server"].name', "container exporter.environment"),
+    ("tracing.tf", "policy/AWSXrayWriteOnlyAccess", "policy/AWSXrayFullAccess", "TaskRole.ManagedPolicyArns"),
+    ("tracing.tf", "count      = local.tracing ? 1 : 0", "count      = 0", "TaskRole.ManagedPolicyArns"),
+    ("main.tf", "lookup(local.added_environment, c.name, []),", "[],", "container exporter.environment"),
 ]
 # A cluster from zero, compared with every parameter of it changed.
 CLUSTER_DRIFTS = [
@@ -1431,7 +1460,8 @@ CLUSTER_DRIFTS = [
     ("scenario", "path", "old", "new", "expect"),
     [("renamed", *d) for d in DRIFTS]
     + [("modelsync-renamed", *d) for d in MODELSYNC_DRIFTS]
-    + [("cluster-renamed", *d) for d in CLUSTER_DRIFTS],
+    + [("cluster-renamed", *d) for d in CLUSTER_DRIFTS]
+    + [("tracing-renamed", *d) for d in TRACING_DRIFTS],
 )
 def test_a_drifted_module_fails_the_comparison(
     template, alarms_template, tmp_path: Path, scenario: str, path: str, old: str, new: str, expect: str

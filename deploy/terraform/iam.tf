@@ -63,10 +63,10 @@ resource "aws_iam_role_policy" "execution" {
   })
 }
 
-# The containers (ECS has one role per task). Only the log router, modelsync (with model sync) and,
-# with an s3:// repository, Triton call AWS: the exporter sends EMF over TCP to the router, which
-# writes it with PutLogEvents, so no cloudwatch:PutMetricData, and it reads task metadata from the ECS
-# agent, so no ecs:* either.
+# The containers (ECS has one role per task). Only the log router, modelsync (with model sync), the
+# exporter's trace relay (with tracing, tracing.tf) and, with an s3:// repository, Triton call AWS: the
+# exporter sends EMF over TCP to the router, which writes it with PutLogEvents, so no
+# cloudwatch:PutMetricData, and it reads task metadata from the ECS agent, so no ecs:* either.
 resource "aws_iam_role" "task" {
   description        = "Triton task containers - write the Fluent Bit log groups under the prefix, read the model bucket, model sync"
   assume_role_policy = local.ecs_tasks_trust

@@ -5,8 +5,8 @@
 # Nothing here is written twice:
 # - the containers are deploy/task-definition.json's or, with model sync, deploy/task-definition-
 #   modelsync.json's (two more containers: modelsync-init and modelsync), decoded and patched below
-#   with this deployment's images, namespace, log prefix, log groups, topic and queue prefix (the
-#   stack does the same);
+#   with this deployment's images, namespace, log prefix, log groups, topic and queue prefix, and
+#   with tracing the trace flags and the relay's settings (tracing.tf) (the stack does the same);
 # - the alarms, the GPU step scaling and their variables are alarms.tf.json, and the dashboard
 #   body is ../../dashboards/triton.json.tftpl, both written by `python -m exporter render`
 #   from the metric catalog.
@@ -67,8 +67,13 @@ locals {
       TRITON_LOG_RETENTION_DAYS = tostring(var.log_retention_days)
     }
   }
+  # Environment variables a container gets beyond the file's (tracing.tf), after them.
+  added_environment = {
+    "exporter" = local.tracing_environment
+  }
   model_volume = "model-repository"
   router       = one([for c in local.task_definition.containerDefinitions : c if c.name == "log_router"])
+  triton       = one([for c in local.task_definition.containerDefinitions : c if c.name == "triton-server"])
   # The volumes: with model sync, the file's (the instance's store at model_sync_host_path, and the
   # task's repository); else model_repository_host_path, when there is one.
   volumes = local.model_sync ? [
@@ -91,12 +96,18 @@ locals {
     # Without model sync, the host directory read-only at the repository path, when there is one.
     # (An object `for` with an `if` keeps or drops the key; a conditional could not return two
     # object shapes.)
+    # With tracing, the trace flags after the file's command line (tracing.tf).
     "triton-server" = merge(
       { cpu = var.triton_cpu },
       {
         for key, value in {
           mountPoints = [{ sourceVolume = local.model_volume, containerPath = var.model_repository, readOnly = true }]
         } : key => value if var.model_repository_host_path != "" && !local.model_sync
+      },
+      {
+        for key, value in {
+          command = [local.triton.command[0], local.triton.command[1], "${local.triton.command[2]}${local.trace_flags}"]
+        } : key => value if local.tracing
       },
     )
     "exporter"       = {}
@@ -115,7 +126,10 @@ locals {
   }
   containers = [for c in local.task_definition.containerDefinitions : merge(c, { image = local.images[c.name] }, {
     for key, value in {
-      environment = [for e in lookup(c, "environment", []) : { name = e.name, value = lookup(local.environment[c.name], e.name, e.value) }]
+      environment = concat(
+        [for e in lookup(c, "environment", []) : { name = e.name, value = lookup(local.environment[c.name], e.name, e.value) }],
+        lookup(local.added_environment, c.name, []),
+      )
     } : key => value if lookup(c, "environment", null) != null
   }, local.patches[c.name])]
 

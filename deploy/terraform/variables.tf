@@ -183,6 +183,24 @@ variable "model_sync_host_path" {
   }
 }
 
+# --- tracing (optional; docs/tracing.md, "Deploy"; tracing.tf) -----------------------------
+
+variable "tracing" {
+  type        = bool
+  description = "Trace requests: Triton's OpenTelemetry trace flags (1 request in trace_rate, service.name service_name), the exporter's trace relay forwarding the spans to X-Ray's OTLP endpoint in this region, and AWS's managed X-Ray write policy (AWSXrayWriteOnlyAccess) on the task role. The account needs CloudWatch Transaction Search turned on first (docs/tracing.md)"
+  default     = false
+}
+
+variable "trace_rate" {
+  type        = string
+  description = "With tracing, Triton traces 1 request in this many (--trace-config rate=N; a whole number, 1 or more)"
+  default     = "1000"
+  validation {
+    condition     = can(regex("^[1-9][0-9]{0,8}$", var.trace_rate))
+    error_message = "The trace_rate must be a whole number from 1 to 999999999."
+  }
+}
+
 # --- cluster from zero (optional; docs/deploy.md, "Cluster from zero"; cluster.tf) -------
 
 variable "create_cluster" {
