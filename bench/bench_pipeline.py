@@ -20,7 +20,11 @@ the sidecar's start-up: the import time of
 ``python -m exporter`` next to a bare interpreter, and whether requests was
 imported before the first scrape needs it.
 
-Targets at 1000 core models: ratio >= 25, our RSS <= 60 MB.
+Then the two encodings of one 1000-model core cycle side by side, in one process: EMF (the encoder's
+documents from the cycle's events) and OTLP (exporter/otlp_output.py: the scrape as serialized OTLP
+Metric messages, what --output otlp+... queues), medians of --repeat, with OTLP's points and bytes per point.
+
+Targets at 1000 core models: ratio >= 25, our RSS <= 60 MB; OTLP encoding <= 2x EMF encoding.
 """
 
 from __future__ import annotations
@@ -124,6 +128,72 @@ def _parse_only(path: str, repeat: int, workdir: Path) -> dict:
     return {"ms": statistics.median(times) * 1e3}
 
 
+def _encodings(repeat: int, workdir: Path) -> dict:
+    """EMF and OTLP encoding of the same cycle, alternated, medians."""
+    from catalog import build
+    from exporter.config import Settings
+    from exporter.otlp_output import OtlpMetricsOutput
+    from exporter.pipeline import Pipeline, Scrape
+    from tests.support.helpers import IndexSource
+
+    catalog = build()
+    out = OtlpMetricsOutput(catalog, [], exporters=[])
+    scrapes: list[Scrape] = []
+
+    class Keep:
+        def export(self, scrape: Scrape) -> None:
+            scrapes.append(scrape)
+
+        def series(self):
+            return out.series()
+
+        def close(self, timeout: float) -> None:
+            pass
+
+    source = FileSource(sorted(workdir.glob("metrics-*.txt")), catalog.wanted_samples())
+    clock = [0.0]
+    index = IndexSource((workdir / "index.json").read_bytes())
+    pipe = Pipeline(Settings(max_models=1000), catalog, [source, index], clock=lambda: clock[0], outputs=[Keep()])
+    pipe.cycle()
+    clock[0] += 60.0
+    result = pipe.cycle()
+    scrape = scrapes[-1]
+    out.encode(scrapes[0])  # the series' first sighting, as the running sidecar has had it
+    emf, otlp = [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        pipe._encode(result.entities, result.timestamp_ms)
+        emf.append(time.perf_counter() - start)
+        scrape.timestamp_ms += 60_000
+        start = time.perf_counter()
+        items = out.encode(scrape)
+        otlp.append(time.perf_counter() - start)
+    points = sum(u for _, u in items)
+    size = sum(len(b) for b, _ in items)
+    return {
+        "emf_ms": statistics.median(emf) * 1e3,
+        "otlp_ms": statistics.median(otlp) * 1e3,
+        "points": points,
+        "otlp_kb": size / 1024,
+        "bytes_per_point": size / max(points, 1),
+        "emf_kb": sum(map(len, result.events)) / 1024,
+    }
+
+
+def _encoding_rows(repeat: int, rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        _write_payloads(1000, 2, Path(tmp))
+        runs = [_child("encodings", 1000, max(repeat, 15), Path(tmp)) for _ in range(rounds)]
+    best = min(runs, key=lambda r: r["otlp_ms"] / r["emf_ms"])
+    print(
+        f"\nencodings, 1000 core models, one cycle (median of {max(repeat, 15)}, best of {rounds} processes):\n"
+        f"  EMF   {best['emf_ms']:>6.1f} ms  {best['emf_kb']:>6.0f} KB\n"
+        f"  OTLP  {best['otlp_ms']:>6.1f} ms  {best['otlp_kb']:>6.0f} KB  {best['points']} points, "
+        f"{best['bytes_per_point']:.0f} B/point (uncompressed, resource attributes once per request)\n"
+        f"  OTLP/EMF {best['otlp_ms'] / best['emf_ms']:.2f}x (target <= 2x)"
+    )
+
+
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -211,7 +281,9 @@ def _startup(rounds: int) -> None:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, models, repeat, workdir = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
-        if kind.startswith("parse-"):
+        if kind == "encodings":
+            print(json.dumps(_encodings(repeat, workdir)))
+        elif kind.startswith("parse-"):
             print(json.dumps(_parse_only(kind.removeprefix("parse-"), repeat, workdir)))
         else:
             print(json.dumps((_ours if kind == "ours" else _reference)(models, repeat, workdir)))
@@ -231,6 +303,7 @@ def main() -> None:
     for n in args.llm_models:
         _row("llm", n, args.rounds, args.repeat, llm=True)
     _parser_rows(args.repeat, args.rounds)
+    _encoding_rows(args.repeat, args.rounds)
     _startup(args.rounds)
 
 

@@ -55,7 +55,8 @@ LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 METRIC_NAME = re.compile(r"[A-Z][A-Za-z0-9_.\-]*")
 
 
-FAMILY_SOURCES = ("triton", "nvml", "traces")  # /metrics, the NVML source, the trace relay
+# /metrics, the NVML source, the trace relay, the exporter's own outputs (what the OTLP metrics output sent)
+FAMILY_SOURCES = ("triton", "nvml", "traces", "outputs")
 FAMILY_KEYS = {"type", "labels", "source", "help", "requires", "override"}
 METRIC_KEYS = {
     "name",

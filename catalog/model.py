@@ -84,7 +84,9 @@ class Family:
     name: str
     type: str
     labels: tuple[str, ...] = ()
-    source: str = "triton"  # "triton": read from /metrics; "nvml": the NVML source; "traces": the trace relay
+    # "triton": read from /metrics; "nvml": the NVML source; "traces": the trace relay; "outputs": the exporter's
+    # own outputs (the OTLP metrics output's counts)
+    source: str = "triton"
     help: str = ""
     requires: str = ""  # what must be on for Triton to serve it (a Triton flag, a backend); cost reads it
 

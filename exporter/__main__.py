@@ -228,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CatalogError as exc:
         sys.stderr.write(f"error: invalid catalog: {exc}\n")
         return 2
-    from telemetry.sinks import SinkClosed, StreamSink, make_sink
+    from telemetry.sinks import SinkClosed, StreamSink, make_sinks
 
     from .pipeline import Pipeline
     from .runner import Runner, TritonUnreachable, run_once
@@ -239,7 +239,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SourceRequired as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
-    pipeline = Pipeline(settings, catalog, sources)
+    outputs = []
+    if settings.otlp_outputs:
+        from .otlp_output import OtlpMetricsOutput
+
+        outputs.append(OtlpMetricsOutput(catalog, settings.otlp_outputs, settings.traces_container))
+    pipeline = Pipeline(settings, catalog, sources, outputs=outputs)
     if settings.once:
         try:
             run_once(pipeline, StreamSink(), settings.interval, sys.stderr)
@@ -254,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     runner = Runner(
         pipeline,
-        make_sink(settings.output, settings.buffer_events, settings.connect_timeout),
+        make_sinks(settings.emf_outputs, settings.buffer_events, settings.connect_timeout),
         settings.interval,
         stop,
         triton_listens=partial(listens, settings.metrics_url, settings.connect_timeout),

@@ -12,6 +12,7 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from urllib.parse import urlsplit
 
 from catalog import cli as catalog_cli
 from telemetry.otlp.endpoint import Endpoint, parse_endpoint
@@ -38,7 +39,8 @@ class Settings:
     triton_url: str = "http://localhost:8000"
     metrics_url: str = "http://localhost:8002/metrics"
     namespace: str = "Triton"
-    output: Output = Output("stdout")  # noqa: RUF009 - a frozen dataclass
+    # EMF sinks (Output) and OTLP metrics endpoints (Endpoint), in the order given; default: EMF on stdout
+    outputs: tuple[Output | Endpoint, ...] = (Output("stdout"),)
     interval: float = 60.0
     timeout: float = 5.0
     connect_timeout: float = 1.0
@@ -60,6 +62,37 @@ class Settings:
     traces_log_groups: tuple[str, ...] = ()  # aws.log.group.names on every span's resource
     traces_container: str = "triton-server"
     once: bool = False
+
+    @property
+    def emf_outputs(self) -> tuple[Output, ...]:
+        return tuple(o for o in self.outputs if isinstance(o, Output))
+
+    @property
+    def otlp_outputs(self) -> tuple[Endpoint, ...]:
+        return tuple(o for o in self.outputs if isinstance(o, Endpoint))
+
+
+OTLP_METRICS_EXAMPLES = "otlp+https://monitoring.REGION.amazonaws.com/v1/metrics or otlp+http://HOST:PORT/v1/metrics"
+
+
+def _output(text: str) -> Output | Endpoint:
+    """An ``--output`` value: an EMF sink, or an OTLP metrics endpoint (``otlp+https://`` signed, ``otlp+http://``)."""
+    if not text.strip().lower().startswith("otlp"):
+        try:
+            return parse_output(text)
+        except ValueError as exc:
+            if str(exc).startswith("use "):
+                raise ValueError(f"{exc} (EMF), or {OTLP_METRICS_EXAMPLES} (OTLP metrics)") from None
+            raise
+    endpoint = parse_endpoint(text)
+    if urlsplit(endpoint.url).path.rstrip("/").endswith("/v1/traces"):
+        raise ValueError(f"a traces endpoint: --output sends OTLP metrics, e.g. {OTLP_METRICS_EXAMPLES}")
+    if endpoint.signed and endpoint.service != "monitoring":
+        raise ValueError(
+            f"signed for {endpoint.service!r}: OTLP metrics go to CloudWatch (SigV4 service monitoring), "
+            f"e.g. {OTLP_METRICS_EXAMPLES}"
+        )
+    return endpoint
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -87,12 +120,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics_url", "--metrics-url", ("TRITON_METRICS_URL",), http_url, "Triton Prometheus endpoint"),
     Option("namespace", "--namespace", ("AWS_EMF_NAMESPACE",), cloudwatch_namespace, "CloudWatch namespace"),
     Option(
-        "output",
+        "outputs",
         "--output",
         ("EXPORTER_OUTPUT", "AWS_EMF_AGENT_ENDPOINT"),
-        parse_output,
-        "where EMF goes: stdout, tcp://HOST:PORT (CloudWatch agent or Fluent Bit tcp input), "
-        "udp://HOST:PORT, file:PATH",
+        _output,
+        "where metrics go; repeatable, each output gets every cycle (the variable separates them with blanks). "
+        "EMF: stdout, tcp://HOST:PORT (CloudWatch agent or Fluent Bit tcp input), udp://HOST:PORT, file:PATH; "
+        "OTLP metrics (Triton's own families, docs/otlp.md): otlp+https://monitoring.REGION.amazonaws.com/v1/metrics "
+        "(SigV4) or otlp+http://HOST:PORT/v1/metrics (a collector or the CloudWatch agent)",
+        repeatable=True,
+        separator=" ",
+        metavar="OUTPUT",
+        shown="stdout",
     ),
     Option("interval", "--interval", ("EXPORTER_INTERVAL",), positive, "seconds between scrapes (fixed rate)"),
     Option(
@@ -249,6 +288,8 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
     settings = Settings(**values, once=args.once)
     if "timeout" not in values:
         settings = replace(settings, timeout=min(5.0, settings.interval / 2))
+    if len(set(settings.outputs)) != len(settings.outputs):
+        raise ConfigError(f"--output: {', '.join(map(str, settings.outputs))}: an output is given twice")
     if settings.timeout >= settings.interval:
         raise ConfigError(
             f"--timeout ({settings.timeout:g}s) must be shorter than --interval "

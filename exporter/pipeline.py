@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from catalog import BASE_DIMENSIONS, Catalog, Scope
 from telemetry.emf import NO_DISTRIBUTIONS, Encoder, Event, clip, dimensions_for
@@ -26,13 +26,40 @@ from .config import Settings
 from .gpus import GpuIndex, gpu_samples, gpu_uuids, keep_tritons_gpus
 from .selfmetrics import Bookkeeping, SourceStatus, exporter_values, index_values
 from .sources import Collected, GpuInfo, Source, SourceError, SourceKind, VersionState
-from .sources.promtext import LabelSet, model_key
+from .sources.promtext import Exposition, LabelSet, Series, model_key
 from .state import DeltaState
 from .transform import Column, Result, Transform
 
 log = get("pipeline")
 
-__all__ = ["CycleResult", "Pipeline", "SourceStatus"]
+
+@dataclass
+class Scrape:
+    """One cycle's scrape, as the pipeline has it after the cardinality cap."""
+
+    samples: Mapping[str, Series]
+    labels: Mapping[str, LabelSet]
+    given: Mapping[str, Mapping[str, float]]  # the exporter's own values (self and state metrics) by entity key
+    index_keys: Mapping[str, VersionState]
+    properties: Mapping[str, object]
+    timestamp_ms: int
+
+
+class ScrapeOutput(Protocol):
+    """An output fed the scrape itself each cycle, beside EMF (the OTLP metrics output)."""
+
+    def export(self, scrape: Scrape) -> None:
+        """Take the cycle's scrape; never waits on the network."""
+        ...
+
+    def series(self) -> Exposition:
+        """The output's own cumulative counts, read into the next cycle (catalog source ``outputs``)."""
+        ...
+
+    def close(self, timeout: float) -> None: ...
+
+
+__all__ = ["CycleResult", "Pipeline", "Scrape", "ScrapeOutput", "SourceStatus"]
 
 
 @dataclass
@@ -125,8 +152,10 @@ class Pipeline:
         sources: Sequence[Source],
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        outputs: Sequence[ScrapeOutput] = (),
     ) -> None:
         self.settings = settings
+        self.outputs = list(outputs)
         self.catalog = catalog
         self.sources = list(sources)
         self.clock = clock
@@ -139,7 +168,13 @@ class Pipeline:
         self.gpu_index = GpuIndex()
         self.gpu_samples = sorted(gpu_samples(catalog))  # sorted: the gpu dimension must not depend on set order
 
-    def close(self) -> None:
+    def close(self, outputs_timeout: float = 0.3) -> None:
+        """Close the sources, and the scrape outputs within ``outputs_timeout`` seconds (what they hold is lost)."""
+        for output in self.outputs:
+            try:
+                output.close(outputs_timeout)
+            except Exception:
+                log.debug("closing an output failed", exc_info=True)
         for source in self.sources:
             try:
                 source.close()
@@ -196,6 +231,8 @@ class Pipeline:
         timestamp_ms = int(self.wall() * 1000)
         got, statuses, triton_gpus = self.collect()
         scrape_ms = (self.clock() - started) * 1000.0
+        for output in self.outputs:  # what the outputs did up to the last cycle, as series the catalog may read
+            got.samples.merge(output.series())
         exp = got.samples
         # Logged when the count changes, not every cycle; ParseErrors carries it every cycle.
         self.conditions.set(
@@ -235,6 +272,13 @@ class Pipeline:
         )
         entities = self._events(result, exp.labels, index_keys, got.gpus, triton_gpus, got.properties, got.models)
         events = self._encode(entities, timestamp_ms)
+        if self.outputs:
+            scrape = Scrape(capped.samples, exp.labels, given, index_keys, got.properties, timestamp_ms)
+            for output in self.outputs:
+                try:
+                    output.export(scrape)
+                except Exception as exc:  # an output's bug must not cost the cycle its EMF
+                    log.error("output failed: %s: %s", type(exc).__name__, exc, exc_info=True)
         return CycleResult(
             events=events,
             entities=entities,

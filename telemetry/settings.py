@@ -34,7 +34,8 @@ class Option:
     """One setting: where it lands (``field``), its flag, its variables, its converter and help.
 
     ``repeatable``: the flag may be given several times (a tuple of values);
-    the variable holds them separated by ``os.pathsep``. ``boolean``:
+    the variable holds them separated by ``separator`` (``os.pathsep`` when
+    empty; ``" "`` splits on any run of blanks). ``boolean``:
     ``--flag``/``--no-flag`` on the command line; the variable is converted.
     ``dash_value``: the value may start with ``-`` (``--metrics -A*``).
     ``shown``: the default as the help prints it (None: the default itself;
@@ -51,6 +52,12 @@ class Option:
     dash_value: bool = False
     metavar: str = ""
     shown: str | None = None
+    separator: str = ""  # a repeatable option's variable: between values ("": os.pathsep; " ": blanks)
+
+    def split(self, raw: str) -> list[str]:
+        """A repeatable option's variable as its values (blank parts left out; one empty value if none)."""
+        parts = raw.split() if self.separator == " " else raw.split(self.separator or os.pathsep)
+        return [p for p in parts if p.strip()] or [""]
 
 
 def environment_variables(options: Iterable[Option]) -> tuple[str, ...]:
@@ -113,17 +120,25 @@ def read(options: Iterable[Option], args: argparse.Namespace, environ: Mapping[s
         if raw is None:
             raw, origin = next(((environ[env], env) for env in o.env if environ.get(env, "") != ""), (None, ""))
             if raw is not None and o.repeatable:
-                raw = [p for p in raw.split(os.pathsep) if p.strip()] or [""]
+                raw = o.split(raw)
         if raw is None:
             continue
         if isinstance(raw, bool):  # --flag / --no-flag
             values[o.field] = raw
             continue
-        try:
-            values[o.field] = tuple(o.convert(r) for r in raw) if o.repeatable else o.convert(raw)
-        except ValueError as exc:
-            shown = raw if not o.repeatable or len(raw) != 1 else raw[0]
-            raise ConfigError(f"{origin}={shown!r}: {exc}") from None
+        if not o.repeatable:
+            try:
+                values[o.field] = o.convert(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{origin}={raw!r}: {exc}") from None
+            continue
+        converted = []
+        for r in raw:  # the value that is wrong is named, not the whole list
+            try:
+                converted.append(o.convert(r))
+            except ValueError as exc:
+                raise ConfigError(f"{origin}={r!r}: {exc}") from None
+        values[o.field] = tuple(converted)
     return values
 
 

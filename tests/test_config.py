@@ -14,7 +14,7 @@ def test_defaults():
     s = load([], {})
     assert s.triton_url == "http://localhost:8000"
     assert s.metrics_url == "http://localhost:8002/metrics"
-    assert s.namespace == "Triton" and s.output == Output("stdout") and s.interval == 60
+    assert s.namespace == "Triton" and s.outputs == (Output("stdout"),) and s.interval == 60
     assert s.timeout == 5.0  # min(5, interval/2)
 
 
@@ -26,10 +26,11 @@ def test_flags_win_over_environment_and_env_over_defaults():
 
 
 def test_agent_endpoint_variable_is_the_fallback_output():
-    assert load([], {"AWS_EMF_AGENT_ENDPOINT": "tcp://127.0.0.1:25888"}).output == Output("tcp", "127.0.0.1", 25888)
+    tcp = Output("tcp", "127.0.0.1", 25888)
+    assert load([], {"AWS_EMF_AGENT_ENDPOINT": "tcp://127.0.0.1:25888"}).outputs == (tcp,)
     env = {"AWS_EMF_AGENT_ENDPOINT": "tcp://127.0.0.1:25888", "EXPORTER_OUTPUT": "udp://[::1]:25888"}
-    assert load([], env).output == Output("udp", "::1", 25888)
-    assert load(["--output", "file:/tmp/x.log"], env).output == Output("file", path="/tmp/x.log")
+    assert load([], env).outputs == (Output("udp", "::1", 25888),)
+    assert load(["--output", "file:/tmp/x.log"], env).outputs == (Output("file", path="/tmp/x.log"),)
 
 
 @pytest.mark.parametrize(
@@ -60,7 +61,9 @@ def test_cli_exits_2_with_one_line_for_invalid_settings():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: invalid setting: --output='kafka://x:1': use stdout, tcp://HOST:PORT, udp://HOST:PORT or file:PATH"
+        "error: invalid setting: --output='kafka://x:1': use stdout, tcp://HOST:PORT, udp://HOST:PORT or file:PATH "
+        "(EMF), or otlp+https://monitoring.REGION.amazonaws.com/v1/metrics or otlp+http://HOST:PORT/v1/metrics "
+        "(OTLP metrics)"
     ]
 
 

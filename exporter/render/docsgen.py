@@ -120,7 +120,11 @@ Run `python -m exporter catalog --catalog example.toml` to check it and see what
 FAMILY_KEYS_DOC = (
     ("type", "`counter`, `gauge`, `summary`, `histogram` or `untyped`, as its `# TYPE` line says"),
     ("labels", "labels it carries (`model` and `version` for a per-model family; not `le` or `quantile`)"),
-    ("source", "`triton` (read from `/metrics`, the default) or `nvml` (the NVML source's own series)"),
+    (
+        "source",
+        "`triton` (read from `/metrics`, the default), `nvml` (the NVML source's own series), `traces` (the trace "
+        "relay) or `outputs` (the exporter's own outputs: what the OTLP metrics output sent)",
+    ),
     ("help", "optional text for this page"),
     ("requires", "optional: what must be on for Triton to serve it (`summary_latencies`, `vllm`, ...); `cost` uses it"),
     ("override", "`true` to redeclare a family an earlier file declared differently"),

@@ -162,14 +162,24 @@ class OtlpHttpExporter(Generic[P]):
         scope_schema_url: str = "",
     ) -> None:
         """Queue ``items`` (spans or metrics) that share a resource and scope; never waits on the network."""
+        encoded = [(item.SerializeToString(), self.signal.units(item)) for item in items]
+        self.submit_encoded(resource, scope, encoded, resource_schema_url, scope_schema_url)
+
+    def submit_encoded(
+        self,
+        resource: Resource,
+        scope: InstrumentationScope,
+        items: Sequence[tuple[bytes, int]],
+        resource_schema_url: str = "",
+        scope_schema_url: str = "",
+    ) -> None:
+        """Queue already serialized items, each with its units (a Metric's data points); never waits."""
         rhead, shead = head(resource, resource_schema_url), head(scope, scope_schema_url)
         overhead = len(rhead) + len(shead) + 3 * PREFIX_MAX
         limit = min(self.signal.max_item_bytes, self.options.max_request_bytes - overhead)
         entries, oversize, total = [], 0, 0
-        for item in items:
-            units = self.signal.units(item)
+        for data, units in items:
             total += units
-            data = item.SerializeToString()
             if len(data) > limit or units > self.max_units:
                 oversize += units
                 continue

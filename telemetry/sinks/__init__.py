@@ -9,20 +9,21 @@ encoder and the daemons know only the :class:`Sink` protocol.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from . import file, stdout, tcp, udp
 from .base import Output, Sink, SinkClosed, SinkOptions
+from .fanout import FanoutSink
 from .file import FileSink
 from .stdout import StreamSink
 from .tcp import TcpSink
 from .udp import UdpSink
 
 __all__ = [
-    "TRANSPORTS", "FileSink", "Output", "Sink", "SinkClosed", "SinkOptions", "StreamSink", "TcpSink", "Transport",
-    "UdpSink", "make_sink", "parse_output",
+    "TRANSPORTS", "FanoutSink", "FileSink", "Output", "Sink", "SinkClosed", "SinkOptions", "StreamSink", "TcpSink",
+    "Transport", "UdpSink", "make_sink", "make_sinks", "parse_output",
 ]  # fmt: skip
 
 
@@ -78,3 +79,9 @@ def parse_output(text: str) -> Output:
 def make_sink(output: Output, buffer_events: int, connect_timeout: float) -> Sink:
     """The sink for ``output`` (a kind :func:`parse_output` produced)."""
     return TRANSPORTS[output.kind].make(output, SinkOptions(buffer_events, connect_timeout))
+
+
+def make_sinks(outputs: Sequence[Output], buffer_events: int, connect_timeout: float) -> Sink:
+    """One sink for several outputs: the output's own sink when there is one, else a fan-out (maybe empty)."""
+    sinks = [make_sink(o, buffer_events, connect_timeout) for o in outputs]
+    return sinks[0] if len(sinks) == 1 else FanoutSink(sinks)

@@ -1,0 +1,285 @@
+"""The OTLP metrics output (``--output otlp+https://monitoring.REGION.amazonaws.com/v1/metrics``): Triton's own
+families, in OTLP's model, beside EMF (docs/otlp.md).
+
+EMF carries what the transform computed over a window (deltas, rates,
+averages, distributions); this output carries the scrape itself, so PromQL
+does the maths at query time and runbooks written against Triton's
+``/metrics`` work unchanged:
+
+- which families: those some selected catalog metric reads (the same
+  ``--metrics`` selection as EMF), after the ``--max-models`` cap; plus what
+  only the exporter knows, the catalog's ``self`` and ``state`` metrics
+  (``ModelReady`` from the repository index, ``TritonUp``...) as gauges named
+  ``triton_exporter_<snake_case>``;
+- names: the family's own (``nv_inference_request_success``); labels: the
+  series' own (``model``, ``version``, ``gpu_uuid``, ``reason``), the ECS
+  task as resource attributes;
+- counters: cumulative monotonic sums; histograms: explicit-bucket
+  histograms on Triton's ``le`` bounds; gauges: gauges; summaries (not
+  among the endpoint's types): their quantiles as a gauge of the family's
+  name keeping the ``quantile`` label, their ``_sum``/``_count`` as
+  cumulative sums, which is how ``/metrics`` spells them.
+
+Each cycle the scrape is encoded once (:mod:`telemetry.otlp.metrics`) and
+queued on every OTLP output's exporter (:mod:`telemetry.otlp.exporter`):
+the cycle never waits on the network. What each output sent and dropped
+comes back into the next cycle as the ``exporter_otlp_points_*_total``
+series (catalog source ``outputs``), so EMF's ``OtlpPointsSent`` and
+``OtlpPointsDropped`` report it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+from catalog import Catalog, Family, Kind, Scope
+from telemetry.logs import Conditions, get
+from telemetry.otlp.endpoint import Endpoint
+from telemetry.otlp.exporter import ExportOptions, OtlpHttpExporter
+from telemetry.otlp.metrics import HistogramPoint, MetricsEncoder
+from telemetry.otlp.signals import METRICS
+
+from . import __version__
+from .pipeline import Scrape
+from .sources.promtext import EMPTY, Exposition, LabelSet, Series
+from .traces.context import ecs_resource
+
+log = get("otlp_metrics")
+
+SENT = "exporter_otlp_points_sent_total"  # label output
+DROPPED = "exporter_otlp_points_dropped_total"  # labels output, reason
+SELF_PREFIX = "triton_exporter_"
+SCOPE_NAME = "triton-exporter"
+SCOPE_LABELS = 2  # the scope's name and version, counted as labels (CloudWatch: @instrumentation.*)
+# 8 MB of serialized metrics held while an endpoint is away: several cycles at 1000 models (docs/otlp.md)
+OPTIONS = ExportOptions(capacity_bytes=8 << 20)
+
+
+def snake(name: str) -> str:
+    """``ModelReady`` -> ``model_ready``, ``GpuUtilization`` -> ``gpu_utilization``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What goes out: families (in catalog order) and the exporter's own metrics (EMF name, scope, OTLP name)."""
+
+    families: tuple[Family, ...]
+    own: tuple[tuple[str, Scope, str], ...]
+
+
+def plan(catalog: Catalog) -> _Plan:
+    """The families some selected metric reads, and the selected ``self``/``state`` metrics."""
+    families: dict[str, Family] = {}
+    own = []
+    for m in catalog.metrics:
+        if m.kind in (Kind.SELF, Kind.STATE):
+            own.append((m.name, m.scope, SELF_PREFIX + snake(m.name)))
+        for i in m.all_inputs():
+            families.setdefault(i.family, catalog.families[i.family])
+    return _Plan(tuple(families.values()), tuple(own))
+
+
+@dataclass
+class _Counts:
+    """One output's cumulative counts, as its series."""
+
+    sent: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+class OtlpMetricsOutput:
+    """Encodes each cycle's scrape once and queues it on every OTLP metrics endpoint."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        endpoints: Sequence[Endpoint],
+        container: str = "",
+        exporters: Sequence[OtlpHttpExporter[Metric]] | None = None,
+        options: ExportOptions = OPTIONS,
+    ) -> None:
+        self.plan = plan(catalog)
+        self.container = container
+        self.exporters = (
+            list(exporters)
+            if exporters is not None
+            else [OtlpHttpExporter(METRICS, endpoint, options) for endpoint in endpoints]
+        )
+        self.encoder = MetricsEncoder()
+        self.scope = InstrumentationScope(name=SCOPE_NAME, version=__version__)
+        self.conditions = Conditions(log)
+        self._resource_props: dict[str, object] | None = None
+        self._resource = Resource()
+        self._resource_count = 0
+        self._histograms: dict[str, tuple[str, float]] = {}  # bucket series key -> (series key without le, bound)
+        self._groups: dict[str, LabelSet] = {}  # series key without le -> its LabelSet
+        self._own_labels: dict[str, LabelSet] = {}
+        self.inconsistent = 0
+        self.last_encode_ms = 0.0
+
+    # --- each cycle --------------------------------------------------------------------------
+
+    def export(self, scrape: Scrape) -> None:
+        """Encode the scrape and queue it on every exporter (never waits on the network)."""
+        items = self.encode(scrape)
+        for exporter in self.exporters:
+            exporter.submit_encoded(self._resource, self.scope, items)
+
+    def encode(self, scrape: Scrape) -> list[tuple[bytes, int]]:
+        """The scrape as serialized Metric messages with their point counts."""
+        started = time.perf_counter()
+        self._update_resource(scrape.properties)
+        enc = self.encoder
+        enc.begin(scrape.timestamp_ms * 1_000_000, self._resource_count)
+        labels = scrape.labels
+        label_map = _Labels(labels)
+        samples = scrape.samples
+        for fam in self.plan.families:
+            name = fam.name
+            kind = fam.type
+            if kind == "histogram":
+                buckets = samples.get(f"{name}_bucket")
+                if buckets:
+                    self._histogram(name, fam.help, buckets, samples.get(f"{name}_sum", {}), labels)
+                else:  # read for its _sum/_count alone: sent as what /metrics calls them
+                    for suffix in ("_sum", "_count"):
+                        if f"{name}{suffix}" in samples:
+                            enc.counter(f"{name}{suffix}", samples[f"{name}{suffix}"], label_map)
+                continue
+            series = samples.get(name)
+            if series:
+                if kind == "counter":
+                    enc.counter(name, series, label_map, fam.help)
+                else:  # gauge, untyped, and a summary's quantiles (the quantile label kept)
+                    enc.gauge(name, series, label_map, fam.help)
+            if kind == "summary":
+                for suffix in ("_sum", "_count"):
+                    if f"{name}{suffix}" in samples:
+                        enc.counter(f"{name}{suffix}", samples[f"{name}{suffix}"], label_map)
+        self._own(scrape)
+        items = enc.finish()
+        self.last_encode_ms = (time.perf_counter() - started) * 1000.0
+        return items
+
+    def _histogram(self, name: str, help: str, buckets: Series, sums: Series, labels: Mapping[str, LabelSet]) -> None:
+        known = self._histograms
+        groups: dict[str, list[tuple[float, float]]] = {}
+        for key, value in buckets.items():
+            where = known.get(key)
+            if where is None:
+                where = known[key] = self._bucket_of(labels[key])
+            group, bound = where
+            groups.setdefault(group, []).append((bound, value))
+        points = []
+        for group, pairs in groups.items():
+            pairs.sort()
+            if pairs[-1][0] != float("inf"):  # no +Inf bucket: no count, nothing guessed
+                self.inconsistent += 1
+                continue
+            points.append(HistogramPoint(group, [b for b, _ in pairs[:-1]], [c for _, c in pairs], sums.get(group)))
+        self.inconsistent += self.encoder.histogram(name, points, lambda k: self._groups[k].labels, help)
+        if len(known) > 100_000:  # series churn must not grow it for ever
+            known.clear()
+
+    def _bucket_of(self, ls: LabelSet) -> tuple[str, float]:
+        pairs = tuple(sorted((k, v) for k, v in ls.labels.items() if k != "le"))
+        group = LabelSet(pairs)
+        self._groups.setdefault(group.key, group)
+        try:
+            bound = float(ls.labels.get("le", "nan"))
+        except ValueError:
+            bound = float("nan")
+        return group.key, bound
+
+    def _own(self, scrape: Scrape) -> None:
+        """The selected self and state metrics as gauges, keyed by canonical label keys."""
+        own_labels = self._own_labels
+        for emf_name, scope, name in self.plan.own:
+            column = scrape.given.get(emf_name)
+            if not column:
+                continue
+            series: dict[str, float] = {}
+            by_key: dict[str, LabelSet] = {}
+            for key, value in column.items():
+                ls = own_labels.get(f"{scope}\x1d{key}")
+                if ls is None:
+                    ls = self._own_labelset(scope, key, scrape)
+                    if ls is None:
+                        continue
+                    own_labels[f"{scope}\x1d{key}"] = ls
+                series[ls.key] = value
+                by_key[ls.key] = ls
+            self.encoder.gauge(name, series, _Labels(by_key))
+        if len(own_labels) > 20_000:
+            own_labels.clear()
+
+    @staticmethod
+    def _own_labelset(scope: Scope, key: str, scrape: Scrape) -> LabelSet | None:
+        if scope is Scope.TASK:
+            return EMPTY
+        if scope is Scope.SOURCE:
+            return LabelSet.of(source=key)
+        known = scrape.labels.get(key)
+        if known is not None:
+            return known
+        v = scrape.index_keys.get(key)
+        return LabelSet.of(model=v.model, version=v.version) if v is not None else None
+
+    def _update_resource(self, properties: Mapping[str, object]) -> None:
+        props = {k: v for k, v in properties.items() if k.startswith(("ecs_", "availability_zone"))}
+        if props == self._resource_props:
+            return
+        self._resource_props = props
+        attrs = ecs_resource(props, self.container, ())
+        self._resource = Resource(
+            attributes=[KeyValue(key=k, value=AnyValue(string_value=str(v))) for k, v in attrs.items()]
+        )
+        self._resource_count = len(attrs) + SCOPE_LABELS
+
+    # --- what the outputs did ------------------------------------------------------------------
+
+    def series(self) -> Exposition:
+        """Each output's cumulative counts as the ``exporter_otlp_points_*_total`` series."""
+        out = Exposition()
+        labels_dropped = self.encoder.dropped_labels
+        for exporter in self.exporters:
+            s = exporter.stats()
+            output = str(exporter.endpoint)
+            out.add(SENT, LabelSet.of(output=output), float(s.sent - s.rejected_partial))
+            drops = {
+                "labels": labels_dropped,
+                "buffer_full": s.dropped_buffer_full,
+                "oversize": s.dropped_oversize,
+                "rejected": s.dropped_rejected_http,
+                "failed": s.dropped_undelivered,
+                "partial": s.rejected_partial,
+            }
+            for reason, n in drops.items():
+                out.add(DROPPED, LabelSet.of(output=output, reason=reason), float(n))
+        return out
+
+    def close(self, timeout: float) -> None:
+        """Deliver what each exporter can within ``timeout`` overall."""
+        deadline = time.monotonic() + timeout
+        for exporter in self.exporters:
+            exporter.close(max(0.0, deadline - time.monotonic()))
+
+
+class _Labels:
+    """Series key -> its labels, for the encoder (called once per new series)."""
+
+    __slots__ = ("labels",)
+
+    def __init__(self, labels: Mapping[str, LabelSet]) -> None:
+        self.labels = labels
+
+    def __call__(self, key: str) -> Mapping[str, str]:
+        return self.labels[key].labels
