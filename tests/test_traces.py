@@ -270,3 +270,62 @@ def test_the_dashboards_slow_request_query_reads_the_relays_log_line_as_firelens
         fields = orjson.loads(line)
         assert got["trace_id"] == fields["trace_id"] and got["span_id"] == fields["span_id"]
         assert got["model"] == "add" and float(got["ms"]) == pytest.approx(fields["phases_ms"]["request"], abs=1e-3)
+
+
+def test_a_span_flood_is_bounded_answered_and_counted_and_the_relay_keeps_working() -> None:
+    """Many clients at once, a queue that cannot hold them all, an endpoint that is down: every request is
+    answered (200, or 503 past the concurrent-request bound), every span is either processed or counted as
+    refused, and afterwards the relay serves normally."""
+    import threading
+
+    from exporter.traces.forward import SpanForwarder
+    from telemetry.otlp.endpoint import parse_endpoint
+    from telemetry.otlp.exporter import ExportOptions
+
+    with socket.socket() as s:  # a port nobody listens on: the endpoint is down
+        s.bind(("127.0.0.1", 0))
+        down = s.getsockname()[1]
+    forwarder = SpanForwarder(
+        parse_endpoint(f"otlp+http://127.0.0.1:{down}/v1/traces"),
+        ExportOptions(capacity=100, linger=0.0, backoff_start=0.05, backoff_max=0.1, connect_timeout=0.2),
+    )
+    relay = TraceRelay("127.0.0.1", 0, dict, forwarder, max_queued_spans=200).start()
+    statuses: list[int] = []
+    lock = threading.Lock()
+    body = FIXTURE.read_bytes()
+
+    def client() -> None:
+        for _ in range(10):
+            try:
+                status, _ = post(relay.receiver.port, body)
+            except OSError:
+                status = 0  # a connection the server closed at once (busy)
+            with lock:
+                statuses.append(status)
+
+    try:
+        threads = [threading.Thread(target=client) for _ in range(40)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert relay.drain(10)
+        assert len(statuses) == 400 and set(statuses) <= {200, 503, 0}
+        got = TraceSource(relay).collect(1.0)
+        received = got.samples.samples[RECEIVED][""]
+        dropped = {got.samples.labels[k].get("reason"): v for k, v in got.samples.samples[DROPPED].items()}
+        ok = statuses.count(200)
+        assert received == 9 * ok  # every request answered 200 was counted, every span of it
+        assert relay.stats.processed + relay.stats.queued_dropped == received
+        assert dropped["queue_full"] == relay.stats.queued_dropped
+        assert post(relay.receiver.port, body)[0] == 200  # still serving
+        assert relay.drain(5)
+        # What the worker processed went to the forwarder. With the endpoint down, once it is closed every
+        # span is counted as lost, by reason: pushed out of its 100-span buffer, or never delivered.
+        forwarder.close(0.5)
+        counts = forwarder.counters()
+        assert forwarder.exporter.stats().accepted == relay.stats.processed and counts["exported"] == 0
+        assert counts["buffer_full"] > 0
+        assert sum(v for k, v in counts.items() if k != "exported") == relay.stats.processed
+    finally:
+        relay.close(2.0)

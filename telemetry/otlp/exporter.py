@@ -306,6 +306,7 @@ class OtlpHttpExporter(Generic[P]):
                 self._settle(batch, sent=True, rejected=rejected, size=len(body))
                 self.failures = 0
                 self.conditions.set(f"otlp_{self.signal.name}", None)
+                self.conditions.set(f"otlp_{self.signal.name}_given_up", None)
                 self.conditions.set(f"otlp_{self.signal.name}_partial", message)
                 return
             if answer.outcome == "refused":
@@ -360,13 +361,11 @@ class OtlpHttpExporter(Generic[P]):
                 self.counts.dropped_rejected_http += batch.units
             else:
                 self.counts.dropped_undelivered += batch.units
-        if not refused:
-            log.warning(
-                "OTLP %s: gave up on a request of %d %s after %d attempts",
-                self.signal.name,
-                batch.units,
-                self.signal.unit,
-                batch.attempts,
+        if not refused:  # once per outage, not once per batch: the counts say how many
+            self.conditions.set(
+                f"otlp_{self.signal.name}_given_up",
+                f"OTLP {self.signal.name}: giving up on requests after {batch.attempts} attempts; "
+                f"their {self.signal.unit} are counted as dropped until the endpoint answers again",
             )
 
     def _post(self, body: bytes) -> Answer:
