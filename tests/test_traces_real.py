@@ -111,3 +111,27 @@ def test_phases_and_slowest_traces_from_a_real_triton_land_in_the_models_event(
     assert task["SpansReceived"] == 21 and task["SpansDropped"] == 0 and task["TraceRequestsInvalid"] == 0
     assert task_doc(first)["SpansExported"] + task_doc(docs)["SpansExported"] == 21
     assert all(len(t["trace_id"]) == 32 and len(t["span_id"]) == 16 for t in traces)
+
+
+def test_the_trace_rate_is_applied_at_runtime_and_again_after_a_triton_restart(triton_factory, xray) -> None:
+    port = free_port()
+    server = triton_factory(models=["add"], start=False, extra_args=trace_flags(port, rate=1))
+    pipe = pipeline_for(
+        server, traces_to=parse_endpoint(xray.endpoint("/v1/traces")), traces_listen=("127.0.0.1", port), trace_rate=3
+    )
+    try:
+        server.start()
+        pipe.cycle()
+        assert server.request("GET", "/v2/trace/setting")[1]["trace_rate"] == "3"
+        server.restart()  # back at its flags' rate of 1
+        assert server.request("GET", "/v2/trace/setting")[1]["trace_rate"] == "1"
+        pipe.cycle()
+        assert server.request("GET", "/v2/trace/setting")[1]["trace_rate"] == "3"
+        rate = next(s for s in pipe.sources if s.name == "traces").rate
+        assert rate.applied == 2 and not rate.conditions.active
+        server.infer_add(9)  # every third request traced: 3 requests, 3 spans each
+        wait_for_spans(pipe, 9)
+        time.sleep(6)  # one more export period: nothing beyond those
+        assert next(s for s in pipe.sources if s.name == "traces").relay.receiver.stats.spans == 9
+    finally:
+        pipe.close()
