@@ -26,6 +26,7 @@ from telemetry.emf import Encoder, Event
 from telemetry.settings import ConfigError, Option, add_options, choice, integer, parse, positive
 
 from . import __version__
+from .otlp_output import SCOPE_NAME, plan
 from .render.alarms import alarm_specs, insight_rule_specs
 from .render.alarms.modelsync import CONDITION, SKEW_PERIOD
 from .render.base.options import Options
@@ -315,6 +316,127 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
     )
 
 
+# --- OTLP metrics (docs/otlp.md, "Size and cost") -----------------------------------------------------
+
+HISTOGRAM_BOUNDS = 12  # explicit bounds per histogram point (Triton's and vLLM's defaults have 10-20)
+MODEL_LABELS = ("model", "version")
+
+
+@dataclass(frozen=True)
+class OtlpEstimate:
+    points_per_cycle: int  # all tasks
+    request_bytes_per_point: float  # as serialized in the requests (the resource once per request)
+    billed_bytes_per_point: float  # each point with the resource's and scope's attributes, as AWS bills it
+    points_per_month: float
+    gb_per_month: float  # billed
+    price_per_gb: float | None  # none published: a parameter
+    usd: float | None
+
+
+def _split_values(catalog: Catalog, family: str) -> int:
+    """Series per model (or GPU) of a family split by a label the catalog selects values of (reason, quantile)."""
+    values = {i.where for m in catalog.metrics for i in m.all_inputs() if i.family == family and i.where}
+    return max(1, len(values))
+
+
+def otlp_estimate(d: Deployment, opts: Options, price_per_gb: float | None = None) -> OtlpEstimate:
+    """OTLP points and bytes of one cycle of this deployment, encoded with the real encoder.
+
+    The families are those the OTLP output sends (:func:`exporter.otlp_output.plan`) of the metrics this
+    deployment emits; every model version (the LLM pack's: every LLM model version), GPU and source gets its
+    series, a family split by a label once per value the catalog reads, a summary its quantiles as a gauge and
+    its ``_sum``/``_count``; histograms have :data:`HISTOGRAM_BOUNDS` bounds. The Metric messages come from
+    :class:`telemetry.otlp.metrics.MetricsEncoder` (what the output queues); the resource is the ECS task's,
+    from the same attributes the output sends.
+    """
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+    from telemetry.otlp.metrics import HistogramPoint, MetricsEncoder
+
+    from .traces.context import ecs_resource
+
+    catalog = opts.catalog
+    emitted = emitted_metrics(catalog, d)
+    sent = plan(Catalog(catalog.defined, catalog.families, [m.name for m in emitted], catalog.files))
+    llm_models = min(d.llm_models, d.models)
+    name = "m" * d.model_name_length
+    labels: dict[str, dict[str, str]] = {}
+
+    def keys(family_labels: tuple[str, ...], models: int, split: int) -> list[str]:
+        if "gpu_uuid" in family_labels:
+            rows = [{"gpu_uuid": f"GPU-{g:08d}-0000-0000-0000-000000000000"} for g in range(d.gpus)]
+        elif "model" in family_labels:
+            versions = range(1, d.versions + 1)
+            rows = [{"model": f"{name[:-6]}{i:06d}", "version": str(v)} for i in range(models) for v in versions]
+        elif "source" in family_labels:
+            rows = [{"source": f"source_{i}"} for i in range(sources(d))]
+        else:
+            rows = [{}]
+        extra = [x for x in family_labels if x not in (*MODEL_LABELS, "gpu_uuid", "source")]
+        out = []
+        for r in rows:
+            for j in range(split):
+                row = r | {x: f"value_{j}" for x in extra[:1]} | {x: "v" for x in extra[1:]}
+                key = "|".join(f"{k}={v}" for k, v in row.items()) or "-"
+                labels[key] = row
+                out.append(key)
+        return out
+
+    enc = MetricsEncoder(resource_labels=12)
+    enc.begin(1_800_000_000 * 10**9)
+    for fam in sent.families:
+        if fam.source == "nvml" and not d.nvml:
+            continue
+        models = llm_models if fam.requires in LLM_BACKENDS else d.models
+        split = _split_values(catalog, fam.name)
+        if fam.type == "histogram":
+            bounds = [float(2**i) for i in range(HISTOGRAM_BOUNDS)]
+            hist = [
+                HistogramPoint(k, bounds, list(range(1, HISTOGRAM_BOUNDS + 2)), 1234.5)
+                for k in keys(fam.labels, models, 1)
+            ]
+            enc.histogram(fam.name, hist, labels.__getitem__)
+        elif fam.type == "summary":
+            quantiles = keys((*fam.labels, "quantile"), models, split)
+            enc.gauge(fam.name, dict.fromkeys(quantiles, 123.0), labels.__getitem__)
+            series = dict.fromkeys(keys(fam.labels, models, 1), 1234.0)
+            enc.counter(f"{fam.name}_sum", series, labels.__getitem__)
+            enc.counter(f"{fam.name}_count", series, labels.__getitem__)
+        elif fam.type == "counter":
+            enc.counter(fam.name, dict.fromkeys(keys(fam.labels, models, split), 1234.0), labels.__getitem__)
+        else:
+            enc.gauge(fam.name, dict.fromkeys(keys(fam.labels, models, split), 12.5), labels.__getitem__)
+    for _, scope, own in sent.own:
+        own_labels = {Scope.MODEL: MODEL_LABELS, Scope.SOURCE: ("source",)}.get(scope, ())
+        enc.gauge(own, dict.fromkeys(keys(own_labels, d.models, 1), 1.0), labels.__getitem__)
+    items = enc.finish()
+    points = sum(n for _, n in items)
+    request_bytes = sum(len(data) for data, _ in items)
+    resource = Resource(
+        attributes=[
+            KeyValue(key=k, value=AnyValue(string_value=str(v)))
+            for k, v in ecs_resource(
+                {k: v for k, v in COMMON.items() if k != "exporter_version"}, "triton-server", ()
+            ).items()
+        ]
+    )
+    scope_bytes = InstrumentationScope(name=SCOPE_NAME, version=__version__).ByteSize()
+    per_point = request_bytes / points if points else 0.0
+    billed = per_point + resource.ByteSize() + scope_bytes
+    per_month = points * d.tasks * HOURS_PER_MONTH * 3600 / d.interval
+    gb = per_month * billed / 1e9
+    return OtlpEstimate(
+        points * d.tasks,
+        per_point,
+        billed,
+        per_month,
+        gb,
+        price_per_gb,
+        None if price_per_gb is None else gb * price_per_gb,
+    )
+
+
 ASSUMPTIONS = (
     "us-east-1 list prices: custom metrics $0.30/metric-month for the first 10,000 (then $0.10, $0.05, $0.02), "
     "alarms $0.10 per standard-resolution alarm metric (a Metrics Insights GROUP BY model alarm is billed per "
@@ -407,6 +529,18 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--histograms", action="store_true", help="Triton with histogram_latencies")
     p.add_argument("--no-modelsync", action="store_true", help="model sync not deployed: no metrics of it")
     p.add_argument("--markdown", action="store_true", help="print the docs table for the small and large cases")
+    p.add_argument(
+        "--otlp",
+        action="store_true",
+        help="also the OTLP metrics output (docs/otlp.md): points and GB a month, measured with the real encoder",
+    )
+    p.add_argument(
+        "--otlp-price-per-gb",
+        type=float,
+        default=None,
+        metavar="USD",
+        help="price of a GB of OTLP metrics (none is published: without it, no dollar figure)",
+    )
     try:
         args, values = parse(p, OPTIONS, argv, os.environ)
     except ConfigError as exc:
@@ -448,6 +582,16 @@ def main(argv: Sequence[str]) -> int:
         f"({e.bytes_per_cycle:,} bytes per interval)\n"
     )
     w(f"dashboard:             {1:>10}   ${e.dashboard_usd:>10,.2f}/month\n")
+    if args.otlp or args.otlp_price_per_gb is not None:
+        o = otlp_estimate(d, opts, args.otlp_price_per_gb)
+        price = "no price (--otlp-price-per-gb)" if o.usd is None else f"${o.usd:,.2f}/month"
+        w(
+            f"OTLP metrics:          {o.points_per_month / 1e6:>10,.2f} M points/month "
+            f"({o.points_per_cycle:,} a cycle), "
+            f"{o.gb_per_month:,.2f} GB/month, {price}\n"
+            f"  bytes per point:     {o.billed_bytes_per_point:>10,.0f} billed (with the ECS resource), "
+            f"{o.request_bytes_per_point:.0f} in the requests; not in the total below\n"
+        )
     w(f"total:                              ${e.total_usd:>10,.2f}/month\n\nAssumptions:\n")
     for a in ASSUMPTIONS:
         w(f"- {a}\n")

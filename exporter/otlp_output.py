@@ -30,7 +30,6 @@ series (catalog source ``outputs``), so EMF's ``OtlpPointsSent`` and
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,8 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from catalog import Catalog, Family, Kind, Scope
+from catalog.otlp import own_name
+from catalog.otlp import snake as snake  # the tests' name for it
 from telemetry.logs import Conditions, get
 from telemetry.otlp.endpoint import Endpoint
 from telemetry.otlp.exporter import ExportOptions, OtlpHttpExporter
@@ -55,16 +56,10 @@ log = get("otlp_metrics")
 
 SENT = "exporter_otlp_points_sent_total"  # label output
 DROPPED = "exporter_otlp_points_dropped_total"  # labels output, reason
-SELF_PREFIX = "triton_exporter_"
 SCOPE_NAME = "triton-exporter"
 SCOPE_LABELS = 2  # the scope's name and version, counted as labels (CloudWatch: @instrumentation.*)
 # 8 MB of serialized metrics held while an endpoint is away: several cycles at 1000 models (docs/otlp.md)
 OPTIONS = ExportOptions(capacity_bytes=8 << 20)
-
-
-def snake(name: str) -> str:
-    """``ModelReady`` -> ``model_ready``, ``GpuUtilization`` -> ``gpu_utilization``."""
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 @dataclass(frozen=True)
@@ -81,7 +76,7 @@ def plan(catalog: Catalog) -> _Plan:
     own = []
     for m in catalog.metrics:
         if m.kind in (Kind.SELF, Kind.STATE):
-            own.append((m.name, m.scope, SELF_PREFIX + snake(m.name)))
+            own.append((m.name, m.scope, own_name(m.name)))
         for i in m.all_inputs():
             families.setdefault(i.family, catalog.families[i.family])
     return _Plan(tuple(families.values()), tuple(own))

@@ -472,7 +472,8 @@ def test_template_dashboard_equals_the_standalone_dashboard() -> None:
 def test_template_alarms_equal_the_cli_alarms(rich_files) -> None:
     template = json.loads(rich_files["alarms/triton-alarms.template.json"])
     values = {k: v["Default"] for k, v in template["Parameters"].items()}
-    cli = {b["AlarmName"]: b for b in _alarms(rich_files).values()}
+    promql = {rel: json.loads(t) for rel, t in rich_files.items() if rel.startswith("alarms/cli/promql/promql-")}
+    cli = {b["AlarmName"]: b for b in [*_alarms(rich_files).values(), *promql.values()]}
     seen = 0
     for res in template["Resources"].values():
         if res["Type"] != "AWS::CloudWatch::Alarm":

@@ -44,6 +44,7 @@ from lark.exceptions import UnexpectedInput
 from exporter.render import render
 from exporter.render import terraform as tfrender
 from exporter.render.alarms import SCALING_ACTIONS, alarm_specs
+from exporter.render.alarms.promql import PROMQL
 from exporter.render.base.options import Options
 from exporter.render.template import POLICY_IDS
 from tests.support.helpers import CATALOG
@@ -134,6 +135,17 @@ SCENARIOS = {
         "TraceRate": "7",
         "ServiceName": "inference",
         "LogGroupPrefix": "/prod/inf",
+        "ModelSyncBucketName": "example-models",
+    },
+    # OTLP metrics and the PromQL alarms with their defaults, and with the names and thresholds they read changed.
+    "otlp": {"OtlpMetrics": "true"},
+    "otlp-renamed": {
+        "OtlpMetrics": "true",
+        "AlarmNamePrefix": "prod-triton",
+        "FailureThreshold": "9",
+        "LatencySloMicroseconds": "250000",
+        "GpuMemoryThreshold": "80",
+        "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops",
         "ModelSyncBucketName": "example-models",
     },
     # A cluster from zero with its defaults.
@@ -608,6 +620,7 @@ ALARM_FIELDS = {  # aws_cloudwatch_metric_alarm argument -> AWS::CloudWatch::Ala
     "comparison_operator": "ComparisonOperator",
     "treat_missing_data": "TreatMissingData",
     "evaluate_low_sample_count_percentiles": "EvaluateLowSampleCountPercentile",
+    "evaluation_interval": "EvaluationInterval",
     "alarm_actions": "AlarmActions",
     "ok_actions": "OKActions",
     "insufficient_data_actions": "InsufficientDataActions",
@@ -653,6 +666,19 @@ def _alarm_as_cfn(address: str, args: dict[str, Any]) -> tuple[dict[str, Any], l
         diffs += qm.done()
     if queries:
         out["Metrics"] = queries
+    for criteria in m.take("evaluation_criteria", []):  # a PromQL alarm (exporter/render/alarms/promql.py)
+        cm = Mapper(f"{address}.evaluation_criteria", criteria, ignore=())
+        for promql in cm.take("promql_criteria", []):
+            pm = Mapper(f"{address}.evaluation_criteria.promql_criteria", promql, ignore=())
+            out["EvaluationCriteria"] = {
+                "PromQLCriteria": {
+                    "Query": pm.take("query"),
+                    "PendingPeriod": pm.take("pending_period"),
+                    "RecoveryPeriod": pm.take("recovery_period"),
+                }
+            }
+            diffs += pm.done()
+        diffs += cm.done()
     for k in list(m.args):
         if k in ALARM_FIELDS:
             out[ALARM_FIELDS[k]] = m.take(k)
@@ -677,6 +703,10 @@ def alarms(nested: Stack, plan: dict[str, Any]) -> list[str]:
         diffs += d
     if set(cfn) != set(tf):
         diffs.append(f"alarms: stack {sorted(cfn)} != terraform {sorted(tf)}")
+    for props in (*cfn.values(), *tf.values()):  # a threshold in a PromQL query: Fn::Sub prints 5.0, Terraform 5
+        promql = props.get("EvaluationCriteria", {}).get("PromQLCriteria")
+        if promql:
+            promql["Query"] = re.sub(r"\b(\d+)\.0\b", r"\1", promql["Query"])
     for name in sorted(set(cfn) & set(tf)):
         diffs += compare(f"alarm {name}", cfn[name], tf[name])
     return diffs
@@ -1239,6 +1269,18 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
             {"name": "model-store", "host_path": params.get("ModelSyncHostPath", "/opt/triton-models")},
             {"name": "model-repository", "host_path": None},
         ]
+    promql = [a for a in plan if ".promql_" in a]
+    if scenario.startswith("otlp"):
+        assert len(promql) == len(PROMQL) and "aws_iam_role_policy.task_otlp_metrics[0]" in plan
+        exporter = next(
+            c
+            for c in json.loads(plan["aws_ecs_task_definition.this"]["container_definitions"])
+            if c["name"] == "exporter"
+        )
+        output = next(e["value"] for e in exporter["environment"] if e["name"] == "EXPORTER_OUTPUT")
+        assert output == f"tcp://127.0.0.1:25888 otlp+https://monitoring.{REGION}.amazonaws.com/v1/metrics"
+    else:
+        assert not promql and not [a for a in plan if "otlp" in a]
     tracing = [a for a in plan if "xray" in a]
     assert tracing == (["aws_iam_role_policy_attachment.task_xray[0]"] if scenario.startswith("tracing") else [])
     if "ModelBucketKmsKeyArn" in params:
@@ -1393,6 +1435,19 @@ TRACING_DRIFTS = [
     ("main.tf", "lookup(local.added_environment, c.name, []),", "[],", "container exporter.environment"),
 ]
 # A cluster from zero, compared with every parameter of it changed.
+OTLP_DRIFTS = [
+    ("otlp.tf", "/v1/metrics", "/v1/metric", "container exporter.environment"),
+    ("otlp.tf", "${local.exporter_file_output} otlp+", "otlp+", "container exporter.environment"),
+    ("otlp.tf", 'Action = "cloudwatch:PutMetricData"', 'Action = "cloudwatch:PutMetricStream"', "TaskRole policies"),
+    ("otlp.tf", "count = local.otlp_metrics ? 1 : 0", "count = 0", "TaskRole policies"),
+    ("alarms.tf.json", '"pending_period": 600', '"pending_period": 60', "alarm prod-triton-promql-gpu-memory-high"),
+    (
+        "alarms.tf.json",
+        "increase(nv_inference_request_failure[5m])",
+        "increase(nv_inference_request_failure[1m])",
+        "alarm prod-triton-promql-model-failures",
+    ),
+]
 CLUSTER_DRIFTS = [
     (
         "cluster.tf",
@@ -1461,7 +1516,8 @@ CLUSTER_DRIFTS = [
     [("renamed", *d) for d in DRIFTS]
     + [("modelsync-renamed", *d) for d in MODELSYNC_DRIFTS]
     + [("cluster-renamed", *d) for d in CLUSTER_DRIFTS]
-    + [("tracing-renamed", *d) for d in TRACING_DRIFTS],
+    + [("tracing-renamed", *d) for d in TRACING_DRIFTS]
+    + [("otlp-renamed", *d) for d in OTLP_DRIFTS],
 )
 def test_a_drifted_module_fails_the_comparison(
     template, alarms_template, tmp_path: Path, scenario: str, path: str, old: str, new: str, expect: str

@@ -6,7 +6,8 @@
 # - the containers are deploy/task-definition.json's or, with model sync, deploy/task-definition-
 #   modelsync.json's (two more containers: modelsync-init and modelsync), decoded and patched below
 #   with this deployment's images, namespace, log prefix, log groups, topic and queue prefix, and
-#   with tracing the trace flags and the relay's settings (tracing.tf) (the stack does the same);
+#   with tracing the trace flags and the relay's settings (tracing.tf), with otlp_metrics the
+#   exporter's OTLP output (otlp.tf) (the stack does the same);
 # - the alarms, the GPU step scaling and their variables are alarms.tf.json, and the dashboard
 #   body is ../../dashboards/triton.json.tftpl, both written by `python -m exporter render`
 #   from the metric catalog.
@@ -58,7 +59,7 @@ locals {
   }
   environment = {
     "triton-server"  = {}
-    "exporter"       = {}
+    "exporter"       = local.otlp_metrics_environment # with otlp_metrics, the OTLP endpoint too (otlp.tf)
     "modelsync-init" = {}
     # Known after apply: the topic every daemon subscribes its own queue to.
     "modelsync" = { for key, value in { MODELSYNC_TOPIC_ARN = one(aws_sns_topic.modelsync[*].arn) } : key => value if local.model_sync }

@@ -201,6 +201,14 @@ variable "trace_rate" {
   }
 }
 
+# --- OTLP metrics (optional; docs/otlp.md, "Deploy"; otlp.tf) -----------------------------
+
+variable "otlp_metrics" {
+  type        = bool
+  description = "Send metrics over OTLP too: the exporter's outputs get CloudWatch's OTLP endpoint in this region after the EMF output (which stays: scaling and the classic alarms read it), the task role cloudwatch:PutMetricData, and the alarms the PromQL alarms (docs/otlp.md, docs/dashboards.md)"
+  default     = false
+}
+
 # --- cluster from zero (optional; docs/deploy.md, "Cluster from zero"; cluster.tf) -------
 
 variable "create_cluster" {

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from . import dashboard
-from .alarms import SCALING_ACTIONS, alarm_specs, has_scaling, insight_rule_specs, scaling_specs
+from .alarms import SCALING_ACTIONS, alarm_specs, has_scaling, insight_rule_specs, promql_specs, scaling_specs
 from .base.options import Options
 from .base.params import PARAMETERS, Ref, api_fields, parameter_values
 
@@ -183,7 +183,7 @@ def build(opts: Options) -> dict[str, Any]:
                 "RuleBody": _cfn(rule["RuleDefinition"]),
             },
         }
-    for spec in specs:
+    for spec in [*specs, *promql_specs(opts)]:
         res: dict[str, Any] = {
             "Type": "AWS::CloudWatch::Alarm",
             "Properties": {**_cfn(api_fields(spec)), **_actions(spec["_actions"])},

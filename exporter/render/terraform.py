@@ -22,7 +22,7 @@ import json
 import re
 from typing import Any
 
-from .alarms import SCALING_ACTIONS, alarm_specs, insight_rule_specs, scaling_specs
+from .alarms import SCALING_ACTIONS, alarm_specs, insight_rule_specs, promql_specs, scaling_specs
 from .base.options import Options
 from .base.params import PARAMETERS, Param, Ref, api_fields, parameter_values
 from .template import dashboard_body_template, dashboard_parameters
@@ -32,13 +32,14 @@ DASHBOARD_FILE = "dashboards/triton.json.tftpl"
 
 # Alarm parameters the hand-written module declares in variables.tf: the task definition, service and
 # log groups use them too, and they carry the stack's patterns. Every other one is generated here.
-MODULE_VARIABLES = frozenset({"ClusterName", "ServiceName", "Namespace", "LogGroupPrefix", "ModelSync"})
+MODULE_VARIABLES = frozenset({"ClusterName", "ServiceName", "Namespace", "LogGroupPrefix", "ModelSync", "OtlpMetrics"})
 # Names that are not variables: the service the module creates (so the scalable target depends on it),
 # and CloudFormation's pseudo parameters, which main.tf reads from data sources.
 REFERENCES = {
     "ServiceName": "aws_ecs_service.this.name",
     "Namespace": "local.namespace",  # var.namespace, or the deployment's own default when it is empty
     "ModelSync": "local.model_sync",  # model_sync_bucket_name set
+    "OtlpMetrics": "local.otlp_metrics",  # var.otlp_metrics (otlp.tf)
     "AWS::Region": "local.region",
     "AWS::AccountId": "local.account_id",
     "AWS::Partition": "local.partition",
@@ -70,7 +71,10 @@ ALARM_ARGS = {
     "TreatMissingData": "treat_missing_data",
     "EvaluateLowSampleCountPercentile": "evaluate_low_sample_count_percentiles",
     "Metrics": "metric_query",
+    "EvaluationCriteria": "evaluation_criteria",
+    "EvaluationInterval": "evaluation_interval",
 }
+PROMQL_ARGS = {"Query": "query", "PendingPeriod": "pending_period", "RecoveryPeriod": "recovery_period"}
 QUERY_ARGS = {
     "Id": "id",
     "Expression": "expression",
@@ -160,6 +164,14 @@ def _metric_query(query: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _evaluation_criteria(criteria: dict[str, Any]) -> dict[str, Any]:
+    """``EvaluationCriteria.PromQLCriteria`` -> ``evaluation_criteria { promql_criteria { ... } }``."""
+    extra = set(criteria) - {"PromQLCriteria"}
+    if extra:
+        raise KeyError(f"EvaluationCriteria field(s) {sorted(extra)} have no Terraform argument")
+    return {"promql_criteria": [tf_value(_args(criteria["PromQLCriteria"], PROMQL_ARGS, "PromQLCriteria"))]}
+
+
 def resource_name(suffix: str) -> str:
     name = suffix.replace("-", "_")
     if not _NAME.match(name):
@@ -192,6 +204,8 @@ def alarm_resource(spec: dict[str, Any]) -> dict[str, Any]:
                 body[key] = _dimensions(value)
         elif key == "metric_query":
             body[key] = [_metric_query(q) for q in value]
+        elif key == "evaluation_criteria":
+            body[key] = [_evaluation_criteria(value)]
         else:
             body[key] = tf_value(value)
     enable = reference("EnableScaling")
@@ -286,7 +300,7 @@ def _json_text(expression: str) -> str:
 
 def module_file(opts: Options) -> dict[str, Any]:
     values = parameter_values(opts)
-    specs = alarm_specs(opts)
+    specs = [*alarm_specs(opts), *promql_specs(opts)]
     alarms = {resource_name(s["_file"]): alarm_resource(s) for s in specs}
     if len(alarms) != len(specs):
         raise ValueError("two alarms make the same Terraform resource name")

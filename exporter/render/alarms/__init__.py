@@ -2,7 +2,7 @@
 
 One spec per alarm, written once as data (:mod:`.spec`'s dataclasses; the
 tables are :mod:`.core` for the exporter's metrics and :mod:`.modelsync`
-for model sync's) and rendered in ``PutMetricAlarm`` shape with
+for model sync's, :mod:`.promql` for the PromQL alarms on the OTLP output) and rendered in ``PutMetricAlarm`` shape with
 ``${Param}`` tokens in strings and :class:`~exporter.render.base.params.Ref` for
 numbers. The CLI files (:mod:`.cli`) resolve them to the render options;
 the CloudFormation template keeps them as parameters
@@ -15,9 +15,9 @@ from __future__ import annotations
 from .cli import cli_alarm, cli_files
 from .scaling import SCALING_ACTIONS, has_scaling, scaling_specs
 from .spec import MetricAlarm, ModelAlarm, Spec, model_slug
-from .table import alarm_names, alarm_specs, insight_rule_specs
+from .table import alarm_names, alarm_specs, insight_rule_specs, promql_specs
 
 __all__ = [
     "SCALING_ACTIONS", "MetricAlarm", "ModelAlarm", "Spec", "alarm_names", "alarm_specs", "cli_alarm", "cli_files",
-    "has_scaling", "insight_rule_specs", "model_slug", "scaling_specs",
+    "has_scaling", "insight_rule_specs", "model_slug", "promql_specs", "scaling_specs",
 ]  # fmt: skip

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..base.options import Options
 from ..base.params import parameter_values, resolve
-from . import core, modelsync
+from . import core, modelsync, promql
 from .spec import Spec
 
 
@@ -17,6 +17,11 @@ def alarm_specs(opts: Options) -> list[Spec]:
     """Every alarm on a metric that is emitted: the exporter's fleet-wide ones, model sync's, the named models'."""
     specs = [*core.fleet_specs(opts), *modelsync.alarm_specs(opts), *core.model_specs(opts)]
     return [s for s in specs if s is not None]
+
+
+def promql_specs(opts: Options) -> list[Spec]:
+    """The PromQL alarms on what the OTLP metrics output sends (:mod:`.promql`), under ``OtlpMetrics``."""
+    return promql.promql_specs(opts)
 
 
 def insight_rule_specs(opts: Options) -> list[Spec]:

@@ -64,6 +64,11 @@ PARAMETERS: dict[str, Param] = {
         "Model sync is deployed: create its alarms (sync failures, version skew) and Contributor Insights rules",
         allowed=("true", "false"),
     ),
+    "OtlpMetrics": Param(
+        "String",
+        "The exporter sends OTLP metrics to CloudWatch (docs/otlp.md): create the PromQL alarms",
+        allowed=("true", "false"),
+    ),
     "VersionSkewPeriods": Param(
         "Number",
         "Alarm when a model's tasks serve different artifacts in this many consecutive 5-minute periods",
@@ -96,6 +101,7 @@ def parameter_values(opts: Options) -> dict[str, Any]:
         "MaxCapacity": opts.max_capacity,
         "ModelSync": "true",
         "VersionSkewPeriods": opts.version_skew_periods,
+        "OtlpMetrics": "false",  # the template's default; the CLI files put the PromQL alarms under promql/
     }
 
 

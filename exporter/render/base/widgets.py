@@ -5,7 +5,8 @@ these dimensions"): every metric a dashboard widget, an alarm or a rule
 names goes through it, against the catalog that emits the metric (the
 exporter's, with its ``--metrics`` selection, or model sync's pack), so a
 renamed metric breaks the render instead of leaving a widget that silently
-shows nothing or an alarm that never fires. A metric the selection leaves
+shows nothing or an alarm that never fires (:func:`sent` does the same for the
+families and names the OTLP output sends, which PromQL alarms query). A metric the selection leaves
 out is ``None``: the row helpers pass ``None`` on, :func:`graph` drops the
 rows and a widget left with no rows is dropped by :class:`Layout`.
 
@@ -22,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from catalog import Catalog
+from catalog import Catalog, Kind, Scope
+from catalog.otlp import own_name
 
 from .options import MAX_LOG_GROUPS_PER_QUERY, Options
 
@@ -51,6 +53,39 @@ def emitted(catalog: Catalog, name: str, dims: tuple[str, ...], optional: bool =
     if tuple(dims) not in metric.dimension_sets:
         raise KeyError(f"{name} is not emitted with dimensions {list(dims)}; the catalog has {metric.dimension_sets}")
     return name if catalog.emits(name) else None
+
+
+# The point labels of the exporter's own gauges on OTLP, by scope (exporter/otlp_output.py).
+OWN_LABELS: dict[Scope, tuple[str, ...]] = {Scope.MODEL: ("model", "version"), Scope.SOURCE: ("source",)}
+
+
+def sent(catalog: Catalog, name: str, labels: tuple[str, ...], optional: bool = False) -> str | None:
+    """The OTLP metric name of a family or an exporter-computed metric, after checking its labels.
+
+    :func:`emitted`'s counterpart for what the OTLP output sends (exporter/otlp_output.py): ``name`` is a
+    catalog family (``nv_inference_request_failure``), sent under its own name when some selected metric
+    reads it, or a ``self``/``state`` metric (``ModelReady``), sent as ``triton_exporter_<snake_case>``
+    when selected. Every label must be one the family carries (``le`` and ``quantile`` included for
+    histograms and summaries; the resource's ``@resource.*`` are not point labels). None when the
+    selection sends none of it; a KeyError when the catalog knows no such family or metric, unless
+    ``optional`` (a family of an optional built-in pack).
+    """
+    family = catalog.families.get(name)
+    if family is not None:
+        carried = (*family.labels, *{"histogram": ("le",), "summary": ("quantile",)}.get(family.type, ()))
+        if set(labels) - set(carried):
+            raise KeyError(f"{name} carries no label(s) {sorted(set(labels) - set(carried))}; it has {carried}")
+        read = any(i.family == name for m in catalog.metrics for i in m.all_inputs())
+        return name if read else None
+    metric = catalog.definition(name)
+    if metric is not None and metric.kind in (Kind.SELF, Kind.STATE):
+        carried = OWN_LABELS.get(metric.scope, ())
+        if set(labels) - set(carried):
+            raise KeyError(f"{own_name(name)} carries no label(s) {sorted(set(labels) - set(carried))}")
+        return own_name(name) if catalog.emits(name) else None
+    if optional:
+        return None
+    raise KeyError(f"render references {name!r}, which is no family or own metric of the catalog")
 
 
 def search_expression(namespace: str, metric: str, dims: tuple[str, ...], stat: str) -> str:
