@@ -19,12 +19,9 @@ DISTRIBUTION = "triton-emf-exporter"
 
 def __getattr__(name: str) -> str:
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
+        from telemetry import distribution_version
 
-        try:
-            value = version(DISTRIBUTION)
-        except PackageNotFoundError:  # a source tree that was never installed (pip install -e . fixes it)
-            value = "0+unknown"
+        value = distribution_version(DISTRIBUTION)
         globals()["__version__"] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,4 +6,16 @@ metrics from the catalog's model-sync pack (``catalog``); the exporter never
 imports it, and it never imports the exporter.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+DISTRIBUTION = "triton-emf-exporter"  # the same distribution as the exporter: one version for the image
+
+
+def __getattr__(name: str) -> str:
+    if name == "__version__":  # from the package metadata, read on first use (a copy here went stale)
+        from telemetry import distribution_version
+
+        value = distribution_version(DISTRIBUTION)
+        globals()["__version__"] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

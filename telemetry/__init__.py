@@ -8,3 +8,15 @@
 
 The exporter, model sync and the metric catalog build on it; it imports none of them.
 """
+
+from __future__ import annotations
+
+
+def distribution_version(distribution: str) -> str:
+    """The installed distribution's version (``[project].version``): the one source of a package's version."""
+    from importlib.metadata import PackageNotFoundError, version  # read on first use: importing stays cheap
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:  # a source tree that was never installed (pip install -e . fixes it)
+        return "0+unknown"
