@@ -72,6 +72,8 @@ class Deployment:
     model_name_length: int = 16
     breakdown_zeros: str = "omit"  # as the sidecar's --breakdown-zeros
     modelsync: bool = True  # model sync deployed (ModelSyncBucketName): its metrics, events, alarms and rules
+    otlp: bool = False  # an otlp+ output beside EMF: the exporter's OtlpPoints* metrics
+    tracing: bool = False  # the trace relay (--traces-to): the Traced* distributions and the relay's own counts
     # Totals assumed non-zero in every hour (models serve traffic all day; failures happen in no hour):
     # with breakdown_zeros=omit, a breakdown of any other total is billed in no hour.
     busy_totals: frozenset[str] = field(default_factory=lambda: frozenset({"RequestSuccess"}))
@@ -82,6 +84,8 @@ class Deployment:
             "histogram_latencies": self.histograms,
             "load_duration": self.load_duration,
             self.llm_backend: self.llm_models > 0,
+            "otlp_output": self.otlp,
+            "tracing": self.tracing,
         }
         return {k for k, v in on.items() if v}
 
@@ -530,6 +534,11 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--no-modelsync", action="store_true", help="model sync not deployed: no metrics of it")
     p.add_argument("--markdown", action="store_true", help="print the docs table for the small and large cases")
     p.add_argument(
+        "--tracing",
+        action="store_true",
+        help="the trace relay on (Tracing=true): its Traced* distributions, every model traced every hour",
+    )
+    p.add_argument(
         "--otlp",
         action="store_true",
         help="also the OTLP metrics output (docs/otlp.md): points and GB a month, measured with the real encoder",
@@ -566,6 +575,8 @@ def main(argv: Sequence[str]) -> int:
         summaries=not args.no_summaries,
         histograms=args.histograms,
         modelsync=not args.no_modelsync,
+        otlp=args.otlp or args.otlp_price_per_gb is not None,
+        tracing=args.tracing,
     )
     e = estimate(d, opts)
     w = sys.stdout.write

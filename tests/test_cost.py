@@ -200,3 +200,13 @@ def test_model_sync_metrics_are_counted_as_its_recorder_writes_them() -> None:
     assert with_sync.metrics - without.metrics == with_sync.sync_metrics == 1 + 7 + 3
     assert with_sync.alarms - without.alarms == 2  # the sync-failure and version-skew alarms
     assert with_sync.gb_per_month > without.gb_per_month
+
+
+def test_tracing_adds_the_relays_distributions_per_model_version_and_its_own_counts() -> None:
+    """Five Traced* distributions per model version plus their service-wide set, and the relay's four counts."""
+    opts = Options(catalog=CATALOG)
+    d = cost.Deployment(models=7, versions=2, gpus=1, tasks=3)
+    added = cost.metric_count(CATALOG, replace(d, tracing=True)) - cost.metric_count(CATALOG, d)
+    assert added == 5 * (7 * 2 + 1) + 4
+    assert cost.estimate(replace(d, tracing=True), opts).metrics > cost.estimate(d, opts).metrics
+    assert cost.metric_count(CATALOG, replace(d, otlp=True)) - cost.metric_count(CATALOG, d) == 2

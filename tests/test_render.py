@@ -216,9 +216,11 @@ def test_log_widgets_use_the_fluent_bit_group_names() -> None:
     assert model_log_group(prefix, "a.b.c.d.e") == "/ecs/triton/server"
     body = json.loads((ROOT / "dashboards" / "triton.json").read_text())
     queries = [w["properties"]["query"] for w in body["widgets"] if w["type"] == "log"]
-    # Fluent Bit's groups, and the modelsync daemon's own awslogs group (deploy/stack.yaml).
-    triton = [q for q in queries if not q.startswith(f"SOURCE '{prefix}/modelsync'")]
-    assert len(triton) == len(queries) - 2 and all(q.startswith(f"SOURCE '{prefix}/errors'") for q in triton)
+    # Fluent Bit's groups: errors, and exporter (the trace relay's slow-request lines); and the modelsync
+    # daemon's own awslogs group (deploy/stack.yaml).
+    triton = [q for q in queries if not q.startswith((f"SOURCE '{prefix}/modelsync'", f"SOURCE '{prefix}/exporter'"))]
+    assert len(triton) == len(queries) - 3 and all(q.startswith(f"SOURCE '{prefix}/errors'") for q in triton)
+    assert "log_group_name      ${TRITON_LOG_GROUP_PREFIX}/exporter" in conf
 
 
 def test_alarm_widget_lists_every_rendered_alarm(rich_files) -> None:
