@@ -213,10 +213,8 @@ def test_shipped_exporter_runs_and_its_emf_reaches_the_log_router(shipped: Task)
 # --- the stack's task definition, models from a host volume -------------------------------------
 
 
-@pytest.fixture(scope="module")
-def stack_task(rehearsal: Rehearsal, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Task]:
-    td = stack_task_definition(ModelRepositoryHostPath="/opt/triton/models", ModelRepository="/models")
-    opts = rehearsal.options(tmp_path_factory.mktemp("stack"), fake_gpu=NO_GPU)
+def host_models(opts: Any) -> None:
+    """The sample models on the instance's host path the stack's ModelRepositoryHostPath names."""
     models = host_path(opts, "/opt/triton/models")
     for name in MODELS:
         src = ROOT / "demo" / "models" / name
@@ -225,6 +223,13 @@ def stack_task(rehearsal: Rehearsal, tmp_path_factory: pytest.TempPathFactory) -
                 dest = models / name / f.relative_to(src)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(f.read_bytes())
+
+
+@pytest.fixture(scope="module")
+def stack_task(rehearsal: Rehearsal, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Task]:
+    td = stack_task_definition(ModelRepositoryHostPath="/opt/triton/models", ModelRepository="/models")
+    opts = rehearsal.options(tmp_path_factory.mktemp("stack"), fake_gpu=NO_GPU)
+    host_models(opts)
     with run_task(rehearsal.docker, td, opts) as task:
         task.wait_for("triton-server", health="healthy", timeout=120)
         yield task
@@ -269,6 +274,46 @@ def test_stack_task_urls_connect_from_inside_and_emf_reaches_the_router(stack_ta
     # The task metadata endpoint the agent provides (modelled): the exporter attached it.
     assert {d.get("ecs_task_family") for d in docs} == {"triton"}
     assert any("ExporterHeartbeat" in d for d in docs)
+
+
+def test_stack_task_with_tracing_sends_tritons_spans_to_the_relay(
+    rehearsal: Rehearsal, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Tracing=true as the stack deploys it: Triton's trace flags point at the exporter's relay over the task's
+    localhost, the relay measures the requests, and its counts and slow-request lines reach the log router.
+    (X-Ray itself is not reachable here: forwarding fails and is counted, which is the relay's job too.)"""
+    td = stack_task_definition(
+        Tracing="true", TraceRate="1", ModelRepositoryHostPath="/opt/triton/models", ModelRepository="/models"
+    )
+    exporter = next(c for c in td["containerDefinitions"] if c["name"] == "exporter")
+    env = env_dict(exporter) | {"EXPORTER_INTERVAL": "5"}  # two windows in seconds (the stack says 60)
+    exporter["environment"] = [{"name": k, "value": v} for k, v in env.items()]
+    opts = rehearsal.options(tmp_path_factory.mktemp("tracing"), fake_gpu=NO_GPU)
+    host_models(opts)
+    with run_task(rehearsal.docker, td, opts) as task:
+        task.wait_for("triton-server", health="healthy", timeout=120)
+        for i in range(4):
+            infer_add(task, float(i))
+
+        def spans() -> list[dict[str, Any]]:
+            docs = [
+                json.loads(r["log"])
+                for r in router_records(task, "log_router")
+                if r.get("input") == "tcp" and '"SpansReceived"' in r["log"]
+            ]
+            return [d for d in docs if d["SpansReceived"] > 0]
+
+        docs = wait_until(spans, 60, "SpansReceived > 0 at the router")
+        assert sum(d["SpansReceived"] for d in docs) >= 12  # InferRequest, add, compute for each request
+
+        def slow_lines() -> list[str]:
+            return [
+                r["log"] for r in router_records(task, "log_router") if "slow request: model=add" in r.get("log", "")
+            ]
+
+        lines = wait_until(slow_lines, 30, "the relay's slow-request lines at the router")
+        assert all("trace_id=" in line and "span_id=" in line for line in lines)
+        assert exporter_exit(task) == ""
 
 
 # --- model sync: two more containers of the Triton task ------------------------------------------

@@ -329,3 +329,18 @@ def test_a_span_flood_is_bounded_answered_and_counted_and_the_relay_keeps_workin
         assert sum(v for k, v in counts.items() if k != "exported") == relay.stats.processed
     finally:
         relay.close(2.0)
+
+
+def test_the_phase_histograms_also_go_out_as_otlp_histograms() -> None:
+    """The OTLP metrics output sends every family a selected metric reads: the relay's phase histograms too,
+    under their own names, as explicit-bucket histograms with the relay's bounds."""
+    from exporter.otlp_output import plan
+    from exporter.traces.spans import PHASES
+
+    from .support.helpers import CATALOG
+
+    sent = {f.name: f for f in plan(CATALOG).families}
+    for phase in PHASES:
+        assert sent[family(phase)].type == "histogram" and sent[family(phase)].source == "traces"
+    assert "otlp_relay_spans_dropped_total" in sent
+    assert "triton_trace_queue_ms" not in {f.name for f in plan(CATALOG.select("-Traced*")).families}
