@@ -482,3 +482,18 @@ def builtin_pairs() -> list[tuple[str, str]]:
     from catalog import builtin_files
 
     return builtin_files()
+
+
+def test_docs_llm_says_how_to_turn_each_backends_metrics_on() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "llm.md").read_text()
+    for needed in (
+        'key: "REPORT_CUSTOM_METRICS" value { string_value: "true" }',
+        "histogram_latencies=true",
+        'metric_identifier { family: "nv_inference_first_response_histogram_ms" }',
+        "histogram_options { buckets: [",
+        "counter_latencies=false",
+        "LLM-API (PyTorch) backend publishes none",
+    ):
+        assert needed in text, needed
+    ttft = CATALOG.get("TimeToFirstToken")
+    assert ttft is not None and "docs/llm.md" in ttft.help
