@@ -57,7 +57,7 @@ METRIC_NAME = re.compile(r"[A-Z][A-Za-z0-9_.\-]*")
 
 # /metrics, the NVML source, the trace relay, the exporter's own outputs (what the OTLP metrics output sent)
 FAMILY_SOURCES = ("triton", "nvml", "traces", "outputs")
-FAMILY_KEYS = {"type", "labels", "source", "help", "requires", "override"}
+FAMILY_KEYS = {"type", "labels", "source", "help", "requires", "since", "override"}
 METRIC_KEYS = {
     "name",
     "scope",
@@ -77,7 +77,7 @@ METRIC_KEYS = {
 DIMENSION_KEYS = {"help", "values"}
 MODELSYNC_EVENTS = ("attempt", "model", "host")
 """The events model sync writes (modelsync/metrics.py): one per attempt, per model and reconcile, per reconcile."""
-INPUT_KEYS = {"family", "sample", "split", "select", "scale"}
+INPUT_KEYS = {"family", "sample", "split", "select", "scale", "cumulative"}
 SUFFIXES = ("_bucket", "_sum", "_count")
 
 
@@ -220,7 +220,10 @@ def _add_family(families: dict[str, Family], file: str, name: str, raw: Any) -> 
     requires = raw.get("requires", "")
     if not isinstance(requires, str) or not re.fullmatch(r"[a-z0-9_]*", requires):
         raise where.error("requires must be a lower-case word (a feature such as summary_latencies or vllm)")
-    family = Family(name, ftype, tuple(labels), source, help_text, requires)
+    since = raw.get("since", "")
+    if not isinstance(since, str):
+        raise where.error('since must be a string (the first releases that publish it, e.g. "Triton 24.11")')
+    family = Family(name, ftype, tuple(labels), source, help_text, requires, since.strip())
     earlier = families.get(name)
     if earlier is not None and earlier != family and raw.get("override") is not True:
         raise where.error("declared differently in an earlier file; set override = true to replace it")
@@ -385,6 +388,15 @@ def _input(item: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str,
         ftype = "counter"  # _sum and _count are cumulative
     else:
         sample_name, ftype = family.name, family.type
+    cumulative = spec.get("cumulative", False)
+    if not isinstance(cumulative, bool):
+        raise where.error(f"{key}: cumulative must be true or false")
+    if cumulative:
+        if family.type != "gauge" or sample is not None:
+            raise where.error(f"{key}: cumulative is for a gauge family that only grows, not {ftype} {family.name!r}")
+        if kind not in (Kind.DELTA, Kind.RATE, Kind.RATIO):
+            raise where.error(f"{key}: cumulative is for kinds delta, rate and ratio, not {kind}")
+        ftype = "counter"  # a count the source types as a gauge (TensorRT-LLM's iteration_counter)
     allowed = _TYPES_FOR.get(kind, ())
     if ftype not in allowed:
         hint = ' (use sample = "sum" or "count", or kind distribution/percentile)' if ftype == "histogram" else ""

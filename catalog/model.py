@@ -89,6 +89,7 @@ class Family:
     source: str = "triton"
     help: str = ""
     requires: str = ""  # what must be on for Triton to serve it (a Triton flag, a backend); cost reads it
+    since: str = ""  # the first releases that publish it ("Triton 24.11", "vLLM backend r24.09"); docs' version table
 
     def samples(self) -> tuple[str, ...]:
         """The sample names this family prints."""

@@ -66,7 +66,7 @@ def trt(server: TritonServer, texts: Sequence[str], max_tokens: Sequence[int] | 
 # Per model: (Triton's own counter, the model's counter that counts the same thing inside execute()).
 _SAME_COUNT = {
     VLLM: ("nv_inference_request_success", "vllm:request_params_n_count"),
-    TRT: ("nv_inference_count", "nv_llm_input_token_len_count"),
+    TRT: ("nv_inference_request_success", "nv_llm_input_token_len_count"),  # lengths: once per request
 }
 
 

@@ -87,6 +87,15 @@ def triton_metrics(
         "# HELP nv_cpu_memory_used_bytes CPU used memory (RAM), in bytes",
         "# TYPE nv_cpu_memory_used_bytes gauge",
         "nv_cpu_memory_used_bytes 318595072",
+        "# HELP nv_cpu_memory_total_bytes CPU total memory (RAM), in bytes",
+        "# TYPE nv_cpu_memory_total_bytes gauge",
+        "nv_cpu_memory_total_bytes 25276502016",
+        "# HELP nv_pinned_memory_pool_total_bytes Pinned memory pool total memory size, in bytes",
+        "# TYPE nv_pinned_memory_pool_total_bytes gauge",
+        "nv_pinned_memory_pool_total_bytes 268435456",
+        "# HELP nv_pinned_memory_pool_used_bytes Pinned memory pool used memory size, in bytes",
+        "# TYPE nv_pinned_memory_pool_used_bytes gauge",
+        "nv_pinned_memory_pool_used_bytes 0",
     ]
     if summaries:
         for family in SUMMARIES:
@@ -155,7 +164,7 @@ TRT_HISTOGRAMS = {
 TRT_GAUGES = {  # family -> (category label, {value: gauge})
     "nv_trt_llm_request_metrics": (
         "request_type",
-        {"active": 4, "max": 64, "scheduled": 4, "context": 1, "waiting": 2},
+        {"active": 4, "max": 64, "scheduled": 2, "context": 1, "waiting": 2},  # waiting = active - scheduled
     ),
     "nv_trt_llm_runtime_memory_metrics": (
         "memory_type",
@@ -171,6 +180,8 @@ TRT_GAUGES = {  # family -> (category label, {value: gauge})
     ),
     "nv_trt_llm_general_metrics": ("general_type", {"timestamp": 1_796_000_000_000_000, "iteration_counter": 9}),
 }
+TRT_GROWING = {"iteration_counter"}  # gauges that only grow: value x step
+TRT_DISAGGREGATED = {"kv_cache_transfer_ms": 45.0, "request_count": 10}  # counters per step
 
 
 def _num(v: float) -> str:
@@ -194,8 +205,8 @@ def llm_metrics(models: Sequence[str] | int, step: int = 1, backend: str = "vllm
     """The LLM backend's own families for ``models`` after ``step`` rounds of identical traffic.
 
     vLLM, per model and round: 10 requests, 1000 prompt and 2000 generated tokens, time to first token
-    4 x 50 ms + 5 x 70 ms + 1 x 300 ms. TensorRT-LLM: fixed gauges (KV cache 40 % used, 2 waiting) and
-    10 requests of 250 input and 80 output tokens.
+    4 x 50 ms + 5 x 70 ms + 1 x 300 ms. TensorRT-LLM: fixed gauges (KV cache 40 % used, 2 waiting),
+    9 engine iterations, 10 KV-cache transfers of 4.5 ms and 10 requests of 250 input and 80 output tokens.
     """
     names = model_names(models) if isinstance(models, int) else list(models)
     out: list[str] = []
@@ -215,7 +226,16 @@ def llm_metrics(models: Sequence[str] | int, step: int = 1, backend: str = "vllm
                     labels = ",".join(
                         f'{n}="{x}"' for n, x in sorted({label: k, "model": _esc(m), "version": version}.items())
                     )
-                    out.append(f"{family}{{{labels}}} {_num(v)}")
+                    out.append(f"{family}{{{labels}}} {_num(v * step if k in TRT_GROWING else v)}")
+        family = "nv_trt_llm_disaggregated_serving_metrics"
+        out += [f"# HELP {family} TRT LLM disaggregated serving metrics", f"# TYPE {family} counter"]
+        for m in names:
+            for k, v in TRT_DISAGGREGATED.items():
+                labels = ",".join(
+                    f'{n}="{x}"'
+                    for n, x in sorted({"disaggregated_serving_type": k, "model": _esc(m), "version": version}.items())
+                )
+                out.append(f"{family}{{{labels}}} {_num(v * step)}")
         for family, (kind, obs) in TRT_HISTOGRAMS.items():
             out += [f"# HELP {family} Token length", f"# TYPE {family} histogram"]
             for m in names:

@@ -441,3 +441,59 @@ def test_a_user_file_cannot_add_modelsync_metrics_to_the_exporter(tmp_path: Path
         build([path])
     with pytest.raises(CatalogError, match="event is only for scope modelsync"):
         build([write(tmp_path, BASE + 'event = "attempt"\n', "b.toml")])
+
+
+def test_since_says_which_releases_publish_a_family_and_the_docs_list_it(tmp_path: Path) -> None:
+    fams = CATALOG.families
+    assert (
+        fams["nv_trt_llm_request_metrics"].since == "TensorRT-LLM backend v0.18 (Triton 25.04) for request_type waiting"
+    )
+    assert fams["nv_llm_output_token_len"].since == "TensorRT-LLM backend v0.16"
+    assert fams["vllm:e2e_request_latency_seconds"].since == "vLLM backend r24.09"
+    assert fams["nv_inference_first_response_histogram_ms"].since.startswith("Triton 24.11")
+    assert fams["nv_inference_request_success"].since == ""  # every release
+    bad = '[families]\n"app:x_total" = { type = "counter", labels = ["model", "version"], since = 24 }\n'
+    with pytest.raises(CatalogError, match="family 'app:x_total': since must be a string"):
+        read([("bad.toml", bad)])
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+    table = docs.split("## Versions\n", 1)[1].split("\n## ", 1)[0]
+    assert "| `nv_llm_input_token_len` | TensorRT-LLM backend v0.16 | `PromptTokens`," in table
+    assert "`RequestsWaiting` (request_type=waiting)" in table and "`KvCacheUtilization` (kv_cache_block_type" in table
+
+
+def test_cumulative_reads_a_gauge_that_only_grows_as_a_counter() -> None:
+    steps = CATALOG.get("EngineIterationsPerSecond")
+    assert steps is not None and steps.kind is Kind.RATE
+    assert "nv_trt_llm_general_metrics" in CATALOG.counter_samples()
+    head = '[[metric]]\nname = "Foo"\nscope = "model"\nunit = "Count"\nhelp = "h"\n'
+    for kind, family, problem in (
+        ("rate", "vllm:prompt_tokens_total", "cumulative is for a gauge family that only grows"),
+        ("gauge", "nv_trt_llm_general_metrics", "cumulative is for kinds delta, rate and ratio"),
+    ):
+        text = head + f'kind = "{kind}"\ninputs = [{{ family = "{family}", cumulative = true }}]\n'
+        with pytest.raises(CatalogError, match=problem):
+            read([*builtin_pairs(), ("user.toml", text)], builtin=2)
+    text = head + 'kind = "rate"\ninputs = ["nv_trt_llm_general_metrics"]\n'
+    with pytest.raises(CatalogError, match="kind rate cannot read gauge family"):
+        read([*builtin_pairs(), ("user.toml", text)], builtin=2)
+
+
+def builtin_pairs() -> list[tuple[str, str]]:
+    from catalog import builtin_files
+
+    return builtin_files()
+
+
+def test_docs_llm_says_how_to_turn_each_backends_metrics_on() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "llm.md").read_text()
+    for needed in (
+        'key: "REPORT_CUSTOM_METRICS" value { string_value: "true" }',
+        "histogram_latencies=true",
+        'metric_identifier { family: "nv_inference_first_response_histogram_ms" }',
+        "histogram_options { buckets: [",
+        "counter_latencies=false",
+        "LLM-API (PyTorch) backend publishes none",
+    ):
+        assert needed in text, needed
+    ttft = CATALOG.get("TimeToFirstToken")
+    assert ttft is not None and "docs/llm.md" in ttft.help

@@ -204,32 +204,61 @@ def test_golden_tensorrt_llm_is_the_arithmetic_of_the_captured_traffic():
     """tests/support/capture_golden.py TRT_WINDOW: a request of 3 sequences, then one of 6 (which sets the gauges)."""
     t = _model("tensorrt_llm", "tensorrt_llm")
     assert (t["RequestSuccess"], t["InferenceCount"], t["AverageBatchSize"]) == (2, 9, 4.5)
-    assert t["PromptTokens"] == 200 + 30 + 600 + 5 + 60 + 100 + 20 + 7 + 3 == 1025  # nv_llm_input_token_len_sum
-    assert t["GenerationTokens"] == 100 + 1500 + 5 + 10 + 20 + 30 + 40 + 50 + 60 == 1815
-    assert t["GenerationTokensPerSecond"] == pytest.approx(1815 / 60)
-    # the last request: 6 sequences, 4 active slots -> 2 waiting; KV blocks of 16 tokens for the 4 active:
-    # ceil(15/16) + ceil(80/16) + ceil(130/16) + ceil(60/16) = 19 of 256; fraction 0.07421875 -> 7.421875 %
-    assert (t["RequestsActive"], t["RequestsScheduled"], t["RequestsWaiting"], t["RequestsMax"]) == (4, 4, 2, 4)
+    # lengths once per Triton request, the row that finished last (most output tokens), as the C++ backend:
+    # (30 in, 1500 out) of the first request, (3, 60) of the second; the other 7 rows are not counted
+    assert t["PromptTokens"] == 30 + 3 == 33  # nv_llm_input_token_len_sum: upstream under-counts batched requests
+    assert t["GenerationTokens"] == 1500 + 60 == 1560
+    assert t["GenerationTokensPerSecond"] == pytest.approx(1560 / 60)
+    # the last request: 6 sequences, 4 admitted (2 queued ahead of the batcher: exported nowhere); inputs
+    # 5 + 60 fit in max_num_tokens 128, 100 does not: 2 scheduled, waiting = active - scheduled = 2
+    assert (t["RequestsActive"], t["RequestsScheduled"], t["RequestsWaiting"], t["RequestsMax"]) == (4, 2, 2, 4)
+    assert t["RequestsWaiting"] <= t["RequestsActive"]
+    # KV blocks of 16 tokens for the 4 active: ceil(15/16) + ceil(80/16) + ceil(130/16) + ceil(60/16) = 19 of 256
     assert t["KvCacheUtilization"] == 100 * 19 / 256 == 7.421875
     assert (t["KvCacheBlocksUsed"], t["KvCacheBlocksFree"], t["KvCacheBlocksMax"]) == (19, 237, 256)
-    assert t["InflightContextTokens"] == 5 + 60 + 100 + 20 and t["InflightGenerationRequests"] == 4
+    assert (t["RequestsPaused"], t["KvCacheBlocksReused"]) == (0, 0)  # all fit; no prompt repeated
+    assert t["InflightContextTokens"] == 5 + 60 and t["InflightGenerationRequests"] == 2
     assert t["RuntimeGpuMemory"] == 256 * 2 * 1024 * 1024
-    # buckets 10 50 100 500 1000: inputs 5, 7, 3 in (0, 10]; 30, 20 in (10, 50]; 60, 100 in (50, 100];
-    # 200 in (100, 500]; 600 in (500, 1000]. Outputs: 1500 is in +Inf, whose value is its lower edge 1000
+    assert t["EngineIterationsPerSecond"] == pytest.approx(2 / 60)  # two execute() calls in the 60 s window
+    # KV transfer, 0.5 ms per block: the first request schedules (200, 100) alone (19 blocks), the second
+    # (5, 10) and (60, 20) (1 + 5 blocks): 12.5 ms for 3 requests
+    assert t["KvCacheTransferTimeAvg"] == pytest.approx(12.5 / 3)
+    # buckets 10 50 100 500 1000: inputs 30 in (10, 50], 3 in (0, 10]; outputs 60 in (50, 100], 1500 in +Inf
+    # (its value is its lower edge 1000)
     assert t["PromptLength"] == {
-        "Values": [5.0, 30.0, 75.0, 300.0, 750.0],
-        "Counts": [3.0, 2.0, 2.0, 1.0, 1.0],
-        "Max": 1000.0,
+        "Values": [5.0, 30.0],
+        "Counts": [1.0, 1.0],
+        "Max": 50.0,
         "Min": 0.0,
-        "Count": 9.0,
-        "Sum": 1025.0,
+        "Count": 2.0,
+        "Sum": 33.0,
     }
     assert t["GenerationLength"] == {
-        "Values": [5.0, 30.0, 75.0, 1000.0],
-        "Counts": [2.0, 4.0, 2.0, 1.0],
+        "Values": [75.0, 1000.0],
+        "Counts": [1.0, 1.0],
         "Max": 1000.0,
-        "Min": 0.0,
-        "Count": 9.0,
-        "Sum": 1815.0,
+        "Min": 50.0,
+        "Count": 2.0,
+        "Sum": 1560.0,
     }
+    assert t["PromptLength"]["Count"] == t["RequestSuccess"]  # one observation per Triton request
     assert "TimeToFirstToken" not in t  # Triton 2.51 prints no first-response histogram
+
+
+def test_golden_response_cache_is_the_arithmetic_of_the_captured_traffic():
+    """capture_golden.py CACHE_WINDOW on a real 2.51 with the response cache on: [1, 2] three times (hits: the
+    warm-up cached it), [3, 4] twice (a miss, then a hit), [5, 6] once (a miss)."""
+    docs = [orjson.loads(x) for x in run_case(GOLDEN / "response_cache")]
+    [add] = [d for d in docs if d.get("model") == "add"]
+    assert (add["CacheHits"], add["CacheMisses"], add["RequestSuccess"]) == (4, 2, 6)
+    assert add["CacheHitRate"] == pytest.approx(100 * 4 / 6)
+    assert add["InferenceCount"] == 2  # a hit is a success, not an inference
+    # Triton never creates the request summary of a model with the cache on: no RequestLatencyP*, while the
+    # queue summary is there
+    assert not {"RequestLatencyP50", "RequestLatencyP95", "RequestLatencyP99"} & set(add)
+    assert {"QueueLatencyP50", "QueueLatencyP95", "QueueLatencyP99"} <= set(add)
+    assert add["QueueLatencyP50"] <= add["QueueLatencyP95"] <= add["QueueLatencyP99"]
+    task = next(d for d in docs if "ExporterHeartbeat" in d)
+    assert task["PinnedMemoryPoolTotal"] == 256 * 1024 * 1024 and task["PinnedMemoryPoolUsed"] == 0
+    assert task["CpuMemoryTotal"] > task["CpuMemoryUsed"] > 0
+    assert task["CpuMemoryUsedPercent"] == pytest.approx(100 * task["CpuMemoryUsed"] / task["CpuMemoryTotal"])

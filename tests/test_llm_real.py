@@ -62,6 +62,8 @@ COUNTER_DERIVED = (
     "InterTokenLatencyP95",
     "EndToEndLatencyP95",
     "RequestSuccess",
+    "EngineIterationsPerSecond",
+    "KvCacheTransferTimeAvg",
 )
 
 
@@ -138,26 +140,20 @@ def test_token_deltas_and_rates_equal_what_the_models_counted(llm):
 
     t = model_doc(docs, TRT)
     assert t["RequestSuccess"] == 1 and t["InferenceCount"] == 6  # one request, six sequences
-    assert t["PromptTokens"] == 5 + 60 + 100 + 20 + 7 + 3  # from nv_llm_input_token_len_sum
-    assert t["GenerationTokens"] == 210  # from nv_llm_output_token_len_sum
-    assert t["PromptTokensPerSecond"] == pytest.approx(195 / result.elapsed)
-    assert t["GenerationTokensPerSecond"] == pytest.approx(210 / result.elapsed)
-    # TensorRT-LLM's buckets 10 50 100 500 1000: 5, 7, 3 in (0, 10]; 20 in (10, 50]; 60, 100 in (50, 100]
-    assert t["PromptLength"] == {
-        "Values": [5.0, 30.0, 75.0],
-        "Counts": [3.0, 1.0, 2.0],
-        "Max": 100.0,
-        "Min": 0.0,
-        "Count": 6.0,
-        "Sum": 195.0,
-    }
+    # as the C++ backend: lengths once per Triton request, the row that finished last (60 output tokens, 3 in)
+    assert t["PromptTokens"] == 3  # from nv_llm_input_token_len_sum: the other five rows are not counted
+    assert t["GenerationTokens"] == 60  # from nv_llm_output_token_len_sum
+    assert t["PromptTokensPerSecond"] == pytest.approx(3 / result.elapsed)
+    assert t["GenerationTokensPerSecond"] == pytest.approx(60 / result.elapsed)
+    # TensorRT-LLM's buckets 10 50 100 500 1000: 3 in (0, 10]; 60 in (50, 100]
+    assert t["PromptLength"] == {"Values": [5.0], "Counts": [1.0], "Max": 10.0, "Min": 0.0, "Count": 1.0, "Sum": 3.0}
     assert t["GenerationLength"] == {
-        "Values": [5.0, 30.0, 75.0],
-        "Counts": [1.0, 4.0, 1.0],
+        "Values": [75.0],
+        "Counts": [1.0],
         "Max": 100.0,
-        "Min": 0.0,
-        "Count": 6.0,
-        "Sum": 210.0,
+        "Min": 50.0,
+        "Count": 1.0,
+        "Sum": 60.0,
     }
 
     idle = documents(cycle(pipe, llm))  # no traffic: the idle model's token zeros and distributions are left out
@@ -233,18 +229,21 @@ GAUGE_METRICS = {  # EMF name -> (family, category label, value, scale)
         "generation_requests",
         1,
     ),
+    "RequestsPaused": ("nv_trt_llm_inflight_batcher_metrics", "inflight_batcher_specific_metric", "paused_requests", 1),
 }
 
 
 def test_trt_gauges_equal_what_triton_prints(llm):
     pipe = pipeline_for(llm)
-    # six sequences for a batcher of 4: sequences 1-4 active, 2 waiting; KV blocks of 16 tokens:
+    # six sequences for a batcher of 4: sequences 1-4 active (5 and 6 queue ahead of the batcher, which
+    # upstream exports nowhere); inputs 5 + 60 fit in max_num_tokens 128, 100 does not: 2 scheduled, and
+    # waiting = active - scheduled = 2. KV blocks of 16 tokens:
     # ceil(15/16) + ceil(80/16) + ceil(130/16) + ceil(60/16) = 1 + 5 + 9 + 4 = 19 of 256 in use
     trt(llm, [unique(n) for n in (5, 60, 100, 20, 7, 3)], [10, 20, 30, 40, 50, 60])
     doc = model_doc(documents(cycle(pipe, llm)), TRT)  # gauges need no baseline
     expected = {
         "RequestsActive": 4,
-        "RequestsScheduled": 4,
+        "RequestsScheduled": 2,
         "RequestsWaiting": 2,
         "RequestsMax": 4,
         "KvCacheUtilization": 100 * 19 / 256,
@@ -254,8 +253,9 @@ def test_trt_gauges_equal_what_triton_prints(llm):
         "RuntimeGpuMemory": 256 * 2 * 1024 * 1024,
         "RuntimeCpuMemory": 256 * 1024 * 1024,
         "RuntimePinnedMemory": 64 * 1024 * 1024,
-        "InflightContextTokens": 5 + 60 + 100 + 20,
-        "InflightGenerationRequests": 4,
+        "InflightContextTokens": 5 + 60,
+        "InflightGenerationRequests": 2,
+        "RequestsPaused": 0,
     }
     printed = {}
     for name, (family, label, value, scale) in GAUGE_METRICS.items():
@@ -271,9 +271,32 @@ def test_trt_gauges_equal_what_triton_prints(llm):
     assert doc["KvCacheUtilization"] == pytest.approx(
         100 * triton_gauges(llm, "nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type")["fraction"]
     )
+    # paused (preempted): 3 x (100 in, 1500 out) need 100 blocks each, 2 fit in 256; the third is paused
+    trt(llm, [unique(100) for _ in range(3)], [1500] * 3)
+    doc = model_doc(documents(cycle(pipe, llm)), TRT)
+    assert (doc["RequestsActive"], doc["RequestsPaused"], doc["KvCacheBlocksUsed"]) == (3, 1, 200)
+    assert (doc["RequestsScheduled"], doc["RequestsWaiting"]) == (1, 2)  # 100 + 100 > 128; the paused one waits
     # Triton 2.51 (24.10) has no time-to-first-response histogram (24.11+): nothing to read for TTFT here
     assert "nv_inference_first_response_histogram_ms" not in llm.metrics_text()
     assert "TimeToFirstToken" not in doc
+
+
+def test_trt_engine_steps_prefix_reuse_and_kv_transfer(llm):
+    """The iteration counter (a gauge that only grows) as a rate; reused KV blocks; the disaggregated counters."""
+    pipe = pipeline_for(llm)
+    cycle(pipe, llm)
+    before = triton_gauges(llm, "nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type")["reused"]
+    prompt = unique(40)  # 40 tokens: 2 full blocks of 16
+    trt(llm, [prompt], [8])  # first time: nothing reused; 3 blocks transferred
+    trt(llm, [prompt, unique(10)], [8, 8])  # the prompt again: 2 blocks reused; 3 + 2 blocks transferred
+    trt(llm, [unique(4)], [4])  # 1 block
+    result = cycle(pipe, llm)
+    doc = model_doc(documents(result), TRT)
+    assert doc["EngineIterationsPerSecond"] == pytest.approx(3 / result.elapsed)  # three execute() calls
+    assert doc["KvCacheBlocksReused"] == before + 2
+    assert doc["KvCacheTransferTimeAvg"] == pytest.approx(0.5 * (3 + 3 + 2 + 1) / 4)  # 0.5 ms per block
+    idle = model_doc(documents(cycle(pipe, llm)), TRT)
+    assert idle["EngineIterationsPerSecond"] == 0 and "KvCacheTransferTimeAvg" not in idle
 
 
 # --- model reload (every counter and histogram of the model restarts at 0) ---------------------------

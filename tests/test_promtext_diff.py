@@ -30,7 +30,12 @@ EXAMPLES = int(os.environ.get("PROMTEXT_EXAMPLES", "300"))
 ROOT = Path(__file__).resolve().parent.parent
 WANTED = build([ROOT / "catalog" / "example.toml"]).wanted_samples()
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
-CAPTURED = ("real_triton", "tensorrt_llm", "vllm")  # golden cases whose bodies came from the real Triton
+CAPTURED = (
+    "real_triton",
+    "response_cache",
+    "tensorrt_llm",
+    "vllm",
+)  # golden cases whose bodies came from the real Triton
 
 # Families we want (with their real types) and decoys that share prefixes with them.
 FAMILIES = [
@@ -44,6 +49,10 @@ FAMILIES = [
     ("nv_inference_count_extra", "counter"),
     ("nv_inference", "gauge"),
     ("nv_inference_queue_summary_us", "summary"),
+    ("nv_cache_num_hits_per_model", "counter"),
+    ("nv_cpu_memory_total_bytes", "gauge"),
+    ("nv_pinned_memory_pool_used_bytes", "gauge"),
+    ("nv_cache_num_hits", "gauge"),
     ("other_metric", "gauge"),
     ("nv_gpu_utilization_total", "untyped"),
     # LLM families with ":" (vLLM backend, pb_utils models), and decoys sharing their prefixes
@@ -51,6 +60,8 @@ FAMILIES = [
     ("vllm:e2e_request_latency_seconds", "histogram"),
     ("vllm:prompt_tokens_total", "counter"),
     ("nv_llm_output_token_len", "histogram"),
+    ("nv_trt_llm_general_metrics", "gauge"),
+    ("nv_trt_llm_disaggregated_serving_metrics", "counter"),
     ("app:tool_call_seconds", "histogram"),
     ("app:prompt_cache_hits_total", "counter"),
     ("vllm:time_to_first_token", "gauge"),

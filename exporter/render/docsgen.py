@@ -127,6 +127,11 @@ FAMILY_KEYS_DOC = (
     ),
     ("help", "optional text for this page"),
     ("requires", "optional: what must be on for Triton to serve it (`summary_latencies`, `vllm`, ...); `cost` uses it"),
+    (
+        "since",
+        'optional: the first releases that publish it (`"Triton 24.11"`, `"vLLM backend r24.09"`); the version '
+        "table above lists it",
+    ),
     ("override", "`true` to redeclare a family an earlier file declared differently"),
 )
 DIMENSION_KEYS_DOC = (
@@ -146,7 +151,8 @@ METRIC_KEYS_DOC = (
         "inputs",
         'families read: `"name"`, `"name_sum"`, or `{ family = "name", split = "label", '
         'select = "value", scale = 100.0, sample = "sum" }`; with several, the first present '
-        "for an entity wins (a ratio sums them)",
+        "for an entity wins (a ratio sums them); `cumulative = true` lets `delta`, `rate` and `ratio` read a "
+        "gauge family that only grows (a count the source types as a gauge)",
     ),
     ("denominators", "`ratio` and `gauge_ratio` only"),
     ("guard", "`quantile` only: a counter that must have grown in the window"),
@@ -178,6 +184,34 @@ def example_catalog() -> str:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def versions_table(catalog: Catalog) -> list[str]:
+    """The families that only some releases publish (their ``since``), and the metrics that read them."""
+    rows = []
+    for f in sorted(catalog.families.values(), key=lambda f: (f.since, f.name)):
+        if not f.since:
+            continue
+        readers = []
+        for m in catalog.metrics:
+            picks = [i.where for i in m.all_inputs() if i.family == f.name]
+            if picks:
+                readers.append(f"`{m.name}`" + "".join(f" ({w[0]}={w[1]})" for w in picks[:1] if w))
+        rows.append(f"| `{f.name}` | {_cell(f.since)} | {', '.join(readers) or '(none)'} |")
+    if not rows:
+        return []
+    return [
+        "## Versions",
+        "",
+        "What users run is a spread of releases: a family below is absent before the release named, and",
+        "the metrics that read it are then not emitted (no zeros, no error). Families not listed are in every",
+        "release this exporter supports.",
+        "",
+        "| Family | First releases that publish it | Metrics that read it |",
+        "| --- | --- | --- |",
+        *rows,
+        "",
+    ]
 
 
 def metrics_markdown(catalog: Catalog, namespace: str) -> str:
@@ -225,6 +259,7 @@ def metrics_markdown(catalog: Catalog, namespace: str) -> str:
         labels = ", ".join(f"`{x}`" for x in f.labels) or "(none)"
         lines.append(f"| `{f.name}` | {f.type} | {labels} | {f.source} | {f.requires} | {_cell(f.help)} |")
     lines.append("")
+    lines += versions_table(catalog)
     kinds = "\n".join(f"| `{k}` | {text} |" for k, text in KIND_TEXT.items())
     units = ", ".join(f"`{u}`" for u in CLOUDWATCH_UNITS)
     metric_keys = _keys_table(METRIC_KEYS_DOC).replace("{units}", units)

@@ -1,6 +1,6 @@
 """Capture the LLM golden cases from a real Triton (the nvidia-pytriton wheel's 2.51):
 
-    .venv/bin/python -m tests.support.capture_golden [vllm] [tensorrt_llm]
+    .venv/bin/python -m tests.support.capture_golden [vllm] [tensorrt_llm] [response_cache]
     UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py   # then review expected.jsonl
 
 For each case: a fresh server with only that sample model, a known warm-up
@@ -10,6 +10,12 @@ tests/fixtures/golden/<case>/. The traffic is below; tests/test_golden.py
 checks the emitted values against it by hand. Durations, CPU figures and
 the TensorRT-LLM timestamp differ from run to run; nothing the hand checks
 read does.
+
+``response_cache`` is Triton's own families with the response cache on
+(``--cache-config local,...`` and ``response_cache { enable: true }`` in the
+sample model ``add``): per-model hits and misses, the queue summary, the CPU
+and pinned-pool gauges, and no request summary (Triton never creates it for
+a cached model).
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from demo.llm import TRT, VLLM, trt, vllm, wait_counted
-from demo.triton import TritonServer, copy_models
+from demo.triton import TritonServer, _pytriton_root, copy_models
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden"
 
@@ -55,25 +62,49 @@ def _trt_traffic(server: TritonServer, requests: list[list[tuple[int, int]]], ta
         trt(server, [words(p, f"{tag}{n}-") for p, _ in rows], [m for _, m in rows])
 
 
+# (request values, how many times) per add request group: a repeated input is a response cache hit
+CACHE_WARMUP = [((1.0, 2.0), 2)]
+CACHE_WINDOW = [((1.0, 2.0), 3), ((3.0, 4.0), 2), ((5.0, 6.0), 1)]
+
+
+def _add_traffic(server: TritonServer, requests: list[tuple[tuple[float, ...], int]]) -> None:
+    for values, n in requests:
+        server.infer_add(n, values=values)
+
+
 CASES = {
     "vllm": (VLLM, lambda s: _vllm_traffic(s, VLLM_WARMUP, "a"), lambda s: _vllm_traffic(s, VLLM_WINDOW, "b")),
     "tensorrt_llm": (TRT, lambda s: _trt_traffic(s, TRT_WARMUP, "a"), lambda s: _trt_traffic(s, TRT_WINDOW, "b")),
+    "response_cache": ("add", lambda s: _add_traffic(s, CACHE_WARMUP), lambda s: _add_traffic(s, CACHE_WINDOW)),
 }
+CACHE_ARGS = ["--cache-config", "local,size=1048576"]
+
+
+def _server(case: str, model: str, work: Path) -> TritonServer:
+    repo = copy_models([model], work / "models")
+    if case != "response_cache":
+        return TritonServer(repo, workdir=work)
+    config = repo / model / "config.pbtxt"
+    config.write_text(config.read_text() + "response_cache { enable: true }\n")
+    caches = ["--cache-directory", str(_pytriton_root() / "caches")]
+    return TritonServer(repo, workdir=work, extra_args=[*caches, *CACHE_ARGS])
 
 
 def capture(case: str, dest: Path = GOLDEN) -> Path:
     model, warmup, window = CASES[case]
     work = Path(tempfile.mkdtemp(prefix=f"golden-{case}-"))
-    server = TritonServer(copy_models([model], work / "models"), workdir=work)
+    server = _server(case, model, work)
     out = dest / case
     out.mkdir(parents=True, exist_ok=True)
     try:
         server.start()
         warmup(server)
         wait_counted(server)  # Triton's own counters lag the responses a little
+        time.sleep(0.5 if case == "response_cache" else 0)  # no second count of add's requests to wait on
         (out / "metrics-1.txt").write_text(server.metrics_text())
         window(server)
         wait_counted(server)
+        time.sleep(0.5 if case == "response_cache" else 0)
         (out / "metrics-2.txt").write_text(server.metrics_text())
         (out / "index.json").write_text(json.dumps(server.index()))
     finally:
