@@ -70,6 +70,12 @@ class FileSource:
         pass
 
 
+def _configs(workdir: Path) -> dict[str, bytes]:
+    """Every READY version's configuration, as the index source holds them after start (none decoupled)."""
+    rows = json.loads((workdir / "index.json").read_bytes())
+    return {f"{r['name']}/{r['version']}": b'{"backend": "python"}' for r in rows if r.get("state") == "READY"}
+
+
 def _ours(models: int, repeat: int, workdir: Path) -> dict:
     from catalog import build
     from exporter.config import Settings
@@ -79,7 +85,7 @@ def _ours(models: int, repeat: int, workdir: Path) -> dict:
     catalog = build()
     source = FileSource(sorted(workdir.glob("metrics-*.txt")), catalog.wanted_samples())
     clock = [0.0]
-    index = IndexSource((workdir / "index.json").read_bytes())
+    index = IndexSource((workdir / "index.json").read_bytes(), _configs(workdir))
     pipe = Pipeline(Settings(max_models=max(models, 1)), catalog, [source, index], clock=lambda: clock[0])
     pipe.cycle()  # baseline (and label cache warm-up)
     times, events, size, model_bytes = [], 0, 0, 0
@@ -152,7 +158,7 @@ def _encodings(repeat: int, workdir: Path) -> dict:
 
     source = FileSource(sorted(workdir.glob("metrics-*.txt")), catalog.wanted_samples())
     clock = [0.0]
-    index = IndexSource((workdir / "index.json").read_bytes())
+    index = IndexSource((workdir / "index.json").read_bytes(), _configs(workdir))
     pipe = Pipeline(Settings(max_models=1000), catalog, [source, index], clock=lambda: clock[0], outputs=[Keep()])
     pipe.cycle()
     clock[0] += 60.0

@@ -57,7 +57,7 @@ METRIC_NAME = re.compile(r"[A-Z][A-Za-z0-9_.\-]*")
 
 # /metrics, the NVML source, the trace relay, the exporter's own outputs (what the OTLP metrics output sent)
 FAMILY_SOURCES = ("triton", "nvml", "traces", "outputs")
-FAMILY_KEYS = {"type", "labels", "source", "help", "requires", "override"}
+FAMILY_KEYS = {"type", "labels", "source", "help", "requires", "since", "override"}
 METRIC_KEYS = {
     "name",
     "scope",
@@ -77,7 +77,7 @@ METRIC_KEYS = {
 DIMENSION_KEYS = {"help", "values"}
 MODELSYNC_EVENTS = ("attempt", "model", "host")
 """The events model sync writes (modelsync/metrics.py): one per attempt, per model and reconcile, per reconcile."""
-INPUT_KEYS = {"family", "sample", "split", "select", "scale"}
+INPUT_KEYS = {"family", "sample", "split", "select", "scale", "decoupled"}
 SUFFIXES = ("_bucket", "_sum", "_count")
 
 
@@ -220,7 +220,10 @@ def _add_family(families: dict[str, Family], file: str, name: str, raw: Any) -> 
     requires = raw.get("requires", "")
     if not isinstance(requires, str) or not re.fullmatch(r"[a-z0-9_]*", requires):
         raise where.error("requires must be a lower-case word (a feature such as summary_latencies or vllm)")
-    family = Family(name, ftype, tuple(labels), source, help_text, requires)
+    since = raw.get("since", "")
+    if not isinstance(since, str):
+        raise where.error("since must be a string (the first releases that publish it)")
+    family = Family(name, ftype, tuple(labels), source, help_text, requires, since.strip())
     earlier = families.get(name)
     if earlier is not None and earlier != family and raw.get("override") is not True:
         raise where.error("declared differently in an earlier file; set override = true to replace it")
@@ -409,7 +412,13 @@ def _input(item: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str,
     scale = spec.get("scale", 1.0)
     if not isinstance(scale, int | float) or isinstance(scale, bool) or not math.isfinite(scale) or scale <= 0:
         raise where.error(f"{key}: scale must be a positive number")
-    return Input(sample_name, family.name, float(scale), where_label)
+    decoupled = spec.get("decoupled")
+    if decoupled is not None:
+        if not isinstance(decoupled, bool):
+            raise where.error(f"{key}: decoupled must be true or false")
+        if kind not in HISTOGRAM_KINDS or scope is not Scope.MODEL:
+            raise where.error(f"{key}: decoupled is only for the inputs of model-scope distributions and percentiles")
+    return Input(sample_name, family.name, float(scale), where_label, decoupled)
 
 
 _GAUGES = ("gauge", "untyped")

@@ -263,7 +263,7 @@ class Pipeline:
             events_dropped,
         )
         given = {**exporter_values(book, statuses), **index_values(capped.index, index_keys)}
-        result = self.transform.evaluate(capped.samples, window, exp.labels, given)
+        result = self.transform.evaluate(capped.samples, window, exp.labels, given, got.configs)
         self.conditions.set(
             "inconsistent histograms",
             f"leaving out {result.inconsistent_histograms} histogram distributions whose bucket counts went down"
@@ -381,4 +381,6 @@ def _merge(into: Collected, got: Collected) -> None:
         into.index = got.index
     into.gpus.update(got.gpus)
     into.models.update(got.models)
+    into.configs.update(got.configs)
+    into.server_version = got.server_version or into.server_version
     into.properties.update(got.properties)

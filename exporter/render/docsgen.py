@@ -127,6 +127,11 @@ FAMILY_KEYS_DOC = (
     ),
     ("help", "optional text for this page"),
     ("requires", "optional: what must be on for Triton to serve it (`summary_latencies`, `vllm`, ...); `cost` uses it"),
+    (
+        "since",
+        "optional: the first releases that publish it (`Triton 24.11`, `TensorRT-LLM backend v0.18 (Triton "
+        "25.04)`); the coverage line compares its `Triton YY.MM` with the server's version",
+    ),
     ("override", "`true` to redeclare a family an earlier file declared differently"),
 )
 DIMENSION_KEYS_DOC = (
@@ -146,7 +151,9 @@ METRIC_KEYS_DOC = (
         "inputs",
         'families read: `"name"`, `"name_sum"`, or `{ family = "name", split = "label", '
         'select = "value", scale = 100.0, sample = "sum" }`; with several, the first present '
-        "for an entity wins (a ratio sums them)",
+        "for an entity wins (a ratio sums them); `decoupled = true` (or `false`) on a distribution's or "
+        "percentile's input reads it only for model versions whose configuration says they are decoupled "
+        "(or not)",
     ),
     ("denominators", "`ratio` and `gauge_ratio` only"),
     ("guard", "`quantile` only: a counter that must have grown in the window"),
