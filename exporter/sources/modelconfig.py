@@ -96,7 +96,8 @@ class ModelConfigs:
         self.server_version = ""
 
     def refresh(self, index: Sequence[VersionState], timeout: float) -> dict[str, ModelConfig]:
-        """Configurations of the index's READY versions: those known, plus what ``timeout`` allows to read."""
+        """Configurations of the index's READY versions: those known, plus what half of ``timeout`` (the time
+        the source has left) allows to read."""
         start = self.clock()
         deadline = start + timeout / 2
         ready = {model_key(v.model, v.version): v for v in index if v.state == "READY"}
@@ -104,7 +105,7 @@ class ModelConfigs:
             del self.known[key]  # unloaded or reloading: read again when it is back
         for key in [k for k in self.failed if k not in ready]:
             del self.failed[key]
-        if not self.server_version:
+        if not self.server_version and self.clock() < deadline:
             try:
                 self.server_version = parse_version(self._get("/v2", deadline))
             except (SourceError, ValueError) as exc:

@@ -8,6 +8,8 @@ the index is ``POST /v2/repository/index`` (GET answers 405); labels are
 
 from __future__ import annotations
 
+import time
+
 import orjson
 import requests
 
@@ -70,6 +72,7 @@ class TritonIndexSource:
         self.configs = ModelConfigs(triton_url, self.session, connect_timeout, max_bytes)
 
     def collect(self, timeout: float) -> Collected:
+        start = time.monotonic()
         try:
             resp = fetch(self.session, "POST", self.url, timeout, self.connect_timeout, self.max_bytes, json_body={})
             if resp.status != 200:
@@ -80,7 +83,7 @@ class TritonIndexSource:
             self.configs.forget()  # a failed read may hide a restart
             raise
         index = list(self._last[1])
-        configs = self.configs.refresh(index, timeout)
+        configs = self.configs.refresh(index, timeout - (time.monotonic() - start))  # within this call's timeout
         return Collected(index=index, configs=configs, server_version=self.configs.server_version)
 
     def close(self) -> None:
