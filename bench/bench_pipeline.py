@@ -71,9 +71,12 @@ class FileSource:
 
 
 def _configs(workdir: Path) -> dict[str, bytes]:
-    """Every READY version's configuration, as the index source holds them after start (none decoupled)."""
+    """Every READY version's configuration, as the index source holds them after start: in an "llm" body every
+    model is an LLM, decoupled (it streams); in a core body none is."""
     rows = json.loads((workdir / "index.json").read_bytes())
-    return {f"{r['name']}/{r['version']}": b'{"backend": "python"}' for r in rows if r.get("state") == "READY"}
+    llm = (workdir / "llm").exists()  # written with the bodies (reading a body here would add to the peak RSS)
+    body = b'{"backend": "python", "model_transaction_policy": {"decoupled": true}}' if llm else b"{}"
+    return {f"{r['name']}/{r['version']}": body for r in rows if r.get("state") == "READY"}
 
 
 def _ours(models: int, repeat: int, workdir: Path) -> dict:
@@ -221,6 +224,8 @@ def _write_payloads(models: int, repeat: int, workdir: Path, llm: bool = False) 
     names = model_names(models)
     (workdir / "index.json").write_text(json.dumps([{"name": n, "version": "1", "state": "READY"} for n in names]))
     half = names[: models // 2]
+    if llm:
+        (workdir / "llm").touch()
     for step in range(1, repeat + 2):
         text = triton_metrics(names, step=step, gpus=["GPU-0"])
         if llm:

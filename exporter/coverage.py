@@ -165,13 +165,17 @@ class Coverage:
         ]
         if new:
             release = release_of(server_version)
-            present = _present(samples, labels, set(new))
+            names, masks = _present(samples, labels, set(new))
+            memo: dict[tuple[ModelConfig, int], tuple[Gap, ...]] = {}  # most versions look alike: one answer each
             for key in new:
                 ls = labels.get(key)
                 model, version = (ls.entity[1], ls.entity[2]) if ls is not None else _split(key)
-                result = ModelCoverage(
-                    model, version, gaps(self.catalog, configs[key], present.get(key, set()), release)
-                )
+                mask = masks.get(key, 0)
+                found = memo.get((configs[key], mask))
+                if found is None:
+                    present = {n for i, n in enumerate(names) if mask >> i & 1}
+                    found = memo[(configs[key], mask)] = gaps(self.catalog, configs[key], present, release)
+                result = ModelCoverage(model, version, found)
                 self.known[key] = (configs[key], server_version, result)
                 if result.gaps:
                     log.info(
@@ -180,15 +184,20 @@ class Coverage:
         return {k: v[2] for k, v in self.known.items()}
 
 
-def _present(samples: Mapping[str, Series], labels: Mapping[str, LabelSet], keys: set[str]) -> dict[str, set[str]]:
-    """Sample names present per entity, for the given entities only (one pass over the scrape)."""
-    out: dict[str, set[str]] = {}
-    for name, series in samples.items():
-        for key in series:
+def _present(
+    samples: Mapping[str, Series], labels: Mapping[str, LabelSet], keys: set[str]
+) -> tuple[list[str], dict[str, int]]:
+    """The scrape's sample names, and per given entity a bit mask of those it has (one pass, small ints: at
+    1000 models a set per model would cost megabytes of peak memory)."""
+    names = list(samples)
+    out: dict[str, int] = {}
+    for i, name in enumerate(names):
+        bit = 1 << i
+        for key in samples[name]:
             ls = labels.get(key)
-            if ls is not None and ls.entity_key in keys:
-                out.setdefault(ls.entity_key, set()).add(name)
-    return out
+            if ls is not None and (ent := ls.entity_key) in keys:
+                out[ent] = out.get(ent, 0) | bit
+    return names, out
 
 
 def _split(key: str) -> tuple[str, str]:
