@@ -70,6 +70,15 @@ class FileSource:
         pass
 
 
+def _configs(workdir: Path) -> dict[str, bytes]:
+    """Every READY version's configuration, as the index source holds them after start: in an "llm" body every
+    model is an LLM, decoupled (it streams); in a core body none is."""
+    rows = json.loads((workdir / "index.json").read_bytes())
+    llm = (workdir / "llm").exists()  # written with the bodies (reading a body here would add to the peak RSS)
+    body = b'{"backend": "python", "model_transaction_policy": {"decoupled": true}}' if llm else b"{}"
+    return {f"{r['name']}/{r['version']}": body for r in rows if r.get("state") == "READY"}
+
+
 def _ours(models: int, repeat: int, workdir: Path) -> dict:
     from catalog import build
     from exporter.config import Settings
@@ -79,7 +88,7 @@ def _ours(models: int, repeat: int, workdir: Path) -> dict:
     catalog = build()
     source = FileSource(sorted(workdir.glob("metrics-*.txt")), catalog.wanted_samples())
     clock = [0.0]
-    index = IndexSource((workdir / "index.json").read_bytes())
+    index = IndexSource((workdir / "index.json").read_bytes(), _configs(workdir))
     pipe = Pipeline(Settings(max_models=max(models, 1)), catalog, [source, index], clock=lambda: clock[0])
     pipe.cycle()  # baseline (and label cache warm-up)
     times, events, size, model_bytes = [], 0, 0, 0
@@ -152,7 +161,7 @@ def _encodings(repeat: int, workdir: Path) -> dict:
 
     source = FileSource(sorted(workdir.glob("metrics-*.txt")), catalog.wanted_samples())
     clock = [0.0]
-    index = IndexSource((workdir / "index.json").read_bytes())
+    index = IndexSource((workdir / "index.json").read_bytes(), _configs(workdir))
     pipe = Pipeline(Settings(max_models=1000), catalog, [source, index], clock=lambda: clock[0], outputs=[Keep()])
     pipe.cycle()
     clock[0] += 60.0
@@ -215,6 +224,8 @@ def _write_payloads(models: int, repeat: int, workdir: Path, llm: bool = False) 
     names = model_names(models)
     (workdir / "index.json").write_text(json.dumps([{"name": n, "version": "1", "state": "READY"} for n in names]))
     half = names[: models // 2]
+    if llm:
+        (workdir / "llm").touch()
     for step in range(1, repeat + 2):
         text = triton_metrics(names, step=step, gpus=["GPU-0"])
         if llm:

@@ -77,7 +77,7 @@ METRIC_KEYS = {
 DIMENSION_KEYS = {"help", "values"}
 MODELSYNC_EVENTS = ("attempt", "model", "host")
 """The events model sync writes (modelsync/metrics.py): one per attempt, per model and reconcile, per reconcile."""
-INPUT_KEYS = {"family", "sample", "split", "select", "scale", "cumulative"}
+INPUT_KEYS = {"family", "sample", "split", "select", "scale", "cumulative", "decoupled"}
 SUFFIXES = ("_bucket", "_sum", "_count")
 
 
@@ -421,7 +421,13 @@ def _input(item: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str,
     scale = spec.get("scale", 1.0)
     if not isinstance(scale, int | float) or isinstance(scale, bool) or not math.isfinite(scale) or scale <= 0:
         raise where.error(f"{key}: scale must be a positive number")
-    return Input(sample_name, family.name, float(scale), where_label)
+    decoupled = spec.get("decoupled")
+    if decoupled is not None:
+        if not isinstance(decoupled, bool):
+            raise where.error(f"{key}: decoupled must be true or false")
+        if kind not in HISTOGRAM_KINDS or scope is not Scope.MODEL:
+            raise where.error(f"{key}: decoupled is only for the inputs of model-scope distributions and percentiles")
+    return Input(sample_name, family.name, float(scale), where_label, decoupled)
 
 
 _GAUGES = ("gauge", "untyped")

@@ -120,16 +120,22 @@ class Input:
     histogram kinds it is the histogram family, whose ``_bucket`` and ``_sum``
     samples are read. ``where`` selects one value of a splitting label
     (``("reason", "BACKEND")``). ``scale`` multiplies values (and bucket
-    bounds and sums of histograms).
+    bounds and sums of histograms). ``decoupled`` (histogram kinds only) reads
+    the input only for model versions whose configuration (Triton's model
+    config API) says they are decoupled (True) or not (False); a version
+    whose configuration is not known yet gets neither.
     """
 
     sample: str
     family: str
     scale: float = 1.0
     where: tuple[str, str] | None = None
+    decoupled: bool | None = None
 
     def describe(self) -> str:
         s = self.sample + (f"{{{self.where[0]}={self.where[1]}}}" if self.where else "")
+        if self.decoupled is not None:
+            s += " (decoupled models)" if self.decoupled else " (non-decoupled models)"
         return s + (f" x {self.scale:g}" if self.scale != 1 else "")
 
 

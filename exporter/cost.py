@@ -94,11 +94,27 @@ def _requires(catalog: Catalog, metric: Metric) -> list[str]:
     return [catalog.families[i.family].requires for i in metric.inputs]
 
 
-def is_llm_only(catalog: Catalog, metric: Metric, d: Deployment) -> bool:
-    """Every input this deployment serves comes from an LLM backend: only its LLM models emit the metric."""
+def served_by(catalog: Catalog, metric: Metric, d: Deployment) -> tuple[bool, bool]:
+    """Whether the deployment's (LLM models, other models) emit the metric.
+
+    LLM models are taken to be decoupled (they stream) and the others not: an input marked
+    ``decoupled`` is read only for the models of its kind.
+    """
     features = d.features()
-    available = [r for r in _requires(catalog, metric) if r == "" or r in features]
-    return bool(available) and all(r in LLM_BACKENDS for r in available)
+    llm = plain = False
+    for i in metric.inputs:
+        r = catalog.families[i.family].requires
+        if r != "" and r not in features:
+            continue
+        llm = llm or r in LLM_BACKENDS or i.decoupled is not False
+        plain = plain or (r not in LLM_BACKENDS and i.decoupled is not True)
+    return llm, plain
+
+
+def is_llm_only(catalog: Catalog, metric: Metric, d: Deployment) -> bool:
+    """Only the deployment's LLM models emit the metric (its inputs come from an LLM backend, or decoupled models)."""
+    llm, plain = served_by(catalog, metric, d)
+    return llm and not plain
 
 
 def emitted_metrics(catalog: Catalog, d: Deployment) -> list[Metric]:
@@ -133,7 +149,11 @@ def values_of(dims: tuple[str, ...], d: Deployment, models: int) -> int:
 
 
 def _models_emitting(catalog: Catalog, m: Metric, d: Deployment) -> int:
-    return min(d.llm_models, d.models) if is_llm_only(catalog, m, d) else d.models
+    if not m.inputs:
+        return d.models
+    llm_models = min(d.llm_models, d.models)
+    llm, plain = served_by(catalog, m, d)
+    return (llm_models if llm else 0) + (d.models - llm_models if plain else 0)
 
 
 def metric_count(catalog: Catalog, d: Deployment) -> int:
@@ -225,7 +245,7 @@ def event_bytes(catalog: Catalog, d: Deployment, namespace: str = "Triton", llm:
 
     ``llm``: the model event of an LLM model (core and LLM metrics), else of a plain one.
     """
-    metrics = [m for m in emitted_metrics(catalog, d) if llm or not is_llm_only(catalog, m, d)]
+    metrics = [m for m in emitted_metrics(catalog, d) if not m.inputs or served_by(catalog, m, d)[0 if llm else 1]]
     enc = Encoder(namespace, catalog.metrics)
     name = ("m" * d.model_name_length)[: d.model_name_length]
     shapes: dict[Scope, tuple[dict[str, str], dict[str, object]]] = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from catalog import BASE_DIMENSIONS, Catalog, Scope
@@ -23,6 +23,7 @@ from telemetry.logs import Conditions, get
 from . import __version__
 from .cap import ModelCap
 from .config import Settings
+from .coverage import Coverage, ModelCoverage
 from .gpus import GpuIndex, gpu_samples, gpu_uuids, keep_tritons_gpus
 from .selfmetrics import Bookkeeping, SourceStatus, exporter_values, index_values
 from .sources import Collected, GpuInfo, Source, SourceError, SourceKind, VersionState
@@ -74,6 +75,7 @@ class CycleResult:
     resets: int = 0
     index: list[VersionState] | None = None
     timestamp_ms: int = 0
+    coverage: Mapping[str, ModelCoverage] = field(default_factory=dict)  # entity key -> what it cannot produce
 
 
 def _run_all(
@@ -166,6 +168,7 @@ class Pipeline:
         self.cap = ModelCap(settings.max_models)
         self.conditions = Conditions(log)
         self.gpu_index = GpuIndex()
+        self.coverage = Coverage(catalog)
         self.gpu_samples = sorted(gpu_samples(catalog))  # sorted: the gpu dimension must not depend on set order
 
     def close(self, outputs_timeout: float = 0.3) -> None:
@@ -240,6 +243,7 @@ class Pipeline:
             f"skipping {exp.malformed} malformed /metrics lines per scrape" if exp.malformed else None,
             examples=exp.examples,
         )
+        coverage = self.coverage.update(got.configs, got.server_version, exp.samples, exp.labels)
         index_keys = {} if got.index is None else {model_key(v.model, v.version): v for v in got.index}
         capped = self.cap.apply(exp, got.index, index_keys)
         self.conditions.set(
@@ -263,7 +267,7 @@ class Pipeline:
             events_dropped,
         )
         given = {**exporter_values(book, statuses), **index_values(capped.index, index_keys)}
-        result = self.transform.evaluate(capped.samples, window, exp.labels, given)
+        result = self.transform.evaluate(capped.samples, window, exp.labels, given, got.configs)
         self.conditions.set(
             "inconsistent histograms",
             f"leaving out {result.inconsistent_histograms} histogram distributions whose bucket counts went down"
@@ -290,6 +294,7 @@ class Pipeline:
             resets=book.resets,
             index=capped.index,
             timestamp_ms=timestamp_ms,
+            coverage=coverage,
         )
 
     def _encode(self, entities: list[Event], timestamp_ms: int) -> list[bytes]:
@@ -381,4 +386,6 @@ def _merge(into: Collected, got: Collected) -> None:
         into.index = got.index
     into.gpus.update(got.gpus)
     into.models.update(got.models)
+    into.configs.update(got.configs)
+    into.server_version = got.server_version or into.server_version
     into.properties.update(got.properties)

@@ -94,12 +94,27 @@ def render_summary(result: CycleResult) -> str:
                 [e.dimensions["model"], e.dimensions["version"], state, *(_cell(e, c) for c in MODEL_COLUMNS), reason]
             )
         out.append("\n" + _table(["model", "ver", "state", *(c[0] for c in MODEL_COLUMNS), "reason"], rows))
-    llm = [e for e in models if any(c[1] in e.values or c[1] in e.distributions for c in LLM_COLUMNS)]
+    gaps = sorted((c for c in result.coverage.values() if c.gaps), key=lambda c: (c.model, c.version))
+    missing = {(c.model, c.version): c for c in gaps}
+    llm_names = {c[1] for c in LLM_COLUMNS}
+
+    def llm_row(e: Event) -> bool:
+        if any(c[1] in e.values or c[1] in e.distributions for c in LLM_COLUMNS):
+            return True
+        cov = missing.get((e.dimensions["model"], e.dimensions["version"]))
+        return cov is not None and any(g.metric in llm_names for g in cov.gaps)
+
+    llm = [e for e in models if llm_row(e)]
     if llm:
-        rows = [[e.dimensions["model"], e.dimensions["version"], *(_cell(e, c) for c in LLM_COLUMNS)] for e in llm]
-        out.append(
-            "\nLLM serving (p95 of this task's window)\n" + _table(["model", "ver", *(c[0] for c in LLM_COLUMNS)], rows)
-        )
+        rows = []
+        for e in llm:
+            cov = missing.get((e.dimensions["model"], e.dimensions["version"]))
+            cells = [_cell(e, c) for c in LLM_COLUMNS]
+            rows.append([e.dimensions["model"], e.dimensions["version"], *cells, str(len(cov.gaps)) if cov else "-"])
+        header = ["model", "ver", *(c[0] for c in LLM_COLUMNS), "not produced"]
+        out.append("\nLLM serving (p95 of this task's window)\n" + _table(header, rows))
+    if gaps:  # the lines the exporter logged when these versions appeared
+        out.append("\nnot produced, and why:\n" + "".join(f"  {c.line()}\n" for c in gaps))
     gpus = sorted((e for e in result.entities if e.scope is Scope.GPU), key=lambda e: e.dimensions.get("gpu", ""))
     if gpus:
         rows = [

@@ -27,7 +27,7 @@ of the highest non-empty bucket (the lower edge for ``+Inf``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import itemgetter, sub
@@ -35,6 +35,7 @@ from typing import Any
 
 from catalog import HISTOGRAM_KINDS, Catalog, Combine, Input, Kind, Metric
 
+from .sources import ModelConfig
 from .sources.promtext import LabelSet, Series
 from .state import Window
 
@@ -117,6 +118,7 @@ class Transform:
         self._plans: dict[tuple[str, str], _SplitPlan | None] = {}
         self._entity_keys: set[str] = set()
         self._buckets: dict[tuple[tuple[str, ...], float], _Buckets | None] = {}
+        self._configs: Mapping[str, ModelConfig] = {}  # this window's model configurations (evaluate)
 
     # --- columns -------------------------------------------------------------------------------
 
@@ -249,9 +251,20 @@ class Transform:
     # --- one window ----------------------------------------------------------------------------
 
     def evaluate(
-        self, samples: Mapping[str, Series], window: Window, labels: Mapping[str, LabelSet], given: Mapping[str, Column]
+        self,
+        samples: Mapping[str, Series],
+        window: Window,
+        labels: Mapping[str, LabelSet],
+        given: Mapping[str, Column],
+        configs: Mapping[str, ModelConfig] | None = None,
     ) -> Result:
-        """Every emitted metric's column (without NaN or infinities) and distribution."""
+        """Every emitted metric's column (without NaN or infinities) and distribution.
+
+        ``configs`` (model versions' configurations by entity key) decide the
+        inputs marked ``decoupled``: a version whose configuration is not in
+        it gets none of them.
+        """
+        self._configs = configs or {}
         gauges = {name: finite(s) for name, s in samples.items() if name in self.gauge_samples}
         gcols = self.columns(gauges, labels)
         dcols = self.columns(window.deltas, labels)
@@ -355,15 +368,29 @@ class Transform:
             ordered = [cols[le] for le in layout.les]
             first = ordered[0]
             order = list(first)
+            wanted = self._decoupled_filter(inp)
             if all(len(c) == len(first) and list(c) == order for c in ordered[1:]):
                 # Every entity has every bucket, in one key order (the normal case): transpose in C.
                 for ent, row in zip(order, zip(*(c.values() for c in ordered), strict=True), strict=True):
-                    yield inp, ent, layout, list(row)
+                    if wanted is None or wanted(ent):
+                        yield inp, ent, layout, list(row)
                 continue
             ents = dict.fromkeys(k for c in ordered for k in c)
             for ent in ents:
-                if all(ent in c for c in ordered):  # a bucket missing for one entity: no guess
+                if all(ent in c for c in ordered) and (wanted is None or wanted(ent)):  # a missing bucket: no guess
                     yield inp, ent, layout, [c[ent] for c in ordered]
+
+    def _decoupled_filter(self, inp: Input) -> Callable[[str], bool] | None:
+        """None: every entity; else which entities the input reads (their configuration says decoupled or not)."""
+        if inp.decoupled is None:
+            return None
+        configs, want = self._configs, inp.decoupled
+
+        def wanted(ent: str) -> bool:
+            config = configs.get(ent)
+            return config is not None and config.decoupled is want
+
+        return wanted
 
     def _layout(self, les: tuple[str, ...], scale: float) -> _Buckets | None:
         key = (les, scale)

@@ -21,9 +21,9 @@ from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.render import alarms, dashboard, render
 from exporter.render.base.options import Options
-from exporter.sources import Collected, VersionState
+from exporter.sources import Collected, ModelConfig, VersionState
 from exporter.sources.nvml import NvmlSource
-from exporter.sources.promtext import Parser
+from exporter.sources.promtext import Parser, model_key
 from modelsync.errors import Result
 from modelsync.metrics import METRICS, PHASES, Attempt, ModelState, Recorder
 from telemetry.sinks import StreamSink
@@ -38,10 +38,11 @@ VLLM, TRT = ["vllm_model"], ["tensorrt_llm"]  # served by the LLM backends (thei
 
 
 def _body(step: int, uuids: list[str]) -> str:
-    """A GPU host's /metrics: plain models, a vLLM and a TensorRT-LLM model, histogram_latencies on."""
+    """A GPU host's /metrics: plain models, a vLLM and a TensorRT-LLM model, histogram_latencies on (26.01+:
+    every model prints the first-response histogram)."""
     return (
         triton_metrics(MODELS + VLLM + TRT, step, gpus=uuids)
-        + first_response_metrics(TRT, step)
+        + first_response_metrics(MODELS + TRT, step)
         + llm_metrics(VLLM, step, "vllm")
         + llm_metrics(TRT, step, "tensorrt_llm")
     )
@@ -62,7 +63,9 @@ def run_exporter(namespace: str = "Triton") -> list[bytes]:
             index=[
                 *(VersionState(m, "1", "READY") for m in MODELS + VLLM + TRT),
                 VersionState("broken", "1", "UNAVAILABLE", "boom"),
-            ]
+            ],
+            # the LLM models stream (decoupled), the others do not
+            configs={model_key(m, "1"): ModelConfig(decoupled=m not in MODELS) for m in MODELS + VLLM + TRT},
         ),
     )
     source = NvmlSource(nvml, environ={})

@@ -14,9 +14,9 @@ from exporter import cost
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.render.base.options import Options
-from exporter.sources import Collected, VersionState
+from exporter.sources import Collected, ModelConfig, VersionState
 from exporter.sources.nvml import NvmlSource
-from exporter.sources.promtext import Parser
+from exporter.sources.promtext import Parser, model_key
 from modelsync.metrics import ModelState, Recorder
 from telemetry.sinks import StreamSink
 from tests.support.nvml_fake import FakeNvml, gpus
@@ -60,7 +60,12 @@ def pipeline_events(
         return Collected(samples=parser.parse("".join(ln + "\n" for ln in text.splitlines() if ln[:1] != "#")))
 
     index = [VersionState(m, str(v + 1), "READY") for m in names for v in range(versions)]
-    srcs = [FixedSource("triton_metrics", metrics), FixedSource("triton_index", lambda: Collected(index=index))]
+    # the LLM models are decoupled (they stream), the others not: what the estimate assumes
+    configs = {model_key(v.model, v.version): ModelConfig(decoupled=v.model in names[:llm]) for v in index}
+    srcs = [
+        FixedSource("triton_metrics", metrics),
+        FixedSource("triton_index", lambda: Collected(index=index, configs=configs)),
+    ]
     if n_gpus:
         nv = NvmlSource(nvml, environ={})
         nv.start()

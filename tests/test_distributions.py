@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog import Scope
+from exporter.sources import ModelConfig
 from exporter.sources.promtext import LabelSet, Parser
 from exporter.state import DeltaState
 from exporter.transform import MAX_DISTRIBUTION_PAIRS, Transform
@@ -43,12 +44,23 @@ def histogram(
     return samples, labels
 
 
-def window(before: dict, after: dict, labels: dict, transform: Transform | None = None):
+def window(
+    before: dict,
+    after: dict,
+    labels: dict,
+    transform: Transform | None = None,
+    decoupled: dict[str, bool] | None = None,
+):
+    """One window; every model is decoupled (a streaming model: Triton's first response is its first token)
+    unless ``decoupled`` (model -> flag) says otherwise; a model left out of it has no known configuration."""
     transform = transform or Transform(CATALOG)
     state = DeltaState(CATALOG.counter_samples())
     state.update(before, labels, 0.0)
     w = state.update(after, labels, 60.0)
-    return transform.evaluate(after, w, labels, {})
+    models = {ls.entity[1] for ls in labels.values() if ls.entity[0] == "model"}
+    flags = dict.fromkeys(models, True) if decoupled is None else decoupled
+    configs = {key(m): ModelConfig(decoupled=flag) for m, flag in flags.items()}
+    return transform.evaluate(after, w, labels, {}, configs)
 
 
 def key(model: str) -> str:
@@ -310,3 +322,30 @@ def test_parser_reads_histogram_families_with_colons() -> None:
     bucket = exp.samples[f"{TTFT}_bucket"]
     assert len(bucket) == len(BUCKETS) and exp.malformed == 0
     assert exp.samples[f"{TTFT}_sum"] == {LabelSet.of(model="m", version="1").key: pytest.approx(1.7)}
+
+
+# --- decoupled or not: time to first token, or request latency -------------------------------------
+
+
+def test_first_response_is_a_time_to_first_token_only_for_decoupled_models():
+    """Triton 26.01+ prints the first-response histogram for every model: for a model that is not decoupled the
+    first response is the whole response, so it is a request latency, never a time to first token."""
+    zero = {100.0: 0, 500.0: 0, 2000.0: 0, 5000.0: 0, INF: 0}
+    full = {100.0: 10, 500.0: 30, 2000.0: 30, 5000.0: 30, INF: 30}
+    models = {m: (zero, 0) for m in ("stream", "plain", "unknown")}
+    before, labels = histogram(TRITON_FIRST, models)
+    after, _ = histogram(TRITON_FIRST, {m: (full, 3000) for m in models})
+    result = window(before, after, labels, decoupled={"stream": True, "plain": False})
+    assert set(result.distributions["TimeToFirstToken"]) == {key("stream")}
+    assert set(result.distributions["RequestLatency"]) == {key("plain")}
+    assert result.distributions["RequestLatency"][key("plain")]["Count"] == 30
+    # a version whose configuration is not known yet gets neither (no guess)
+    assert key("unknown") not in result.distributions["TimeToFirstToken"]
+
+
+def test_vllm_time_to_first_token_does_not_depend_on_the_configuration():
+    before, labels = histogram(TTFT, {"v": (cumulative([]), 0)})
+    after, _ = histogram(TTFT, {"v": (cumulative([0.03, 0.03]), 0.06)})
+    result = window(before, after, labels, decoupled={})  # configuration unknown (or not decoupled)
+    assert result.distributions["TimeToFirstToken"][key("v")]["Count"] == 2
+    assert "RequestLatency" not in result.distributions

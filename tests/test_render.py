@@ -166,6 +166,15 @@ def test_rich_dashboard_is_a_valid_body_with_model_log_groups(rich_files) -> Non
     assert any("SOURCE '/ecs/triton/model/m.x.v2.b'" in q and "SOURCE '/ecs/triton/model/add'" in q for q in queries)
 
 
+def test_request_latency_p99_widget_and_ttft_alarm_read_the_first_response_split(default_files) -> None:
+    """Triton's first-response histogram is a request latency for models that are not decoupled (a p99 over
+    every task, per model) and a time to first token only for decoupled ones (the TTFT alarm)."""
+    text = json.dumps(json.loads(default_files["dashboards/triton.json"]))
+    assert "SEARCH('{\\\"Triton\\\",model} MetricName=\\\"RequestLatency\\\"', 'p99', 60)" in text
+    alarm = json.loads(default_files["alarms/cli/alarm-llm-ttft-p95.json"])
+    assert alarm["MetricName"] == "TimeToFirstToken" and "decoupled" in alarm["AlarmDescription"]
+
+
 def test_dashboard_covers_the_sections_the_issue_lists(default_files) -> None:
     body = json.loads(default_files["dashboards/triton.json"])
     text = json.dumps(body)

@@ -130,7 +130,7 @@ FAMILY_KEYS_DOC = (
     (
         "since",
         'optional: the first releases that publish it (`"Triton 24.11"`, `"vLLM backend r24.09"`); the version '
-        "table above lists it",
+        "table above lists it, and the coverage line compares its `Triton YY.MM` with the server's version",
     ),
     ("override", "`true` to redeclare a family an earlier file declared differently"),
 )
@@ -152,7 +152,9 @@ METRIC_KEYS_DOC = (
         'families read: `"name"`, `"name_sum"`, or `{ family = "name", split = "label", '
         'select = "value", scale = 100.0, sample = "sum" }`; with several, the first present '
         "for an entity wins (a ratio sums them); `cumulative = true` lets `delta`, `rate` and `ratio` read a "
-        "gauge family that only grows (a count the source types as a gauge)",
+        "gauge family that only grows (a count the source types as a gauge); `decoupled = true` (or `false`) on a "
+        "distribution's or percentile's input reads it only for model versions whose configuration says they are "
+        "decoupled (or not)",
     ),
     ("denominators", "`ratio` and `gauge_ratio` only"),
     ("guard", "`quantile` only: a counter that must have grown in the window"),

@@ -52,6 +52,26 @@ class GpuInfo:
     properties: dict[str, object] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the exporter reads from one model version's configuration (``GET /v2/models/{m}/versions/{v}/config``).
+
+    ``decoupled`` is the model's own ``model_transaction_policy.decoupled``
+    (an ensemble declares its own). ``parameters`` are the string values of
+    the config's ``parameters`` map (``REPORT_CUSTOM_METRICS`` of the vLLM
+    backend).
+    """
+
+    decoupled: bool
+    backend: str = ""
+    platform: str = ""
+    response_cache: bool = False
+    parameters: tuple[tuple[str, str], ...] = ()
+
+    def parameter(self, key: str) -> str | None:
+        return dict(self.parameters).get(key)
+
+
 @dataclass
 class Collected:
     samples: Exposition = field(default_factory=Exposition)
@@ -59,6 +79,8 @@ class Collected:
     gpus: dict[str, GpuInfo] = field(default_factory=dict)
     properties: dict[str, object] = field(default_factory=dict)
     models: dict[str, dict[str, object]] = field(default_factory=dict)  # entity key -> properties of that model
+    configs: dict[str, ModelConfig] = field(default_factory=dict)  # entity key -> that version's configuration
+    server_version: str = ""  # Triton's version (GET /v2), "" while unknown
 
 
 class SourceKind(StrEnum):

@@ -8,11 +8,14 @@ the index is ``POST /v2/repository/index`` (GET answers 405); labels are
 
 from __future__ import annotations
 
+import time
+
 import orjson
 import requests
 
 from . import Collected, SourceError, SourceKind, VersionState
 from .http import fetch, make_session, redact
+from .modelconfig import ModelConfigs
 from .promtext import Exposition, Parser
 
 
@@ -65,14 +68,23 @@ class TritonIndexSource:
         self.max_bytes = max_bytes
         self.session = session or make_session()
         self._last: tuple[bytes, list[VersionState]] | None = None  # the index rarely changes
+        # READY versions' configurations and the server's version, read only when they can have changed
+        self.configs = ModelConfigs(triton_url, self.session, connect_timeout, max_bytes)
 
     def collect(self, timeout: float) -> Collected:
-        resp = fetch(self.session, "POST", self.url, timeout, self.connect_timeout, self.max_bytes, json_body={})
-        if resp.status != 200:
-            raise SourceError(f"{self.shown}: answered HTTP {resp.status}")
-        if self._last is None or self._last[0] != resp.body:
-            self._last = (resp.body, parse_index(resp.body, self.shown))
-        return Collected(index=list(self._last[1]))
+        start = time.monotonic()
+        try:
+            resp = fetch(self.session, "POST", self.url, timeout, self.connect_timeout, self.max_bytes, json_body={})
+            if resp.status != 200:
+                raise SourceError(f"{self.shown}: answered HTTP {resp.status}")
+            if self._last is None or self._last[0] != resp.body:
+                self._last = (resp.body, parse_index(resp.body, self.shown))
+        except SourceError:
+            self.configs.forget()  # a failed read may hide a restart
+            raise
+        index = list(self._last[1])
+        configs = self.configs.refresh(index, timeout - (time.monotonic() - start))  # within this call's timeout
+        return Collected(index=index, configs=configs, server_version=self.configs.server_version)
 
     def close(self) -> None:
         self.session.close()

@@ -13,7 +13,8 @@ from exporter.__main__ import build_sources
 from exporter.config import Settings
 from exporter.pipeline import CycleResult, Pipeline
 from exporter.sources import Collected, SourceKind
-from exporter.sources.promtext import Parser
+from exporter.sources.modelconfig import parse_config
+from exporter.sources.promtext import Parser, model_key
 from exporter.sources.triton import parse_index
 from telemetry.emf_validate import validate
 
@@ -90,11 +91,14 @@ class IndexSource:
     name = "triton_index"
     kind = SourceKind.TRITON
 
-    def __init__(self, body: bytes = b"[]") -> None:
+    def __init__(self, body: bytes = b"[]", configs: dict[str, bytes] | None = None, server_version: str = "") -> None:
+        """``configs``: "model/version" -> the body Triton's model config API answers for it."""
         self.body = body
+        self.configs = {model_key(*k.rsplit("/", 1)): parse_config(v) for k, v in (configs or {}).items()}
+        self.server_version = server_version
 
     def collect(self, timeout: float) -> Collected:
-        return Collected(index=parse_index(self.body))
+        return Collected(index=parse_index(self.body), configs=dict(self.configs), server_version=self.server_version)
 
     def close(self) -> None:
         pass

@@ -104,8 +104,9 @@ ALARMS: tuple[MetricAlarm | ModelAlarm, ...] = (
     ),
     MetricAlarm(
         suffix="llm-ttft-p95",
-        description="Time to first token p95 over every task and model stayed above "
-        "TtftP95Milliseconds for 5 minutes (CloudWatch's percentile of the exporter's distributions).",
+        description="Time to first token p95 over every task and streaming model (vLLM, or decoupled as its "
+        "configuration says) stayed above TtftP95Milliseconds for 5 minutes (CloudWatch's percentile of the "
+        "exporter's distributions).",
         metric="TimeToFirstToken",
         stat="p95",
         period=LATENCY_PERIOD,

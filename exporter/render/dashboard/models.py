@@ -14,7 +14,8 @@ from ..base.options import Options
 from ..base.widgets import Placed, Section, expr, graph, search
 
 TEXT = (
-    "**Per model**: throughput, success and failure, latency (average, p95, p99), queue versus compute "
+    "**Per model**: throughput, success and failure, latency (average, p95, p99; and the p99 over every task "
+    "from Triton's first-response histogram of models that are not decoupled, 26.01+), queue versus compute "
     "time, batch size and queue depth; new models appear by themselves (SEARCH on the model dimension)."
 )
 
@@ -58,6 +59,13 @@ GRAPHS: tuple[Graph, ...] = (
         lambda o: [{"value": o.latency_slo_us, "label": "SLO"}],
     ),
     Graph("p99 latency per version (us, worst task)", _one("RequestLatencyP99"), MV, "Maximum", "microseconds"),
+    Graph(
+        "p99 request latency per model (ms, over every task; models that are not decoupled, Triton 26.01+)",
+        _one("RequestLatency"),
+        M,
+        "p99",
+        "milliseconds",
+    ),
     Graph(
         "Queue vs compute time per request (us)",
         (("QueueLatencyAvg", "queue", "q"), ("ComputeLatencyAvg", "compute", "c")),

@@ -1,0 +1,138 @@
+"""Coverage reasons without a server: Triton's release from its version, families' ``since``, flags, once only."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from catalog import Catalog
+from catalog.load import read
+from exporter.coverage import Coverage, gaps, release_of, since_release
+from exporter.sources import ModelConfig
+from exporter.sources.promtext import LabelSet, model_key
+
+from .support.helpers import CATALOG, Capture
+
+PLAIN = ModelConfig(decoupled=False, backend="python")
+STREAM = ModelConfig(decoupled=True, backend="python")
+CORE = {
+    "nv_inference_request_success",
+    "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
+    "nv_inference_request_summary_us",
+    "nv_inference_pending_request_count",
+    "nv_inference_exec_count",
+    "nv_inference_count",
+    "nv_inference_request_failure",
+    "nv_model_load_duration_secs",
+}
+
+
+@pytest.mark.parametrize(
+    ("version", "release"),
+    [("2.51.0", (24, 10)), ("2.52.0", (24, 11)), ("2.53.1", (24, 12)), ("2.54.0", (25, 1)), ("2.66.0", (26, 1))],
+)
+def test_server_version_to_release(version, release):
+    assert release_of(version) == release
+
+
+def test_unknown_versions_give_no_release():
+    assert release_of("") is None and release_of("3.0.0") is None and release_of("dev") is None
+
+
+def test_since_names_a_triton_release():
+    assert since_release("Triton 24.11") == (24, 11)
+    assert since_release("TensorRT-LLM backend v0.18 (Triton 25.04)") == (25, 4)
+    assert since_release("") is None and since_release("vLLM backend r24.08") is None
+
+
+def reasons(config: ModelConfig, present: set[str], release: tuple[int, int] | None, catalog: Catalog = CATALOG):
+    return {g.metric: g.reason for g in gaps(catalog, config, present, release)}
+
+
+def test_first_response_before_and_after_the_releases_that_publish_it():
+    # 24.10: none at all; 24.11+: decoupled models only; 26.01+: every model
+    assert "needs 24.11+" in reasons(STREAM, CORE, (24, 10))["TimeToFirstToken"]
+    assert "needs 26.01+" in reasons(PLAIN, CORE, (25, 12))["RequestLatency"]
+    assert "too old" not in reasons(STREAM, CORE, (24, 11)).get("TimeToFirstToken", "")
+    later = reasons(PLAIN, CORE, (26, 1))
+    assert (
+        later["RequestLatency"] == "histogram_latencies is off (--metrics-config histogram_latencies=true turns it on)"
+    )
+    # present: nothing to say; a model that is not decoupled has no time to first token to miss
+    with_histogram = reasons(PLAIN, CORE | {"nv_inference_first_response_histogram_ms_bucket"}, (26, 1))
+    assert "RequestLatency" not in with_histogram and "TimeToFirstToken" not in with_histogram
+    assert "RequestLatency" not in reasons(STREAM, CORE, (26, 1))  # decoupled: its first response is no latency
+
+
+def test_unknown_version_does_not_claim_too_old():
+    assert "too old" not in reasons(STREAM, CORE, None)["TimeToFirstToken"]
+
+
+def test_since_of_a_family_is_compared_with_the_release():
+    text = """
+[families]
+"app:thing" = { type = "gauge", labels = ["model", "version"], since = "Some backend v2 (Triton 25.04)" }
+
+[[metric]]
+name = "Thing"
+scope = "model"
+unit = "Count"
+kind = "gauge"
+inputs = ["app:thing"]
+help = "A thing."
+"""
+    loaded = read([("x.toml", text)])
+    catalog = Catalog(list(loaded.metrics.values()), loaded.families)
+    assert loaded.families["app:thing"].since == "Some backend v2 (Triton 25.04)"
+    assert reasons(PLAIN, set(), (25, 3), catalog) == {"Thing": "Triton 25.03 is too old: app:thing needs 25.04+"}
+    assert reasons(PLAIN, set(), (25, 4), catalog) == {"Thing": "Triton prints no app:thing for this model"}
+    assert reasons(PLAIN, {"app:thing"}, (25, 3), catalog) == {}
+
+
+def test_llm_families_concern_only_their_backend():
+    vllm = ModelConfig(decoupled=True, backend="vllm")
+    on = ModelConfig(decoupled=True, backend="vllm", parameters=(("REPORT_CUSTOM_METRICS", "True"),))
+    assert "REPORT_CUSTOM_METRICS=true" in reasons(vllm, CORE, (26, 1))["PromptTokens"]
+    assert "REPORT_CUSTOM_METRICS" not in reasons(on, CORE, (26, 1)).get("PromptTokens", "")
+    assert "PromptTokens" not in reasons(PLAIN, CORE, (26, 1))  # an image model misses no token count
+    trt = ModelConfig(decoupled=True, backend="tensorrtllm")
+    assert "KvCacheUtilization" in reasons(trt, CORE, (26, 1)) and "KvCacheUtilization" not in reasons(
+        STREAM, CORE, (26, 1)
+    )
+
+
+def test_response_cache_and_counter_latencies():
+    cached = ModelConfig(decoupled=False, response_cache=True)
+    got = reasons(cached, CORE - {"nv_inference_request_summary_us", "nv_inference_request_duration_us"}, (24, 10))
+    assert got["RequestLatencyP95"].startswith("response cache on")
+    assert got["RequestLatencyAvg"] == "counter_latencies is off (--metrics-config counter_latencies=false)"
+
+
+def test_logged_once_per_appearance_and_recomputed_only_on_change():
+    capture = Capture()
+    logger = logging.getLogger("exporter.coverage")
+    logger.addHandler(capture)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        cov = Coverage(CATALOG)
+        key = model_key("m", "1")
+        labels = {key: LabelSet.of(model="m", version="1")}
+        samples = {"nv_inference_request_success": {key: 1.0}}
+        first = cov.update({key: PLAIN}, "2.51.0", samples, labels)
+        assert first[key].model == "m" and first[key].gaps
+        for _ in range(3):
+            assert cov.update({key: PLAIN}, "2.51.0", samples, labels) == first
+        assert len(capture.messages()) == 1 and capture.messages()[0].startswith("model 'm' version 1 cannot produce")
+        cov.update({}, "2.51.0", samples, labels)  # gone (unloaded, or the index failed)
+        cov.update({key: PLAIN}, "2.51.0", samples, labels)  # back: said again
+        cov.update({key: PLAIN}, "2.66.0", samples, labels)  # Triton upgraded: said again
+        assert len(capture.messages()) == 3
+    finally:
+        logger.removeHandler(capture)
+        logger.setLevel(old)
