@@ -83,7 +83,7 @@ def attrs(point) -> dict[str, str]:
     return {kv.key: kv.value.string_value for kv in point.attributes}
 
 
-def wait_for(check: Callable[[], object], timeout: float = 15.0) -> None:
+def wait_for(check: Callable[[], object], timeout: float = 30.0) -> None:  # generous: a loaded 2-core CI box
     end = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < end, "timed out"
