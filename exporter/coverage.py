@@ -97,12 +97,19 @@ def _concerns(family: Family, inp: Input, config: ModelConfig) -> bool:
     if family.source != "triton":
         return False
     backend = LLM_BACKENDS.get(family.requires)
+    if config.llm_api and family.requires == "tensorrt_llm":
+        return True  # the metrics its users look for, and why they never come
     if backend is not None and config.backend != backend:
         return False
     return inp.decoupled is None or inp.decoupled is config.decoupled
 
 
 def _reason(family: Family, inp: Input, config: ModelConfig, release: tuple[int, int] | None) -> str:
+    if config.llm_api and family.requires == "tensorrt_llm":
+        return (
+            "TensorRT-LLM's LLM-API (PyTorch) backend publishes none of nv_trt_llm_* or nv_llm_* (its per-request "
+            "figures come back as response tensors): Triton's core families only"
+        )
     if family.requires == "vllm" and (config.parameter("REPORT_CUSTOM_METRICS") or "").lower() != "true":
         return "the vLLM backend publishes its metrics only with REPORT_CUSTOM_METRICS=true in the model's parameters"
     needs = since_release(family.since)

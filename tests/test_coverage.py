@@ -136,3 +136,34 @@ def test_logged_once_per_appearance_and_recomputed_only_on_change():
     finally:
         logger.removeHandler(capture)
         logger.setLevel(old)
+
+
+def test_the_llm_api_backend_is_recognised_and_its_missing_families_are_explained():
+    """TensorRT-LLM's LLM-API model (upstream's triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt,
+    as Triton's config API answers it) publishes no TensorRT-LLM family: say so instead of staying silent."""
+    import orjson
+
+    from exporter.sources.modelconfig import parse_config
+
+    config_api = {
+        "name": "tensorrt_llm",
+        "backend": "python",
+        "input": [
+            {"name": "text_input", "data_type": "TYPE_STRING", "dims": [-1]},
+            {"name": "streaming", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
+            {"name": "sampling_param_temperature", "data_type": "TYPE_FP32", "dims": [1], "optional": True},
+        ],
+        "output": [
+            {"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
+            {"name": "kv_cache_hit_rate", "data_type": "TYPE_FP32", "dims": [-1]},
+        ],
+        "model_transaction_policy": {"decoupled": True},
+    }
+    llm_api = parse_config(orjson.dumps(config_api))
+    assert llm_api.llm_api and llm_api.decoupled
+    why = reasons(llm_api, CORE, (26, 1))
+    assert "LLM-API (PyTorch) backend publishes none of nv_trt_llm_*" in why["KvCacheUtilization"]
+    assert "LLM-API" in why["RequestsWaiting"]
+    # A Python model that only looks a bit alike is not taken for it, and keeps its silence on TensorRT-LLM.
+    other = parse_config(orjson.dumps({**config_api, "input": [{"name": "text_input"}]}))
+    assert not other.llm_api and "KvCacheUtilization" not in reasons(other, CORE, (26, 1))

@@ -606,3 +606,15 @@ def test_modelsync_doc_is_rendered_from_the_pack(default_files) -> None:
     assert all(f"| `{m.name}` | {m.unit} | {m.event}: " in doc for m in pack.metrics)
     assert all(f"| `{r.value}` | " in doc for r in Result)
     assert "(modelsync-metrics.md)" in (ROOT / "docs" / "modelsync.md").read_text()
+
+
+def test_the_dashboard_shows_queue_p99_per_model_the_saturation_signal() -> None:
+    """Queue p99 (Triton's queue summary, 2.51+) is the standard saturation signal: one graph per model."""
+    body = json.loads((ROOT / "dashboards" / "triton.json").read_text())
+    found = [
+        w
+        for w in body["widgets"]
+        if w["type"] == "metric" and any("QueueLatencyP99" in json.dumps(m) for m in w["properties"]["metrics"])
+    ]
+    assert len(found) == 1 and "p99 queue time per model" in found[0]["properties"]["title"]
+    assert '{"Triton",model} MetricName="QueueLatencyP99"' in found[0]["properties"]["metrics"][0][0]["expression"]

@@ -59,7 +59,8 @@ class ModelConfig:
     ``decoupled`` is the model's own ``model_transaction_policy.decoupled``
     (an ensemble declares its own). ``parameters`` are the string values of
     the config's ``parameters`` map (``REPORT_CUSTOM_METRICS`` of the vLLM
-    backend).
+    backend). ``llm_api``: the model is TensorRT-LLM's LLM-API (PyTorch)
+    backend, which publishes no metric family of its own.
     """
 
     decoupled: bool
@@ -67,6 +68,7 @@ class ModelConfig:
     platform: str = ""
     response_cache: bool = False
     parameters: tuple[tuple[str, str], ...] = ()
+    llm_api: bool = False
 
     def parameter(self, key: str) -> str | None:
         return dict(self.parameters).get(key)

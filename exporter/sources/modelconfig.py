@@ -50,12 +50,29 @@ def parse_config(body: bytes) -> ModelConfig:
             text = value.get("string_value") if isinstance(value, dict) else None
             if isinstance(key, str) and isinstance(text, str):
                 pairs.append((key, text))
+    backend = _text(data.get("backend"))
     return ModelConfig(
         decoupled=decoupled,
-        backend=_text(data.get("backend")),
+        backend=backend,
         platform=_text(data.get("platform")),
         response_cache=isinstance(cache, dict) and cache.get("enable") is True,
         parameters=tuple(sorted(pairs)),
+        llm_api=backend == "python" and _is_llm_api(data),
+    )
+
+
+def _is_llm_api(data: dict[str, object]) -> bool:
+    """TensorRT-LLM's LLM-API model as upstream ships it (triton_backend/all_models/llmapi/tensorrt_llm): a
+    Python model taking ``text_input`` and ``sampling_param_*`` inputs and answering ``text_output``. Its
+    settings live in a model.yaml the config API does not show, so the inputs are what identifies it."""
+    inputs = data.get("input")
+    outputs = data.get("output")
+    names = {i.get("name") for i in inputs if isinstance(i, dict)} if isinstance(inputs, list) else set()
+    out = {o.get("name") for o in outputs if isinstance(o, dict)} if isinstance(outputs, list) else set()
+    return (
+        "text_input" in names
+        and "text_output" in out
+        and any(isinstance(n, str) and n.startswith("sampling_param_") for n in names)
     )
 
 

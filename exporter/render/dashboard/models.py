@@ -16,7 +16,8 @@ from ..base.widgets import Placed, Section, expr, graph, search
 TEXT = (
     "**Per model**: throughput, success and failure, latency (average, p95, p99; and the p99 over every task "
     "from Triton's first-response histogram of models that are not decoupled, 26.01+), queue versus compute "
-    "time, batch size and queue depth; new models appear by themselves (SEARCH on the model dimension)."
+    "time and p99 queue time (the saturation signal), batch size and queue depth; new models appear by "
+    "themselves (SEARCH on the model dimension)."
 )
 
 MV = ("model", "version")
@@ -65,6 +66,13 @@ GRAPHS: tuple[Graph, ...] = (
         M,
         "p99",
         "milliseconds",
+    ),
+    Graph(
+        "p99 queue time per model (us, worst task): the saturation signal",
+        _one("QueueLatencyP99"),
+        M,
+        "Maximum",
+        "microseconds",
     ),
     Graph(
         "Queue vs compute time per request (us)",
