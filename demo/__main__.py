@@ -5,8 +5,11 @@
 Starts tritonserver (from the nvidia-pytriton wheel) on free ports with the
 sample models (``broken`` fails to load on purpose; ``vllm_model`` and
 ``tensorrt_llm`` publish the vLLM and TensorRT-LLM backends' metric
-families), sends a steady mix of requests, and runs ``python -m exporter
---once`` against it: EMF on stdout, the summary table (and its LLM table) on
+families; the decoupled ``stream`` and the plain ``classify`` publish
+Triton 26.01's first-response histogram, read as TimeToFirstToken for the
+first and RequestLatency for the second), sends a steady mix of requests, and
+runs ``python -m exporter --once`` against it: EMF on stdout, the summary
+table (its LLM table, and what each model cannot produce, and why) on
 stderr.
 """
 
@@ -34,6 +37,8 @@ def traffic(server: TritonServer, stop: threading.Event) -> None:
         server.infer("slow", x)
         server.infer("text", text)
         server.infer("fails", bad if n % 2 else x)  # every other request raises in the model: a counted failure
+        server.infer("classify", x)  # not decoupled: its first-response histogram is its request latency
+        server.request("POST", "/v2/models/stream/generate_stream", {"text_input": "the first token"})  # streamed
         n += 1
         time.sleep(0.05)
 

@@ -29,6 +29,8 @@ from pathlib import Path
 MODELS_DIR = Path(__file__).parent / "models"
 LLM_MODELS = ("tensorrt_llm", "vllm_model")
 """Sample models that publish LLM backends' metric families (demo/llm.py sends them requests)."""
+FIRST_RESPONSE_MODELS = ("classify", "stream")
+"""Sample models that publish Triton 26.01's first-response histogram themselves (the 2.51 binary does not)."""
 
 
 class TritonUnavailable(RuntimeError):
@@ -73,8 +75,10 @@ def server_env() -> dict[str, str]:
 
 
 def sample_models(llm: bool = True) -> list[str]:
-    """The sample models' names (every folder in demo/models), with or without the LLM ones."""
-    return sorted(d.name for d in MODELS_DIR.iterdir() if d.is_dir() and (llm or d.name not in LLM_MODELS))
+    """The sample models' names (every folder in demo/models), with or without the LLM ones (and the
+    first-response stand-ins, which go with them)."""
+    extra = (*LLM_MODELS, *FIRST_RESPONSE_MODELS)
+    return sorted(d.name for d in MODELS_DIR.iterdir() if d.is_dir() and (llm or d.name not in extra))
 
 
 def copy_models(names: list[str] | None, dest: Path, src: Path = MODELS_DIR) -> Path:

@@ -99,6 +99,8 @@ def _concerns(family: Family, inp: Input, config: ModelConfig) -> bool:
     backend = LLM_BACKENDS.get(family.requires)
     if config.llm_api and family.requires == "tensorrt_llm":
         return True  # the metrics its users look for, and why they never come
+    if family.requires == "response_cache" and not config.response_cache:
+        return False  # a per-model opt-in this model did not take: nothing is missing
     if backend is not None and config.backend != backend:
         return False
     return inp.decoupled is None or inp.decoupled is config.decoupled

@@ -167,3 +167,11 @@ def test_the_llm_api_backend_is_recognised_and_its_missing_families_are_explaine
     # A Python model that only looks a bit alike is not taken for it, and keeps its silence on TensorRT-LLM.
     other = parse_config(orjson.dumps({**config_api, "input": [{"name": "text_input"}]}))
     assert not other.llm_api and "KvCacheUtilization" not in reasons(other, CORE, (26, 1))
+
+
+def test_cache_metrics_concern_only_models_with_the_response_cache_on():
+    """The response cache is a per-model opt-in: a model without it misses nothing (the demo listed CacheHits
+    for every model before)."""
+    assert not {"CacheHits", "CacheMisses", "CacheHitRate"} & set(reasons(PLAIN, CORE, (26, 1)))
+    cached = ModelConfig(decoupled=False, response_cache=True)
+    assert {"CacheHits", "CacheMisses", "CacheHitRate"} <= set(reasons(cached, CORE, (26, 1)))
