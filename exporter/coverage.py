@@ -131,6 +131,9 @@ def _reason(family: Family, inp: Input, config: ModelConfig, release: tuple[int,
         return "counter_latencies is off (--metrics-config counter_latencies=false)"
     if flag in TRITON_FLAGS:
         return f"{flag} is off (--metrics-config {flag}=true turns it on)"
+    if family.since and family.requires in LLM_BACKENDS:
+        # The backend's own release is not something Triton's APIs tell: say which one publishes it.
+        return f"no {family.name} from this model's backend: it is published from {family.since}"
     return f"Triton prints no {family.name} for this model"
 
 

@@ -175,3 +175,13 @@ def test_cache_metrics_concern_only_models_with_the_response_cache_on():
     assert not {"CacheHits", "CacheMisses", "CacheHitRate"} & set(reasons(PLAIN, CORE, (26, 1)))
     cached = ModelConfig(decoupled=False, response_cache=True)
     assert {"CacheHits", "CacheMisses", "CacheHitRate"} <= set(reasons(cached, CORE, (26, 1)))
+
+
+def test_a_backend_family_missing_where_the_backend_is_on_names_the_backend_release_that_publishes_it():
+    """vLLM with REPORT_CUSTOM_METRICS on, but no e2e histogram: an older backend (r24.08) is the likely cause."""
+    on = ModelConfig(decoupled=True, backend="vllm", parameters=(("REPORT_CUSTOM_METRICS", "true"),))
+    why = reasons(on, CORE, (26, 1))
+    e2e = next(m.name for m in CATALOG.metrics if any(i.family == "vllm:e2e_request_latency_seconds" for i in m.inputs))
+    assert why[e2e] == (
+        "no vllm:e2e_request_latency_seconds from this model's backend: it is published from vLLM backend r24.09"
+    )
