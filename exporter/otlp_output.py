@@ -248,15 +248,8 @@ class OtlpMetricsOutput:
         for exporter in self.exporters:
             s = exporter.stats()
             output = str(exporter.endpoint)
-            out.add(SENT, LabelSet.of(output=output), float(s.sent - s.rejected_partial))
-            drops = {
-                "labels": labels_dropped,
-                "buffer_full": s.dropped_buffer_full,
-                "oversize": s.dropped_oversize,
-                "rejected": s.dropped_rejected_http,
-                "failed": s.dropped_undelivered,
-                "partial": s.rejected_partial,
-            }
+            out.add(SENT, LabelSet.of(output=output), float(s.delivered))
+            drops = {"labels": labels_dropped, **s.dropped_by_reason()}
             for reason, n in drops.items():
                 out.add(DROPPED, LabelSet.of(output=output, reason=reason), float(n))
         return out

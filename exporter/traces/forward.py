@@ -33,14 +33,7 @@ class SpanForwarder:
 
     def counters(self) -> Mapping[str, int]:
         s = self.exporter.stats()
-        return {
-            "exported": s.sent - s.rejected_partial,
-            "buffer_full": s.dropped_buffer_full,
-            "oversize": s.dropped_oversize,
-            "rejected": s.dropped_rejected_http,
-            "failed": s.dropped_undelivered,
-            "partial": s.rejected_partial,
-        }
+        return {"exported": s.delivered, **s.dropped_by_reason()}
 
     def close(self, timeout: float) -> None:
         self.exporter.close(timeout)

@@ -74,6 +74,21 @@ class ExportStats:
     requests_sent: int = 0  # requests answered 200
     bytes_sent: int = 0  # their bodies, as sent (compressed)
 
+    @property
+    def delivered(self) -> int:
+        """Items the endpoint kept: sent, less what a 200 answer rejected."""
+        return self.sent - self.rejected_partial
+
+    def dropped_by_reason(self) -> dict[str, int]:
+        """Every item lost, by the reason the outputs' own metrics name (docs/tracing.md, docs/otlp.md)."""
+        return {
+            "buffer_full": self.dropped_buffer_full,
+            "oversize": self.dropped_oversize,
+            "rejected": self.dropped_rejected_http,
+            "failed": self.dropped_undelivered,
+            "partial": self.rejected_partial,
+        }
+
 
 @dataclass(eq=False)
 class Entry:
