@@ -23,6 +23,7 @@ import pytest
 from demo.triton import TritonServer, copy_models, sample_models
 
 from .support.helpers import ECS_TASK
+from .support.otlp_endpoint import ACCESS_KEY, SECRET_KEY, OtlpEndpoint
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -80,3 +81,19 @@ def metadata_server():
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/v4/abc", hits
     server.shutdown()
+
+
+@pytest.fixture
+def signed_otlp_endpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpEndpoint]:
+    """A local HTTPS OTLP endpoint that checks SigV4 (us-west-2), with the environment the exporter signs with:
+    its test credentials, its CA as AWS_CA_BUNDLE, its region."""
+    endpoint = OtlpEndpoint(tmp_path, region="us-west-2")
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_CA_BUNDLE": str(endpoint.ca_bundle),
+        "AWS_REGION": "us-west-2",
+    }.items():
+        monkeypatch.setenv(name, value)
+    yield endpoint
+    endpoint.close()

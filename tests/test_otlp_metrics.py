@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -91,18 +91,9 @@ def wait_for(check: Callable[[], object], timeout: float = 30.0) -> None:  # gen
 
 
 @pytest.fixture
-def cloudwatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpEndpoint]:
+def cloudwatch(signed_otlp_endpoint: OtlpEndpoint) -> OtlpEndpoint:
     """A local HTTPS stand-in for CloudWatch's OTLP endpoint that checks SigV4 (service monitoring)."""
-    endpoint = OtlpEndpoint(tmp_path, region="us-west-2")
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_CA_BUNDLE": str(endpoint.ca_bundle),
-        "AWS_REGION": "us-west-2",
-    }.items():
-        monkeypatch.setenv(name, value)
-    yield endpoint
-    endpoint.close()
+    return signed_otlp_endpoint
 
 
 def output_to(endpoint: OtlpEndpoint, catalog=CATALOG, options: ExportOptions = FAST) -> OtlpMetricsOutput:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
@@ -12,7 +11,7 @@ from demo.triton import free_port
 from telemetry.otlp.endpoint import parse_endpoint
 
 from .support.helpers import ECS_TASK, documents, model_doc, pipeline_for, task_doc
-from .support.otlp_endpoint import ACCESS_KEY, SECRET_KEY, OtlpEndpoint
+from .support.otlp_endpoint import OtlpEndpoint
 
 pytestmark = pytest.mark.triton
 
@@ -40,18 +39,9 @@ def wait_for_spans(pipe, at_least: int, timeout: float = 20.0) -> None:
 
 
 @pytest.fixture
-def xray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def xray(signed_otlp_endpoint: OtlpEndpoint) -> OtlpEndpoint:
     """A local HTTPS stand-in for X-Ray's OTLP endpoint that checks SigV4 with known test credentials."""
-    endpoint = OtlpEndpoint(tmp_path, region="us-west-2")
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_CA_BUNDLE": str(endpoint.ca_bundle),
-        "AWS_REGION": "us-west-2",
-    }.items():
-        monkeypatch.setenv(name, value)
-    yield endpoint
-    endpoint.close()
+    return signed_otlp_endpoint
 
 
 def test_phases_and_slowest_traces_from_a_real_triton_land_in_the_models_event(
