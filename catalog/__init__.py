@@ -116,6 +116,27 @@ class Catalog:
                     out.update(_samples_read(m, i))
         return frozenset(out)
 
+    def sample_selects(self, source: str = "triton") -> dict[str, tuple[str, frozenset[str]]]:
+        """Wanted samples of which only some values of one label are read: sample -> (label, values).
+
+        Every reader of ``nv_inference_request_summary_us`` selects one ``quantile`` (0.5, 0.95, 0.99), so the
+        other two quantiles Triton prints need not be kept: at 1000 models that is 2,000 series per summary
+        the parser neither stores nor interns labels for (bench/bench_pipeline.py). A sample that any metric
+        reads whole, or through two different labels, is not listed.
+        """
+        found: dict[str, set[tuple[str, str] | None]] = {}
+        for m in self.computed:
+            for i in m.all_inputs():
+                if self.families[i.family].source == source:
+                    for sample in _samples_read(m, i):
+                        found.setdefault(sample, set()).add(i.where)
+        out: dict[str, tuple[str, frozenset[str]]] = {}
+        for sample, wheres in found.items():
+            labels = {w[0] for w in wheres if w is not None}
+            if None not in wheres and len(labels) == 1:
+                out[sample] = (labels.pop(), frozenset(w[1] for w in wheres if w is not None))
+        return out
+
     def counter_samples(self) -> frozenset[str]:
         """Samples whose values are cumulative and go through the delta state."""
         out: set[str] = set()

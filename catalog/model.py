@@ -7,6 +7,7 @@ and answers the questions the rest of the exporter asks of it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -71,6 +72,9 @@ class Combine(StrEnum):
 FAMILY_TYPES = ("counter", "gauge", "summary", "histogram", "untyped")
 
 
+_TRITON_RELEASE = re.compile(r"Triton (\d{2})\.(\d{2})")
+
+
 @dataclass(frozen=True)
 class Family:
     """A family a source serves: its Prometheus type and the labels it carries.
@@ -90,6 +94,21 @@ class Family:
     help: str = ""
     requires: str = ""  # what must be on for Triton to serve it (a Triton flag, a backend); cost reads it
     since: str = ""  # the first releases that publish it ("Triton 24.11", "vLLM backend r24.09"); docs' version table
+
+    def triton_release(self, decoupled: bool) -> tuple[int, int] | None:
+        """The first Triton release that prints the family for a model of this kind, from ``since``.
+
+        ``since`` is read as clauses separated by ``;``; a clause's ``Triton YY.MM`` applies to every model,
+        or only to decoupled ones when the clause says ``(decoupled models)``. The earliest applicable one
+        wins: "Triton 24.11 (decoupled models); Triton 26.01 (every model)" is 24.11 for a decoupled model
+        and 26.01 for the others. None when ``since`` names no Triton release (a backend's own).
+        """
+        found = []
+        for clause in self.since.split(";"):
+            m = _TRITON_RELEASE.search(clause)
+            if m is not None and (decoupled or "(decoupled models)" not in clause):
+                found.append((int(m.group(1)), int(m.group(2))))
+        return min(found, default=None)
 
     def samples(self) -> tuple[str, ...]:
         """The sample names this family prints."""

@@ -58,11 +58,14 @@ def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
     from .sources.promtext import Parser
     from .sources.triton import TritonIndexSource, TritonMetricsSource
 
+    # The OTLP output sends every series of the families it reads (all five quantiles of a summary); EMF alone
+    # needs only the label values the catalog selects, and the parser skips the rest.
+    selects = {} if settings.otlp_outputs else catalog.sample_selects()
     # One session per source: the pipeline reads sources concurrently.
     sources: list[Source] = [
         TritonMetricsSource(
             settings.metrics_url,
-            Parser(catalog.wanted_samples()),
+            Parser(catalog.wanted_samples(), selects=selects),
             settings.connect_timeout,
             settings.max_body_bytes,
             make_session(),

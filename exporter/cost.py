@@ -62,6 +62,7 @@ class Deployment:
     gpus: int = 1  # per task; the gpu dimension is the index, so tasks share these metrics
     tasks: int = 1
     nvml: bool = True  # NVML source on (EXPORTER_NVML=on in deploy/)
+    counter_latencies: bool = True  # Triton's cumulative *_duration_us counters (on unless counter_latencies=false)
     summaries: bool = True  # --metrics-config summary_latencies=true (deploy/ sets it)
     histograms: bool = False  # --metrics-config histogram_latencies=true
     load_duration: bool = True  # nv_model_load_duration_secs, Triton 24.11+
@@ -80,6 +81,7 @@ class Deployment:
 
     def features(self) -> set[str]:
         on = {
+            "counter_latencies": self.counter_latencies,
             "summary_latencies": self.summaries,
             "histogram_latencies": self.histograms,
             "load_duration": self.load_duration,

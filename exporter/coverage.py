@@ -9,10 +9,14 @@ gives nothing for, each with the reason, from what the exporter knows:
   (an input marked ``decoupled``), ``REPORT_CUSTOM_METRICS`` (the vLLM
   backend publishes nothing without it), the response cache (Triton then
   creates no request summary);
-- Triton's version against the release a family needs (its ``since``;
-  the first-response histogram of a model that is not decoupled: 26.01);
+- Triton's version against the release a family needs (its ``since``, read by
+  ``Family.triton_release``: the first-response histogram is 24.11 for a
+  decoupled model and 26.01 for the others);
 - the family's ``requires``: a ``--metrics-config`` flag that is off
   (``counter_latencies``, ``summary_latencies``, ``histogram_latencies``).
+
+Every family-specific fact comes from the catalog; this module knows Triton's
+flags and its version numbering only.
 
 A metric none of whose inputs concern the model (a vLLM metric on an image
 model, time to first token on a model that is not decoupled) is not named.
@@ -34,15 +38,7 @@ from .sources.promtext import LabelSet, Series
 
 log = get("coverage")
 
-FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
-FIRST_RESPONSE_EVERY_MODEL = (26, 1)  # before 26.01 Triton printed it for decoupled models only
-FIRST_RESPONSE_DECOUPLED = (24, 11)
-TRITON_FLAGS = ("counter_latencies", "summary_latencies", "histogram_latencies")
-# Triton's cumulative duration counters, which --metrics-config counter_latencies=false removes (on by default, so
-# their families carry no `requires` and `cost` counts them everywhere)
-COUNTER_LATENCIES = frozenset(
-    f"nv_inference_{x}_duration_us" for x in ("request", "queue", "compute_input", "compute_infer", "compute_output")
-)
+TRITON_FLAGS = ("counter_latencies", "summary_latencies", "histogram_latencies")  # --metrics-config flags
 ANCHOR = ((2, 51), (24, 10))  # server version 2.51 is release 24.10 (seen); one release a month
 LLM_BACKENDS = {"vllm": "vllm", "tensorrt_llm": "tensorrtllm"}  # a family's requires -> the config's backend
 
@@ -78,12 +74,6 @@ def release_of(server_version: str) -> tuple[int, int] | None:
     return (months // 12, months % 12 + 1)
 
 
-def since_release(since: str) -> tuple[int, int] | None:
-    """The Triton release a family's ``since`` names (``Triton 24.11``, ``... (Triton 25.04)``), if any."""
-    m = re.search(r"Triton (\d{2})\.(\d{2})", since)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def _shown(release: tuple[int, int]) -> str:
     return f"{release[0]:02d}.{release[1]:02d}"
 
@@ -114,19 +104,15 @@ def _reason(family: Family, inp: Input, config: ModelConfig, release: tuple[int,
         )
     if family.requires == "vllm" and (config.parameter("REPORT_CUSTOM_METRICS") or "").lower() != "true":
         return "the vLLM backend publishes its metrics only with REPORT_CUSTOM_METRICS=true in the model's parameters"
-    needs = since_release(family.since)
-    if family.name == FIRST_RESPONSE:
-        needs = FIRST_RESPONSE_DECOUPLED if config.decoupled else FIRST_RESPONSE_EVERY_MODEL
+    needs = family.triton_release(config.decoupled)
     if needs is not None and release is not None and release < needs:
-        kind = (
-            ""
-            if family.name != FIRST_RESPONSE
-            else (" of a decoupled model" if config.decoupled else " of a model that is not decoupled")
-        )
+        kind = ""
+        if needs != family.triton_release(not config.decoupled):  # the release depends on the kind of model
+            kind = " of a decoupled model" if config.decoupled else " of a model that is not decoupled"
         return f"Triton {_shown(release)} is too old: {family.name}{kind} needs {_shown(needs)}+"
     if family.requires == "summary_latencies" and config.response_cache:
         return "response cache on: Triton creates no request summary for the model"
-    flag = "counter_latencies" if family.name in COUNTER_LATENCIES else family.requires
+    flag = family.requires
     if flag == "counter_latencies":  # on by default: someone turned it off
         return "counter_latencies is off (--metrics-config counter_latencies=false)"
     if flag in TRITON_FLAGS:

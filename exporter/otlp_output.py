@@ -39,7 +39,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from catalog import Catalog, Family, Kind, Scope
-from catalog.otlp import own_name
+from catalog.otlp import DECOUPLED, by_kind, own_name
 from catalog.otlp import snake as snake  # the tests' name for it
 from telemetry.logs import Conditions, get
 from telemetry.otlp.endpoint import Endpoint
@@ -49,6 +49,7 @@ from telemetry.otlp.signals import METRICS
 
 from . import __version__
 from .pipeline import Scrape
+from .sources import ModelConfig
 from .sources.promtext import EMPTY, Exposition, LabelSet, Series
 from .traces.context import ecs_resource
 
@@ -68,10 +69,13 @@ class _Plan:
 
     families: tuple[Family, ...]
     own: tuple[tuple[str, Scope, str], ...]
+    by_kind: frozenset[str] = frozenset()  # families some input reads for decoupled models only, or the others only
 
 
 def plan(catalog: Catalog) -> _Plan:
-    """The families some selected metric reads, and the selected ``self``/``state`` metrics."""
+    """The families some selected metric reads, the selected ``self``/``state`` metrics, and the families whose
+    meaning depends on the model being decoupled (Triton's first-response histogram: time to first token, or
+    the whole request)."""
     families: dict[str, Family] = {}
     own = []
     for m in catalog.metrics:
@@ -79,7 +83,7 @@ def plan(catalog: Catalog) -> _Plan:
             own.append((m.name, m.scope, own_name(m.name)))
         for i in m.all_inputs():
             families.setdefault(i.family, catalog.families[i.family])
-    return _Plan(tuple(families.values()), tuple(own))
+    return _Plan(tuple(families.values()), tuple(own), by_kind(catalog))
 
 
 @dataclass
@@ -114,8 +118,10 @@ class OtlpMetricsOutput:
         self._resource_props: dict[str, object] | None = None
         self._resource = Resource()
         self._resource_count = 0
-        self._histograms: dict[str, tuple[str, float]] = {}  # bucket series key -> (series key without le, bound)
+        # bucket series key (+ the model's kind, for the by_kind families) -> (series key without le, bound)
+        self._histograms: dict[str, tuple[str, float]] = {}
         self._groups: dict[str, LabelSet] = {}  # series key without le -> its LabelSet
+        self._sum_key: dict[str, str] = {}  # a group with the decoupled label -> its _sum sample's series key
         self._own_labels: dict[str, LabelSet] = {}
         self.inconsistent = 0
         self.last_encode_ms = 0.0
@@ -143,7 +149,8 @@ class OtlpMetricsOutput:
             if kind == "histogram":
                 buckets = samples.get(f"{name}_bucket")
                 if buckets:
-                    self._histogram(name, fam.help, buckets, samples.get(f"{name}_sum", {}), labels)
+                    configs = scrape.configs if name in self.plan.by_kind else None
+                    self._histogram(name, fam.help, buckets, samples.get(f"{name}_sum", {}), labels, configs)
                 else:  # read for its _sum/_count alone: sent as what /metrics calls them
                     for suffix in ("_sum", "_count"):
                         if f"{name}{suffix}" in samples:
@@ -164,13 +171,27 @@ class OtlpMetricsOutput:
         self.last_encode_ms = (time.perf_counter() - started) * 1000.0
         return items
 
-    def _histogram(self, name: str, help: str, buckets: Series, sums: Series, labels: Mapping[str, LabelSet]) -> None:
+    def _histogram(
+        self,
+        name: str,
+        help: str,
+        buckets: Series,
+        sums: Series,
+        labels: Mapping[str, LabelSet],
+        configs: Mapping[str, ModelConfig] | None,
+    ) -> None:
+        """One family's histogram points. With ``configs`` (a by_kind family) each point also carries
+        ``decoupled="true"|"false"`` from its model's configuration, so a PromQL query can take time to first
+        token from decoupled models only; a version whose configuration is not read yet is sent without it."""
         known = self._histograms
         groups: dict[str, list[tuple[float, float]]] = {}
         for key, value in buckets.items():
-            where = known.get(key)
+            kind = ""
+            if configs is not None and (config := configs.get(labels[key].entity_key)) is not None:
+                kind = "true" if config.decoupled else "false"
+            where = known.get(key + kind)
             if where is None:
-                where = known[key] = self._bucket_of(labels[key])
+                where = known[key + kind] = self._bucket_of(labels[key], kind)
             group, bound = where
             groups.setdefault(group, []).append((bound, value))
         points = []
@@ -179,14 +200,19 @@ class OtlpMetricsOutput:
             if pairs[-1][0] != float("inf"):  # no +Inf bucket: no count, nothing guessed
                 self.inconsistent += 1
                 continue
-            points.append(HistogramPoint(group, [b for b, _ in pairs[:-1]], [c for _, c in pairs], sums.get(group)))
+            total = sums.get(self._sum_key.get(group, group))
+            points.append(HistogramPoint(group, [b for b, _ in pairs[:-1]], [c for _, c in pairs], total))
         self.inconsistent += self.encoder.histogram(name, points, lambda k: self._groups[k].labels, help)
         if len(known) > 100_000:  # series churn must not grow it for ever
             known.clear()
 
-    def _bucket_of(self, ls: LabelSet) -> tuple[str, float]:
+    def _bucket_of(self, ls: LabelSet, kind: str) -> tuple[str, float]:
         pairs = tuple(sorted((k, v) for k, v in ls.labels.items() if k != "le"))
         group = LabelSet(pairs)
+        if kind:
+            base = group.key  # the _sum sample's series key
+            group = LabelSet(tuple(sorted((*(p for p in pairs if p[0] != DECOUPLED), (DECOUPLED, kind)))))
+            self._sum_key[group.key] = base
         self._groups.setdefault(group.key, group)
         try:
             bound = float(ls.labels.get("le", "nan"))

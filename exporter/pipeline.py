@@ -26,7 +26,7 @@ from .config import Settings
 from .coverage import Coverage, ModelCoverage
 from .gpus import GpuIndex, gpu_samples, gpu_uuids, keep_tritons_gpus
 from .selfmetrics import Bookkeeping, SourceStatus, exporter_values, index_values
-from .sources import Collected, GpuInfo, Source, SourceError, SourceKind, VersionState
+from .sources import Collected, GpuInfo, ModelConfig, Source, SourceError, SourceKind, VersionState
 from .sources.promtext import Exposition, LabelSet, Series, model_key
 from .state import DeltaState
 from .transform import Column, Result, Transform
@@ -44,6 +44,7 @@ class Scrape:
     index_keys: Mapping[str, VersionState]
     properties: Mapping[str, object]
     timestamp_ms: int
+    configs: Mapping[str, ModelConfig] = field(default_factory=dict)  # READY versions' configurations by entity key
 
 
 class ScrapeOutput(Protocol):
@@ -277,7 +278,7 @@ class Pipeline:
         entities = self._events(result, exp.labels, index_keys, got.gpus, triton_gpus, got.properties, got.models)
         events = self._encode(entities, timestamp_ms)
         if self.outputs:
-            scrape = Scrape(capped.samples, exp.labels, given, index_keys, got.properties, timestamp_ms)
+            scrape = Scrape(capped.samples, exp.labels, given, index_keys, got.properties, timestamp_ms, got.configs)
             for output in self.outputs:
                 try:
                     output.export(scrape)

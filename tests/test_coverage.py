@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from catalog import Catalog
+from catalog import Catalog, Family, build
 from catalog.load import read
-from exporter.coverage import Coverage, gaps, release_of, since_release
+from exporter.coverage import Coverage, gaps, release_of
 from exporter.sources import ModelConfig
 from exporter.sources.promtext import LabelSet, model_key
 
@@ -44,10 +44,42 @@ def test_unknown_versions_give_no_release():
     assert release_of("") is None and release_of("3.0.0") is None and release_of("dev") is None
 
 
-def test_since_names_a_triton_release():
-    assert since_release("Triton 24.11") == (24, 11)
-    assert since_release("TensorRT-LLM backend v0.18 (Triton 25.04)") == (25, 4)
-    assert since_release("") is None and since_release("vLLM backend r24.08") is None
+def test_since_names_a_triton_release_per_kind_of_model():
+    def release(since: str, decoupled: bool) -> tuple[int, int] | None:
+        return Family("f", "gauge", since=since).triton_release(decoupled)
+
+    assert release("Triton 24.11", False) == release("Triton 24.11", True) == (24, 11)
+    assert release("TensorRT-LLM backend v0.18 (Triton 25.04)", False) == (25, 4)
+    assert release("", True) is None and release("vLLM backend r24.08", True) is None
+    both = "Triton 24.11 (decoupled models); Triton 26.01 (every model)"
+    assert (release(both, True), release(both, False)) == ((24, 11), (26, 1))
+    assert release("Triton 24.11 (decoupled models)", False) is None
+
+
+def test_the_first_response_releases_come_from_the_catalog(tmp_path):
+    # The coverage's releases are the family's `since`: a user file that moves it moves the reason.
+    first = CATALOG.families["nv_inference_first_response_histogram_ms"]
+    assert (first.triton_release(True), first.triton_release(False)) == ((24, 11), (26, 1))
+    user = tmp_path / "moved.toml"
+    user.write_text(
+        "[families]\n"
+        'nv_inference_first_response_histogram_ms = { type = "histogram", labels = ["model", "version"], '
+        'requires = "histogram_latencies", since = "Triton 25.02 (decoupled models); Triton 26.03 (every model)", '
+        "override = true }\n"
+    )
+    catalog = build([user])
+    assert "needs 25.02+" in reasons(STREAM, CORE, (24, 12), catalog)["TimeToFirstToken"]
+    assert "needs 26.03+" in reasons(PLAIN, CORE, (26, 1), catalog)["RequestLatency"]
+
+
+def test_counter_latencies_is_the_families_requires():
+    # Which families --metrics-config counter_latencies=false removes is said by the catalog, not by coverage.
+    durations = {f for f, fam in CATALOG.families.items() if fam.requires == "counter_latencies"}
+    assert "nv_inference_request_duration_us" in durations and len(durations) == 5
+    assert (
+        "counter_latencies is off"
+        in reasons(PLAIN, CORE - {"nv_inference_request_duration_us"}, (24, 10))["RequestLatencyAvg"]
+    )
 
 
 def reasons(config: ModelConfig, present: set[str], release: tuple[int, int] | None, catalog: Catalog = CATALOG):

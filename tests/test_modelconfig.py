@@ -34,6 +34,14 @@ def test_parse_config_reads_decoupled_backend_parameters_and_cache():
         parse_config(b"[]")
 
 
+def test_alike_configurations_are_one_object():
+    """1000 versions configured alike hold one configuration, not 1000 (the sidecar keeps every READY one)."""
+    a = parse_config(b'{"name": "a", "backend": "python", "input": [{"name": "x"}]}')
+    b = parse_config(b'{"name": "b", "backend": "python", "input": [{"name": "y"}]}')
+    assert a is b
+    assert parse_config(b'{"name": "c", "backend": "onnxruntime"}') is not a
+
+
 @pytest.fixture
 def slow_triton() -> Iterator[str]:
     """An index that answers in 0.9 s, configurations that never answer in time."""

@@ -31,6 +31,7 @@ from telemetry.otlp.sigv4 import Signer
 
 from .support.helpers import CATALOG, IndexSource, TextSource, documents, task_doc
 from .support.otlp_endpoint import ACCESS_KEY, SECRET_KEY, OtlpEndpoint, Reply
+from .support.otlp_recording import Recording
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ExportOptions(linger=0.0, backoff_start=0.05, backoff_max=0.2, connect_timeout=1.0, timeout=5.0)
@@ -106,7 +107,7 @@ def output_to(endpoint: OtlpEndpoint, catalog=CATALOG, options: ExportOptions = 
 
 def fixture_pipeline(out: OtlpMetricsOutput, *texts: str, clock=None) -> Pipeline:
     settings = Settings(nvml="off", timeout=1.0)
-    sources = [TextSource(*texts), IndexSource(INDEX)]
+    sources = [TextSource(*texts, selects=False), IndexSource(INDEX)]
     kwargs = {"clock": clock} if clock else {}
     return Pipeline(settings, CATALOG, sources, outputs=[out], **kwargs)
 
@@ -200,6 +201,46 @@ def test_histograms_keep_the_bounds_and_become_per_bucket_counts() -> None:
     assert bad == 1 and m.histogram.aggregation_temporality == 2
     assert list(p.explicit_bounds) == [100, 500, 2000] and list(p.bucket_counts) == [1, 1, 1, 1]
     assert (p.count, p.sum, attrs(p)) == (4, 1200.0, {"model": "m"})
+
+
+def test_the_first_response_histogram_says_whether_its_model_is_decoupled() -> None:
+    """Time to first token is the first-response histogram of decoupled models only (Triton 26.01 publishes it
+    for every model): the points carry decoupled="true"|"false" from the model's configuration, which the
+    PromQL TTFT alarm selects on; a version whose configuration is not read yet is sent without it."""
+
+    def histogram(model: str, total: float) -> str:
+        lines = [
+            f'nv_inference_first_response_histogram_ms_bucket{{model="{model}",version="1",le="{le}"}} {n}'
+            for le, n in (("100", 1), ("500", 3), ("+Inf", 4))
+        ]
+        lines.append(f'nv_inference_first_response_histogram_ms_sum{{model="{model}",version="1"}} {total}')
+        lines.append(f'nv_inference_first_response_histogram_ms_count{{model="{model}",version="1"}} 4')
+        return "\n".join(lines)
+
+    text = "# TYPE nv_inference_first_response_histogram_ms histogram\n" + "\n".join(
+        histogram(m, t) for m, t in (("chat", 700.0), ("classify", 90.0), ("unread", 5.0))
+    )
+    index = orjson.dumps([{"name": m, "version": "1", "state": "READY"} for m in ("chat", "classify", "unread")])
+    configs = {
+        "chat/1": b'{"backend": "python", "model_transaction_policy": {"decoupled": true}}',
+        "classify/1": b'{"backend": "python"}',
+    }
+    rec = Recording()
+    pipe = Pipeline(
+        Settings(nvml="off", timeout=1.0),
+        CATALOG,
+        [TextSource(text + "\n", selects=False), IndexSource(index, configs)],
+        outputs=[rec],
+    )
+    try:
+        pipe.cycle()
+    finally:
+        pipe.close(outputs_timeout=1.0)
+    (m,) = [m for m in decode(rec.items) if m.name == "nv_inference_first_response_histogram_ms"]
+    points = {attrs(p)["model"]: p for p in m.histogram.data_points}
+    assert attrs(points["chat"])["decoupled"] == "true" and attrs(points["classify"])["decoupled"] == "false"
+    assert "decoupled" not in attrs(points["unread"])  # its kind is not known yet
+    assert (points["chat"].sum, points["classify"].sum, points["chat"].count) == (700.0, 90.0, 4)
 
 
 def test_a_family_over_1000_points_is_split_into_several_metrics() -> None:
@@ -362,3 +403,22 @@ def test_daemon_with_two_outputs_sends_emf_and_otlp_from_a_real_triton(
     assert list(ttft.explicit_bounds) == bounds  # the model's own buckets, not midpoints
     assert ttft.count == 3 and sum(ttft.bucket_counts) == 3 and list(ttft.bucket_counts)[4:9] == [1, 0, 1, 0, 1]
     assert attrs(ttft)["model"] == VLLM
+
+
+def test_the_sidecar_parses_every_quantile_only_when_an_otlp_output_sends_them():
+    """EMF reads three of a summary's five quantiles and the parser skips the rest; the OTLP output sends
+    every series of the families it reads, so with one the parser keeps them all."""
+    from exporter.__main__ import build_sources
+    from exporter.config import load
+
+    def parser(*argv: str):
+        settings = load(["--nvml", "off", *argv], {})
+        sources = build_sources(settings, CATALOG)
+        try:
+            return next(s for s in sources if s.name == "triton_metrics").parser
+        finally:
+            for s in sources:
+                s.close()
+
+    assert parser().selects == CATALOG.sample_selects() != {}
+    assert parser("--output", "stdout", "--output", "otlp+http://127.0.0.1:4318/v1/metrics").selects == {}

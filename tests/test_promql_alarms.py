@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 import botocore.session
+import orjson
 import pytest
 from botocore.exceptions import ParamValidationError
 from botocore.validate import validate_parameters
@@ -26,7 +27,6 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 
 from catalog import build
 from exporter.config import Settings
-from exporter.otlp_output import OtlpMetricsOutput
 from exporter.pipeline import Pipeline
 from exporter.render import render
 from exporter.render.alarms import promql_specs
@@ -38,6 +38,7 @@ from exporter.sources.nvml import NvmlSource
 from exporter.sources.promtext import Parser
 from tests.support import nvml_fake as fk
 from tests.support.helpers import CATALOG, IndexSource, TextSource
+from tests.support.otlp_recording import Recording
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "fixtures" / "golden"
@@ -143,15 +144,10 @@ def test_an_unknown_family_or_label_stops_the_render() -> None:
 # --- the queries against what the OTLP output sends -------------------------------------------------------
 
 
-class Recording(OtlpMetricsOutput):
-    """The real output, keeping its encoded Metric messages instead of posting them."""
-
-    def __init__(self) -> None:
-        super().__init__(CATALOG, [], "triton-server", exporters=[])
-        self.items: list[tuple[bytes, int]] = []
-
-    def export(self, scrape) -> None:  # type: ignore[no-untyped-def]
-        self.items += self.encode(scrape)
+def configs(case: Path) -> dict[str, bytes]:
+    """What the model config API answered for the fixture's versions (the ``decoupled`` label comes from it)."""
+    f = case / "configs.json"
+    return {k: orjson.dumps(v) for k, v in orjson.loads(f.read_bytes()).items()} if f.exists() else {}
 
 
 def sent_series() -> dict[str, tuple[str, set[str]]]:
@@ -168,7 +164,7 @@ def sent_series() -> dict[str, tuple[str, set[str]]]:
         pipe = Pipeline(
             Settings(nvml="auto", timeout=1.0),
             CATALOG,
-            [text_source, IndexSource((d / "index.json").read_bytes()), nvml],
+            [text_source, IndexSource((d / "index.json").read_bytes(), configs(d)), nvml],
             outputs=[rec],
         )
         try:
@@ -195,7 +191,8 @@ def query_names(query: str) -> tuple[set[str], set[str], set[str]]:
     labels |= set(re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)=", query))
     bare = re.sub(r"\$\{\w+\}|\[[^\]]*\]|\b\d+(\.\d+)?\b", " ", query)  # thresholds, ranges, numbers
     names = {t for t in _TOKEN.findall(bare) if not t.startswith('"')} - FUNCTIONS - labels
-    histograms = set(re.findall(r"histogram_quantile\([0-9.]+, sum by \([^)]*\) \(rate\(([A-Za-z_:][\w:]*)\[", query))
+    quantile_of = r"histogram_quantile\([0-9.]+, sum by \([^)]*\) \(rate\(([A-Za-z_:][\w:]*)(?:\{[^}]*\})?\["
+    histograms = set(re.findall(quantile_of, query))
     return names, labels, histograms
 
 
@@ -210,7 +207,7 @@ def test_every_name_and_label_a_query_reads_is_sent_by_the_otlp_output() -> None
         for name, labels, histograms in ((n, lb, h) for names, lb, h in parts for n in names):
             assert name in series, f"{alarm}: {name} is not sent (sent: {sorted(series)})"
             kind, carried = series[name]
-            wanted = labels & {"model", "gpu_uuid", "quantile", "kv_cache_block_type", "version", "reason"}
+            wanted = labels & {"model", "gpu_uuid", "quantile", "kv_cache_block_type", "version", "reason", "decoupled"}
             assert wanted <= carried | {"le"}, f"{alarm}: {name} has labels {carried}, the query reads {wanted}"
             if name in histograms:
                 assert kind == "histogram", f"{alarm}: {name} is queried as a native histogram but sent as {kind}"

@@ -28,7 +28,9 @@ from exporter.sources.promtext import Parser
 
 EXAMPLES = int(os.environ.get("PROMTEXT_EXAMPLES", "300"))
 ROOT = Path(__file__).resolve().parent.parent
-WANTED = build([ROOT / "catalog" / "example.toml"]).wanted_samples()
+CATALOG = build([ROOT / "catalog" / "example.toml"])
+WANTED = CATALOG.wanted_samples()
+SELECTS = CATALOG.sample_selects()  # what the sidecar skips without an OTLP output (three of five quantiles)
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
 CAPTURED = (
     "real_triton",
@@ -156,7 +158,8 @@ def exposition(draw) -> str:
     return "\n".join(draw(family_text(name, kind)) for name, kind in chosen) + "\n"
 
 
-def reference(text: str) -> dict[tuple[str, frozenset], float]:
+def reference(text: str, selects: bool = False) -> dict[tuple[str, frozenset], float]:
+    """prometheus_client's samples the catalog keeps; ``selects``: only the label values a metric reads."""
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -166,6 +169,8 @@ def reference(text: str) -> dict[tuple[str, frozenset], float]:
                 # whose name already ends in _total (vllm:prompt_tokens_total) keeps it
                 name = family.name
             if name in WANTED:
+                if selects and name in SELECTS and s.labels.get(SELECTS[name][0]) not in SELECTS[name][1]:
+                    continue
                 out[(name, frozenset(s.labels.items()))] = s.value
     return out
 
@@ -192,7 +197,12 @@ def same(a: dict, b: dict) -> bool:
 
 # Shared across examples on purpose (the label cache must not leak between bodies); the C scanner
 # and the pure-Python paths are both held to the reference.
-PARSERS = {"native": Parser(WANTED), "python": Parser(WANTED, native=False)}
+PARSERS = {
+    "native": Parser(WANTED),
+    "python": Parser(WANTED, native=False),
+    "native-selects": Parser(WANTED, selects=SELECTS),
+    "python-selects": Parser(WANTED, native=False, selects=SELECTS),
+}
 
 
 def test_the_c_scanner_is_built_here():
@@ -204,7 +214,7 @@ def test_the_c_scanner_is_built_here():
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=exposition())
 def test_agrees_with_prometheus_client(path, text):
-    expected = reference(text)
+    expected = reference(text, path.endswith("selects"))
     got = ours(text, PARSERS[path])
     assert same(got, expected), (text, got, expected)
 
@@ -214,7 +224,7 @@ def test_agrees_with_prometheus_client(path, text):
 def test_agrees_with_prometheus_client_on_real_bodies(path, body):
     """Bodies the real Triton 2.51 served: core families, and the LLM sample models' vllm:* / nv_llm_* ones."""
     text = (GOLDEN / body).read_text()
-    expected = reference(text)
+    expected = reference(text, path.endswith("selects"))
     assert same(ours(text, PARSERS[path]), expected)
     names = {name for name, _ in expected}
     assert "nv_inference_request_success" in names  # not vacuous: the catalog's samples are in there
@@ -224,6 +234,46 @@ def test_agrees_with_prometheus_client_on_real_bodies(path, body):
         assert len(buckets) == 17 and {"vllm:prompt_tokens_total", "app:tool_call_seconds_sum"} <= names
     if case == "tensorrt_llm":
         assert {"nv_llm_output_token_len_bucket", "nv_llm_input_token_len_sum", "nv_trt_llm_request_metrics"} <= names
+    quantiles = {dict(k[1])["quantile"] for k in expected if k[0] == "nv_inference_request_summary_us"}
+    if case != "response_cache":  # the cache on: Triton creates no request summary
+        assert quantiles == (
+            {"0.5", "0.95", "0.99"} if path.endswith("selects") else {"0.5", "0.9", "0.95", "0.99", "0.999"}
+        )
+
+
+def test_selects_are_what_the_metrics_read():
+    """Every reader of a summary takes one quantile: the other quantiles are skipped, and their label blocks
+    never interned. A metric that reads the family whole (a user file) keeps every series."""
+    assert SELECTS["nv_inference_request_summary_us"] == ("quantile", frozenset({"0.5", "0.95", "0.99"}))
+    assert "nv_inference_request_success" not in SELECTS
+    text = (GOLDEN / "real_triton/metrics-2.txt").read_text()
+    parser = Parser(WANTED, selects=SELECTS)
+    parser.parse(text)
+    interned = {ls.labels.get("quantile") for ls in parser._interned.values()}
+    assert "0.5" in interned and "0.9" not in interned and "0.999" not in interned
+
+
+def test_a_metric_reading_the_whole_family_keeps_every_series(tmp_path):
+    user = tmp_path / "all.toml"
+    user.write_text(
+        '[[metric]]\nname = "TrtRequestsAnyType"\nscope = "model"\nunit = "Count"\nkind = "gauge"\n'
+        'inputs = ["nv_trt_llm_request_metrics"]\nhelp = "Every request_type."\n'
+    )
+    assert "nv_trt_llm_request_metrics" in SELECTS
+    selects = build([user]).sample_selects()
+    assert "nv_trt_llm_request_metrics" not in selects and "nv_inference_request_summary_us" in selects
+
+
+def test_selected_blocks_that_break_the_grammar_are_counted_on_both_paths():
+    text = (
+        "# TYPE nv_inference_request_summary_us summary\n"
+        'nv_inference_request_summary_us{model="m",version="1",quantile="0.5"} 3\n'
+        'nv_inference_request_summary_us{model="m",version="1",quantile="0.9"} 4\n'
+        'nv_inference_request_summary_us{model="m",version="1",quantile=0.99} 5\n'
+    )
+    for native in (True, False):
+        exp = Parser(WANTED, native=native, selects=SELECTS).parse(text)
+        assert exp.malformed == 1 and list(exp.samples["nv_inference_request_summary_us"].values()) == [3.0]
 
 
 @pytest.mark.parametrize(

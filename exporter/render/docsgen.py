@@ -126,11 +126,17 @@ FAMILY_KEYS_DOC = (
         "relay) or `outputs` (the exporter's own outputs: what the OTLP metrics output sent)",
     ),
     ("help", "optional text for this page"),
-    ("requires", "optional: what must be on for Triton to serve it (`summary_latencies`, `vllm`, ...); `cost` uses it"),
+    (
+        "requires",
+        "optional: what must be on for Triton to serve it (a `--metrics-config` flag such as `counter_latencies` or "
+        "`summary_latencies`, a backend such as `vllm`, ...); `cost` and the coverage line use it",
+    ),
     (
         "since",
         'optional: the first releases that publish it (`"Triton 24.11"`, `"vLLM backend r24.09"`); the version '
-        "table above lists it, and the coverage line compares its `Triton YY.MM` with the server's version",
+        "table above lists it, and the coverage line compares its `Triton YY.MM` with the server's version; clauses "
+        'separated by `;`, one saying `(decoupled models)` applies to those only (`"Triton 24.11 (decoupled models); '
+        'Triton 26.01 (every model)"`)',
     ),
     ("override", "`true` to redeclare a family an earlier file declared differently"),
 )

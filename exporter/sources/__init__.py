@@ -52,7 +52,7 @@ class GpuInfo:
     properties: dict[str, object] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     """What the exporter reads from one model version's configuration (``GET /v2/models/{m}/versions/{v}/config``).
 

@@ -96,6 +96,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             continue;
         }
         Py_DECREF(head);
+        if (key == Py_None) {
+            continue; /* a series the catalog reads no value of (an unselected quantile) */
+        }
         int seen = PyDict_Contains(out, key);
         PyObject *f = PyFloat_FromDouble(value);
         if (seen < 0 || f == NULL || PyDict_SetItem(out, key, f) < 0) {

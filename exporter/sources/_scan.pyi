@@ -1,6 +1,7 @@
 """Types of the C scanner (exporter/sources/_scan.c); see exporter/sources/promtext.py for how it is used."""
 
+# blocks: raw label block -> canonical key, or None for a series to skip
 def scan(
-    text: str, start: int, end: int, prefix: str, blocks: dict[str, str], /
+    text: str, start: int, end: int, prefix: str, blocks: dict[str, str | None], /
 ) -> tuple[dict[str, float], list[str], int] | None: ...
 def names(text: str, /) -> set[str] | None: ...

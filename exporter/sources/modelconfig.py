@@ -32,7 +32,9 @@ from .promtext import model_key
 
 MAX_READS_PER_CYCLE = 200
 RETRY_AFTER = 60.0
+MAX_DISTINCT = 10_000  # distinct configurations interned before the table starts over
 log = get("modelconfig")
+_interned: dict[ModelConfig, ModelConfig] = {}
 
 
 def parse_config(body: bytes) -> ModelConfig:
@@ -51,7 +53,7 @@ def parse_config(body: bytes) -> ModelConfig:
             if isinstance(key, str) and isinstance(text, str):
                 pairs.append((key, text))
     backend = _text(data.get("backend"))
-    return ModelConfig(
+    config = ModelConfig(
         decoupled=decoupled,
         backend=backend,
         platform=_text(data.get("platform")),
@@ -59,6 +61,10 @@ def parse_config(body: bytes) -> ModelConfig:
         parameters=tuple(sorted(pairs)),
         llm_api=backend == "python" and _is_llm_api(data),
     )
+    # Most versions read alike (the few fields kept here): one shared object each, not one per version.
+    if len(_interned) >= MAX_DISTINCT:
+        _interned.clear()
+    return _interned.setdefault(config, config)
 
 
 def _is_llm_api(data: dict[str, object]) -> bool:

@@ -23,13 +23,18 @@ How:
   interned :class:`LabelSet`.
 - A line that starts with a wanted name but breaks the grammar is skipped
   and counted (``malformed``), never guessed at.
+- ``selects`` (from ``Catalog.sample_selects``) names samples of which only
+  some values of one label are read (three of a summary's five quantiles):
+  their other series are skipped as the scanner meets them, and their label
+  blocks never interned.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 # Numbers as Go's ParseFloat reads them (Prometheus' reference parser); Triton really prints
 # "Nan" for an empty summary quantile, so NaN and Inf are case-insensitive.
@@ -192,10 +197,18 @@ class Parser:
     """
 
     def __init__(
-        self, names: Iterable[str], max_cache: int = 100_000, min_cache: int = 1_000, native: bool = True
+        self,
+        names: Iterable[str],
+        max_cache: int = 100_000,
+        min_cache: int = 1_000,
+        native: bool = True,
+        selects: Mapping[str, tuple[str, frozenset[str]]] | None = None,
     ) -> None:
         self.names = frozenset(names)
+        self.selects = dict(selects or {})  # sample -> (label, the values kept)
         self._cache: dict[str, str] = {"": EMPTY.key}  # raw label block -> canonical key
+        # Per selected sample: raw label block -> canonical key, or None for a series it skips
+        self._select_caches: dict[str, dict[str, str | None]] = {}
         self.native = native and HAVE_SCANNER
         self._interned: dict[str, LabelSet] = {EMPTY.key: EMPTY}
         self._models: set[str] = set()  # entity keys of the model versions interned
@@ -300,24 +313,26 @@ class Parser:
 
     def parse(self, text: str) -> Exposition:
         out = Exposition()
-        if len(self._cache) > self._bound:
+        if len(self._cache) > self._bound or any(len(c) > self._bound for c in self._select_caches.values()):
             # Blocks of vanished series (model churn) would otherwise stay until max_cache.
             self._cache = {"": EMPTY.key}
             self._interned = {EMPTY.key: EMPTY}
             self._models = set()
-        cache = self._cache
+            self._select_caches = {}
         for (start, end), names in self._blocks(text).items():
             for name in names:
                 if self.native and self._native(out, text, name, start, end):
                     continue
                 blocks, values = self._strict(out, text, name, start, end)
+                cache = self._heads(name)
                 for block in set(blocks).difference(cache):
-                    if self._labels(block) is None:
+                    if not self._resolve(name, block):
                         blocks, values = self._drop_bad_labels(out, name, blocks, values, block)
+                kept = [(k, v) for k, v in zip(map(cache.__getitem__, blocks), values) if k is not None]
                 series = out.samples.setdefault(name, {})
                 before = len(series)
-                series.update(zip(map(cache.__getitem__, blocks), values))
-                out.duplicates += before + len(blocks) - len(series)
+                series.update(kept)
+                out.duplicates += before + len(kept) - len(series)
         # A name with no sample (only a longer name shares its prefix, or an empty family) has no entry,
         # whichever path read it.
         out.samples = {name: series for name, series in out.samples.items() if series}
@@ -333,15 +348,16 @@ class Parser:
         grammar before they are trusted; a bad one sends the whole block to the
         strict path, which counts it.
         """
+        heads = self._heads(name)
         for _ in range(2):
-            found = _scan.scan(text, start, end, name + "{", self._cache)
+            found = _scan.scan(text, start, end, name + "{", heads)
             if found is None:
                 return False
             series, unknown, duplicates = found
             if not unknown:
                 break
             for block in unknown:
-                if self._labels(block) is None:
+                if not self._resolve(name, block):
                     return False
         else:
             return False
@@ -375,6 +391,36 @@ class Parser:
         for _ in range(len(blocks) - len(keep)):
             self._malformed(out, f"{name}{{{block}}}")
         return tuple(b for b, _ in keep), tuple(v for _, v in keep)
+
+    def _heads(self, name: str) -> dict[str, str | None]:
+        """The label-block cache that reads ``name``: the shared one, or the sample's own when it is selected."""
+        if name not in self.selects:
+            return cast("dict[str, str | None]", self._cache)  # never given None: str values only
+        return self._select_caches.setdefault(name, {})
+
+    def _resolve(self, name: str, block: str) -> bool:
+        """Put ``block`` into ``name``'s cache; False for a block that breaks the grammar."""
+        if name not in self.selects:
+            return self._labels(block) is not None
+        label, values = self.selects[name]
+        key = self._cache.get(block)
+        if key is None:
+            try:
+                wanted = dict(parse_labels(block)).get(label) in values
+            except LabelError:
+                return False
+            if not wanted:  # skipped, and its labels never interned
+                self._select_caches[name][block] = None
+                return True
+            ls = self._labels(block)
+            if ls is None:
+                return False
+            key = ls.key
+        elif self._interned[key].labels.get(label) not in values:
+            self._select_caches[name][block] = None
+            return True
+        self._select_caches[name][block] = key
+        return True
 
     def _labels(self, block: str) -> LabelSet | None:
         try:

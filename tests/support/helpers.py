@@ -73,9 +73,10 @@ class TextSource:
 
     kind = SourceKind.TRITON
 
-    def __init__(self, *texts: str) -> None:
+    def __init__(self, *texts: str, selects: bool = True) -> None:
+        """``selects``: skip the series no metric reads, as the sidecar does without an OTLP output."""
         self.texts = list(texts)
-        self.parser = Parser(CATALOG.wanted_samples())
+        self.parser = Parser(CATALOG.wanted_samples(), selects=CATALOG.sample_selects() if selects else None)
         self.calls = 0
 
     def collect(self, timeout: float) -> Collected:

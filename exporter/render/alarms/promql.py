@@ -109,10 +109,14 @@ PROMQL: tuple[PromQLAlarm, ...] = (
     PromQLAlarm(
         suffix="promql-model-ttft-p95",
         description="PromQL (OTLP): a model's time to first token p95 over all its tasks stayed above "
-        "TtftP95Milliseconds for 5 minutes (vLLM's histogram, else Triton's first-response histogram).",
+        "TtftP95Milliseconds for 5 minutes (vLLM's histogram, else Triton's first-response histogram of decoupled "
+        "models).",
         sources=(
             "histogram_quantile(0.95, sum by (model) (rate(<vllm:time_to_first_token_seconds>[5m]))) * 1000",
-            "histogram_quantile(0.95, sum by (model) (rate(<nv_inference_first_response_histogram_ms>[5m])))",
+            # decoupled="true": added by the OTLP output from the model's configuration; the same histogram of
+            # a model that is not decoupled is its whole request latency, not time to first token (Triton 26.01+)
+            "histogram_quantile(0.95, sum by (model) "
+            '(rate(<nv_inference_first_response_histogram_ms>{decoupled="true"}[5m])))',
         ),
         comparison="> ${TtftP95Milliseconds}",
         pending=300,

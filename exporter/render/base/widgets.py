@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from catalog import Catalog, Kind, Scope
-from catalog.otlp import own_name
+from catalog.otlp import DECOUPLED, by_kind, own_name
 
 from .options import MAX_LOG_GROUPS_PER_QUERY, Options
 
@@ -73,6 +73,8 @@ def sent(catalog: Catalog, name: str, labels: tuple[str, ...], optional: bool = 
     family = catalog.families.get(name)
     if family is not None:
         carried = (*family.labels, *{"histogram": ("le",), "summary": ("quantile",)}.get(family.type, ()))
+        if name in by_kind(catalog):
+            carried = (*carried, DECOUPLED)  # added from the model's configuration
         if set(labels) - set(carried):
             raise KeyError(f"{name} carries no label(s) {sorted(set(labels) - set(carried))}; it has {carried}")
         read = any(i.family == name for m in catalog.metrics for i in m.all_inputs())

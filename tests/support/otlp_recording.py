@@ -1,0 +1,17 @@
+"""The real OTLP metrics output, keeping its encoded Metric messages instead of posting them."""
+
+from __future__ import annotations
+
+from exporter.otlp_output import OtlpMetricsOutput
+from exporter.pipeline import Scrape
+
+from .helpers import CATALOG
+
+
+class Recording(OtlpMetricsOutput):
+    def __init__(self) -> None:
+        super().__init__(CATALOG, [], "triton-server", exporters=[])
+        self.items: list[tuple[bytes, int]] = []
+
+    def export(self, scrape: Scrape) -> None:
+        self.items += self.encode(scrape)
