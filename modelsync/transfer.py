@@ -349,8 +349,9 @@ class Transfer:
             progress = _Progress(self.parts, done=set(kept))
             self.resumed_parts = len(kept)
             self.resumed_bytes = sum(self._range(n)[1] - self._range(n)[0] for n in kept)
+            end_of_journal = [joff]  # one for all workers, moved under the journal's lock
             workers = [
-                threading.Thread(target=self._worker, args=(fd, jfd, [joff], progress), daemon=True)
+                threading.Thread(target=self._worker, args=(fd, jfd, end_of_journal, progress), daemon=True)
                 for _ in range(min(self.config.connections, self.parts - len(kept)))
             ]
             for w in workers:

@@ -328,6 +328,11 @@ class FaultFileSystem(LocalFileSystem):
         super().replace(src, dst)
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client gone mid-answer (the point of a cut or a killed daemon): no traceback on stderr."""
+
+
 class TruncatingProxy:
     """An HTTP proxy in front of moto that logs every request and injects faults into GETs of chosen keys.
 
@@ -335,8 +340,8 @@ class TruncatingProxy:
     Content-Length included, as moto sent them; then the connection closes
     early, the way a reset looks to the client). ``corrupt``: one byte of
     the body flipped (same length). ``fail``: that many GETs of any key
-    answered 503 first. ``hold_after``: GETs past that many wait until
-    :meth:`release` (a transfer frozen mid-way, for a crash).
+    answered 503 first. ``hold``: GETs of those keys past the first
+    ``hold_after`` wait until :meth:`release` (a transfer frozen mid-way, for a crash).
     ``log``: (method, key path, Range header, status, body bytes sent).
     """
 
@@ -347,6 +352,7 @@ class TruncatingProxy:
         self.corrupt: set[str] = set()
         self.cuts = 0
         self.fail = 0
+        self.hold: set[str] = set()
         self.hold_after: int | None = None
         self.held = 0
         self.log: list[tuple[str, str, str, int, int]] = []
@@ -366,7 +372,7 @@ class TruncatingProxy:
                 body = self.rfile.read(length) if length else None
                 path = self.path.split("?")[0]
                 ranged = self.headers.get("Range") or ""
-                if self.command == "GET" and proxy.hold_after is not None:
+                if self.command == "GET" and proxy.hold_after is not None and any(k in path for k in proxy.hold):
                     with proxy._count:
                         proxy._served += 1
                         hold = proxy._served > proxy.hold_after
@@ -410,7 +416,7 @@ class TruncatingProxy:
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
