@@ -71,6 +71,7 @@ from .fsio import CHUNK, FileSystem, fsync_dir, raise_disk_full
 
 PARTIAL = "partial-"
 JOURNAL = ".journal"
+JOURNAL_SYNC = 0.5  # seconds: the journal is fsync'd at most this often (a power cut costs a re-download)
 STALE_AFTER = 24 * 3600.0  # seconds: an untouched partial download older than this is not resumed
 MiB = 1024 * 1024
 
@@ -200,7 +201,6 @@ class Transfer:
         self.peak_buffered = 0
         self.requests = 0
         self._lock = threading.Condition()
-        self._journal_lock = threading.Lock()
         self._stop = threading.Event()
 
     def _range(self, n: int) -> tuple[int, int]:
@@ -210,7 +210,8 @@ class Transfer:
     # --- one GET ----------------------------------------------------------------------------
 
     def _get(self, fd: int, n: int | None, digest: Any, progress: _Progress) -> int:
-        """GET part ``n`` (None: the whole object) and write it at its offset; returns bytes written."""
+        """GET part ``n`` (None: the whole object) and write it at its offset, feeding ``digest`` if one is
+        given; returns the bytes written."""
         src = self.source
         start, end = (0, src.size) if n is None else self._range(n)
         kwargs: dict[str, Any] = dict(src.pin)
@@ -245,7 +246,8 @@ class Transfer:
                     progress.peak_buffered = max(progress.peak_buffered, progress.buffered)
                 try:
                     self._write(fd, chunk, offset)
-                    digest.update(chunk)
+                    if digest is not None:
+                        digest.update(chunk)
                 finally:
                     with self._lock:
                         progress.buffered -= len(chunk)
@@ -341,23 +343,22 @@ class Transfer:
 
     def _multi(self, partial: Path, journal: Path) -> tuple[str, int]:
         self._forget_other_versions(partial)
-        kept = self._verified_parts(partial, journal)
+        kept, digest, lines = self._verified_prefix(partial, journal)
         fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
         jfd = -1
         try:
-            jfd, joff = self._open_journal(journal, kept)
-            progress = _Progress(self.parts, done=set(kept))
-            self.resumed_parts = len(kept)
-            self.resumed_bytes = sum(self._range(n)[1] - self._range(n)[0] for n in kept)
-            end_of_journal = [joff]  # one for all workers, moved under the journal's lock
+            jfd, joff = self._open_journal(journal, lines)
+            progress = _Progress(self.parts, done=set(range(kept)))
+            self.resumed_parts = kept
+            self.resumed_bytes = self._range(kept - 1)[1] if kept else 0
             workers = [
-                threading.Thread(target=self._worker, args=(fd, jfd, end_of_journal, progress), daemon=True)
-                for _ in range(min(self.config.connections, self.parts - len(kept)))
+                threading.Thread(target=self._worker, args=(fd, progress), daemon=True)
+                for _ in range(min(self.config.connections, self.parts - kept))
             ]
             for w in workers:
                 w.start()
             try:
-                sha = self._hash_in_order(fd, progress)
+                self._hash_in_order(fd, jfd, joff, progress, kept, digest)
             except BaseException:
                 self._stop.set()
                 raise
@@ -375,9 +376,10 @@ class Transfer:
         self.fs.replace(partial, self.dest)
         journal.unlink(missing_ok=True)
         fsync_dir(self.dest.parent)
-        return sha, self.source.size
+        return digest.hexdigest(), self.source.size
 
-    def _worker(self, fd: int, jfd: int, joff: list[int], progress: _Progress) -> None:
+    def _worker(self, fd: int, progress: _Progress) -> None:
+        """Take the next part nobody has, GET it into the file; until none is left or one failed."""
         while True:
             with self._lock:
                 while progress.next_part < self.parts and progress.next_part in progress.done:
@@ -386,19 +388,12 @@ class Transfer:
                     return
                 n = progress.next_part
                 progress.next_part += 1
-            digest = [hashlib.sha256()]
 
-            def once(n: int = n, digest: list[Any] = digest) -> int:
-                return self._get(fd, n, digest[0], progress)
-
-            def reset(digest: list[Any] = digest) -> None:
-                digest[0] = hashlib.sha256()
+            def once(n: int = n) -> int:
+                return self._get(fd, n, None, progress)
 
             try:
-                self._with_tries(once, reset)
-                line = json.dumps({"part": n, "sha256": digest[0].hexdigest()}).encode() + b"\n"
-                with self._journal_lock:
-                    self._write_journal(jfd, line, joff)
+                self._with_tries(once, lambda: None)
                 with self._lock:
                     progress.done.add(n)
                     self._lock.notify_all()
@@ -410,23 +405,31 @@ class Transfer:
                     self._lock.notify_all()
                 return
 
-    def _write_journal(self, jfd: int, line: bytes, joff: list[int]) -> None:
+    def _write_journal(self, jfd: int, line: bytes, joff: list[int], sync: bool = True) -> None:
         self._write(jfd, line, joff[0])
         joff[0] += len(line)
-        os.fsync(jfd)
+        if sync:
+            os.fsync(jfd)
 
-    def _hash_in_order(self, fd: int, progress: _Progress) -> str:
-        """The whole object's SHA-256, each part read back from the file once it is complete."""
-        digest = hashlib.sha256()
-        for n in range(self.parts):
+    def _hash_in_order(self, fd: int, jfd: int, joff: int, progress: _Progress, first: int, digest: Any) -> None:
+        """Feed ``digest`` the parts from ``first`` on, in order, each read back from the file once complete,
+        and journal the hash of the prefix after each (fsync'd at most every :data:`JOURNAL_SYNC` seconds).
+        After a failure that is not an Exception (a stop), the complete prefix is still journaled."""
+        end = [joff]
+        synced = time.monotonic()
+        for n in range(first, self.parts):
             with self._lock:
                 while n not in progress.done and progress.failure is None:
                     self._lock.wait()
-                if progress.failure is not None:
-                    break
-            start, end = self._range(n)
-            _hash_range(fd, start, end, digest)
-        return digest.hexdigest()
+                if isinstance(progress.failure, Exception) or n not in progress.done:
+                    break  # a failure (nothing is kept), or a stop once the complete prefix is journaled
+            start, stop = self._range(n)
+            _hash_range(fd, start, stop, digest)
+            if n + 1 < self.parts:
+                line = json.dumps({"part": n, "prefix_sha256": digest.copy().hexdigest()}).encode() + b"\n"
+                now = time.monotonic()
+                self._write_journal(jfd, line, end, sync=now - synced >= JOURNAL_SYNC or progress.failure is not None)
+                synced = now if now - synced >= JOURNAL_SYNC else synced
 
     # --- resume -----------------------------------------------------------------------------
 
@@ -443,45 +446,50 @@ class Transfer:
                 if other.name.startswith(key_prefix) or now - other.stat().st_mtime > STALE_AFTER:
                     other.unlink()
 
-    def _verified_parts(self, partial: Path, journal: Path) -> dict[int, str]:
-        """The journaled parts whose bytes on disk still hash to what the journal says; a journal of another
+    def _verified_prefix(self, partial: Path, journal: Path) -> tuple[int, Any, list[str]]:
+        """How many parts from the first one are on disk as the journal says (each journal line is the hash of
+        the object up to the end of a part; the bytes are hashed again, which the whole hash needs anyway),
+        the whole-object digest fed with them, and the journal lines that vouch for them. A journal of another
         object or part size, or none, means starting over."""
+        digest = hashlib.sha256()
         try:
-            lines = journal.read_bytes().split(b"\n")
+            lines = journal.read_bytes().decode(errors="replace").split("\n")
             header = json.loads(lines[0])
         except (OSError, ValueError):
             _remove(partial, journal)
-            return {}
+            return 0, digest, []
         if header != self.source.header(self.config.part_size) or not partial.is_file():
             _remove(partial, journal)
-            return {}
-        claimed: dict[int, str] = {}
+            return 0, digest, []
+        claimed: dict[int, tuple[str, str]] = {}
         for raw in lines[1:]:
             with contextlib.suppress(ValueError, TypeError, KeyError):
                 entry = json.loads(raw)
-                n, sha = int(entry["part"]), str(entry["sha256"])
-                if 0 <= n < self.parts:
-                    claimed[n] = sha
-        kept: dict[int, str] = {}
+                n, sha = int(entry["part"]), str(entry["prefix_sha256"])
+                if 0 <= n < self.parts - 1:
+                    claimed[n] = (sha, raw)
+        kept, good, vouching = 0, digest.copy(), []
         fd = os.open(partial, os.O_RDONLY)
         try:
-            size = os.fstat(fd).st_size
-            for n, sha in sorted(claimed.items()):
+            for n in range(max(claimed, default=-1) + 1):
                 start, end = self._range(n)
-                if end <= size:
-                    digest = hashlib.sha256()
+                try:
                     _hash_range(fd, start, end, digest)
-                    if digest.hexdigest() == sha:
-                        kept[n] = sha
+                except DownloadError:
+                    break
+                if n in claimed:
+                    if digest.hexdigest() != claimed[n][0]:
+                        break
+                    kept, good = n + 1, digest.copy()
+                    vouching.append(claimed[n][1])
         finally:
             os.close(fd)
-        return kept
+        return kept, good, vouching
 
-    def _open_journal(self, journal: Path, kept: dict[int, str]) -> tuple[int, int]:
-        """A fresh journal (header and the verified parts, so a torn or stale line never counts), opened for
-        appending; returns it and its length. Written beside and renamed over the old one."""
-        lines = [json.dumps(self.source.header(self.config.part_size), sort_keys=True)]
-        lines += [json.dumps({"part": n, "sha256": sha}) for n, sha in sorted(kept.items())]
+    def _open_journal(self, journal: Path, kept: list[str]) -> tuple[int, int]:
+        """A fresh journal (the header and the lines still vouched for, so a torn or stale line never counts),
+        opened for appending; returns it and its length. Written beside and renamed over the old one."""
+        lines = [json.dumps(self.source.header(self.config.part_size), sort_keys=True), *kept]
         data = ("\n".join(lines) + "\n").encode()
         tmp = journal.with_name(journal.name + ".tmp")
         tmp.unlink(missing_ok=True)

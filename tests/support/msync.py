@@ -340,8 +340,8 @@ class TruncatingProxy:
     Content-Length included, as moto sent them; then the connection closes
     early, the way a reset looks to the client). ``corrupt``: one byte of
     the body flipped (same length). ``fail``: that many GETs of any key
-    answered 503 first. ``hold``: GETs of those keys past the first
-    ``hold_after`` wait until :meth:`release` (a transfer frozen mid-way, for a crash).
+    answered 503 first. ``hold``: GETs of those keys from byte
+    ``hold_from`` on wait until :meth:`release` (a transfer frozen mid-way, for a crash).
     ``log``: (method, key path, Range header, status, body bytes sent).
     """
 
@@ -353,12 +353,11 @@ class TruncatingProxy:
         self.cuts = 0
         self.fail = 0
         self.hold: set[str] = set()
-        self.hold_after: int | None = None
+        self.hold_from = 0
         self.held = 0
         self.log: list[tuple[str, str, str, int, int]] = []
         self._gate = threading.Event()
         self._count = threading.Lock()
-        self._served = 0
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -372,13 +371,11 @@ class TruncatingProxy:
                 body = self.rfile.read(length) if length else None
                 path = self.path.split("?")[0]
                 ranged = self.headers.get("Range") or ""
-                if self.command == "GET" and proxy.hold_after is not None and any(k in path for k in proxy.hold):
+                start = int(ranged[6:].split("-")[0]) if ranged.startswith("bytes=") else 0
+                if self.command == "GET" and start >= proxy.hold_from and any(k in path for k in proxy.hold):
                     with proxy._count:
-                        proxy._served += 1
-                        hold = proxy._served > proxy.hold_after
-                        proxy.held += hold
-                    if hold:
-                        proxy._gate.wait(60)
+                        proxy.held += 1
+                    proxy._gate.wait(60)
                 if self.command == "GET" and proxy.fail > 0:
                     with proxy._count:
                         proxy.fail -= 1
