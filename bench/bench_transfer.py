@@ -13,6 +13,7 @@ extract, swap into a real Triton (explicit mode), load.
 Every run is a child process, so its peak RSS (``VmHWM``) is its own:
 
 - ``boto3``: ``download_file`` with the default TransferConfig (10 threads, 8 MiB parts), no hash;
+- ``boto3+fsync``: the same, then the file fsync'd (modelsync's download is durable before it is used);
 - ``crt``: awscrt's S3Client (``pip install awscrt``; ``--crt-path`` if installed aside), no hash;
 - ``ours``: ``S3.download`` (modelsync/transfer.py), SHA-256 of the whole object and of each part included;
 - ``sync``: one reconcile of a new archive through modelsync's parts, the phases from its EMF line.
@@ -163,11 +164,15 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     done, as in a daemon), and covers what the client does for one object: HEAD and GETs."""
     what, url, key, dest = args.child, args.url, args.key, Path(args.dest)
     out: dict[str, Any] = {}
-    if what == "boto3":
+    if what in ("boto3", "boto3+fsync"):
         c = client(url)
         c.list_objects_v2(Bucket=BUCKET, Prefix=key)
         t0 = time.perf_counter()
         c.download_file(BUCKET, key, str(dest))
+        if what == "boto3+fsync":  # what modelsync adds for a crash: the bytes on disk before they are used
+            fd = os.open(dest, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
     elif what == "crt":
         t0 = time.perf_counter()
         out.update(crt_download(url, key, dest, args.part_size))
@@ -333,10 +338,10 @@ def main() -> int:
         common = ["--url", url, "--part-size", str(args.part_size), "--connections", str(args.connections)]
         if crt:
             common += ["--crt-path", crt]
-        clients = ["boto3", "crt", "ours"]
+        clients = ["boto3", "boto3+fsync", "crt", "ours"]
         for mib in sizes:
             for i in range(args.runs):
-                for what in clients[i % 3 :] + clients[: i % 3]:  # each client first in turn
+                for what in clients[i % 4 :] + clients[: i % 4]:  # each client first in turn
                     dest = root / f"dest-{what}"
                     os.sync()  # the previous run's writeback is not this one's
                     time.sleep(1)
@@ -387,7 +392,12 @@ def report(results: Results, sizes: dict[int, int], args: argparse.Namespace) ->
     print(f"{'archive':>9s} {'client':<24s} {'MB/s':>7s} {'ours/boto3':>10s} {'peak RSS MB':>12s}  note")
     for mib, archive in sizes.items():
         base = _rate(results.get((mib, "boto3"), []), archive)
-        names = {"boto3": "boto3 download_file", "crt": "CRT (awscrt S3Client)", "ours": "modelsync (hashed)"}
+        names = {
+            "boto3": "boto3 download_file",
+            "boto3+fsync": "boto3 + fsync",
+            "crt": "CRT (awscrt S3Client)",
+            "ours": "modelsync (hashed)",
+        }
         for what, name in names.items():
             runs = results.get((mib, what), [])
             rate = _rate(runs, archive)

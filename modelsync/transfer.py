@@ -1,51 +1,68 @@
 """One pinned S3 object version into one file, by parallel ranged GETs: hashed, resumable, memory-bounded.
 
-Why our own pool of ranged GETs rather than boto3's transfer manager
-(s3transfer) or the CRT client (``awscrt``), measured with
-bench/bench_transfer.py (nginx with ``limit_rate 40m`` per connection,
-standing in for S3's per-connection cap; 2 shared CPU cores)::
+Our own pool of ranged GETs, not boto3's transfer manager (s3transfer 0.19)
+nor the CRT client (awscrt 0.38). Measured with bench/bench_transfer.py
+(Debian's nginx with ``limit_rate 40m`` per connection standing in for S3's
+per-connection cap; this 2-core machine shared with other jobs; median of 3;
+peak RSS of a child process doing only that download)::
 
-    object  client                        MB/s  ratio to boto3  peak RSS
-    64 MB   boto3 download_file (10 conn)  235     1.00          64 MB
-    64 MB   CRT (awscrt 0.38, 10 conn)     207     0.88          81 MB
-    64 MB   ours (16 conn, 8 MiB parts)    344     1.46          60 MB
-    1 GB    boto3 download_file (10 conn)  335     1.00          67 MB
-    1 GB    CRT (awscrt 0.38, 10 conn)     241     0.72          99 MB
-    1 GB    ours (16 conn, 8 MiB parts)    434     1.30          65 MB
+    archive  client                              MB/s  vs boto3  peak RSS
+    64 MiB   boto3 download_file (10 threads)     387    1.00      83 MB
+    64 MiB   boto3 download_file, then fsync      334    0.86      81 MB
+    64 MiB   CRT S3Client                         133    0.34      98 MB
+    64 MiB   ours: 16 conn., hashed, fsync'd      390    1.01      90 MB
+    1 GiB    boto3 download_file (10 threads)     373    1.00     119 MB
+    1 GiB    boto3 download_file, then fsync      336    0.90     117 MB
+    1 GiB    CRT S3Client                         495    1.33     435 MB
+    1 GiB    ours: 16 conn., hashed, fsync'd      397    1.07      98 MB
 
-(boto3 and the CRT do not hash; ours includes the SHA-256 of the whole
-object, read back from the page cache, and the per-part hashes.) Neither
-library does what a sync needs: a whole-object SHA-256 over the bytes
-written (s3transfer writes parts out of order from its own threads and
-hashes nothing; the CRT checks S3's own part checksums, which for a
-multipart upload are not the uploader's SHA-256), a resume after a crash
-(both start over: s3transfer writes to a random temporary name and the CRT
-keeps no journal), and a GET pinned to the listed version on every part
-(s3transfer pins ``IfMatch`` only from 0.11 on and the CRT not at all for a
-plain ``GetObject`` meta-request). A botocore client is thread-safe, so a
-pool of threads sharing it costs little code and keeps every request in
-the same retry and credential chain as the rest of the daemon.
+(ours with 8 connections: 277 MB/s for 1 GiB, capped by 8 x 40 MB/s.)
+Speed does not decide it: ours matches boto3 while hashing and syncing,
+and the CRT is faster only on large objects at 4-7x the memory, growing
+with the object. What decides is what a sync needs and neither gives:
+
+- a SHA-256 of the whole object over the bytes written, computed while the
+  download runs (ours reads each part back from the page cache as soon as
+  the parts before it are in): s3transfer writes parts from its own I/O
+  thread and reports progress, not offsets; the CRT validates S3's own
+  checksums, which for a multipart upload are not the uploader's SHA-256.
+  With either, the hash would be one more pass after the download;
+- a resume after a crash: s3transfer writes to a temporary name it deletes,
+  the CRT keeps no state; both start over;
+- our typed failures (a full disk as DiskFull through modelsync's
+  FileSystem, nothing left behind) and bounded memory: the CRT's buffer
+  pool grows to hundreds of MB, and it is a native wheel in the image.
+
+s3transfer does pin its ranged GETs (``IfMatch`` on the ETag, or a
+``VersionId`` argument); ours pins every part the same way. A botocore
+client is thread-safe, so a pool of threads sharing the daemon's client
+costs little code and keeps every request in its retry and credential
+chain.
 
 How a transfer goes:
 
-- An object of at most one part is one plain GET, written straight to the
-  destination and hashed while it streams.
+- An object of at most ``part_size`` is one plain GET, written straight to
+  the destination and hashed while it streams.
 - A larger one is written to ``partial-<key id>-<object id>`` beside the
   destination by ``connections`` threads, each GET asking for one part
   (``Range``, pinned by ``VersionId`` or ``IfMatch``) and writing it at its
-  offset (``pwrite``) in :data:`~modelsync.fsio.CHUNK` pieces while hashing
-  the part. Memory is bounded by ``connections`` chunks whatever the size.
-- Each completed part is appended, with its own SHA-256, to a journal
-  (``<partial>.journal``, fsync'd). After a crash the next download of the
-  same object version re-hashes each journaled part from the disk, keeps the
-  ones that match, and fetches only the rest; a journal of another version
-  of the key (the object was replaced), of another part size, or one that
-  does not parse, starts over. :func:`resumable` tells the store's recovery
-  which leftovers to keep.
-- Meanwhile the calling thread hashes the whole object in order, reading
-  each part back once it is complete: the hash is over the bytes written.
-  When every part is in, the partial is fsync'd and renamed to the
-  destination.
+  offset (``pwrite``) in :data:`~modelsync.fsio.CHUNK` pieces. Memory is
+  bounded by ``connections`` chunks whatever the sizes. Parts are smaller
+  than ``part_size`` (whole MiB) when that keeps every connection busy.
+- Meanwhile the calling thread hashes the object in order, reading each
+  part back once it and the ones before it are complete: one SHA-256 pass,
+  over the bytes written. After each part it appends the hash of the
+  object so far to a journal (``<partial>.journal``, fsync'd at most every
+  :data:`JOURNAL_SYNC` seconds). When every part is in, the partial is
+  fsync'd and renamed to the destination.
+- After a crash the next download of the same object version hashes the
+  journaled prefix again from the disk (which both checks it and restarts
+  the whole-object hash), keeps it up to the last part that matches, and
+  fetches only the rest. Parts that were complete beyond that prefix are
+  fetched again: at most about ``connections`` parts, the price of hashing
+  each byte once. A journal of another version of the key (the object was
+  replaced), of another part size, or one that does not parse, starts over;
+  :func:`resumable` tells the store's recovery which leftovers to keep.
 - A part whose GET fails in a transient way (a 5xx, a reset, a body cut
   short) is fetched again, at most ``tries`` times; anything else (the
   object replaced: 412, 404; a full disk) stops every part at once, and the
@@ -111,6 +128,15 @@ class Source:
             "size": self.size,
             "part_size": part_size,
         }
+
+
+def part_step(size: int, config: TransferConfig) -> int:
+    """The part size of one object: ``part_size``, or smaller (whole MiB) so that an object of a few parts
+    still keeps every connection busy; an object of at most ``part_size`` is one GET."""
+    if size <= config.part_size:
+        return max(1, size)
+    spread = -(-size // config.connections)
+    return min(config.part_size, max(MiB, -(-spread // MiB) * MiB))
 
 
 def _short(*parts: object) -> str:
@@ -194,8 +220,8 @@ class Transfer:
         self.fs = fs
         self.config = config or TransferConfig()
         self.on_bytes = on_bytes
-        size, step = source.size, self.config.part_size
-        self.parts = max(1, -(-size // step))
+        self.step = part_step(source.size, self.config)
+        self.parts = max(1, -(-source.size // self.step))
         self.resumed_parts = 0
         self.resumed_bytes = 0
         self.peak_buffered = 0
@@ -204,8 +230,8 @@ class Transfer:
         self._stop = threading.Event()
 
     def _range(self, n: int) -> tuple[int, int]:
-        start = n * self.config.part_size
-        return start, min(self.source.size, start + self.config.part_size)
+        start = n * self.step
+        return start, min(self.source.size, start + self.step)
 
     # --- one GET ----------------------------------------------------------------------------
 
@@ -458,7 +484,7 @@ class Transfer:
         except (OSError, ValueError):
             _remove(partial, journal)
             return 0, digest, []
-        if header != self.source.header(self.config.part_size) or not partial.is_file():
+        if header != self.source.header(self.step) or not partial.is_file():
             _remove(partial, journal)
             return 0, digest, []
         claimed: dict[int, tuple[str, str]] = {}
@@ -489,7 +515,7 @@ class Transfer:
     def _open_journal(self, journal: Path, kept: list[str]) -> tuple[int, int]:
         """A fresh journal (the header and the lines still vouched for, so a torn or stale line never counts),
         opened for appending; returns it and its length. Written beside and renamed over the old one."""
-        lines = [json.dumps(self.source.header(self.config.part_size), sort_keys=True), *kept]
+        lines = [json.dumps(self.source.header(self.step), sort_keys=True), *kept]
         data = ("\n".join(lines) + "\n").encode()
         tmp = journal.with_name(journal.name + ".tmp")
         tmp.unlink(missing_ok=True)
