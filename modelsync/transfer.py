@@ -16,7 +16,8 @@ peak RSS of a child process doing only that download)::
     1 GiB    CRT S3Client                         495    1.33     435 MB
     1 GiB    ours: 16 conn., hashed, fsync'd      397    1.07      98 MB
 
-(ours with 8 connections: 277 MB/s for 1 GiB, capped by 8 x 40 MB/s.)
+(Three runs of this code: ours/boto3 0.80-1.06 for 64 MiB, 0.95-1.07 for
+1 GiB; ours with 8 connections: 277 MB/s for 1 GiB, capped by 8 x 40 MB/s.)
 Speed does not decide it: ours matches boto3 while hashing and syncing,
 and the CRT is faster only on large objects at 4-7x the memory, growing
 with the object. What decides is what a sync needs and neither gives:
