@@ -31,6 +31,7 @@ from .reconcile import Report, Syncer
 from .s3 import S3, make_client
 from .settings import ConfigError, Settings, load
 from .store import Store, StoreError
+from .transfer import TransferConfig
 from .triton import Triton
 
 LOGGER = "modelsync"
@@ -74,7 +75,9 @@ def build(
     store.open()
     sink = make_sink(settings.output, BUFFER_EVENTS, CONNECT_TIMEOUT)
     recorder = Recorder(settings.namespace, sink, settings.host)
-    s3 = S3(s3_client or make_client("s3"), settings.bucket, settings.prefix)
+    transfer = TransferConfig(part_size=settings.part_size, connections=settings.connections)
+    s3_conn = s3_client or make_client("s3", connections=settings.connections)
+    s3 = S3(s3_conn, settings.bucket, settings.prefix, transfer)
     previous = Status.read(settings.repository)
     status = Status(pid=os.getpid(), started=time.time(), first_sync=previous.first_sync if previous else None)
     triton = Triton(settings.triton_url, settings.load_timeout)

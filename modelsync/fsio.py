@@ -33,6 +33,10 @@ class FileSystem(Protocol):
 
     def block_size(self, path: Path) -> int: ...
 
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        """pwrite(2): the parallel download writes each part at its own offset; returns the bytes written."""
+        ...
+
     def symlink(self, target: str, link: Path) -> None: ...
 
     def replace(self, src: Path, dst: Path) -> None:
@@ -50,6 +54,9 @@ class LocalFileSystem:
 
     def block_size(self, path: Path) -> int:
         return os.statvfs(path).f_frsize or 4096
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
 
     def symlink(self, target: str, link: Path) -> None:
         os.symlink(target, link)

@@ -10,13 +10,13 @@ Endpoint, region and credentials come from boto3's standard chain
   version, a tag can be rewritten by anyone with PutObjectTagging.
 - GET is pinned to that version id (or ``IfMatch`` on the ETag), so an
   object replaced between list and get fails the GET instead of mixing two
-  uploads, and the body is streamed to a staging file while hashing it; its
-  length must match ContentLength and the listed size.
+  uploads. modelsync/transfer.py does the GETs: one for a small object,
+  parallel ranged GETs for a large one, hashed over the bytes written and
+  resumable after a crash.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Callable
@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DownloadError
-from .fsio import CHUNK, FileSystem, raise_disk_full, write_durably
+from .fsio import FileSystem
+from .transfer import Source, Transfer, TransferConfig
 
 SUFFIX = ".zip"
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -75,10 +76,11 @@ def _error(exc: Exception) -> str:
 
 
 class S3:
-    def __init__(self, client: Any, bucket: str, prefix: str) -> None:
+    def __init__(self, client: Any, bucket: str, prefix: str, transfer: TransferConfig | None = None) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix
+        self.transfer = transfer or TransferConfig()
 
     def list(self) -> Listing:
         """Every archive under the prefix (raises DownloadError when S3 cannot be listed)."""
@@ -139,50 +141,40 @@ class S3:
         return valid_hash(tags.get("sha256"))
 
     def download(
-        self, archive: Archive, dest: Path, fs: FileSystem, on_bytes: Callable[[int], None] | None = None
+        self,
+        archive: Archive,
+        dest: Path,
+        fs: FileSystem,
+        on_bytes: Callable[[int], None] | None = None,
+        *,
+        config: TransferConfig | None = None,
     ) -> tuple[str, int]:
-        """Stream the pinned version into ``dest``; returns (sha256 hex, bytes). Leaves nothing on failure."""
-        pin = {"VersionId": archive.version_id} if archive.version_id else {"IfMatch": archive.etag}
-        digest = hashlib.sha256()
-        count = 0
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=archive.key, **pin)
-            length = int(resp["ContentLength"])
-
-            def seen(chunk: bytes) -> None:
-                digest.update(chunk)
-                if on_bytes is not None:
-                    on_bytes(len(chunk))
-
-            count = write_durably(fs, dest, resp["Body"].iter_chunks(CHUNK), seen)
-        except OSError as exc:
-            dest.unlink(missing_ok=True)
-            raise_disk_full(exc, f"writing {dest}")
-            raise DownloadError(f"GET s3://{self.bucket}/{archive.key}: {exc}") from exc
-        except Exception as exc:
-            dest.unlink(missing_ok=True)
-            raise DownloadError(f"GET s3://{self.bucket}/{archive.key}: {_error(exc)}") from exc
-        if count != length or count != archive.size:
-            dest.unlink(missing_ok=True)
-            raise DownloadError(
-                f"GET s3://{self.bucket}/{archive.key}: truncated body, {count} of {length} bytes "
-                f"(listed size {archive.size})"
-            )
-        return digest.hexdigest(), count
+        """Fetch the pinned version into ``dest`` (which must not exist); returns (sha256 hex of the bytes
+        written, bytes). Raises DownloadError or DiskFull and leaves nothing at ``dest`` on failure; a large
+        object's completed parts survive only a crash, for the next download of the same version to resume.
+        ``on_bytes`` may be called from several threads."""
+        source = Source(self.bucket, archive.key, archive.version_id, archive.etag, archive.size)
+        return Transfer(self.client, source, dest, fs, config or self.transfer, on_bytes).run()
 
 
-def make_client(service: str, region_hint: str = "", region: str = "") -> Any:
+def make_client(service: str, region_hint: str = "", region: str = "", connections: int = 10) -> Any:
     """A boto3 client from the standard chain, with bounded timeouts and the standard retry mode.
 
     ``region`` overrides the chain's region (the fan-out's SNS topic lives in one region);
     ``region_hint`` is used only when nothing else sets one. boto3's chain reads AWS_DEFAULT_REGION
     but not AWS_REGION, the variable the task definitions (and most other SDKs) set: it is read here,
-    after AWS_DEFAULT_REGION and the profile, before the hint.
+    after AWS_DEFAULT_REGION and the profile, before the hint. ``connections``: the pool size, at least
+    the parallel GETs of one download (botocore's default, 10, would drop and reopen the others).
     """
     import boto3
     from botocore.config import Config
 
     session = boto3.session.Session()
-    config = Config(connect_timeout=5, read_timeout=60, retries={"mode": "standard", "max_attempts": 3})
+    config = Config(
+        connect_timeout=5,
+        read_timeout=60,
+        retries={"mode": "standard", "max_attempts": 3},
+        max_pool_connections=max(10, connections),
+    )
     chosen = region or session.region_name or os.environ.get("AWS_REGION", "").strip() or region_hint or None
     return session.client(service, region_name=chosen, config=config)

@@ -44,6 +44,7 @@ __all__ = ["ENV_VARS", "OPTIONS", "ConfigError", "Settings", "build_parser", "lo
 parse_size = size  # the name the archive limits' docs and tests use
 
 GiB = 1024**3
+MiB = 1024**2
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class Settings:
     min_free_bytes: int = 1 * GiB
     hash_tag_wait: float = 15.0
     load_timeout: float = 600.0
+    part_size: int = 8 * MiB
+    connections: int = 16
     host: str = ""
     log_level: str = "info"
     once: bool = False
@@ -100,6 +103,20 @@ def _path(text: str) -> Path:
     if not text.startswith("/"):
         raise ValueError("must be an absolute path")
     return Path(os.path.normpath(text))
+
+
+def _part_size(text: str) -> int:
+    value = size(text)
+    if not 64 * 1024 <= value <= 5 * GiB:
+        raise ValueError("must be between 64K and 5G")
+    return value
+
+
+def _connections(text: str) -> int:
+    value = positive_int(text)
+    if value > 64:
+        raise ValueError("must be between 1 and 64")
+    return value
 
 
 def _queue_url(text: str) -> str:
@@ -238,6 +255,22 @@ OPTIONS: tuple[Option, ...] = (
         ("MODELSYNC_LOAD_TIMEOUT",),
         positive,
         "seconds one Triton load call may take (the call blocks until loaded or failed)",
+    ),
+    Option(
+        "part_size",
+        "--part-size",
+        ("MODELSYNC_PART_SIZE",),
+        _part_size,
+        "bytes per ranged GET of a download; an archive of at most one part is one plain GET (K/M/G suffixes)",
+        shown=shown_size(8 * MiB),
+    ),
+    Option(
+        "connections",
+        "--connections",
+        ("MODELSYNC_CONNECTIONS",),
+        _connections,
+        "parallel ranged GETs of one download (S3 caps each connection at tens of MB/s); also the S3 client's "
+        "connection pool",
     ),
     Option(
         "host",

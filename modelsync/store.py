@@ -34,7 +34,8 @@ under the next free name (a rollback to an archive extracted long ago).
 A directory appears under ``<store>/<model>/`` only by a rename from staging
 after it was completely written, and the repository entry changes only by
 ``rename(2)`` of a temporary link over it, so Triton only ever sees a
-complete model. :meth:`Store.recover` removes what an interrupted sync left.
+complete model. :meth:`Store.recover` removes what an interrupted sync left, except a partial
+download that modelsync/transfer.py can resume (it drops those of a replaced object or stale ones).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from typing import Any
 
 from .errors import DiskFull, LoadFailed
 from .fsio import FileSystem, LocalFileSystem, fsync_dir, raise_disk_full, write_json
+from .transfer import resumable
 
 STAGING, REFS, CLAIMS, LOCK = ".staging", ".refs", ".claims", ".lock"
 REF_LEASE = 1800.0  # seconds without a heartbeat after which a repository's reference is forgotten
@@ -178,6 +180,8 @@ class Store:
             _remove(entry)
             done.append(f"removed staging leftover {entry.name}")
         for entry in sorted(self.staging.iterdir()):
+            if resumable(entry):  # a crashed download's verified parts: the next download resumes it
+                continue
             _remove(entry)
             done.append(f"removed staging leftover {entry.name}")
         for entry in sorted(self.repository.iterdir()):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +33,7 @@ from tests.support.msync import (
     sha,
     unique,
     upload,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.triton]
@@ -468,3 +471,115 @@ def test_triton_unreachable_defers_the_install_and_is_retried(env: Env) -> None:
     assert env.link(model).endswith(v1) and env.infer(model, 1.0) == 2.0 and staging_empty(env)
     assert env.sync().outcomes[model].in_sync  # not blamed on the archive: tried again once Triton answers
     assert env.link(model).endswith(sha(v2_data)) and env.infer(model, 1.0) == 3.0
+
+
+# --- large archives: parallel ranged GETs (modelsync/transfer.py) ----------------------------------
+
+PART = 64 * 1024  # small parts, so a 1 MiB archive is ~17 ranged GETs
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def big_zip(model: str, add: float) -> bytes:
+    return make_zip({**model_files(model, add), f"{model}/1/weights.bin": os.urandom(1 << 20)})
+
+
+def ranged(proxy: TruncatingProxy, key: str) -> list[str]:
+    return sorted(r for _, _, r, status, _ in proxy.gets(key) if status == 206)
+
+
+def all_ranges(size: int, first: int = 0) -> list[str]:
+    return sorted(f"bytes={a}-{min(size, a + PART) - 1}" for a in range(first * PART, size, PART))
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "cut"])
+def test_a_bad_part_fails_the_attempt_and_the_old_version_keeps_serving(env: Env, fault: str) -> None:
+    model = unique(f"part{fault}")
+    v1 = install(env, model)
+    before = store_dirs(env, model)
+    data = big_zip(model, 2)
+    upload(env.moto, env.bucket, f"{model}.zip", data)
+    with TruncatingProxy(env.moto.url, keep=1000) as proxy:
+        getattr(proxy, fault).add(f"{model}.zip")
+        env.s3_url = proxy.url
+        outcome = env.sync(part_size=PART, connections=4).outcomes[model]
+        assert len(ranged(proxy, f"{model}.zip")) > 1  # it came in parts
+        assert outcome.result == ("hash_mismatch" if fault == "corrupt" else "download_error"), outcome
+        assert_untouched(env, model, v1, before)
+    env.s3_url = ""
+    if fault == "cut":  # transient: the same archive is fetched again once the network recovers
+        assert env.sync(part_size=PART, connections=4).outcomes[model].in_sync
+        assert env.infer(model, 1.0) == 3.0 and env.link(model).endswith(sha(data))
+
+
+def crash_mid_download(env: Env, proxy: TruncatingProxy, key: str, parts: int) -> None:
+    """A daemon (a subprocess, the real settings and parts) killed once the first ``parts`` parts of ``key`` are
+    in its journal, the proxy holding every GET from there on."""
+    proxy.hold.add(key)
+    proxy.hold_from = parts * PART
+    s = env.settings()
+    args = [
+        f"--bucket={s.bucket}",
+        f"--repository={s.repository}",
+        f"--store={s.store}",
+        f"--triton-url={s.triton_url}",
+        f"--output=file:{env.emf}",
+        "--min-free-bytes=0",
+        "--hash-tag-wait=0",
+        f"--part-size={PART}",
+        "--connections=4",
+        "--host-id=test-host",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "support" / "modelsync_crash.py"), *args],
+        cwd=ROOT,
+        env=env.moto.env(proxy.url),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+
+        def journaled() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the daemon exited ({proc.returncode}): {proc.communicate()[1].decode()}")
+            lines = [ln for j in env.store.glob(".staging/*/partial-*.journal") for ln in j.read_text().splitlines()]
+            return len(lines) == 1 + parts and proxy.held == 4  # every connection waits at the proxy
+
+        wait_for(journaled, timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    proxy.hold.clear()  # the GETs held for the dead process stay held; new ones pass
+    proxy.log.clear()
+
+
+def test_a_daemon_killed_mid_download_resumes_with_only_the_missing_parts(env: Env) -> None:
+    model = unique("resume")
+    v1 = install(env, model)
+    data = big_zip(model, 2)
+    upload(env.moto, env.bucket, f"{model}.zip", data)
+    key = f"{model}.zip"
+    with TruncatingProxy(env.moto.url) as proxy:
+        crash_mid_download(env, proxy, key, 3)
+        assert env.link(model).endswith(v1) and env.infer(model, 1.0) == 2.0
+        env.s3_url = proxy.url
+        assert env.sync(part_size=PART, connections=4).outcomes[model].in_sync  # recover() kept the partial
+        assert ranged(proxy, key) == all_ranges(len(data), first=3)  # the journaled parts are not asked for
+        assert sum(e[4] for e in proxy.gets(key)) == len(data) - 3 * PART
+    assert env.infer(model, 1.0) == 3.0 and env.link(model).endswith(sha(data))
+    assert staging_empty(env)
+
+
+def test_an_archive_replaced_between_crash_and_resume_is_fetched_whole(env: Env) -> None:
+    model = unique("replaced")
+    install(env, model)
+    upload(env.moto, env.bucket, f"{model}.zip", big_zip(model, 2))
+    key = f"{model}.zip"
+    with TruncatingProxy(env.moto.url) as proxy:
+        crash_mid_download(env, proxy, key, 3)
+        data = big_zip(model, 4)
+        upload(env.moto, env.bucket, key, data)
+        env.s3_url = proxy.url
+        assert env.sync(part_size=PART, connections=4).outcomes[model].in_sync
+        assert ranged(proxy, key) == all_ranges(len(data))
+    assert env.infer(model, 1.0) == 5.0 and env.link(model).endswith(sha(data))
+    assert staging_empty(env)  # the old version's partial and journal are gone too

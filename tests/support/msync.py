@@ -313,6 +313,12 @@ class FaultFileSystem(LocalFileSystem):
     def create(self, path: Path) -> Any:
         return _FaultyFile(super().create(path), self.budget)
 
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        if self.budget[0] < len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.budget[0] -= len(data)
+        return super().pwrite(fd, data, offset)
+
     def free_bytes(self, path: Path) -> int:
         return self.free if self.free is not None else super().free_bytes(path)
 
@@ -322,19 +328,36 @@ class FaultFileSystem(LocalFileSystem):
         super().replace(src, dst)
 
 
-class TruncatingProxy:
-    """An HTTP proxy in front of moto that cuts GET bodies of chosen keys after ``keep`` bytes.
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client gone mid-answer (the point of a cut or a killed daemon): no traceback on stderr."""
 
-    The status line and headers (Content-Length included) are passed as moto
-    sent them; then the connection closes early, the way a reset looks to
-    the client.
+
+class TruncatingProxy:
+    """An HTTP proxy in front of moto that logs every request and injects faults into GETs of chosen keys.
+
+    ``cut``: bodies cut after ``keep`` bytes (status line and headers,
+    Content-Length included, as moto sent them; then the connection closes
+    early, the way a reset looks to the client). ``corrupt``: one byte of
+    the body flipped (same length). ``fail``: that many GETs of any key
+    answered 503 first. ``hold``: GETs of those keys from byte
+    ``hold_from`` on wait until :meth:`release` (a transfer frozen mid-way, for a crash).
+    ``log``: (method, key path, Range header, status, body bytes sent).
     """
 
     def __init__(self, upstream: str, keep: int = 100) -> None:
         self.upstream = upstream.split("//", 1)[1]
         self.keep = keep
         self.cut: set[str] = set()
+        self.corrupt: set[str] = set()
         self.cuts = 0
+        self.fail = 0
+        self.hold: set[str] = set()
+        self.hold_from = 0
+        self.held = 0
+        self.log: list[tuple[str, str, str, int, int]] = []
+        self._gate = threading.Event()
+        self._count = threading.Lock()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -346,12 +369,29 @@ class TruncatingProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                path = self.path.split("?")[0]
+                ranged = self.headers.get("Range") or ""
+                start = int(ranged[6:].split("-")[0]) if ranged.startswith("bytes=") else 0
+                if self.command == "GET" and start >= proxy.hold_from and any(k in path for k in proxy.hold):
+                    with proxy._count:
+                        proxy.held += 1
+                    proxy._gate.wait(60)
+                if self.command == "GET" and proxy.fail > 0:
+                    with proxy._count:
+                        proxy.fail -= 1
+                    proxy.log.append((self.command, path, ranged, 503, 0))
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 conn = http.client.HTTPConnection(proxy.upstream, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
-                cut = self.command == "GET" and any(k in self.path.split("?")[0] for k in proxy.cut)
+                cut = self.command == "GET" and any(k in path for k in proxy.cut)
+                if self.command == "GET" and data and any(k in path for k in proxy.corrupt):
+                    data = bytes([data[0] ^ 0xFF]) + data[1:]
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -363,25 +403,36 @@ class TruncatingProxy:
                 self.end_headers()
                 if cut and len(data) > proxy.keep:
                     proxy.cuts += 1
+                    proxy.log.append((self.command, path, ranged, resp.status, proxy.keep))
                     self.wfile.write(data[: proxy.keep])
                     self.wfile.flush()
                     self.close_connection = True
                     return
+                proxy.log.append((self.command, path, ranged, resp.status, len(data)))
                 self.wfile.write(data)
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
+    def gets(self, key: str) -> list[tuple[str, str, str, int, int]]:
+        """The logged GETs of one key."""
+        return [e for e in self.log if e[0] == "GET" and e[1].endswith("/" + key)]
+
+    def release(self) -> None:
+        self._gate.set()
+
     def __enter__(self) -> TruncatingProxy:
         self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release()
         self.server.shutdown()
         self.server.server_close()
