@@ -41,6 +41,7 @@ from functools import partial
 from pathlib import Path
 
 from .archive import Limits, extract, inspect
+from .bundle import BundleConflict, Bundles, BundleState
 from .errors import (
     DiskFull,
     DownloadError,
@@ -131,6 +132,7 @@ class Syncer:
         # Written by the daemon (health.py reads it); its first_sync survives restarts of the daemon.
         self.status = status or Status(first_sync=wall())
         self.triton_up = True  # asked once per pass
+        self.bundles = Bundles(settings, s3, store, triton, fs, log, self.limits)  # zips of several models
 
     @property
     def before_first_sync(self) -> bool:
@@ -139,7 +141,7 @@ class Syncer:
     # --- entry points -----------------------------------------------------------------------
 
     def recover(self) -> list[str]:
-        done = self.store.recover()
+        done = self.store.recover() + self.bundles.recover()
         for line in done:
             self.log.warning("recovery: %s", line)
         return done
@@ -242,6 +244,19 @@ class Syncer:
             return self._fail_once(model, archive, UnsafeArchive(problem))
         installed = self.store.current(model)
         serving = installed.sha256 if installed else ""
+        try:  # a zip of several models is a bundle (bundle.py): its models switch together
+            parts = self.bundles.parts(
+                model, archive, installed is not None and installed.record.get("etag") == archive.etag
+            )
+        except SyncError as exc:
+            return Outcome(model, False, str(exc), result=exc.result, failed=True, serving=serving,
+                           transient=exc.transient)  # fmt: skip
+        if parts is not None:
+            return self._reconcile_bundle(model, archive, wait_for_tag)
+        owner = self.bundles.owner(model)
+        if owner is not None:
+            return self._fail_once(model, archive, BundleConflict(f"{archive.key} holds model {model}, which "
+                                                                  f"already belongs to bundle {owner}"))  # fmt: skip
         staging_start = not self.triton_up and self.before_first_sync
         if installed is not None and installed.record.get("etag") == archive.etag:
             return self._staged(model, installed) if staging_start else self._ensure_loaded(model, installed, archive)
@@ -277,6 +292,66 @@ class Syncer:
             expected=attempt.sha256,
             version_id=attempt.version_id,
         )
+
+    def _reconcile_bundle(self, name: str, archive: Archive, wait_for_tag: bool) -> Outcome:
+        """A bundle: one attempt, one outcome and one memo under the bundle's name (bundle.py does the work)."""
+        current = self.bundles.current(name)
+        single = self.store.current(name)
+        serving = current.sha256 if current else (single.sha256 if single else "")
+        staging_start = not self.triton_up and self.before_first_sync
+        if current is not None and current.etag == archive.etag:
+            return self._bundle_loaded(name, current, staging_start)
+        memo = self.failed.get(name)
+        if memo is not None and memo.etag == archive.etag and not self._memo_outdated(memo, archive):
+            return Outcome(name, False, memo.reason, failed=True, serving=serving, expected=memo.expected)
+        if not self.triton_up and not staging_start:
+            reason = f"Triton at {self.triton.url} does not answer: not installing {archive.key} until it does"
+            return Outcome(name, False, reason, result=Result.LOAD_FAILED, failed=True, serving=serving,
+                           transient=True)  # fmt: skip
+        attempt = Attempt(name, Result.OK, key=archive.key, etag=archive.etag, serving=serving)
+        try:
+            changed = self.bundles.install(
+                name, archive, attempt, partial(self._expected_hash, wait_for_tag=wait_for_tag), not staging_start
+            )
+        except SyncError as exc:
+            now = self.bundles.current(name)
+            attempt.result, attempt.reason = exc.result, str(exc)
+            attempt.serving = now.sha256 if now else serving
+            self._record(attempt)
+            if not exc.transient:
+                self.failed[name] = Memo(archive.etag, attempt.sha256, exc.result, str(exc))
+            return Outcome(name, False, str(exc), result=exc.result, failed=True, serving=attempt.serving,
+                           expected=attempt.sha256, version_id=attempt.version_id, transient=exc.transient)  # fmt: skip
+        installed = self.bundles.current(name)
+        assert installed is not None
+        if not changed:
+            return self._bundle_loaded(name, installed, staging_start)
+        self.failed.pop(name, None)
+        self._record(attempt)
+        if staging_start:
+            return self._bundle_loaded(name, installed, staging_start)
+        return Outcome(name, True, result=Result.OK, serving=installed.sha256, expected=installed.sha256,
+                       version_id=installed.version_id)  # fmt: skip
+
+    def _bundle_loaded(self, name: str, state: BundleState, staging_start: bool) -> Outcome:
+        sha, version = state.sha256, state.version_id
+        if staging_start:
+            return Outcome(name, False, "installed; Triton is not running yet and loads it at its start",
+                           serving=sha, expected=sha, version_id=version)  # fmt: skip
+        if self.bundles.ready(state):
+            return Outcome(name, True, serving=sha, expected=sha, version_id=version)
+        attempt = Attempt(name, Result.OK, key=str(state.record.get("key", "")), etag=state.etag, serving=sha,
+                          sha256=sha, version_id=version)  # fmt: skip
+        try:
+            with self._phase(attempt, "load"):
+                self.bundles.ensure_loaded(state)
+        except SyncError as exc:
+            attempt.result, attempt.reason = exc.result, str(exc)
+            self._record(attempt)
+            return Outcome(name, False, str(exc), result=exc.result, failed=True, serving=sha, expected=sha,
+                           version_id=version, transient=exc.transient)  # fmt: skip
+        self._record(attempt)
+        return Outcome(name, True, result=Result.OK, serving=sha, expected=sha, version_id=version)
 
     def _memo_outdated(self, memo: Memo, archive: Archive) -> bool:
         """A hash mismatch against a tag is retried when the tag changes (metadata cannot change)."""
