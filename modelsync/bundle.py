@@ -324,10 +324,10 @@ class Bundles:
                 g = self._next_generation(name, parts)
                 target = self.home / name / str(g)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                self._write_json(self.home / name / "pending.json", {"generation": g, "models": sorted(parts)})
                 self.fs.replace(extracted, target)
                 fsync_dir(target.parent)
                 extracted = None
+                self._write_json(self.home / name / "pending.json", {"generation": g, "models": sorted(parts)})
         except OSError as exc:
             raise_disk_full(exc, f"installing bundle {name}")
             raise

@@ -9,6 +9,8 @@ the module; each test has its own bucket and model names.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ import pytest
 
 from demo.triton import TritonServer
 from modelsync import pbtxt
-from modelsync.bundle import is_bundle, switch_order, Part
+from modelsync.bundle import Part, is_bundle, switch_order
 from tests.support.msync import (
     Env,
     FaultFileSystem,
@@ -32,6 +34,7 @@ from tests.support.msync import (
     upload,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 STEP_PY = """import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -156,7 +159,7 @@ def served_versions(env: Env, model: str) -> set[str]:
 
 
 def test_pbtxt_rewrites_only_the_version_fields() -> None:
-    text = ENSEMBLE.format(name="e", pre="a", mid="b", post="c") + 'version_policy: { latest { num_versions: 2 } }\n'
+    text = ENSEMBLE.format(name="e", pre="a", mid="b", post="c") + "version_policy: { latest { num_versions: 2 } }\n"
     config = pbtxt.parse(text)
     config.set("version_policy", pbtxt.version_policy([3, 4]))
     for step in config.messages("ensemble_scheduling")[0].messages("step"):
@@ -306,19 +309,55 @@ def test_a_bundle_part_refused_changes_nothing(env: Env) -> None:
 
 
 @pytest.mark.triton
-def test_restarted_daemon_and_triton_serve_the_new_generation(env: Env) -> None:
+def test_installed_before_triton_starts_then_restarted_daemon_and_triton_serve_the_new_generation(
+    moto,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    """Before the first sync Triton is not running: the bundle is written as it must load at Triton's start.
+    After a switch, a new daemon and a restarted Triton on the same repository serve the new generation."""
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "triton").mkdir()
+    server = TritonServer(tmp_path / "repo", workdir=tmp_path / "triton")
+    env = Env(moto, server, new_bucket(moto), tmp_path, tmp_path / "emf.log")
     b = Bundle(unique("restart"))
     put(env, b, b.zip(1))
-    assert env.sync().outcomes[b.name].in_sync
-    put(env, b, b.zip(2))
-    assert env.sync().outcomes[b.name].in_sync
-    attempts = len(env.attempts(b.name))
-    env.triton.restart()  # --load-model=*: what the repository holds on disk
-    for _ in range(20):
+    outcome = env.sync().outcomes[b.name]  # Triton is not running yet
+    assert not outcome.in_sync and "loads it at its start" in outcome.reason, outcome
+    try:
+        server.start()
+        assert answer(env, b.name) == (200, 111.0)
+        assert env.sync().outcomes[b.name].in_sync
+        put(env, b, b.zip(2))
+        assert env.sync().outcomes[b.name].in_sync
+        attempts = len(env.attempts(b.name))
+        server.restart()  # --load-model=*: what the repository holds on disk
+        for _ in range(20):
+            assert answer(env, b.name) == (200, 222.0)
+        for m in b.models:
+            assert served_versions(env, m) == {"2"}
+        report = env.sync()  # a new daemon on the same repository and store
+        assert report.outcomes[b.name].in_sync and len(env.attempts(b.name)) == attempts
+        # A daemon killed in the middle of the v3 switch (right at its first link): the next start undoes it,
+        # v2 serves meanwhile, and v3 goes in as the next generation.
+        put(env, b, b.zip(3))
+        args = ["--bucket", env.bucket, "--repository", str(env.repository), "--store", str(env.store),
+                "--triton-url", server.url, "--output", f"file:{env.emf}", "--min-free-bytes", "0"]  # fmt: skip
+        crash = ROOT / "tests" / "support" / "modelsync_crash.py"
+        proc = subprocess.run([sys.executable, str(crash), *args], cwd=ROOT, env=moto.env(), capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 137, proc.stderr
+        assert list(env.store.glob(f".bundles/*/{b.name}/pending.json"))
         assert answer(env, b.name) == (200, 222.0)
-    for m in b.models:
-        assert served_versions(env, m) == {"2"}
-    report = env.sync()  # a new daemon on the same repository and store
-    assert report.outcomes[b.name].in_sync and len(env.attempts(b.name)) == attempts
-    put(env, b, b.zip(3))
-    assert env.sync().outcomes[b.name].in_sync and answer(env, b.name) == (200, 333.0)
+        app = env.app()
+        try:
+            assert any(f"bundle {b.name}: undid the interrupted switch" in line for line in app.syncer.recover())
+            assert not list(env.store.glob(f".bundles/*/{b.name}/pending.json")) and staging_empty(env)
+            assert app.syncer.reconcile_all().outcomes[b.name].in_sync
+        finally:
+            app.close()
+        assert answer(env, b.name) == (200, 333.0)
+        for m in b.models:
+            assert served_versions(env, m) == {"4"}  # above the 3 the killed daemon had used
+            assert sorted(p.name for p in (env.repository / m).iterdir()) == ["4", "config.pbtxt"]
+    finally:
+        server.stop()
