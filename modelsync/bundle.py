@@ -15,13 +15,15 @@ versioning, so each installed generation ``g`` of a bundle becomes version
 1. every part is downloaded, verified and extracted into
    ``<store>/.bundles/<repository id>/<bundle>/<g>/`` first (one free-space
    check for all of them, one hash for the zip);
-2. each non-ensemble model's ``config.pbtxt`` is rewritten with
-   ``version_policy { specific { versions: [old, g] } }``, version ``g`` is
-   linked beside the old one, and the model is loaded: both versions serve;
+2. each non-ensemble model (a step) gets version ``g`` linked beside the old
+   one, its ``config.pbtxt`` says ``version_policy { all {} }`` (rewritten
+   only if the user's config changed: a changed config reloads every
+   version), and it is loaded: both versions serve;
 3. each ensemble is rewritten with its bundle steps' ``model_version: g`` and
-   ``versions: [g]``, and loaded: from then on a request runs only ``g``;
-4. the steps are rewritten with ``versions: [g]`` and loaded (the old
-   version goes), the old links and generation are removed.
+   ``version_policy { specific { versions: [g] } }``, and loaded: from then
+   on a request runs only ``g``;
+4. the old version links of the steps are removed and the steps loaded (the
+   old version goes), then the old generation is deleted.
 
 A failure before the end of step 3 (hash, unsafe archive, disk full, any
 model failing to load) writes the old configurations back and reloads them:
@@ -35,7 +37,8 @@ numbers are this repository's Triton's version numbers, so nothing is shared
 between repositories)::
 
     <repository>/<model>/                a directory modelsync writes (not a link)
-    <repository>/<model>/config.pbtxt    the user's config, version_policy (and steps' model_version) rewritten
+    <repository>/<model>/config.pbtxt    the user's config, version_policy (and an ensemble's steps' model_version)
+                                         rewritten
     <repository>/<model>/<g>             -> relative link to <home>/<bundle>/<g>/<model>/<the zip's version dir>
     <home>/<bundle>/<g>/<model>/         generation g as extracted from the zip, fsync'd
     <home>/<bundle>/state.json           the generation served, the zip's sha256, ETag, version id, parts
@@ -498,7 +501,7 @@ class Bundles:
         with _phase(attempt, "load"):
             for m in kept if load else []:
                 try:
-                    self._write_model(m, {g: new_dir / m / parts[m].version}, new_dir / m, parts, g)
+                    self._prune_links(m, keep={g})
                     self._load(m, g)
                 except (SyncError, OSError) as exc:  # the ensemble runs g only; the old version merely lingers
                     self.log.warning("%s: dropping the old version of %s: %s", name, m, exc)
@@ -592,17 +595,21 @@ class Bundles:
         pin: int,
         fs: FileSystem | None = None,
     ) -> None:
-        """``<repository>/<model>``: config.pbtxt from ``source`` serving exactly ``versions`` (an ensemble's
-        bundle steps pinned to ``pin``), a link per version. A new model directory appears complete (renamed
-        in from beside the repository); an existing one gets its links first, then its config replaced."""
+        """``<repository>/<model>``: a link per version in ``versions`` and config.pbtxt from ``source``: a step
+        serves every version linked (``version_policy { all {} }``), an ensemble only ``pin``, with its bundle
+        steps pinned to ``pin``. A new model directory appears complete (renamed in from beside the
+        repository); an existing one gets its links first, then its config, replaced only when it changes:
+        Triton reloads every version of a model whose config changed, and only the new version otherwise."""
         fs = fs or self.fs
         config = pbtxt.parse((source / "config.pbtxt").read_text(encoding="utf-8"))
-        config.set("version_policy", pbtxt.version_policy(sorted(versions)))
         if parts[model].ensemble:
+            config.set("version_policy", pbtxt.version_policy([pin]))
             for sched in config.messages("ensemble_scheduling"):
                 for step in sched.messages("step"):
                     if step.scalar("model_name") in parts:
                         step.set("model_version", str(pin))
+        else:
+            config.set("version_policy", pbtxt.Message([("all", pbtxt.Message())]))
         text = pbtxt.dump(config).encode()
         dest = self.store.repository / model
         if not dest.is_dir() or dest.is_symlink():
@@ -627,6 +634,10 @@ class Bundles:
             tmp = self._temp(model)
             fs.symlink(want, tmp)
             fs.replace(tmp, link)
+        with contextlib.suppress(OSError):
+            if (dest / "config.pbtxt").read_bytes() == text:
+                fsync_dir(dest)
+                return
         tmp = self._temp(model)
         try:
             write_durably(fs, tmp, [text])
