@@ -17,8 +17,8 @@ versioning, so each installed generation ``g`` of a bundle becomes version
    check for all of them, one hash for the zip);
 2. each non-ensemble model (a step) gets version ``g`` linked beside the old
    one, its ``config.pbtxt`` says ``version_policy { all {} }`` (rewritten
-   only if the user's config changed: a changed config reloads every
-   version), and it is loaded: both versions serve;
+   only when the user's config changed), and it is loaded: both versions
+   serve;
 3. each ensemble is rewritten with its bundle steps' ``model_version: g`` and
    ``version_policy { specific { versions: [g] } }``, and loaded: from then
    on a request runs only ``g``;
@@ -598,8 +598,8 @@ class Bundles:
         """``<repository>/<model>``: a link per version in ``versions`` and config.pbtxt from ``source``: a step
         serves every version linked (``version_policy { all {} }``), an ensemble only ``pin``, with its bundle
         steps pinned to ``pin``. A new model directory appears complete (renamed in from beside the
-        repository); an existing one gets its links first, then its config, replaced only when it changes:
-        Triton reloads every version of a model whose config changed, and only the new version otherwise."""
+        repository); an existing one gets its links first, then its config, replaced only when its text changes
+        (Triton 2.51 reloads every version of a model whose directory changed either way, seen in its log)."""
         fs = fs or self.fs
         config = pbtxt.parse((source / "config.pbtxt").read_text(encoding="utf-8"))
         if parts[model].ensemble:
