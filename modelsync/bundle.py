@@ -365,6 +365,12 @@ class Bundles:
         """Each top-level directory checked as a model archive; the whole zip against the limits."""
         infos = zf.infolist()
         top = sorted(top_level([i.filename for i in infos]))
+        if not is_bundle([i.filename for i in infos], name):  # a bundle's key now holds a single model
+            held = ", ".join(sorted((self.current(name) or _EMPTY).parts))
+            raise UnsafeArchive(
+                f"{name}.zip holds one model but is installed as the bundle of {held}: delete the key (and let "
+                "--delete-removed remove the bundle) before a single model takes its name"
+            )
         intro = (
             f"{name}.zip holds {', '.join(top)}: not the one model directory {name}/ (anything outside it makes "
             "the zip a bundle, each top-level directory a model)"
@@ -548,6 +554,18 @@ class Bundles:
         for m in state.order():
             if not self._version_ready(m, state.generation):
                 self._load(m, state.generation)
+
+    def remove(self, name: str) -> None:
+        """Unload every model of the bundle (ensembles first) and delete them; raises on a refused unload."""
+        state = self.current(name)
+        if state is None:
+            return
+        for m in reversed(state.order()):
+            if (self.store.repository / m).is_dir():
+                self.triton.unload(m)
+                _rmtree(self.store.repository / m)
+                fsync_dir(self.store.repository)
+        shutil.rmtree(self.home / name, ignore_errors=True)
 
     def recover(self) -> list[str]:
         """Undo a switch a crash interrupted: the repository back to the generation in state.json."""

@@ -165,6 +165,9 @@ class Syncer:
         for model in self.store.managed_models():
             if model not in listing.archives:
                 report.outcomes[model] = self._guarded(model, partial(self._removed, model))
+        for name in self.bundles.names():
+            if name not in listing.archives:
+                report.outcomes[name] = self._guarded(name, partial(self._bundle_removed, name))
         for outcome in report.outcomes.values():
             self._state_event(outcome)
         if report.ok and all(o.in_sync for m, o in report.outcomes.items() if m in listing.archives):
@@ -204,6 +207,8 @@ class Syncer:
                 out[model] = self._guarded(model, partial(self._reconcile, model, archive, wait_for_tag))
             elif self.store.current(model) is not None:
                 out[model] = self._guarded(model, partial(self._removed, model))
+            elif self.bundles.current(model) is not None:
+                out[model] = self._guarded(model, partial(self._bundle_removed, model))
             else:
                 continue
             self._state_event(out[model])
@@ -396,6 +401,20 @@ class Syncer:
         return Outcome(
             model, True, result=Result.OK, serving=installed.sha256, expected=installed.sha256, version_id=version
         )
+
+    def _bundle_removed(self, name: str) -> Outcome:
+        state = self.bundles.current(name)
+        serving = state.sha256 if state else ""
+        if not self.settings.delete_removed:
+            return Outcome(name, False, "no longer in S3; kept (run with --delete-removed to unload and delete it)",
+                           serving=serving)  # fmt: skip
+        try:
+            self.bundles.remove(name)
+        except SyncError as exc:
+            return Outcome(name, False, f"no longer in S3; unload failed: {exc}", failed=True, serving=serving,
+                           transient=True)  # fmt: skip
+        self.log.info("removed bundle %s: no longer in S3, its models unloaded and deleted", name)
+        return Outcome(name, True, "removed: no longer in S3, unloaded and deleted", gone=True)
 
     def _removed(self, model: str) -> Outcome:
         current = self.store.current(model)

@@ -284,6 +284,11 @@ def test_a_bundle_part_refused_changes_nothing(env: Env) -> None:
     outcome = env.sync().outcomes[b.name]
     assert outcome.result == "unsafe_archive" and "exactly one version" in outcome.reason, outcome
     unchanged()
+    # The bundle's key now holding a single model: refused, the bundle stays.
+    put(env, b, make_zip(model_files(b.name, 9)))
+    outcome = env.sync().outcomes[b.name]
+    assert outcome.result == "unsafe_archive" and "installed as the bundle of" in outcome.reason, outcome
+    unchanged()
     # The disk fills while the parts are extracted: nothing switched, nothing left in staging; retried.
     big = b.zip(2, extra={f"{b.steps[1]}/1/weights.bin": os.urandom(300_000)})
     put(env, b, big)
@@ -362,5 +367,14 @@ def test_installed_before_triton_starts_then_restarted_daemon_and_triton_serve_t
         for m in b.models:
             assert served_versions(env, m) == {"4"}  # above the 3 the killed daemon had used
             assert sorted(p.name for p in (env.repository / m).iterdir()) == ["4", "config.pbtxt"]
+
+        # Removed from S3: kept and reported, then unloaded and deleted with --delete-removed.
+        env.moto.client("s3").delete_object(Bucket=env.bucket, Key=b.key)
+        outcome = env.sync().outcomes[b.name]
+        assert not outcome.in_sync and "--delete-removed" in outcome.reason
+        assert answer(env, b.name) == (200, 333.0)
+        assert env.sync(delete_removed=True).outcomes[b.name].gone
+        assert not any((env.repository / m).exists() for m in b.models) and not list(env.store.glob(".bundles/*/*"))
+        assert all(not served_versions(env, m) for m in b.models)
     finally:
         server.stop()
