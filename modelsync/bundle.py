@@ -206,7 +206,7 @@ class Bundles:
         self.fs = fs
         self.log = log
         self.limits = limits
-        self._peeked: dict[tuple[str, str], list[str] | None] = {}
+        self._peeked: dict[str, tuple[str, list[str] | None]] = {}  # key -> (ETag, entry names) last read
         self._seq = itertools.count()
 
     @property
@@ -223,10 +223,10 @@ class Bundles:
             return sorted(current.parts)
         if current is None and single_in_sync:
             return None  # the single model installed from this very object: nothing new to look at
-        key = (archive.key, archive.etag)
-        if key not in self._peeked:
-            self._peeked[key] = peek_names(self.s3, archive)
-        names = self._peeked[key]
+        seen = self._peeked.get(archive.key)
+        if seen is None or seen[0] != archive.etag:
+            seen = self._peeked[archive.key] = (archive.etag, peek_names(self.s3, archive))
+        names = seen[1]
         if names is None or not is_bundle(names, name):
             return sorted(current.parts) if current is not None else None  # bundle path refuses the change
         return sorted(top_level(names))

@@ -253,9 +253,8 @@ class Syncer:
             parts = self.bundles.parts(
                 model, archive, installed is not None and installed.record.get("etag") == archive.etag
             )
-        except SyncError as exc:
-            return Outcome(model, False, str(exc), result=exc.result, failed=True, serving=serving,
-                           transient=exc.transient)  # fmt: skip
+        except SyncError as exc:  # the zip's directory could not be read: an attempt that failed to download
+            return self._failed(model, archive, Attempt(model, Result.OK, key=archive.key, etag=archive.etag), exc)
         if parts is not None:
             return self._reconcile_bundle(model, archive, wait_for_tag)
         owner = self.bundles.owner(model)
