@@ -52,6 +52,7 @@ import io
 import itertools
 import json
 import os
+import re
 import shutil
 import time
 import zipfile
@@ -120,12 +121,13 @@ def top_level(names: list[str]) -> set[str]:
 
 
 def is_bundle(names: list[str], key_model: str) -> bool:
-    """Several top-level directories, or one not named like the key; a name no model may have (an absolute
-    path, '..') keeps the zip a single-model archive, whose checks name that entry."""
+    """Several top-level directories, or one not named like the key. A first component that is no directory
+    name at all (an absolute path, '..', a backslash) keeps the zip a single-model archive, whose checks name
+    that entry; any other name is a model of the bundle, checked against the model-name rules."""
     top = top_level(names)
     if top == {key_model}:
         return False
-    return all(model_name_problem(t) is None for t in top)
+    return not any(t in ("", ".", "..") or "\\" in t or "\x00" in t or re.match(r"^[A-Za-z]:", t) for t in top)
 
 
 # --- reading the central directory without downloading the zip --------------------------------------

@@ -184,6 +184,8 @@ def test_what_makes_a_zip_a_bundle() -> None:
     assert is_bundle(["other/config.pbtxt"], "m")
     assert not is_bundle(["m/config.pbtxt", "/etc/x"], "m")  # an absolute path: the model's checks refuse it
     assert not is_bundle(["m/config.pbtxt", "../x"], "m")
+    assert not is_bundle(["m/config.pbtxt", "C:\\x"], "m")
+    assert is_bundle(["m/config.pbtxt", "bad name/config.pbtxt"], "m")  # a bundle, whose model name is refused
     parts = {"e": Part("e", "1", True, ("a", "f")), "f": Part("f", "1", True, ("a",)), "a": Part("a", "1", False)}
     assert switch_order(parts) == ["a", "f", "e"]
 
@@ -279,6 +281,11 @@ def test_a_bundle_part_refused_changes_nothing(env: Env) -> None:
     assert outcome.result == "unsafe_archive" and "'..' in the path" in outcome.reason, outcome
     unchanged()
     assert not list(env.root.parent.rglob("escaped"))
+    # A part whose name Triton cannot serve verbatim.
+    put(env, b, b.zip(2, extra={"bad name/config.pbtxt": b"", "bad name/1/model.py": b""}))
+    outcome = env.sync().outcomes[b.name]
+    assert outcome.result == "unsafe_archive" and "model name 'bad name' is not allowed" in outcome.reason, outcome
+    unchanged()
     # A part with two versions: refused (the daemon chooses the version numbers).
     put(env, b, b.zip(2, extra={f"{b.steps[0]}/7/model.py": b""}))
     outcome = env.sync().outcomes[b.name]
