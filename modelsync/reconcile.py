@@ -41,6 +41,7 @@ from functools import partial
 from pathlib import Path
 
 from .archive import Limits, extract, inspect
+from .bundle import BundleConflict, Bundles, BundleState
 from .errors import (
     DiskFull,
     DownloadError,
@@ -131,6 +132,7 @@ class Syncer:
         # Written by the daemon (health.py reads it); its first_sync survives restarts of the daemon.
         self.status = status or Status(first_sync=wall())
         self.triton_up = True  # asked once per pass
+        self.bundles = Bundles(settings, s3, store, triton, fs, log, self.limits)  # zips of several models
 
     @property
     def before_first_sync(self) -> bool:
@@ -139,7 +141,7 @@ class Syncer:
     # --- entry points -----------------------------------------------------------------------
 
     def recover(self) -> list[str]:
-        done = self.store.recover()
+        done = self.store.recover() + self.bundles.recover()
         for line in done:
             self.log.warning("recovery: %s", line)
         return done
@@ -163,6 +165,9 @@ class Syncer:
         for model in self.store.managed_models():
             if model not in listing.archives:
                 report.outcomes[model] = self._guarded(model, partial(self._removed, model))
+        for name in self.bundles.names():
+            if name not in listing.archives:
+                report.outcomes[name] = self._guarded(name, partial(self._bundle_removed, name))
         for outcome in report.outcomes.values():
             self._state_event(outcome)
         if report.ok and all(o.in_sync for m, o in report.outcomes.items() if m in listing.archives):
@@ -202,6 +207,8 @@ class Syncer:
                 out[model] = self._guarded(model, partial(self._reconcile, model, archive, wait_for_tag))
             elif self.store.current(model) is not None:
                 out[model] = self._guarded(model, partial(self._removed, model))
+            elif self.bundles.current(model) is not None:
+                out[model] = self._guarded(model, partial(self._bundle_removed, model))
             else:
                 continue
             self._state_event(out[model])
@@ -242,6 +249,18 @@ class Syncer:
             return self._fail_once(model, archive, UnsafeArchive(problem))
         installed = self.store.current(model)
         serving = installed.sha256 if installed else ""
+        try:  # a zip of several models is a bundle (bundle.py): its models switch together
+            parts = self.bundles.parts(
+                model, archive, installed is not None and installed.record.get("etag") == archive.etag
+            )
+        except SyncError as exc:  # the zip's directory could not be read: an attempt that failed to download
+            return self._failed(model, archive, Attempt(model, Result.OK, key=archive.key, etag=archive.etag), exc)
+        if parts is not None:
+            return self._reconcile_bundle(model, archive, wait_for_tag)
+        owner = self.bundles.owner(model)
+        if owner is not None:
+            return self._fail_once(model, archive, BundleConflict(f"{archive.key} holds model {model}, which "
+                                                                  f"already belongs to bundle {owner}"))  # fmt: skip
         staging_start = not self.triton_up and self.before_first_sync
         if installed is not None and installed.record.get("etag") == archive.etag:
             return self._staged(model, installed) if staging_start else self._ensure_loaded(model, installed, archive)
@@ -277,6 +296,66 @@ class Syncer:
             expected=attempt.sha256,
             version_id=attempt.version_id,
         )
+
+    def _reconcile_bundle(self, name: str, archive: Archive, wait_for_tag: bool) -> Outcome:
+        """A bundle: one attempt, one outcome and one memo under the bundle's name (bundle.py does the work)."""
+        current = self.bundles.current(name)
+        single = self.store.current(name)
+        serving = current.sha256 if current else (single.sha256 if single else "")
+        staging_start = not self.triton_up and self.before_first_sync
+        if current is not None and current.etag == archive.etag:
+            return self._bundle_loaded(name, current, staging_start)
+        memo = self.failed.get(name)
+        if memo is not None and memo.etag == archive.etag and not self._memo_outdated(memo, archive):
+            return Outcome(name, False, memo.reason, failed=True, serving=serving, expected=memo.expected)
+        if not self.triton_up and not staging_start:
+            reason = f"Triton at {self.triton.url} does not answer: not installing {archive.key} until it does"
+            return Outcome(name, False, reason, result=Result.LOAD_FAILED, failed=True, serving=serving,
+                           transient=True)  # fmt: skip
+        attempt = Attempt(name, Result.OK, key=archive.key, etag=archive.etag, serving=serving)
+        try:
+            changed = self.bundles.install(
+                name, archive, attempt, partial(self._expected_hash, wait_for_tag=wait_for_tag), not staging_start
+            )
+        except SyncError as exc:
+            now = self.bundles.current(name)
+            attempt.result, attempt.reason = exc.result, str(exc)
+            attempt.serving = now.sha256 if now else serving
+            self._record(attempt)
+            if not exc.transient:
+                self.failed[name] = Memo(archive.etag, attempt.sha256, exc.result, str(exc))
+            return Outcome(name, False, str(exc), result=exc.result, failed=True, serving=attempt.serving,
+                           expected=attempt.sha256, version_id=attempt.version_id, transient=exc.transient)  # fmt: skip
+        installed = self.bundles.current(name)
+        assert installed is not None
+        if not changed:
+            return self._bundle_loaded(name, installed, staging_start)
+        self.failed.pop(name, None)
+        self._record(attempt)
+        if staging_start:
+            return self._bundle_loaded(name, installed, staging_start)
+        return Outcome(name, True, result=Result.OK, serving=installed.sha256, expected=installed.sha256,
+                       version_id=installed.version_id)  # fmt: skip
+
+    def _bundle_loaded(self, name: str, state: BundleState, staging_start: bool) -> Outcome:
+        sha, version = state.sha256, state.version_id
+        if staging_start:
+            return Outcome(name, False, "installed; Triton is not running yet and loads it at its start",
+                           serving=sha, expected=sha, version_id=version)  # fmt: skip
+        if self.bundles.ready(state):
+            return Outcome(name, True, serving=sha, expected=sha, version_id=version)
+        attempt = Attempt(name, Result.OK, key=str(state.record.get("key", "")), etag=state.etag, serving=sha,
+                          sha256=sha, version_id=version)  # fmt: skip
+        try:
+            with self._phase(attempt, "load"):
+                self.bundles.ensure_loaded(state)
+        except SyncError as exc:
+            attempt.result, attempt.reason = exc.result, str(exc)
+            self._record(attempt)
+            return Outcome(name, False, str(exc), result=exc.result, failed=True, serving=sha, expected=sha,
+                           version_id=version, transient=exc.transient)  # fmt: skip
+        self._record(attempt)
+        return Outcome(name, True, result=Result.OK, serving=sha, expected=sha, version_id=version)
 
     def _memo_outdated(self, memo: Memo, archive: Archive) -> bool:
         """A hash mismatch against a tag is retried when the tag changes (metadata cannot change)."""
@@ -321,6 +400,20 @@ class Syncer:
         return Outcome(
             model, True, result=Result.OK, serving=installed.sha256, expected=installed.sha256, version_id=version
         )
+
+    def _bundle_removed(self, name: str) -> Outcome:
+        state = self.bundles.current(name)
+        serving = state.sha256 if state else ""
+        if not self.settings.delete_removed:
+            return Outcome(name, False, "no longer in S3; kept (run with --delete-removed to unload and delete it)",
+                           serving=serving)  # fmt: skip
+        try:
+            self.bundles.remove(name)
+        except SyncError as exc:
+            return Outcome(name, False, f"no longer in S3; unload failed: {exc}", failed=True, serving=serving,
+                           transient=True)  # fmt: skip
+        self.log.info("removed bundle %s: no longer in S3, its models unloaded and deleted", name)
+        return Outcome(name, True, "removed: no longer in S3, unloaded and deleted", gone=True)
 
     def _removed(self, model: str) -> Outcome:
         current = self.store.current(model)
