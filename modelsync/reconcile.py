@@ -41,6 +41,7 @@ from functools import partial
 from pathlib import Path
 
 from .archive import Limits, extract, inspect
+from .dirmodel import DirectoryFetcher
 from .errors import (
     DiskFull,
     DownloadError,
@@ -237,7 +238,7 @@ class Syncer:
         )
 
     def _reconcile(self, model: str, archive: Archive, wait_for_tag: bool) -> Outcome:
-        problem = model_name_problem(model)
+        problem = model_name_problem(model) or archive.conflict
         if problem:
             return self._fail_once(model, archive, UnsafeArchive(problem))
         installed = self.store.current(model)
@@ -426,7 +427,7 @@ class Syncer:
             except SyncError as exc:
                 self._roll_back(model, path, installed, exc)
             attempt.upload_to_ready = self.wall() - archive.last_modified.timestamp()
-        for removed in self.store.prune(model):
+        for removed in self.store.prune(model, keep_previous=self.settings.keep_previous):
             self.log.info("pruned %s/%s from the store", model, removed)
         return None
 
@@ -435,6 +436,14 @@ class Syncer:
     ) -> tuple[Installed | None, Path]:
         """Download, verify and extract into the store; (the installed record, ...) when the bytes turn out to
         be what is installed already (an unverified archive)."""
+        if archive.directory:  # <prefix><model>/manifest.json: the files straight into staging (dirmodel.py)
+            fetcher = DirectoryFetcher(self.s3, self.store, self.fs, self.limits, self._phase, self._free_check)
+            record = partial(self._record_of, model, archive=archive, source=source)
+            final = fetcher.fetch(model, archive, installed, attempt, expected, source, lambda sha: record(sha=sha))
+            if final is None:  # an unverified manifest, byte for byte the installed one
+                assert installed is not None
+                return self._same_content(installed, archive), installed.path
+            return None, final
         download: Path | None = None
         extracted: Path | None = None
         zf: zipfile.ZipFile | None = None
