@@ -381,3 +381,52 @@ def test_a_model_triton_cannot_load_is_not_counted_in_sync_until_it_is_ready(env
     assert outcome.in_sync and env.infer(model, 1.0) == 2.0
     state = [d for d in env.docs() if d.get("model") == model and "ModelInSync" in d][-1]
     assert state["ModelInSync"] == 1
+
+
+# --- Triton's model_warmup: READY after our load call means warmed up ------------------------------------
+
+WARMUP = """model_warmup [{{
+  name: "zeros"
+  batch_size: 1
+  inputs {{ key: "INPUT0" value: {{ data_type: TYPE_FP32 dims: [ 1 ] zero_data: true }} }}
+}}]
+"""
+
+COUNTING_PY = """import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.calls = 0
+
+    def execute(self, requests):
+        self.calls += 1
+        time.sleep({sleep})
+        if {fail}:
+            raise RuntimeError("warmup refused")
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", (x + self.calls).astype(np.float32))]))
+        return out
+"""
+
+
+def test_model_warmup_runs_inside_the_load_call_and_a_failing_one_rolls_back(env: Env) -> None:
+    model = unique("warm")
+    files = {
+        "config.pbtxt": (CONFIG.format(name=model) + WARMUP.format()).encode(),
+        "1/model.py": COUNTING_PY.format(sleep=1.5, fail=False).encode(),
+    }
+    v1 = install_dir(env, model, files)
+    attempt = env.attempts(model)[-1]
+    assert attempt["SyncLoadTime"] >= 1500  # the warmup's 1.5 s is inside Triton's load call, so in our phase
+    assert env.infer(model, 1.0) == 3.0  # 1 + 2 calls: the warmup ran before the model was READY to us
+    bad = {**files, "1/model.py": COUNTING_PY.format(sleep=0, fail=True).encode()}
+    upload_dir(env, model, bad)
+    outcome = env.sync().outcomes[model]
+    assert outcome.result == "rolled_back" and "warmup" in outcome.reason, outcome
+    assert env.link(model).endswith(v1) and env.infer(model, 1.0) == 4.0  # the old instance, still serving
