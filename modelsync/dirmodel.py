@@ -139,7 +139,7 @@ class DirectoryFetcher:
                 need = todo.disk_bytes(manifest, self.fs.block_size(self.store.staging))
                 self.free_check(
                     need,
-                    f"{model}: downloading {len(todo.fetch)} of {len(manifest.files)} files "
+                    f"downloading {len(todo.fetch)} of {len(manifest.files)} files "
                     f"({len(todo.link)} reused from the installed version by hard link)",
                 )
                 objects = self.s3.list_files(folder) if todo.fetch else {}

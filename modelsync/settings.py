@@ -113,7 +113,7 @@ OPTIONS: tuple[Option, ...] = (
         "--bucket",
         ("MODELSYNC_BUCKET",),
         _bucket,
-        "S3 bucket holding <prefix><model>.zip archives (required)",
+        "S3 bucket holding <prefix><model>.zip archives or <prefix><model>/manifest.json directory models (required)",
         shown="",
     ),
     Option(
