@@ -427,6 +427,7 @@ def test_model_warmup_runs_inside_the_load_call_and_a_failing_one_rolls_back(env
     assert env.infer(model, 1.0) == 3.0  # 1 + 2 calls: the warmup ran before the model was READY to us
     bad = {**files, "1/model.py": COUNTING_PY.format(sleep=0, fail=True).encode()}
     upload_dir(env, model, bad)
-    outcome = env.sync().outcomes[model]
-    assert outcome.result == "rolled_back" and "warmup" in outcome.reason, outcome
+    outcome = env.sync(load_timeout=300.0).outcomes[model]  # room on a loaded machine (once seen above 60 s)
+    seen = [line for line in env.triton.log_text().splitlines() if model in line][-20:]
+    assert outcome.result == "rolled_back" and "warmup" in outcome.reason, (outcome, seen)
     assert env.link(model).endswith(v1) and env.infer(model, 1.0) == 4.0  # the old instance, still serving
