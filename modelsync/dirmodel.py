@@ -64,7 +64,7 @@ def reusable_files(installed: Installed | None) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for item in items if isinstance(items, list) else []:
         with contextlib.suppress(AttributeError, TypeError, ValueError, OSError):
-            path = installed.path / PurePosixPath(str(item["path"]))
+            path = Path(os.path.normpath(installed.path / PurePosixPath(str(item["path"]))))
             st = os.lstat(path)
             if stat.S_ISREG(st.st_mode) and st.st_size == int(item["size"]) and path.is_relative_to(installed.path):
                 out.setdefault(str(item["sha256"]).lower(), path)

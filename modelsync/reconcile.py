@@ -17,6 +17,10 @@ an attempt stops after the swap: Triton loads the links at its start
 answer before it downloads anything, so a link never flips under a Triton
 that is starting or down.
 
+A model is an archive (``<prefix><model>.zip``) or a directory with a
+manifest (``<prefix><model>/manifest.json``): ``_fetch`` hands the latter to
+dirmodel.py, which downloads only the files that changed; the rest is the same.
+
 Several repositories may share one store (the Triton tasks of one
 instance): an archive another repository already extracted is linked
 instead of downloaded again (``Store.claim`` and ``Store.reusable``).
@@ -549,7 +553,8 @@ class Syncer:
             attempt = Attempt(model, exc.result, str(exc), key=archive.key, etag=archive.etag)
             self._record(attempt)
             self.failed[model] = Memo(archive.etag, "", exc.result, str(exc))
-        return Outcome(model, False, str(exc), failed=True)
+        current = self.store.current(model)  # a conflict may appear after the model was installed: still served
+        return Outcome(model, False, str(exc), failed=True, serving=current.sha256 if current else "")
 
     def _record(self, attempt: Attempt) -> None:
         self.attempts += 1

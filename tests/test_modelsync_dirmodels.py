@@ -314,7 +314,7 @@ def test_a_zip_and_a_manifest_for_one_model_are_refused_and_the_others_continue(
     outcome = report.outcomes[model]
     assert (outcome.result, outcome.failed, outcome.transient) == ("", True, False)  # refused, first sync complete
     assert "both" in outcome.reason and f"{model}.zip" in outcome.reason and f"{model}/manifest.json" in outcome.reason
-    assert report.complete and not (env.repository / model).is_symlink()
+    assert report.complete and not (env.repository / model).is_symlink() and outcome.serving == ""
     assert [a["result"] for a in env.attempts(model)] == ["unsafe_archive"]
     assert report.outcomes[other].in_sync and env.infer(other, 1.0) == 5.0
     app = env.app()
@@ -324,6 +324,11 @@ def test_a_zip_and_a_manifest_for_one_model_are_refused_and_the_others_continue(
         app.close()
     env.moto.client("s3").delete_object(Bucket=env.bucket, Key=f"{model}.zip")
     assert env.sync().outcomes[model].in_sync and env.infer(model, 1.0) == 3.0
+    served = env.link(model).rsplit("/", 1)[1]
+    upload(env.moto, env.bucket, f"{model}.zip", make_zip(model_files(model, 9)))  # a conflict once installed
+    outcome = env.sync().outcomes[model]
+    assert outcome.failed and "both" in outcome.reason and outcome.serving == served  # reported as still served
+    assert env.link(model).endswith(served) and env.infer(model, 1.0) == 3.0
 
 
 def test_a_manifest_event_reconciles_the_model_and_file_events_are_ignored(env: Env) -> None:
