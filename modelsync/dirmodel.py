@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -53,12 +54,17 @@ class Plan:
 
 
 def reusable_files(installed: Installed | None) -> dict[str, Path]:
-    """sha256 -> a regular file of the installed directory with that content, per its manifest.json."""
+    """sha256 -> a regular file of the installed directory with that content, per its manifest.json.
+
+    Only a manifest whose sha256 is the directory's name is believed: that one was verified (and each file
+    against it) when the directory was installed; a ``manifest.json`` an archive happened to carry was not."""
     if installed is None:
         return {}
     try:
-        doc = json.loads((installed.path / NAME).read_text())
-        items = doc["files"]
+        data = (installed.path / NAME).read_bytes()
+        if hashlib.sha256(data).hexdigest() != installed.sha256:
+            return {}
+        items = json.loads(data)["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}  # installed from an archive (no manifest): everything is downloaded
     out: dict[str, Path] = {}

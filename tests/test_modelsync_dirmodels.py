@@ -212,6 +212,26 @@ def test_rollback_to_an_earlier_manifest_serves_it_again(env: Env) -> None:
     assert env.infer(model, 1.0) == 2.0 and env.link(model).endswith(f"{v1}.1")
 
 
+def test_a_manifest_inside_an_archive_is_not_believed(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    """From an archive to a directory model: a manifest.json the zip carried claims a hash for a file that has
+    other content; only a manifest verified at install (its sha256 names the directory) lets files be linked."""
+    model = unique("zip2dir")
+    files = files_of(model, 2)
+    size = len(files["1/model.py"])
+    lie = {"files": [{"path": "1/model.py", "size": size, "sha256": sha(files["1/model.py"])}]}
+    zipped = {**model_files(model, 1), f"{model}/manifest.json": json.dumps(lie).encode()}
+    assert len(zipped[f"{model}/1/model.py"]) == size and zipped[f"{model}/1/model.py"] != files["1/model.py"]
+    upload(env.moto, env.bucket, f"{model}.zip", make_zip(zipped))
+    assert env.sync().outcomes[model].in_sync and env.infer(model, 1.0) == 2.0
+    env.moto.client("s3").delete_object(Bucket=env.bucket, Key=f"{model}.zip")
+    caplog.set_level("INFO", logger="werkzeug")
+    upload_dir(env, model, files)
+    fetched(caplog, env, model)
+    assert env.sync().outcomes[model].in_sync
+    assert sorted(fetched(caplog, env, model)) == ["1/model.py", "config.pbtxt", "manifest.json"]
+    assert env.infer(model, 1.0) == 3.0
+
+
 # --- faults: each fails cleanly, leaves no staging, and the old version keeps serving --------------------
 
 
