@@ -217,14 +217,19 @@ class Bundles:
 
     # --- reading ------------------------------------------------------------------------------
 
-    def parts(self, name: str, archive: Archive, single_in_sync: bool) -> list[str] | None:
+    def parts(self, name: str, archive: Archive, single_installed: bool) -> list[str] | None:
         """The top-level model names when ``archive`` is a bundle, None when it is one model.
-        Raises DownloadError (transient) when the zip's directory cannot be read."""
+        Raises DownloadError (transient) when the zip's directory cannot be read.
+
+        A key keeps its kind once installed: under a single model's key (``single_installed``) a zip is read
+        as one model, and one that turns out to hold several is refused by the model path after its
+        download; a bundle's key that now holds one model is refused by the bundle path. Only a key never
+        installed is peeked at, so an update costs no request more than its download."""
         current = self.current(name)
         if current is not None and current.etag == archive.etag:
             return sorted(current.parts)
-        if current is None and single_in_sync:
-            return None  # the single model installed from this very object: nothing new to look at
+        if current is None and single_installed:
+            return None
         seen = self._peeked.get(archive.key)
         if seen is None or seen[0] != archive.etag:
             seen = self._peeked[archive.key] = (archive.etag, peek_names(self.s3, archive))

@@ -17,6 +17,10 @@ an attempt stops after the swap: Triton loads the links at its start
 answer before it downloads anything, so a link never flips under a Triton
 that is starting or down.
 
+A model is an archive (``<prefix><model>.zip``) or a directory with a
+manifest (``<prefix><model>/manifest.json``): ``_fetch`` hands the latter to
+dirmodel.py, which downloads only the files that changed; the rest is the same.
+
 Several repositories may share one store (the Triton tasks of one
 instance): an archive another repository already extracted is linked
 instead of downloaded again (``Store.claim`` and ``Store.reusable``).
@@ -41,7 +45,8 @@ from functools import partial
 from pathlib import Path
 
 from .archive import Limits, extract, inspect
-from .bundle import BundleConflict, Bundles, BundleState
+from .bundle import BundleConflict, Bundles, BundleState, is_bundle, top_level
+from .dirmodel import DirectoryFetcher
 from .errors import (
     DiskFull,
     DownloadError,
@@ -244,14 +249,16 @@ class Syncer:
         )
 
     def _reconcile(self, model: str, archive: Archive, wait_for_tag: bool) -> Outcome:
-        problem = model_name_problem(model)
+        problem = model_name_problem(model) or archive.conflict
         if problem:
             return self._fail_once(model, archive, UnsafeArchive(problem))
         installed = self.store.current(model)
         serving = installed.sha256 if installed else ""
         try:  # a zip of several models is a bundle (bundle.py): its models switch together
-            parts = self.bundles.parts(
-                model, archive, installed is not None and installed.record.get("etag") == archive.etag
+            parts = (
+                None  # a manifest is no zip: nothing to peek at, unless a bundle has this name (refused there)
+                if archive.directory and self.bundles.current(model) is None
+                else self.bundles.parts(model, archive, installed is not None)
             )
         except SyncError as exc:  # the zip's directory could not be read: an attempt that failed to download
             return self._failed(model, archive, Attempt(model, Result.OK, key=archive.key, etag=archive.etag), exc)
@@ -519,7 +526,7 @@ class Syncer:
             except SyncError as exc:
                 self._roll_back(model, path, installed, exc)
             attempt.upload_to_ready = self.wall() - archive.last_modified.timestamp()
-        for removed in self.store.prune(model):
+        for removed in self.store.prune(model, keep_previous=self.settings.keep_previous):
             self.log.info("pruned %s/%s from the store", model, removed)
         return None
 
@@ -528,6 +535,14 @@ class Syncer:
     ) -> tuple[Installed | None, Path]:
         """Download, verify and extract into the store; (the installed record, ...) when the bytes turn out to
         be what is installed already (an unverified archive)."""
+        if archive.directory:  # <prefix><model>/manifest.json: the files straight into staging (dirmodel.py)
+            fetcher = DirectoryFetcher(self.s3, self.store, self.fs, self.limits, self._phase, self._free_check)
+            record = partial(self._record_of, model, archive=archive, source=source)
+            final = fetcher.fetch(model, archive, installed, attempt, expected, source, lambda sha: record(sha=sha))
+            if final is None:  # an unverified manifest, byte for byte the installed one
+                assert installed is not None
+                return self._same_content(installed, archive), installed.path
+            return None, final
         download: Path | None = None
         extracted: Path | None = None
         zf: zipfile.ZipFile | None = None
@@ -550,6 +565,13 @@ class Syncer:
                     zf = zipfile.ZipFile(download)
                 except (zipfile.BadZipFile, OSError) as exc:
                     raise UnsafeArchive(f"not a zip archive: {exc}") from exc
+                if is_bundle(zf.namelist(), model):  # a single model's key keeps its kind (Bundles.parts)
+                    top = ", ".join(sorted(top_level(zf.namelist()))[:5])
+                    raise UnsafeArchive(
+                        f"the archive's top level is {top}, not one {model}/ directory, and {model} is installed "
+                        f"from {archive.key} as one model: a bundle goes under another name (or remove "
+                        f"{archive.key} first, with --delete-removed, then upload it again)"
+                    )
                 plan = inspect(zf, count, model, self.limits)
             with self._phase(attempt, "extract"):
                 self._free_check(plan.disk_bytes(self.fs.block_size(self.store.staging)), f"extracting {model}")
@@ -633,7 +655,8 @@ class Syncer:
             attempt = Attempt(model, exc.result, str(exc), key=archive.key, etag=archive.etag)
             self._record(attempt)
             self.failed[model] = Memo(archive.etag, "", exc.result, str(exc))
-        return Outcome(model, False, str(exc), failed=True)
+        current = self.store.current(model)  # a conflict may appear after the model was installed: still served
+        return Outcome(model, False, str(exc), failed=True, serving=current.sha256 if current else "")
 
     def _record(self, attempt: Attempt) -> None:
         self.attempts += 1

@@ -1,5 +1,9 @@
 """S3: list the archives, read their expected hash, download one pinned version while hashing.
 
+A model is ``<prefix><model>.zip`` (an archive) or ``<prefix><model>/manifest.json``
+(a directory model: the manifest names the files under ``<prefix><model>/``,
+modelsync/manifest.py); both for one name is a conflict, refused for that model.
+
 Endpoint, region and credentials come from boto3's standard chain
 (``AWS_ENDPOINT_URL`` included), never from our settings.
 
@@ -30,6 +34,7 @@ from .fsio import FileSystem
 from .transfer import Source, Transfer, TransferConfig
 
 SUFFIX = ".zip"
+MANIFEST = "manifest.json"  # <prefix><model>/manifest.json: a directory model
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
@@ -45,11 +50,17 @@ class Archive:
     version_id: str = ""
     sha256: str = ""  # the expected hash, lower-case hex; "" when the object carries none
     hash_source: str = ""  # "metadata" | "tag" | ""
+    conflict: str = ""  # why this model cannot be installed from the listing alone (a zip and a manifest)
 
     @property
     def identity(self) -> str:
         """What changes when the object is replaced: its version id, else its ETag."""
         return self.version_id or self.etag
+
+    @property
+    def directory(self) -> bool:
+        """A directory model's manifest (``<prefix><model>/manifest.json``), not a zip."""
+        return self.key.endswith("/" + MANIFEST)
 
 
 @dataclass(frozen=True)
@@ -59,11 +70,29 @@ class Listing:
 
 
 def model_of(key: str, prefix: str) -> str | None:
-    """``<prefix><model>.zip`` -> model, None for any other key (sub-"folders" included)."""
-    if not key.startswith(prefix) or not key.endswith(SUFFIX):
+    """``<prefix><model>.zip`` or ``<prefix><model>/manifest.json`` -> model, None for any other key (the
+    files of a directory model and deeper "folders" included)."""
+    if not key.startswith(prefix):
         return None
-    name = key[len(prefix) : -len(SUFFIX)]
-    return name if name and "/" not in name else None
+    rest = key[len(prefix) :]
+    for suffix in (SUFFIX, "/" + MANIFEST):
+        if rest.endswith(suffix):
+            name = rest[: -len(suffix)]
+            return name if name and "/" not in name else None
+    return None
+
+
+def _merged(found: list[Archive]) -> Archive:
+    """One model's listed objects: an archive, a manifest, or both (a conflict, refused for that model)."""
+    if len(found) == 1:
+        return found[0]
+    zipped, manifest = sorted(found, key=lambda a: a.directory)
+    return replace(
+        zipped,
+        etag=f"{zipped.etag}+{manifest.etag}",  # either one replaced: a new conflict, reported again
+        conflict=f"both {zipped.key} and {manifest.key} exist: a model is one archive or one directory; "
+        "delete one of them",
+    )
 
 
 def valid_hash(text: str | None) -> str:
@@ -83,8 +112,8 @@ class S3:
         self.transfer = transfer or TransferConfig()
 
     def list(self) -> Listing:
-        """Every archive under the prefix (raises DownloadError when S3 cannot be listed)."""
-        archives: dict[str, Archive] = {}
+        """Every archive and manifest under the prefix (raises DownloadError when S3 cannot be listed)."""
+        found: dict[str, list[Archive]] = {}
         ignored: dict[str, str] = {}
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
@@ -96,22 +125,40 @@ class S3:
                         if key.endswith(SUFFIX):
                             ignored[key] = "not directly under the prefix"
                         continue
-                    archives[model] = Archive(model, key, obj["ETag"], int(obj["Size"]), obj["LastModified"])
+                    found.setdefault(model, []).append(
+                        Archive(model, key, obj["ETag"], int(obj["Size"]), obj["LastModified"])
+                    )
         except Exception as exc:  # botocore raises many types; all mean "cannot list now"
             raise DownloadError(f"cannot list s3://{self.bucket}/{self.prefix}: {_error(exc)}") from exc
-        return Listing(archives, ignored)
+        return Listing({m: _merged(f) for m, f in found.items()}, ignored)
 
     def find(self, model: str) -> Archive | None:
-        """The archive of one model, or None when its key is not in the bucket."""
-        key = f"{self.prefix}{model}{SUFFIX}"
+        """The archive or manifest of one model, or None when neither key is in the bucket."""
+        found = []
+        for key in (f"{self.prefix}{model}{SUFFIX}", f"{self.prefix}{model}/{MANIFEST}"):
+            try:
+                resp = self.client.list_objects_v2(Bucket=self.bucket, Prefix=key, MaxKeys=10)
+            except Exception as exc:
+                raise DownloadError(f"cannot list s3://{self.bucket}/{key}: {_error(exc)}") from exc
+            found += [
+                Archive(model, key, obj["ETag"], int(obj["Size"]), obj["LastModified"])
+                for obj in resp.get("Contents", [])
+                if obj["Key"] == key
+            ]
+        return _merged(found) if found else None
+
+    def list_files(self, folder: str) -> dict[str, Archive]:
+        """Every object under ``folder`` (a directory model's prefix, ending in '/'), by key: its ETag and size
+        pin each file's GET like an archive's (:meth:`download` takes them as they are)."""
+        out: dict[str, Archive] = {}
         try:
-            resp = self.client.list_objects_v2(Bucket=self.bucket, Prefix=key, MaxKeys=10)
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=folder):
+                for obj in page.get("Contents", []):
+                    key = obj["Key"]
+                    out[key] = Archive("", key, obj["ETag"], int(obj["Size"]), obj["LastModified"])
         except Exception as exc:
-            raise DownloadError(f"cannot list s3://{self.bucket}/{key}: {_error(exc)}") from exc
-        for obj in resp.get("Contents", []):
-            if obj["Key"] == key:
-                return Archive(model, key, obj["ETag"], int(obj["Size"]), obj["LastModified"])
-        return None
+            raise DownloadError(f"cannot list s3://{self.bucket}/{folder}: {_error(exc)}") from exc
+        return out
 
     def head(self, archive: Archive) -> Archive:
         """The listed object's version id and metadata hash; fails if it changed since the listing."""

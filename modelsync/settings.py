@@ -62,6 +62,7 @@ class Settings:
     namespace: str = "Triton"
     allow_unverified: bool = False
     delete_removed: bool = False
+    keep_previous: bool = True  # off: the replaced directory is deleted once the new one is loaded
     max_archive_bytes: int = 64 * GiB
     max_extracted_bytes: int = 128 * GiB
     max_entries: int = 10_000
@@ -129,7 +130,7 @@ OPTIONS: tuple[Option, ...] = (
         "--bucket",
         ("MODELSYNC_BUCKET",),
         _bucket,
-        "S3 bucket holding <prefix><model>.zip archives (required)",
+        "S3 bucket holding <prefix><model>.zip archives or <prefix><model>/manifest.json directory models (required)",
         shown="",
     ),
     Option(
@@ -209,6 +210,16 @@ OPTIONS: tuple[Option, ...] = (
         "unload and delete models whose archive left S3; otherwise they are kept and reported",
         boolean=True,
         shown="false",
+    ),
+    Option(
+        "keep_previous",
+        "--keep-previous",
+        ("MODELSYNC_KEEP_PREVIOUS",),
+        boolean,
+        "keep each model's previous store directory after an update (up to two versions on disk per model); "
+        "--no-keep-previous deletes it once the new one is loaded (one version, two only during an update)",
+        boolean=True,
+        shown="true",
     ),
     Option(
         "max_archive_bytes",

@@ -347,11 +347,13 @@ class Store:
             del self._previous[model]
         self._release(model)
 
-    def prune(self, model: str) -> list[str]:
-        """Keep the current directory and the one it replaced; remove the rest that no repository
-        references. Returns what went."""
+    def prune(self, model: str, keep_previous: bool = True) -> list[str]:
+        """Keep the current directory and (``keep_previous``) the one it replaced; remove the rest that no
+        repository references. Returns what went."""
         if self.current(model) is None:
             return []
+        if not keep_previous:
+            self._previous.pop(model, None)
         return self._release(model)
 
     def remove_model(self, model: str) -> None:

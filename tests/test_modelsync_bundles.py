@@ -322,6 +322,18 @@ def test_a_bundle_part_refused_changes_nothing(env: Env) -> None:
     assert report.outcomes[b.steps[1]].failed and "belongs to bundle" in report.outcomes[b.steps[1]].reason
     assert not (env.repository / other.name).exists() and answer(env, b.name) == (200, 222.0)
 
+    # A single model's key now holding a bundle: a key keeps its kind, so it is read as one model (no peek at
+    # the zip's directory: an update costs no request more than its download) and refused after it.
+    single = Bundle(unique("single"))
+    upload(env.moto, env.bucket, f"{single.name}.zip", make_zip(model_files(single.name, 4)))
+    assert env.sync().outcomes[single.name].in_sync
+    link = os.readlink(env.repository / single.name)
+    put(env, single, single.zip(1))
+    outcome = env.sync().outcomes[single.name]
+    assert outcome.result == "unsafe_archive" and f"is installed from {single.name}.zip as one model" in outcome.reason
+    assert os.readlink(env.repository / single.name) == link and env.infer(single.name, 1.0) == 5.0
+    assert not any((env.repository / m).exists() for m in single.steps) and staging_empty(env)
+
 
 @pytest.mark.triton
 def test_installed_before_triton_starts_then_restarted_daemon_and_triton_serve_the_new_generation(

@@ -1,0 +1,204 @@
+"""Fetch a directory model (``<prefix><model>/manifest.json`` and its files) into the store.
+
+No zip and no second copy: the manifest and each file are downloaded
+straight into a staging directory through :meth:`S3.download` (the one
+download path: pinned, streamed, hashed, length-checked), which is then
+committed to the store like an extracted archive (its name is the
+manifest's sha256). A file whose sha256 the installed directory already
+holds (under any path, per its ``manifest.json``) is not downloaded again:
+it is hard-linked from there (store and staging share one filesystem). The
+staging directory's folders are always new, so the new model directory is
+newer than the loaded one whatever the linked files' times are, and Triton
+reloads it (link(2) also moves the shared inode's ctime forward).
+
+Phases: ``download`` (manifest, then the files that must be fetched, each
+checked against the manifest as it arrives), ``verify`` (the manifest's hash
+and its checks, manifest.py), ``extract`` (hard links, fsync, commit).
+The free-space check counts only the files to download, in whole blocks,
+and runs before any of them is fetched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .archive import Limits
+from .errors import DownloadError, HashMismatch, UnsafeArchive
+from .fsio import CHUNK, FileSystem, fsync_dir, raise_disk_full, write_durably
+from .manifest import MAX_MANIFEST_BYTES, NAME, File, Manifest, blocks, parse
+from .metrics import Attempt
+from .s3 import S3, Archive
+from .store import Installed, Store
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to fetch and what to link, decided from the manifest and the installed directory."""
+
+    fetch: tuple[File, ...]
+    link: tuple[tuple[File, Path], ...]  # file, the installed file with the same sha256 and size
+
+    def disk_bytes(self, manifest: Manifest, block: int) -> int:
+        return sum(blocks(f.size, block) for f in self.fetch) + block * (len(manifest.dirs) + 1)
+
+
+def reusable_files(installed: Installed | None) -> dict[str, Path]:
+    """sha256 -> a regular file of the installed directory with that content, per its manifest.json.
+
+    Only a manifest whose sha256 is the directory's name is believed: that one was verified (and each file
+    against it) when the directory was installed; a ``manifest.json`` an archive happened to carry was not."""
+    if installed is None:
+        return {}
+    try:
+        data = (installed.path / NAME).read_bytes()
+        if hashlib.sha256(data).hexdigest() != installed.sha256:
+            return {}
+        items = json.loads(data)["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # installed from an archive (no manifest): everything is downloaded
+    out: dict[str, Path] = {}
+    for item in items if isinstance(items, list) else []:
+        with contextlib.suppress(AttributeError, TypeError, ValueError, OSError):
+            path = Path(os.path.normpath(installed.path / PurePosixPath(str(item["path"]))))
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_size == int(item["size"]) and path.is_relative_to(installed.path):
+                out.setdefault(str(item["sha256"]).lower(), path)
+    return out
+
+
+def plan(manifest: Manifest, installed: Installed | None) -> Plan:
+    have = reusable_files(installed)
+    fetch, link = [], []
+    for f in manifest.files:
+        source = have.get(f.sha256)
+        if source is not None and source.stat().st_size == f.size:
+            link.append((f, source))
+        else:
+            fetch.append(f)
+    return Plan(tuple(fetch), tuple(link))
+
+
+class DirectoryFetcher:
+    """One directory model's download into the store (the reconcile's ``_fetch`` for a manifest)."""
+
+    def __init__(
+        self,
+        s3: S3,
+        store: Store,
+        fs: FileSystem,
+        limits: Limits,
+        phase: Callable[[Attempt, str], AbstractContextManager[None]],
+        free_check: Callable[[int, str], None],
+    ) -> None:
+        self.s3 = s3
+        self.store = store
+        self.fs = fs
+        self.limits = limits
+        self.phase = phase
+        self.free_check = free_check
+
+    def fetch(
+        self,
+        model: str,
+        listed: Archive,
+        installed: Installed | None,
+        attempt: Attempt,
+        expected: str,
+        source: str,
+        record: Callable[[str], dict[str, Any]],
+    ) -> Path | None:
+        """The committed store directory; None when the manifest is byte for byte the installed one (an
+        unverified manifest). Any failure leaves nothing in staging."""
+        staging: Path | None = self.store.staging_dir(model)
+        assert staging is not None
+        try:
+            with self.phase(attempt, "download"):
+                if listed.size > MAX_MANIFEST_BYTES:
+                    raise UnsafeArchive(f"{listed.key} is {listed.size} bytes, above {MAX_MANIFEST_BYTES}")
+                self.free_check(listed.size, f"downloading {listed.key}")
+                sha, count = self.s3.download(listed, staging / NAME, self.fs)
+                attempt.bytes_downloaded += count
+            with self.phase(attempt, "verify"):
+                if expected and sha != expected:
+                    raise HashMismatch(
+                        f"downloaded {NAME} sha256 {sha} differs from the expected {expected} "
+                        f"(object {source}); the installed version stays"
+                    )
+                attempt.sha256 = sha
+                if installed is not None and sha == installed.sha256:
+                    return None
+                manifest = parse((staging / NAME).read_bytes(), self.limits)
+                todo = plan(manifest, installed)
+            with self.phase(attempt, "download"):
+                folder = listed.key[: -len(NAME)]
+                need = todo.disk_bytes(manifest, self.fs.block_size(self.store.staging))
+                self.free_check(
+                    need,
+                    f"downloading {len(todo.fetch)} of {len(manifest.files)} files "
+                    f"({len(todo.link)} reused from the installed version by hard link)",
+                )
+                objects = self.s3.list_files(folder) if todo.fetch else {}
+                for f in todo.fetch:  # every file exists and has its size before the first byte is fetched
+                    obj = objects.get(folder + f.path.as_posix())
+                    if obj is None:
+                        raise DownloadError(
+                            f"{NAME} names {f.path.as_posix()}, which is not in s3://{self.s3.bucket}/{folder} "
+                            "(upload the files first, the manifest last; retried at the next reconcile)"
+                        )
+                    if obj.size != f.size:
+                        raise HashMismatch(
+                            f"s3://{self.s3.bucket}/{obj.key} is {obj.size} bytes, {NAME} says {f.size}; "
+                            "the installed version stays"
+                        )
+                for d in manifest.dirs:
+                    (staging / d).mkdir(mode=0o755)
+                for f in todo.fetch:
+                    obj = objects[folder + f.path.as_posix()]
+                    target = staging / f.path
+                    got, count = self.s3.download(obj, target, self.fs)
+                    attempt.bytes_downloaded += count
+                    if got != f.sha256:
+                        raise HashMismatch(
+                            f"s3://{self.s3.bucket}/{obj.key}: sha256 {got} differs from {f.sha256} in {NAME} "
+                            f"(manifest {sha}); the installed version stays"
+                        )
+                    os.chmod(target, 0o644)
+            with self.phase(attempt, "extract"):
+                for f, src in todo.link:
+                    self._link(src, staging / f.path)
+                for d in [*reversed(manifest.dirs), PurePosixPath(".")]:
+                    fsync_dir(staging / d)
+                final = self.store.commit(model, sha, staging, record(sha))
+                staging = None
+            return final
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def _link(self, src: Path, dst: Path) -> None:
+        """Hard-link an unchanged file; copy it where the filesystem refuses links (or too many of them)."""
+        try:
+            os.link(src, dst)
+            return
+        except OSError as exc:
+            raise_disk_full(exc, f"linking {dst}")
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+        try:
+            with open(src, "rb") as f:
+                write_durably(self.fs, dst, iter(lambda: f.read(CHUNK), b""))
+            os.chmod(dst, 0o644)
+        except OSError as exc:
+            raise_disk_full(exc, f"copying {src} to {dst}")
+            raise

@@ -1,0 +1,197 @@
+"""Directory models: the manifest that lists a model's files in S3, and its checks.
+
+A directory model is the prefix ``<prefix><model>/`` with ``manifest.json``::
+
+    {"files": [{"path": "config.pbtxt", "size": 123, "sha256": "<hex>"},
+               {"path": "1/model.py", "size": 456, "sha256": "<hex>"}]}
+
+Paths are relative to the model directory. The manifest's own sha256 is its
+``sha256`` user metadata (or tag), like an archive's; each file is checked
+against the manifest (size, sha256) as it is downloaded. A manifest is
+untrusted input, held to the same rules as an archive's central directory
+(archive.py): no absolute paths, ``..``, backslashes or NUL; regular files
+only (an entry cannot describe a link or a device: entries carry no type
+other than ``file``); no duplicates, no file that is also a directory of
+another; at most ``max_entries`` files and ``max_bytes`` bytes;
+``config.pbtxt`` and at least one numeric version directory, and only
+numeric directories directly under the model. ``manifest.json`` itself is
+kept in the installed directory (it says which file has which hash, for the
+next update), so the manifest cannot list a file of that name.
+
+``python -m modelsync.manifest DIR`` prints the manifest of a local model
+directory (to upload with the files, last).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .archive import Limits
+from .errors import UnsafeArchive
+from .fsio import CHUNK
+
+NAME = "manifest.json"
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024  # ~300 000 entries; a larger one is refused before it is read
+_VERSION = re.compile(r"^[0-9]+$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_KEYS = {"path", "size", "sha256", "type"}
+
+
+@dataclass(frozen=True)
+class File:
+    path: PurePosixPath  # relative to the model directory
+    size: int
+    sha256: str  # lower-case hex
+
+
+@dataclass(frozen=True)
+class Manifest:
+    files: tuple[File, ...]
+    dirs: tuple[PurePosixPath, ...]  # every directory the files need, parents first
+    total_bytes: int
+
+    def by_path(self) -> dict[str, str]:
+        return {f.path.as_posix(): f.sha256 for f in self.files}
+
+
+def blocks(size: int, block: int) -> int:
+    """Bytes a file of ``size`` takes on disk, in whole blocks (an empty file counted as one)."""
+    return -(-max(size, 1) // block) * block
+
+
+def _clean_path(raw: object, index: int) -> PurePosixPath:
+    if not isinstance(raw, str):
+        raise UnsafeArchive(f"manifest entry {index}: 'path' must be a string")
+    if "\x00" in raw:
+        raise UnsafeArchive(f"manifest path {raw!r}: NUL in the name")
+    if "\\" in raw:
+        raise UnsafeArchive(f"manifest path {raw!r}: backslash in the name (a Windows path separator)")
+    if raw.startswith("/") or re.match(r"^[A-Za-z]:", raw):
+        raise UnsafeArchive(f"manifest path {raw!r}: absolute path")
+    parts = [p for p in raw.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise UnsafeArchive(f"manifest path {raw!r}: '..' in the path")
+    if not parts:
+        raise UnsafeArchive(f"manifest path {raw!r}: empty path")
+    return PurePosixPath(*parts)
+
+
+def _entry(item: object, index: int) -> File:
+    if not isinstance(item, dict):
+        raise UnsafeArchive(f"manifest entry {index}: not an object")
+    path = _clean_path(item.get("path"), index)
+    extra = sorted(set(item) - _KEYS)
+    if extra:
+        raise UnsafeArchive(f"manifest path {path.as_posix()!r}: unknown fields {', '.join(map(repr, extra))}")
+    kind = item.get("type", "file")
+    if kind != "file":
+        raise UnsafeArchive(f"manifest path {path.as_posix()!r}: a {kind!r}; only regular files are allowed")
+    size = item.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise UnsafeArchive(f"manifest path {path.as_posix()!r}: 'size' must be a non-negative integer")
+    digest = item.get("sha256")
+    if not isinstance(digest, str) or not _HEX64.fullmatch(digest.lower()):
+        raise UnsafeArchive(f"manifest path {path.as_posix()!r}: 'sha256' must be 64 hex digits")
+    return File(path, size, digest.lower())
+
+
+def parse(data: bytes, limits: Limits) -> Manifest:
+    """The checked manifest, or :class:`UnsafeArchive` naming the first problem."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UnsafeArchive(f"{NAME} is not valid JSON (truncated?): {exc}") from None
+    items = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        raise UnsafeArchive(f'{NAME} must be an object with a "files" list')
+    if len(items) > limits.max_entries:
+        raise UnsafeArchive(f"{NAME} lists {len(items)} files, more than the limit of {limits.max_entries}")
+    files: dict[PurePosixPath, File] = {}
+    total = 0
+    for index, item in enumerate(items):
+        entry = _entry(item, index)
+        if entry.path in files:
+            raise UnsafeArchive(f"manifest path {entry.path.as_posix()!r}: appears twice")
+        if entry.path == PurePosixPath(NAME):
+            raise UnsafeArchive(f"manifest path {NAME!r}: the manifest cannot list itself")
+        total += entry.size
+        if total > limits.max_bytes:
+            raise UnsafeArchive(f"{NAME} lists more than {limits.max_bytes} bytes (the limit)")
+        files[entry.path] = entry
+    dirs: set[PurePosixPath] = set()
+    for path in files:
+        for parent in list(path.parents)[:-1]:
+            if parent in files:
+                raise UnsafeArchive(
+                    f"manifest path {parent.as_posix()!r}: is a file and also a directory of {path.as_posix()!r}"
+                )
+            dirs.add(parent)
+    if PurePosixPath("config.pbtxt") not in files:
+        raise UnsafeArchive(f"{NAME} lists no config.pbtxt")
+    top = {d for d in dirs if len(d.parts) == 1}
+    bad = sorted(d.name for d in top if not _VERSION.fullmatch(d.name))
+    if bad:
+        raise UnsafeArchive(f"directories of the model must be numeric versions, found {', '.join(bad)}")
+    if not top:
+        raise UnsafeArchive(f"{NAME} lists no file in a numeric version directory (e.g. 1/model.py)")
+    return Manifest(tuple(files.values()), tuple(sorted(dirs, key=lambda d: (len(d.parts), d))), total)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def manifest_for(directory: Path) -> dict[str, Any]:
+    """The manifest of a local model directory (every regular file, sorted; links and devices refused)."""
+    files = []
+    for top, dirs, names in os.walk(directory):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(top) / name
+            rel = path.relative_to(directory).as_posix()
+            if rel == NAME:
+                continue  # an earlier manifest: never part of itself
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{path}: not a regular file (links and devices cannot be served from S3)")
+            files.append({"path": rel, "size": st.st_size, "sha256": file_sha256(path)})
+        for name in dirs:
+            if (Path(top) / name).is_symlink():
+                raise ValueError(f"{Path(top) / name}: a symbolic link (not allowed in a model directory)")
+    return {"files": files}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the manifest of a model directory on stdout; 2 with one line on stderr when it cannot be made."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: python -m modelsync.manifest MODEL_DIR > manifest.json", file=sys.stderr)
+        return 2
+    directory = Path(args[0])
+    try:
+        if not directory.is_dir():
+            raise ValueError(f"{directory}: not a directory")
+        doc = manifest_for(directory)
+        parse(json.dumps(doc).encode(), Limits(sys.maxsize, sys.maxsize, float("inf")))
+    except (OSError, ValueError, UnsafeArchive) as exc:
+        print(f"cannot make a manifest of {directory}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
