@@ -128,7 +128,7 @@ def inspect(zf: zipfile.ZipFile, archive_bytes: int, model: str, limits: Limits)
         if total > limits.max_bytes:
             raise UnsafeArchive(f"more than {limits.max_bytes} bytes uncompressed (the limit)")
         files[path] = Entry(info, PurePosixPath(*path.parts[1:]))
-    _check_no_overlap(infos, getattr(zf, "start_dir", archive_bytes))
+    check_no_overlap(infos, getattr(zf, "start_dir", archive_bytes))
     if total > RATIO_MIN_ENTRY_BYTES and total / max(archive_bytes, 1) > limits.max_ratio:
         raise UnsafeArchive(f"archive expands {total / archive_bytes:.0f}x, above the limit of {limits.max_ratio:g}")
     for path in list(files):  # every parent of a file is a directory, and none of them may be a file
@@ -151,7 +151,7 @@ def inspect(zf: zipfile.ZipFile, archive_bytes: int, model: str, limits: Limits)
     return Plan(tuple(files.values()), tuple(inner), total)
 
 
-def _check_no_overlap(infos: list[zipfile.ZipInfo], central_directory: int) -> None:
+def check_no_overlap(infos: list[zipfile.ZipInfo], central_directory: int) -> None:
     """Each entry's data must end before the next entry starts (no shared bodies: the overlap zip bomb)."""
     spans = sorted(
         (i.header_offset, i.header_offset + _LOCAL_HEADER + len(i.orig_filename.encode()) + i.compress_size, i.filename)

@@ -58,16 +58,16 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from logging import Logger
 from pathlib import Path
 from typing import Any
 
 from . import pbtxt
-from .archive import Limits, Plan, _check_no_overlap, extract, inspect
-from .errors import DiskFull, DownloadError, HashMismatch, LoadFailed, MissingHash, RolledBack, SyncError, UnsafeArchive
+from .archive import Limits, Plan, check_no_overlap, extract, inspect
+from .errors import DiskFull, DownloadError, HashMismatch, LoadFailed, RolledBack, SyncError, UnsafeArchive
 from .fsio import FileSystem, LocalFileSystem, fsync_dir, raise_disk_full, write_durably
 from .metrics import Attempt
+from .pinning import free_check, pin, record_of
 from .s3 import S3, Archive
 from .settings import Settings
 from .store import Store, model_name_problem
@@ -279,19 +279,7 @@ class Bundles:
         RolledBack (the old generation serves) or LoadFailed (nothing of the bundle was there before)."""
         current = self.current(name)
         with _phase(attempt, "download"):
-            archive = self.s3.head(listed)
-            attempt.version_id = archive.version_id
-            if archive.size > self.settings.max_archive_bytes:
-                raise UnsafeArchive(
-                    f"archive is {archive.size} bytes, above --max-archive-bytes {self.settings.max_archive_bytes}"
-                )
-            expected, source = expected_hash(archive)
-            attempt.sha256 = expected
-            if not expected and not self.settings.allow_unverified:
-                raise MissingHash(
-                    f"s3://{self.s3.bucket}/{archive.key} has no sha256 user metadata or tag "
-                    "(upload with --metadata sha256=<hex>, or run with --allow-unverified)"
-                )
+            archive, expected, source = pin(self.s3, listed, self.settings, attempt, expected_hash)
             if current is not None and expected and expected == current.sha256:
                 self._retag(current, archive)
                 return False
@@ -350,14 +338,7 @@ class Bundles:
         record = {
             "bundle": name,
             "generation": g,
-            "sha256": sha,
-            "key": archive.key,
-            "etag": archive.etag,
-            "version_id": archive.version_id,
-            "hash_source": source or "unverified",
-            "last_modified": archive.last_modified.isoformat(),
-            "installed_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "host": self.settings.host,
+            **record_of(sha, archive, source, self.settings.host),
             "models": {
                 m: {"version": p.version, "ensemble": p.ensemble, "steps": list(p.steps)} for m, p in parts.items()
             },
@@ -385,7 +366,7 @@ class Bundles:
         try:
             if len(infos) > self.limits.max_entries:
                 raise UnsafeArchive(f"{len(infos)} entries, more than the limit of {self.limits.max_entries}")
-            _check_no_overlap(infos, getattr(zf, "start_dir", count))
+            check_no_overlap(infos, getattr(zf, "start_dir", count))
             plans: dict[str, Plan] = {}
             parts: dict[str, Part] = {}
             for model in top:
@@ -715,12 +696,7 @@ class Bundles:
         self._write_json(self.home / state.name / "state.json", record)
 
     def _free_check(self, need: int, what: str) -> None:
-        free = self.fs.free_bytes(self.store.staging)
-        if free < need + self.settings.min_free_bytes:
-            raise DiskFull(
-                f"{what} needs {need} bytes plus {self.settings.min_free_bytes} headroom; "
-                f"{free} free on {self.store.root}"
-            )
+        free_check(self.fs, self.store.staging, self.store.root, self.settings, need, what)
 
     def _write_json(self, path: Path, data: object) -> None:
         """Bookkeeping: straight to the disk (the injectable fs faults the model data, not this)."""

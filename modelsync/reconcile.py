@@ -40,7 +40,6 @@ import time
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
@@ -48,10 +47,8 @@ from .archive import Limits, extract, inspect
 from .bundle import BundleConflict, Bundles, BundleState, is_bundle, top_level
 from .dirmodel import DirectoryFetcher
 from .errors import (
-    DiskFull,
     DownloadError,
     HashMismatch,
-    MissingHash,
     Result,
     RolledBack,
     SyncError,
@@ -60,6 +57,7 @@ from .errors import (
 from .fsio import FileSystem
 from .health import Status
 from .metrics import Attempt, ModelState, Recorder
+from .pinning import free_check, pin, record_of
 from .s3 import S3, Archive
 from .settings import Settings
 from .store import Installed, Store, model_name_problem
@@ -464,12 +462,7 @@ class Syncer:
             self.sleep(TAG_POLL)
 
     def _free_check(self, need: int, what: str) -> None:
-        free = self.fs.free_bytes(self.store.staging)
-        if free < need + self.settings.min_free_bytes:
-            raise DiskFull(
-                f"{what} needs {need} bytes plus {self.settings.min_free_bytes} headroom; "
-                f"{free} free on {self.store.root}"
-            )
+        free_check(self.fs, self.store.staging, self.store.root, self.settings, need, what)
 
     def _install(
         self,
@@ -483,19 +476,9 @@ class Syncer:
         """Download, verify, extract (or link what another repository of the store extracted), swap, load.
         Returns the installed record when nothing had to change."""
         with self._phase(attempt, "download"):
-            archive = self.s3.head(listed)
-            attempt.version_id = archive.version_id
-            if archive.size > self.settings.max_archive_bytes:
-                raise UnsafeArchive(
-                    f"archive is {archive.size} bytes, above --max-archive-bytes {self.settings.max_archive_bytes}"
-                )
-            expected, source = self._expected_hash(archive, wait_for_tag)
-            attempt.sha256 = expected
-            if not expected and not self.settings.allow_unverified:
-                raise MissingHash(
-                    f"s3://{self.s3.bucket}/{archive.key} has no sha256 user metadata or tag "
-                    "(upload with --metadata sha256=<hex>, or run with --allow-unverified)"
-                )
+            archive, expected, source = pin(
+                self.s3, listed, self.settings, attempt, partial(self._expected_hash, wait_for_tag=wait_for_tag)
+            )
             if installed is not None and expected and expected == installed.sha256:
                 return self._same_content(installed, archive)
         with self.store.claim(expected):  # one download per archive and store, whoever needs it first
@@ -593,17 +576,7 @@ class Syncer:
                 shutil.rmtree(extracted, ignore_errors=True)
 
     def _record_of(self, model: str, sha: str, archive: Archive, source: str) -> dict[str, object]:
-        return {
-            "model": model,
-            "sha256": sha,
-            "key": archive.key,
-            "etag": archive.etag,
-            "version_id": archive.version_id,
-            "hash_source": source or "unverified",
-            "last_modified": archive.last_modified.isoformat(),
-            "installed_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "host": self.settings.host,
-        }
+        return {"model": model, **record_of(sha, archive, source, self.settings.host)}
 
     def _same_content(self, installed: Installed, archive: Archive) -> Installed:
         record = {

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,16 @@ import pytest
 from demo.triton import TritonServer
 from modelsync import pbtxt
 from modelsync.bundle import Part, is_bundle, switch_order
-from tests.support.msync import (
+from tests.support.msync import (  # noqa: F401 - env is a fixture
     Env,
     FaultFileSystem,
+    env,
     leftovers,
     make_zip,
     model_files,
-    moto,  # noqa: F401 - fixture
+    module_env,
+    module_triton,
+    moto,
     new_bucket,
     sha,
     unique,
@@ -88,23 +90,12 @@ class Bundle:
         return make_zip({**files, **(extra or {})})
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, TritonServer]]:
-    root = tmp_path_factory.mktemp("bundles")
-    (root / "repo").mkdir()
-    (root / "triton").mkdir()
-    server = TritonServer(root / "repo", workdir=root / "triton")
-    server.start()
-    try:
-        yield root, server
-    finally:
-        server.stop()
+served = module_triton("bundles")
 
 
 @pytest.fixture
-def env(moto, served, request) -> Env:  # noqa: F811 - the fixture above
-    root, server = served
-    return Env(moto, server, new_bucket(moto), root, root / f"emf-{request.node.name[:40]}.log")
+def env(moto, served, request) -> Env:  # noqa: F811 - the fixtures
+    return module_env(moto, served, request)
 
 
 def answer(env: Env, model: str) -> tuple[int, float | None]:

@@ -9,23 +9,23 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from demo.triton import TritonServer
 from modelsync.events import EventFilter, parse
 from modelsync.manifest import blocks
-from tests.support.msync import (
+from tests.support.msync import (  # noqa: F401 - env is a fixture
     CONFIG,
     MODEL_PY,
     Env,
     FaultFileSystem,
+    env,
     leftovers,
     make_zip,
     model_files,
-    moto,  # noqa: F401 - fixture
+    module_env,
+    module_triton,
+    moto,
     new_bucket,
     sha,
     unique,
@@ -37,23 +37,12 @@ pytestmark = [pytest.mark.triton]
 BROKEN_PY = b'raise RuntimeError("boom: this build does not load")\n'
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, TritonServer]]:
-    root = tmp_path_factory.mktemp("msyncdir")
-    (root / "repo").mkdir()
-    (root / "triton").mkdir()
-    server = TritonServer(root / "repo", workdir=root / "triton")
-    server.start()
-    try:
-        yield root, server
-    finally:
-        server.stop()
+served = module_triton("msyncdir")
 
 
 @pytest.fixture
-def env(moto, served, request) -> Env:  # noqa: F811 - the fixture above
-    root, server = served
-    return Env(moto, server, new_bucket(moto), root, root / f"emf-{request.node.name[:40]}.log")
+def env(moto, served, request) -> Env:  # noqa: F811 - the fixtures
+    return module_env(moto, served, request)
 
 
 def files_of(model: str, add: float = 1.0, **extra: bytes) -> dict[str, bytes]:

@@ -13,22 +13,23 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from demo.triton import TritonServer
 from modelsync.events import EventFilter, Pending, QueuePoller
 from modelsync.metrics import BY_NAME, PHASES
-from tests.support.msync import (
+from tests.support.msync import (  # noqa: F401 - env is a fixture
     Env,
     FaultFileSystem,
     TruncatingProxy,
+    env,
     leftovers,
     make_zip,
     model_files,
-    moto,  # noqa: F401 - fixture
+    module_env,
+    module_triton,
+    moto,
     new_bucket,
     sha,
     unique,
@@ -39,23 +40,12 @@ from tests.support.msync import (
 pytestmark = [pytest.mark.triton]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, TritonServer]]:
-    root = tmp_path_factory.mktemp("msync")
-    (root / "repo").mkdir()
-    (root / "triton").mkdir()
-    server = TritonServer(root / "repo", workdir=root / "triton")
-    server.start()
-    try:
-        yield root, server
-    finally:
-        server.stop()
+served = module_triton("msync")
 
 
 @pytest.fixture
-def env(moto, served, request) -> Env:  # noqa: F811 - the fixture above
-    root, server = served
-    return Env(moto, server, new_bucket(moto), root, root / f"emf-{request.node.name[:40]}.log")
+def env(moto, served, request) -> Env:  # noqa: F811 - the fixtures
+    return module_env(moto, served, request)
 
 
 def install(env: Env, model: str, add: float = 1.0) -> str:

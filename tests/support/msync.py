@@ -250,6 +250,32 @@ class Env:
         return out
 
 
+def module_triton(name: str) -> Any:
+    """A module-scoped fixture: one Triton over a repository of its own, for a test module's Envs.
+
+    In the module: ``served = module_triton("bundles")``, and an ``env`` fixture returning :func:`module_env`."""
+
+    @pytest.fixture(scope="module")
+    def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, TritonServer]]:
+        root = tmp_path_factory.mktemp(name)
+        (root / "repo").mkdir()
+        (root / "triton").mkdir()
+        server = TritonServer(root / "repo", workdir=root / "triton")
+        server.start()
+        try:
+            yield root, server
+        finally:
+            server.stop()
+
+    return served
+
+
+def module_env(moto: Moto, served: tuple[Path, TritonServer], request: pytest.FixtureRequest) -> Env:
+    """An Env on the module's Triton (``served``, from :func:`module_triton`) with a bucket of its own."""
+    root, server = served
+    return Env(moto, server, new_bucket(moto), root, root / f"emf-{request.node.name[:40]}.log")
+
+
 def leftovers(store: Path, repository: Path) -> list[str]:
     """What a sync left in staging: files or folders in the store's staging folders, temporary links beside
     the repository (an empty staging folder of a repository is its own, not a leftover)."""
