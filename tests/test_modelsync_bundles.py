@@ -20,16 +20,15 @@ import pytest
 from demo.triton import TritonServer
 from modelsync import pbtxt
 from modelsync.bundle import Part, is_bundle, switch_order
-from tests.support.msync import (  # noqa: F401 - env is a fixture
+from tests.support.msync import (
     Env,
     FaultFileSystem,
-    env,
     leftovers,
     make_zip,
     model_files,
     module_env,
     module_triton,
-    moto,
+    moto,  # noqa: F401 - a fixture
     new_bucket,
     sha,
     unique,

@@ -14,19 +14,17 @@ import pytest
 
 from modelsync.events import EventFilter, parse
 from modelsync.manifest import blocks
-from tests.support.msync import (  # noqa: F401 - env is a fixture
+from tests.support.msync import (
     CONFIG,
     MODEL_PY,
     Env,
     FaultFileSystem,
-    env,
     leftovers,
     make_zip,
     model_files,
     module_env,
     module_triton,
-    moto,
-    new_bucket,
+    moto,  # noqa: F401 - a fixture
     sha,
     unique,
     upload,

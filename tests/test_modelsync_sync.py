@@ -19,18 +19,16 @@ import pytest
 
 from modelsync.events import EventFilter, Pending, QueuePoller
 from modelsync.metrics import BY_NAME, PHASES
-from tests.support.msync import (  # noqa: F401 - env is a fixture
+from tests.support.msync import (
     Env,
     FaultFileSystem,
     TruncatingProxy,
-    env,
     leftovers,
     make_zip,
     model_files,
     module_env,
     module_triton,
-    moto,
-    new_bucket,
+    moto,  # noqa: F401 - a fixture
     sha,
     unique,
     upload,
