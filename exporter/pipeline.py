@@ -63,6 +63,9 @@ class ScrapeOutput(Protocol):
 
 __all__ = ["CycleResult", "Pipeline", "Scrape", "ScrapeOutput", "SourceStatus"]
 
+_MODEL_DIMS_LIMIT = 20_000  # model versions whose dimensions are remembered (well above --max-models)
+_NO_ORIGINALS: dict[str, object] = {}  # shared by every model whose names needed no change (never written)
+
 
 @dataclass
 class CycleResult:
@@ -169,6 +172,8 @@ class Pipeline:
         self.cap = ModelCap(settings.max_models)
         self.conditions = Conditions(log)
         self.gpu_index = GpuIndex()
+        # (model, version) -> its dimensions and the originals of values made safe: the same every cycle
+        self._model_dims: dict[tuple[str, str], tuple[dict[str, str], dict[str, object]]] = {}
         self.coverage = Coverage(catalog)
         self.gpu_samples = sorted(gpu_samples(catalog))  # sorted: the gpu dimension must not depend on set order
 
@@ -353,7 +358,16 @@ class Pipeline:
                     props["state"] = v.state
                     if v.reason:
                         props["reason"] = clip(v.reason)
-                dims = dimensions_for(BASE_DIMENSIONS[scope], {"model": model, "version": version}, props)
+                named = self._model_dims.get((model, version))
+                if named is None:
+                    if len(self._model_dims) > _MODEL_DIMS_LIMIT:
+                        self._model_dims.clear()  # model churn: forget, do not grow without bound
+                    originals: dict[str, object] = {}
+                    safe = dimensions_for(BASE_DIMENSIONS[scope], {"model": model, "version": version}, originals)
+                    named = self._model_dims[(model, version)] = (safe, originals or _NO_ORIGINALS)
+                dims = named[0]  # shared by this model's events, never changed
+                if named[1]:
+                    props.update(named[1])
             elif scope is Scope.GPU:
                 if ls is None or kind != "gpu":  # a per-GPU series without gpu_uuid
                     misplaced += 1

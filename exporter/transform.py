@@ -119,6 +119,8 @@ class Transform:
         self._entity_keys: set[str] = set()
         self._buckets: dict[tuple[tuple[str, ...], float], _Buckets | None] = {}
         self._configs: Mapping[str, ModelConfig] = {}  # this window's model configurations (evaluate)
+        # quantile guard -> (the deltas it was read from, the entities with requests in them)
+        self._active: dict[Input, tuple[Mapping[ColumnKey, Column], set[str]]] = {}
 
     # --- columns -------------------------------------------------------------------------------
 
@@ -265,6 +267,7 @@ class Transform:
         it gets none of them.
         """
         self._configs = configs or {}
+        self._active.clear()  # nothing of the last window is kept alive
         gauges = {name: finite(s) for name, s in samples.items() if name in self.gauge_samples}
         gcols = self.columns(gauges, labels)
         dcols = self.columns(window.deltas, labels)
@@ -335,9 +338,17 @@ class Transform:
             return {k: v / bottom[k] for k, v in top.items() if bottom.get(k, 0) > 0}
         if kind is Kind.QUANTILE:
             assert metric.guard is not None
-            guard = _first_present((metric.guard,), deltas)
             vals = _first_present(metric.inputs, gauges)
-            return {k: v for k, v in vals.items() if guard.get(k, 0) > 0}
+            known = self._active.get(metric.guard)
+            if known is not None and known[0] is deltas:
+                active = known[1]
+            else:  # the entities with requests in this window: once per guard (three quantiles share one)
+                guard = _first_present((metric.guard,), deltas)
+                active = {k for k, v in guard.items() if v > 0}
+                self._active[metric.guard] = (deltas, active)
+            if vals.keys() <= active:
+                return dict(vals)  # every entity served requests (the busy case): no per-key test
+            return {k: v for k, v in vals.items() if k in active}
         if kind is Kind.PERCENTILE:
             assert metric.quantile is not None
             out = {}
