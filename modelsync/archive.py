@@ -77,18 +77,25 @@ def _mode_kind(info: zipfile.ZipInfo) -> str:
     }.get(stat.S_IFMT(mode), f"special file (mode {mode:o})")
 
 
-def _clean_path(name: str, model: str) -> PurePosixPath:
+def relative_parts(name: str, shown: str) -> list[str]:
+    """The components of a relative path that stays where it is put (a zip entry, a manifest path), or
+    UnsafeArchive naming it as ``shown``: no NUL, backslash, absolute or drive path, '..', or empty path."""
     if "\x00" in name:
-        raise UnsafeArchive(f"entry {name!r}: NUL in the name")
+        raise UnsafeArchive(f"{shown}: NUL in the name")
     if "\\" in name:
-        raise UnsafeArchive(f"entry {name!r}: backslash in the name (a Windows path separator)")
+        raise UnsafeArchive(f"{shown}: backslash in the name (a Windows path separator)")
     if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
-        raise UnsafeArchive(f"entry {name!r}: absolute path")
+        raise UnsafeArchive(f"{shown}: absolute path")
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise UnsafeArchive(f"entry {name!r}: '..' in the path")
+        raise UnsafeArchive(f"{shown}: '..' in the path")
     if not parts:
-        raise UnsafeArchive(f"entry {name!r}: empty path")
+        raise UnsafeArchive(f"{shown}: empty path")
+    return parts
+
+
+def _clean_path(name: str, model: str) -> PurePosixPath:
+    parts = relative_parts(name, f"entry {name!r}")
     if parts[0] != model:
         raise UnsafeArchive(f"entry {name!r}: outside {model}/ (the top-level directory must be the model's name)")
     return PurePosixPath(*parts)

@@ -56,7 +56,7 @@ import re
 import shutil
 import time
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from logging import Logger
 from pathlib import Path
@@ -64,10 +64,10 @@ from typing import Any
 
 from . import pbtxt
 from .archive import Limits, Plan, check_no_overlap, extract, inspect
-from .errors import DiskFull, DownloadError, HashMismatch, LoadFailed, RolledBack, SyncError, UnsafeArchive
+from .errors import DiskFull, DownloadError, LoadFailed, RolledBack, SyncError, UnsafeArchive
 from .fsio import FileSystem, LocalFileSystem, fsync_dir, raise_disk_full, write_durably
 from .metrics import Attempt
-from .pinning import free_check, pin, record_of
+from .pinning import free_check, pin, record_of, verify_hash
 from .s3 import S3, Archive
 from .settings import Settings
 from .store import Store, model_name_problem
@@ -278,7 +278,7 @@ class Bundles:
         but its content is what is installed (nothing switched). Raises a SyncError; after a failed switch,
         RolledBack (the old generation serves) or LoadFailed (nothing of the bundle was there before)."""
         current = self.current(name)
-        with _phase(attempt, "download"):
+        with attempt.phase("download"):
             archive, expected, source = pin(self.s3, listed, self.settings, attempt, expected_hash)
             if current is not None and expected and expected == current.sha256:
                 self._retag(current, archive)
@@ -288,16 +288,11 @@ class Bundles:
         extracted: Path | None = None
         zf: zipfile.ZipFile | None = None
         try:
-            with _phase(attempt, "download"):
+            with attempt.phase("download"):
                 sha, count = self.s3.download(archive, download, self.fs)
                 attempt.bytes_downloaded = count
-            with _phase(attempt, "verify"):
-                if expected and sha != expected:
-                    raise HashMismatch(
-                        f"downloaded sha256 {sha} differs from the expected {expected} "
-                        f"(object {source}); the installed version stays"
-                    )
-                attempt.sha256 = sha
+            with attempt.phase("verify"):
+                verify_hash(sha, expected, source, attempt)
                 if current is not None and sha == current.sha256:
                     self._retag(current, archive)
                     return False
@@ -307,7 +302,7 @@ class Bundles:
                     raise UnsafeArchive(f"not a zip archive: {exc}") from exc
                 plans, parts = self._inspect(zf, count, name)
                 self._check_conflicts(name, parts)
-            with _phase(attempt, "extract"):
+            with attempt.phase("extract"):
                 block = self.fs.block_size(self.store.staging)
                 need = sum(p.disk_bytes(block) + block for p in plans.values())
                 self._free_check(need, f"extracting the {len(plans)} models of bundle {name}")
@@ -455,12 +450,12 @@ class Bundles:
         touched: list[str] = []
         try:
             if not load:  # Triton is not running yet: write the final state, it loads it at its start
-                with _phase(attempt, "swap"):
+                with attempt.phase("swap"):
                     for m in order:
                         touched.append(m)
                         self._write_model(m, {g: new_dir / m / parts[m].version}, new_dir / m, parts, g)
             else:
-                with _phase(attempt, "swap"):
+                with attempt.phase("swap"):
                     for m in steps:
                         touched.append(m)
                         versions = {g: new_dir / m / parts[m].version}
@@ -468,18 +463,18 @@ class Bundles:
                             assert old is not None
                             versions[old.generation] = self.home / name / str(old.generation) / m / old_parts[m].version
                         self._write_model(m, versions, new_dir / m, parts, g)
-                with _phase(attempt, "load"):
+                with attempt.phase("load"):
                     for m in steps:
                         self._load(m, g)
                 for e in ensembles:
-                    with _phase(attempt, "swap"):
+                    with attempt.phase("swap"):
                         touched.append(e)
                         self._write_model(e, {g: new_dir / e / parts[e].version}, new_dir / e, parts, g)
-                    with _phase(attempt, "load"):
+                    with attempt.phase("load"):
                         self._load(e, g)
         except (SyncError, OSError) as exc:
             err = exc if isinstance(exc, SyncError) else _as_sync_error(exc, name)
-            with _phase(attempt, "load"):
+            with attempt.phase("load"):
                 self._roll_back(name, old, g, touched)
             if old is None:
                 raise LoadFailed(f"{err}; bundle {name} was not installed (none of its models stay)") from exc
@@ -492,7 +487,7 @@ class Bundles:
         record["high"] = g
         self._write_json(self.home / name / "state.json", record)
         (self.home / name / "pending.json").unlink(missing_ok=True)
-        with _phase(attempt, "load"):
+        with attempt.phase("load"):
             for m in kept if load else []:
                 try:
                     self._prune_links(m, keep={g})
@@ -721,15 +716,6 @@ class _Subset:
 
     def infolist(self) -> list[zipfile.ZipInfo]:
         return self._infos
-
-
-@contextlib.contextmanager
-def _phase(attempt: Attempt, name: str) -> Iterator[None]:
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        attempt.phases[name] = attempt.phases.get(name, 0.0) + time.perf_counter() - start
 
 
 def _as_sync_error(exc: OSError, name: str) -> SyncError:

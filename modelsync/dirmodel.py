@@ -28,7 +28,6 @@ import os
 import shutil
 import stat
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -38,6 +37,7 @@ from .errors import DownloadError, HashMismatch, UnsafeArchive
 from .fsio import CHUNK, FileSystem, fsync_dir, raise_disk_full, write_durably
 from .manifest import MAX_MANIFEST_BYTES, NAME, File, Manifest, blocks, parse
 from .metrics import Attempt
+from .pinning import verify_hash
 from .s3 import S3, Archive
 from .store import Installed, Store
 
@@ -98,14 +98,12 @@ class DirectoryFetcher:
         store: Store,
         fs: FileSystem,
         limits: Limits,
-        phase: Callable[[Attempt, str], AbstractContextManager[None]],
         free_check: Callable[[int, str], None],
     ) -> None:
         self.s3 = s3
         self.store = store
         self.fs = fs
         self.limits = limits
-        self.phase = phase
         self.free_check = free_check
 
     def fetch(
@@ -123,24 +121,19 @@ class DirectoryFetcher:
         staging: Path | None = self.store.staging_dir(model)
         assert staging is not None
         try:
-            with self.phase(attempt, "download"):
+            with attempt.phase("download"):
                 if listed.size > MAX_MANIFEST_BYTES:
                     raise UnsafeArchive(f"{listed.key} is {listed.size} bytes, above {MAX_MANIFEST_BYTES}")
                 self.free_check(listed.size, f"downloading {listed.key}")
                 sha, count = self.s3.download(listed, staging / NAME, self.fs)
                 attempt.bytes_downloaded += count
-            with self.phase(attempt, "verify"):
-                if expected and sha != expected:
-                    raise HashMismatch(
-                        f"downloaded {NAME} sha256 {sha} differs from the expected {expected} "
-                        f"(object {source}); the installed version stays"
-                    )
-                attempt.sha256 = sha
+            with attempt.phase("verify"):
+                verify_hash(sha, expected, source, attempt, NAME)
                 if installed is not None and sha == installed.sha256:
                     return None
                 manifest = parse((staging / NAME).read_bytes(), self.limits)
                 todo = plan(manifest, installed)
-            with self.phase(attempt, "download"):
+            with attempt.phase("download"):
                 folder = listed.key[: -len(NAME)]
                 need = todo.disk_bytes(manifest, self.fs.block_size(self.store.staging))
                 self.free_check(
@@ -174,7 +167,7 @@ class DirectoryFetcher:
                             f"(manifest {sha}); the installed version stays"
                         )
                     os.chmod(target, 0o644)
-            with self.phase(attempt, "extract"):
+            with attempt.phase("extract"):
                 for f, src in todo.link:
                     self._link(src, staging / f.path)
                 for d in [*reversed(manifest.dirs), PurePosixPath(".")]:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .archive import Limits
+from .archive import Limits, relative_parts
 from .errors import UnsafeArchive
 from .fsio import CHUNK
 
@@ -71,18 +71,7 @@ def blocks(size: int, block: int) -> int:
 def _clean_path(raw: object, index: int) -> PurePosixPath:
     if not isinstance(raw, str):
         raise UnsafeArchive(f"manifest entry {index}: 'path' must be a string")
-    if "\x00" in raw:
-        raise UnsafeArchive(f"manifest path {raw!r}: NUL in the name")
-    if "\\" in raw:
-        raise UnsafeArchive(f"manifest path {raw!r}: backslash in the name (a Windows path separator)")
-    if raw.startswith("/") or re.match(r"^[A-Za-z]:", raw):
-        raise UnsafeArchive(f"manifest path {raw!r}: absolute path")
-    parts = [p for p in raw.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise UnsafeArchive(f"manifest path {raw!r}: '..' in the path")
-    if not parts:
-        raise UnsafeArchive(f"manifest path {raw!r}: empty path")
-    return PurePosixPath(*parts)
+    return PurePosixPath(*relative_parts(raw, f"manifest path {raw!r}"))
 
 
 def _entry(item: object, index: int) -> File:

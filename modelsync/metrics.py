@@ -25,8 +25,9 @@ metric (what the alarm reads); the host is a property, never a dimension
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from catalog import EVENT_KEYS, Catalog, Metric, Scope, modelsync_catalog
@@ -80,6 +81,15 @@ class Attempt:
     serving: str = ""  # sha256 on disk (and in Triton) after the attempt
     upload_to_ready: float | None = None
     reused: bool = False  # linked a directory another repository of the store had extracted: no download
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block into ``phases[name]`` (a phase may be entered more than once: the times add up)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - start
 
 
 @dataclass

@@ -3,6 +3,7 @@
 - :func:`pin`: HEAD the listed object (its version id and metadata hash, or a failure if it changed since
   the listing), refuse it over ``--max-archive-bytes``, and find the hash it must have (metadata, else the
   tag); without one it is refused unless ``--allow-unverified``.
+- :func:`verify_hash`: the downloaded bytes against the hash they must have.
 - :func:`free_check`: refuse an install that would leave less than ``--min-free-bytes`` on the store's disk,
   before anything is written.
 - :func:`record_of`: what the store records of the object an install came from.
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .errors import DiskFull, MissingHash, UnsafeArchive
+from .errors import DiskFull, HashMismatch, MissingHash, UnsafeArchive
 from .fsio import FileSystem
 from .metrics import Attempt
 from .s3 import S3, Archive
@@ -37,6 +38,17 @@ def pin(
             "(upload with --metadata sha256=<hex>, or run with --allow-unverified)"
         )
     return archive, expected, source
+
+
+def verify_hash(sha: str, expected: str, source: str, attempt: Attempt, what: str = "") -> None:
+    """The downloaded bytes' sha256 against the expected one (none: an unverified object); the attempt records
+    the downloaded one. ``what`` names the object in the message (``manifest.json``) when not the archive."""
+    if expected and sha != expected:
+        raise HashMismatch(
+            f"downloaded {what + ' ' if what else ''}sha256 {sha} differs from the expected {expected} "
+            f"(object {source}); the installed version stays"
+        )
+    attempt.sha256 = sha
 
 
 def free_check(fs: FileSystem, staging: Path, root: Path, settings: Settings, need: int, what: str) -> None:

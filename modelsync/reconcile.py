@@ -33,12 +33,11 @@ surroundings (S3, disk, Triton down) is retried at the next reconcile.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 import time
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -48,7 +47,6 @@ from .bundle import BundleConflict, Bundles, BundleState, is_bundle, top_level
 from .dirmodel import DirectoryFetcher
 from .errors import (
     DownloadError,
-    HashMismatch,
     Result,
     RolledBack,
     SyncError,
@@ -57,7 +55,7 @@ from .errors import (
 from .fsio import FileSystem
 from .health import Status
 from .metrics import Attempt, ModelState, Recorder
-from .pinning import free_check, pin, record_of
+from .pinning import free_check, pin, record_of, verify_hash
 from .s3 import S3, Archive
 from .settings import Settings
 from .store import Installed, Store, model_name_problem
@@ -352,7 +350,7 @@ class Syncer:
         attempt = Attempt(name, Result.OK, key=str(state.record.get("key", "")), etag=state.etag, serving=sha,
                           sha256=sha, version_id=version)  # fmt: skip
         try:
-            with self._phase(attempt, "load"):
+            with attempt.phase("load"):
                 self.bundles.ensure_loaded(state)
         except SyncError as exc:
             attempt.result, attempt.reason = exc.result, str(exc)
@@ -395,7 +393,7 @@ class Syncer:
             version_id=version,
         )
         try:
-            with self._phase(attempt, "load"):
+            with attempt.phase("load"):
                 self.triton.load(model)
         except SyncError as exc:  # nothing was flipped: the disk already holds what Triton should serve
             attempt.result, attempt.reason = exc.result, str(exc)
@@ -441,14 +439,6 @@ class Syncer:
 
     # --- the attempt ------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _phase(self, attempt: Attempt, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            attempt.phases[name] = attempt.phases.get(name, 0.0) + time.perf_counter() - start
-
     def _expected_hash(self, archive: Archive, wait_for_tag: bool) -> tuple[str, str]:
         if archive.sha256:
             return archive.sha256, "metadata"
@@ -475,7 +465,7 @@ class Syncer:
     ) -> Installed | None:
         """Download, verify, extract (or link what another repository of the store extracted), swap, load.
         Returns the installed record when nothing had to change."""
-        with self._phase(attempt, "download"):
+        with attempt.phase("download"):
             archive, expected, source = pin(
                 self.s3, listed, self.settings, attempt, partial(self._expected_hash, wait_for_tag=wait_for_tag)
             )
@@ -495,7 +485,7 @@ class Syncer:
                 if same is not None:
                     return same
         sha = attempt.sha256
-        with self._phase(attempt, "swap"):
+        with attempt.phase("swap"):
             try:
                 self.store.flip(model, path)
             except (SyncError, OSError):
@@ -504,7 +494,7 @@ class Syncer:
         attempt.serving = sha
         if load:
             try:
-                with self._phase(attempt, "load"):
+                with attempt.phase("load"):
                     self.triton.load(model)
             except SyncError as exc:
                 self._roll_back(model, path, installed, exc)
@@ -519,7 +509,7 @@ class Syncer:
         """Download, verify and extract into the store; (the installed record, ...) when the bytes turn out to
         be what is installed already (an unverified archive)."""
         if archive.directory:  # <prefix><model>/manifest.json: the files straight into staging (dirmodel.py)
-            fetcher = DirectoryFetcher(self.s3, self.store, self.fs, self.limits, self._phase, self._free_check)
+            fetcher = DirectoryFetcher(self.s3, self.store, self.fs, self.limits, self._free_check)
             record = partial(self._record_of, model, archive=archive, source=source)
             final = fetcher.fetch(model, archive, installed, attempt, expected, source, lambda sha: record(sha=sha))
             if final is None:  # an unverified manifest, byte for byte the installed one
@@ -530,18 +520,13 @@ class Syncer:
         extracted: Path | None = None
         zf: zipfile.ZipFile | None = None
         try:
-            with self._phase(attempt, "download"):
+            with attempt.phase("download"):
                 self._free_check(archive.size, f"downloading {archive.key}")
                 download = self.store.staging_file(model)
                 sha, count = self.s3.download(archive, download, self.fs)
                 attempt.bytes_downloaded = count
-            with self._phase(attempt, "verify"):
-                if expected and sha != expected:
-                    raise HashMismatch(
-                        f"downloaded sha256 {sha} differs from the expected {expected} "
-                        f"(object {source}); the installed version stays"
-                    )
-                attempt.sha256 = sha
+            with attempt.phase("verify"):
+                verify_hash(sha, expected, source, attempt)
                 if installed is not None and sha == installed.sha256:  # unverified, and the same bytes
                     return self._same_content(installed, archive), installed.path
                 try:
@@ -556,7 +541,7 @@ class Syncer:
                         f"{archive.key} first, with --delete-removed, then upload it again)"
                     )
                 plan = inspect(zf, count, model, self.limits)
-            with self._phase(attempt, "extract"):
+            with attempt.phase("extract"):
                 self._free_check(plan.disk_bytes(self.fs.block_size(self.store.staging)), f"extracting {model}")
                 extracted = self.store.staging_dir(model)
                 extract(zf, plan, extracted, self.fs)
