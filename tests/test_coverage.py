@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from catalog import Catalog, Family, build
@@ -146,12 +144,7 @@ def test_response_cache_and_counter_latencies():
 
 
 def test_logged_once_per_appearance_and_recomputed_only_on_change():
-    capture = Capture()
-    logger = logging.getLogger("exporter.coverage")
-    logger.addHandler(capture)
-    old = logger.level
-    logger.setLevel(logging.INFO)
-    try:
+    with Capture.on("exporter.coverage") as capture:
         cov = Coverage(CATALOG)
         key = model_key("m", "1")
         labels = {key: LabelSet.of(model="m", version="1")}
@@ -165,9 +158,6 @@ def test_logged_once_per_appearance_and_recomputed_only_on_change():
         cov.update({key: PLAIN}, "2.51.0", samples, labels)  # back: said again
         cov.update({key: PLAIN}, "2.66.0", samples, labels)  # Triton upgraded: said again
         assert len(capture.messages()) == 3
-    finally:
-        logger.removeHandler(capture)
-        logger.setLevel(old)
 
 
 def test_the_llm_api_backend_is_recognised_and_its_missing_families_are_explained():

@@ -9,7 +9,6 @@ vLLM family, as the real backend does then; and ``stream``, a decoupled model.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
 import pytest
@@ -76,16 +75,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
 
 @pytest.fixture
 def coverage_log() -> Iterator[Capture]:
-    capture = Capture()
-    logger = logging.getLogger("exporter.coverage")
-    logger.addHandler(capture)
-    old = logger.level
-    logger.setLevel(logging.INFO)
-    try:
+    with Capture.on("exporter.coverage") as capture:
         yield capture
-    finally:
-        logger.removeHandler(capture)
-        logger.setLevel(old)
 
 
 def lines_for(capture: Capture, model: str) -> list[str]:

@@ -241,11 +241,7 @@ def test_body_over_a_small_cap_fails_the_source_and_the_cycle_goes_on():
 @pytest.mark.slow
 def test_ten_thousand_models_are_capped_with_a_warning_and_a_dropped_count():
     names = [f"m{i:05d}" for i in range(10_000)]
-    capture = Capture()
-    logger = logging.getLogger("exporter.pipeline")
-    logger.addHandler(capture)
-    logger.setLevel(logging.WARNING)  # whatever level an earlier test's logs.setup() left on "exporter"
-    try:
+    with Capture.on("exporter.pipeline", logging.WARNING) as capture:
         pipe = Pipeline(
             SETTINGS,
             CATALOG,
@@ -256,9 +252,6 @@ def test_ten_thousand_models_are_capped_with_a_warning_and_a_dropped_count():
         )
         pipe.cycle()
         result = pipe.cycle()
-    finally:
-        logger.removeHandler(capture)
-        logger.setLevel(logging.NOTSET)
     docs = documents(result)
     models = [d for d in docs if "model" in d]
     assert len(models) == SETTINGS.max_models == 500

@@ -238,7 +238,6 @@ def test_a_relay_that_cannot_listen_is_a_clear_exit_2(capsys) -> None:
 
 def test_the_dashboards_slow_request_query_reads_the_relays_log_line_as_firelens_ships_it() -> None:
     """The widget's parse pattern (Logs Insights' named groups are Python's) against the real log line."""
-    import logging
     import re
 
     from exporter.render.dashboard.logs import SLOW_REQUESTS
@@ -249,15 +248,8 @@ def test_the_dashboards_slow_request_query_reads_the_relays_log_line_as_firelens
     window_relay = TraceRelay("127.0.0.1", 0, dict)
     try:
         window_relay.window.record(list(SpanProcessor(dict).process(list(fixture_request().resource_spans))))
-        capture = Capture()
-        logger = logging.getLogger("exporter.traces")
-        logger.addHandler(capture)
-        logger.setLevel(logging.INFO)
-        try:
+        with Capture.on("exporter.traces") as capture:
             TraceSource(window_relay).collect(1.0)
-        finally:
-            logger.removeHandler(capture)
-            logger.setLevel(logging.NOTSET)
     finally:
         window_relay.close(1.0)
     lines = [JsonFormatter().format(r) for r in capture.records]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import orjson
@@ -133,3 +134,19 @@ class Capture(logging.Handler):
 
     def messages(self, level: int = logging.DEBUG) -> list[str]:
         return [r.getMessage() for r in self.records if r.levelno >= level]
+
+    @classmethod
+    @contextlib.contextmanager
+    def on(cls, name: str, level: int = logging.INFO) -> Iterator[Capture]:
+        """A Capture on logger ``name`` set to ``level`` (whatever an earlier test's logs.setup() left on it),
+        removed and the logger's level restored after."""
+        capture = cls()
+        logger = logging.getLogger(name)
+        old = logger.level
+        logger.addHandler(capture)
+        logger.setLevel(level)
+        try:
+            yield capture
+        finally:
+            logger.removeHandler(capture)
+            logger.setLevel(old)
