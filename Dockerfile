@@ -39,6 +39,7 @@ COPY catalog/ ./catalog/
 COPY exporter/ ./exporter/
 COPY triton_side/ ./triton_side/
 COPY modelsync/ ./modelsync/
+COPY render/ ./render/
 
 # A C compiler for the optional /metrics scanner (exporter/sources/_scan.c, ~2x faster parsing);
 # it stays in this stage. OS packages only: the replay test skips this step.

@@ -1,7 +1,7 @@
 """Large archives: modelsync's parallel ranged GETs next to boto3's transfer manager and the CRT, and a whole sync.
 
 moto reads the whole object for every ranged GET, so it cannot show what
-parallel GETs gain (/work/shared/MODEL_SYNC_FACTS.md). This bench serves the
+parallel GETs gain (docs/modelsync.md, 'Large models: transfers'). This bench serves the
 archives from Debian's nginx instead, capped per connection like S3
 (``limit_rate``, 40 MB/s by default), path-style: nginx answers boto3's HEAD,
 ranged and conditional (``If-Match``) GETs of a folder, sends the

@@ -14,12 +14,10 @@ cheap.
 
 from __future__ import annotations
 
-DISTRIBUTION = "triton-emf-exporter"
-
 
 def __getattr__(name: str) -> str:
     if name == "__version__":
-        from telemetry import distribution_version
+        from telemetry import DISTRIBUTION, distribution_version
 
         value = distribution_version(DISTRIBUTION)
         globals()["__version__"] = value

@@ -4,8 +4,8 @@
     python -m exporter --once --interval 2   one window: EMF on stdout, a table on stderr
     python -m exporter catalog [--json]      every metric the exporter can emit
     python -m exporter health [...]          the Triton container's deep health probe
-    python -m exporter render [...]          dashboards and alarms from the catalog
-    python -m exporter cost [...]            custom-metric count and monthly cost
+    python -m exporter render [...]          alias of python -m render: dashboards, alarms, deploy files
+    python -m exporter cost [...]            alias of python -m render cost: custom metrics, monthly cost
     python -m exporter validate FILE         check EMF documents (one per line)
 
 Exit codes: 0 done, 1 runtime failure (Triton unreachable in --once, output
@@ -37,11 +37,12 @@ from .sources import Source, SourceRequired
 if TYPE_CHECKING:
     from telemetry.otlp.endpoint import Endpoint
 
-# Commands that live in their own modules, imported only when used.
+# Commands that live in their own modules, imported only when used. render and cost are the artifact
+# generator's (python -m render), kept here as aliases: the sidecar itself never imports the generator.
 COMMANDS = {
     "health": "triton_side.probe:main",  # the Triton-side probe, shipped in the wheel too
-    "render": "exporter.render:main",
-    "cost": "exporter.cost:main",
+    "render": "render:main",
+    "cost": "render.cost:main",
 }
 
 
@@ -87,8 +88,9 @@ def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
 
 def _trace_source(settings: Settings, endpoint: Endpoint, ecs: Any) -> Source:
     """The trace relay, listening already; SourceRequired when its port cannot be had (exit 2)."""
+    from telemetry.otlp.resource import ecs_resource
+
     from .sources.http import make_session
-    from .traces.context import ecs_resource
     from .traces.forward import SpanForwarder
     from .traces.relay import TraceRelay
     from .traces.sampling import TraceRate

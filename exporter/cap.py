@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .series import Exposition, LabelSet, Series, model_key
 from .sources import VersionState
-from .sources.promtext import Exposition, LabelSet, Series, model_key
 
 
 @dataclass

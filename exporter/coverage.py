@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from catalog import HISTOGRAM_KINDS, Catalog, Family, Input, Metric, Scope
 from telemetry.logs import get
 
+from .series import LabelSet, Series
 from .sources import ModelConfig
-from .sources.promtext import LabelSet, Series
 
 log = get("coverage")
 

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 
 from catalog import Catalog
 
+from .series import Exposition
 from .sources import Collected, GpuInfo
-from .sources.promtext import Exposition
 
 
 def gpu_samples(catalog: Catalog) -> frozenset[str]:

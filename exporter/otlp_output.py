@@ -38,52 +38,28 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from catalog import Catalog, Family, Kind, Scope
-from catalog.otlp import DECOUPLED, by_kind, own_name
+from catalog import Catalog, Scope
+from catalog.otlp import DECOUPLED, SCOPE_NAME, plan
 from catalog.otlp import snake as snake  # the tests' name for it
 from telemetry.logs import Conditions, get
 from telemetry.otlp.endpoint import Endpoint
 from telemetry.otlp.exporter import ExportOptions, OtlpHttpExporter
 from telemetry.otlp.metrics import HistogramPoint, MetricsEncoder
+from telemetry.otlp.resource import ecs_resource
 from telemetry.otlp.signals import METRICS
 
 from . import __version__
 from .pipeline import Scrape
+from .series import EMPTY, Exposition, LabelSet, Series
 from .sources import ModelConfig
-from .sources.promtext import EMPTY, Exposition, LabelSet, Series
-from .traces.context import ecs_resource
 
 log = get("otlp_metrics")
 
 SENT = "exporter_otlp_points_sent_total"  # label output
 DROPPED = "exporter_otlp_points_dropped_total"  # labels output, reason
-SCOPE_NAME = "triton-exporter"
 SCOPE_LABELS = 2  # the scope's name and version, counted as labels (CloudWatch: @instrumentation.*)
 # 8 MB of serialized metrics held while an endpoint is away: several cycles at 1000 models (docs/otlp.md)
 OPTIONS = ExportOptions(capacity_bytes=8 << 20)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What goes out: families (in catalog order) and the exporter's own metrics (EMF name, scope, OTLP name)."""
-
-    families: tuple[Family, ...]
-    own: tuple[tuple[str, Scope, str], ...]
-    by_kind: frozenset[str] = frozenset()  # families some input reads for decoupled models only, or the others only
-
-
-def plan(catalog: Catalog) -> _Plan:
-    """The families some selected metric reads, the selected ``self``/``state`` metrics, and the families whose
-    meaning depends on the model being decoupled (Triton's first-response histogram: time to first token, or
-    the whole request)."""
-    families: dict[str, Family] = {}
-    own = []
-    for m in catalog.metrics:
-        if m.kind in (Kind.SELF, Kind.STATE):
-            own.append((m.name, m.scope, own_name(m.name)))
-        for i in m.all_inputs():
-            families.setdefault(i.family, catalog.families[i.family])
-    return _Plan(tuple(families.values()), tuple(own), by_kind(catalog))
 
 
 @dataclass

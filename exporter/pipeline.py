@@ -26,8 +26,8 @@ from .config import Settings
 from .coverage import Coverage, ModelCoverage
 from .gpus import GpuIndex, gpu_samples, gpu_uuids, keep_tritons_gpus
 from .selfmetrics import Bookkeeping, SourceStatus, exporter_values, index_values
+from .series import Exposition, LabelSet, Series, model_key
 from .sources import Collected, GpuInfo, ModelConfig, Source, SourceError, SourceKind, VersionState
-from .sources.promtext import Exposition, LabelSet, Series, model_key
 from .state import DeltaState
 from .transform import Column, Result, Transform
 

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from operator import sub
 
-from .sources.promtext import LabelSet, Series
+from .series import LabelSet, Series
 
 
 @dataclass

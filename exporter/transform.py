@@ -35,8 +35,8 @@ from typing import Any
 
 from catalog import HISTOGRAM_KINDS, Catalog, Combine, Input, Kind, Metric
 
+from .series import LabelSet, Series
 from .sources import ModelConfig
-from .sources.promtext import LabelSet, Series
 from .state import Window
 
 Column = dict[str, float]  # entity_key -> value

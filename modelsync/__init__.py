@@ -8,7 +8,7 @@ imports it, and it never imports the exporter.
 
 from __future__ import annotations
 
-DISTRIBUTION = "triton-emf-exporter"  # the same distribution as the exporter: one version for the image
+from telemetry import DISTRIBUTION  # the same distribution as the exporter: one version for the image
 
 
 def __getattr__(name: str) -> str:

@@ -13,7 +13,7 @@
 # (images, the build cache: reused by the next run on this machine), socket, pidfile, log.
 # A clean machine works from nothing; delete the folder (after `stop`) to start over.
 #
-# Network settings from /work/shared/ECS_REHEARSAL_FACTS.md: no iptables, no forwarding, no
+# Network settings (docs/rehearsal.md, 'The engine'): no iptables, no forwarding, no
 # masquerading, and link-local addresses only (private ranges are flagged on these machines):
 # the default bridge on REHEARSAL_BIP, task addresses on REHEARSAL_TASK_SUBNET.
 set -euo pipefail

@@ -11,6 +11,8 @@ The exporter, model sync and the metric catalog build on it; it imports none of 
 
 from __future__ import annotations
 
+DISTRIBUTION = "triton-emf-exporter"  # the one installed distribution all packages of this repository ship in
+
 
 def distribution_version(distribution: str) -> str:
     """The installed distribution's version (``[project].version``): the one source of a package's version."""

@@ -12,7 +12,7 @@ import pytest
 
 from catalog import BUILTIN_PACKS, Catalog, CatalogError, Kind, Scope, build, modelsync_catalog, parse_selection
 from catalog.load import DIMENSION_KEYS, FAMILY_KEYS, METRIC_KEYS, read
-from exporter.render.docsgen import DIMENSION_KEYS_DOC, FAMILY_KEYS_DOC, METRIC_KEYS_DOC, example_catalog
+from render.docsgen import DIMENSION_KEYS_DOC, FAMILY_KEYS_DOC, METRIC_KEYS_DOC, example_catalog
 
 from .support.helpers import CATALOG
 
@@ -345,7 +345,7 @@ def test_an_excluding_selection_works_as_a_separate_argument() -> None:
 
 
 def test_cost_prices_the_selection(capsys: pytest.CaptureFixture[str]) -> None:
-    from exporter import cost
+    from render import cost
 
     def metrics(*argv: str) -> int:
         assert cost.main(["--models", "10", "--gpus", "0", *argv]) == 0

@@ -19,13 +19,14 @@ import pytest
 from demo.payloads import first_response_metrics, llm_metrics, triton_metrics
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
-from exporter.render import alarms, dashboard, render
-from exporter.render.base.options import Options
+from exporter.series import model_key
 from exporter.sources import Collected, ModelConfig, VersionState
 from exporter.sources.nvml import NvmlSource
-from exporter.sources.promtext import Parser, model_key
+from exporter.sources.promtext import Parser
 from modelsync.errors import Result
 from modelsync.metrics import METRICS, PHASES, Attempt, ModelState, Recorder
+from render import alarms, dashboard, render
+from render.base.options import Options
 from telemetry.sinks import StreamSink
 from tests.support.nvml_fake import FakeNvml, gpus
 from tests.support.render_refs import alarm_refs, dashboard_refs, emitted, expression_refs

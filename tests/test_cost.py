@@ -10,14 +10,15 @@ import orjson
 import pytest
 
 from demo.payloads import first_response_metrics, llm_metrics, triton_metrics
-from exporter import cost
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
-from exporter.render.base.options import Options
+from exporter.series import model_key
 from exporter.sources import Collected, ModelConfig, VersionState
 from exporter.sources.nvml import NvmlSource
-from exporter.sources.promtext import Parser, model_key
+from exporter.sources.promtext import Parser
 from modelsync.metrics import ModelState, Recorder
+from render import cost
+from render.base.options import Options
 from telemetry.sinks import StreamSink
 from tests.support.nvml_fake import FakeNvml, gpus
 
@@ -178,7 +179,7 @@ def test_alarms_bill_insights_alarms_per_model() -> None:
 def test_docs_show_the_current_cost_table() -> None:
     table = cost.markdown_table(cost.DOC_ROWS, OPTS)
     for path in (ROOT / "docs" / "dashboards.md", ROOT / "README.md"):
-        assert table in path.read_text(), f"{path.name}: re-run exporter cost --markdown"
+        assert table in path.read_text(), f"{path.name}: re-run python -m render cost --markdown"
 
 
 def test_cli(capsys: pytest.CaptureFixture[str]) -> None:

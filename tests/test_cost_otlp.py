@@ -1,11 +1,11 @@
-"""``python -m exporter cost --otlp``: OTLP points and GB a month, bytes per point from the real encoder."""
+"""``python -m render cost --otlp``: OTLP points and GB a month, bytes per point from the real encoder."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter import cost
-from exporter.render.base.options import Options
+from render import cost
+from render.base.options import Options
 from tests.support.helpers import CATALOG
 
 OPTS = Options(catalog=CATALOG)

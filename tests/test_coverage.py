@@ -7,8 +7,8 @@ import pytest
 from catalog import Catalog, Family, build
 from catalog.load import read
 from exporter.coverage import Coverage, gaps, release_of
+from exporter.series import LabelSet, model_key
 from exporter.sources import ModelConfig
-from exporter.sources.promtext import LabelSet, model_key
 
 from .support.helpers import CATALOG, Capture
 

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog import Scope
+from exporter.series import LabelSet
 from exporter.sources import ModelConfig
-from exporter.sources.promtext import LabelSet, Parser
+from exporter.sources.promtext import Parser
 from exporter.state import DeltaState
 from exporter.transform import MAX_DISTRIBUTION_PAIRS, Transform
 from telemetry.emf import Encoder, Event

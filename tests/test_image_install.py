@@ -28,7 +28,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
-SHIPPED = ("telemetry", "catalog", "exporter", "modelsync", "triton_side")  # the packages the wheel holds
+SHIPPED = ("telemetry", "catalog", "exporter", "modelsync", "triton_side", "render")  # the packages the wheel holds
 TRITON_DOCKERFILE = ROOT / "deploy" / "triton.Dockerfile"
 LOCK = ROOT / "requirements.lock"
 DEV_LOCK = ROOT / "requirements-dev.lock"
@@ -247,7 +247,7 @@ def test_runtime_dependencies_are_what_the_shipped_code_imports():
     imported: set[str] = set()
     shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     packages = sorted({p.rstrip("*") for p in shipped})
-    assert packages == ["catalog", "exporter", "modelsync", "telemetry", "triton_side"]
+    assert packages == ["catalog", "exporter", "modelsync", "render", "telemetry", "triton_side"]
     for path in (p for package in packages for p in (ROOT / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -456,9 +456,9 @@ def is_test_only(path: str) -> bool:
 
 
 def test_test_only_rule_catches_what_used_to_ship():
-    assert is_test_only("exporter/sources/nvml_fake.py") and is_test_only("exporter/render/refs.py")
+    assert is_test_only("exporter/sources/nvml_fake.py") and is_test_only("render/refs.py")
     assert is_test_only("tests/support/helpers.py") and is_test_only("exporter/test_x.py")
-    assert not is_test_only("exporter/sources/nvml.py") and not is_test_only("exporter/render/dashboard.py")
+    assert not is_test_only("exporter/sources/nvml.py") and not is_test_only("render/dashboard.py")
 
 
 @pytest.mark.slow
@@ -469,7 +469,7 @@ def test_wheel_and_image_hold_only_what_runs(image):
     assert len(wheels) == 1, wheels
     names = zipfile.ZipFile(wheels[0]).namelist()
     modules = [n for n in names if n.endswith((".py", ".c", ".so"))]
-    assert {"exporter/__main__.py", "exporter/sources/nvml.py", "exporter/render/dashboard/__init__.py"} <= set(modules)
+    assert {"exporter/__main__.py", "exporter/sources/nvml.py", "render/dashboard/__init__.py"} <= set(modules)
     # The output layer, the catalog, the exporter, the Triton-side probe (``python -m exporter health`` runs it)
     # and the model-sync daemon.
     others = {n.split("/")[0] for n in names if n.split("/")[0] not in SHIPPED}

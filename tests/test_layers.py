@@ -2,14 +2,16 @@
 
 Every import counts, at the top of a module or inside a function (a lazy
 import is still a dependency), and so do the commands the exporter imports
-by name (``"exporter.render:main"``). Cycles are looked for twice: between
+by name (``"render:main"``). Cycles are looked for twice: between
 modules, and between packages (each directory is one node), so two modules
 of different packages cannot lean on each other through a third.
 
 The layers, bottom up: ``telemetry`` (output: encoders, transports, logs,
-settings), ``catalog`` (what is emitted, as data), then ``exporter`` and
-``modelsync`` side by side (neither imports the other); ``triton_side`` is
-standard library only (it runs in the Triton image).
+settings), ``catalog`` (what is emitted, as data), then ``exporter``,
+``modelsync`` and ``render`` (the deploy artifacts' generator) side by side
+(none imports another, but for the exporter's ``render``/``cost`` command
+aliases, named as strings); ``triton_side`` is standard library only (it runs
+in the Triton image).
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("telemetry", "catalog", "exporter", "modelsync", "triton_side")
+PACKAGES = ("telemetry", "catalog", "exporter", "modelsync", "render", "triton_side")
 # What each top-level package may import of ours (the rest of the graph must point down to these).
 ALLOWED = {
     "telemetry": set(),
     "catalog": {"telemetry"},
-    "exporter": {"telemetry", "catalog", "triton_side"},
+    "exporter": {"telemetry", "catalog", "triton_side", "render"},  # render: the command aliases only (below)
     "modelsync": {"telemetry", "catalog"},
+    "render": {"telemetry", "catalog"},
     "triton_side": set(),
 }
 COMMAND = re.compile(r"^((?:" + "|".join(PACKAGES) + r")(?:\.\w+)*):\w+$")
@@ -153,3 +156,19 @@ def test_imports_point_down_the_layers(package: str) -> None:
         if t.split(".")[0] != package and t.split(".")[0] not in ALLOWED[package]
     )
     assert wrong == []
+
+
+def test_the_sidecar_reaches_the_generator_only_through_its_command_aliases() -> None:
+    """``python -m render|cost`` name the generator as strings; no sidecar module imports it."""
+    from exporter.__main__ import COMMANDS
+
+    aliases = {v.split(":")[0] for v in COMMANDS.values()}
+    edges = {
+        (m, t)
+        for m, targets in graph().items()
+        if m.split(".")[0] == "exporter"
+        for t in targets
+        if t.startswith("render")
+    }
+    assert edges == {("exporter.__main__", "render"), ("exporter.__main__", "render.cost")}
+    assert {t for _, t in edges} <= aliases

@@ -19,9 +19,9 @@ import pytest
 from demo.triton import TritonServer, copy_models
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
+from exporter.series import model_key
 from exporter.sources import SourceError
 from exporter.sources.http import make_session
-from exporter.sources.promtext import model_key
 from exporter.sources.triton import TritonIndexSource
 
 from .support.helpers import CATALOG, TextSource, documents, model_doc

@@ -1,4 +1,4 @@
-"""The PromQL alarms (exporter/render/alarms/promql.py): valid for the API, CloudFormation and Terraform, built from
+"""The PromQL alarms (render/alarms/promql.py): valid for the API, CloudFormation and Terraform, built from
 the catalog, and querying what the OTLP metrics output really sends.
 
 - botocore's PutMetricAlarm model (1.44.8: ``EvaluationCriteria.PromQLCriteria``, ``EvaluationInterval``) accepts
@@ -28,14 +28,14 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from catalog import build
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
-from exporter.render import render
-from exporter.render.alarms import promql_specs
-from exporter.render.alarms.promql import PROMQL, PromQLAlarm
-from exporter.render.base.options import Options
-from exporter.render.base.widgets import sent
-from exporter.render.template import build as build_template
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.promtext import Parser
+from render import render
+from render.alarms import promql_specs
+from render.alarms.promql import PROMQL, PromQLAlarm
+from render.base.options import Options
+from render.base.widgets import sent
+from render.template import build as build_template
 from tests.support import nvml_fake as fk
 from tests.support.helpers import CATALOG, IndexSource, TextSource
 from tests.support.otlp_recording import Recording

@@ -23,12 +23,12 @@ from botocore.validate import validate_parameters
 from cfnlint.api import lint_all
 
 from catalog import modelsync_catalog
-from exporter.render import main, render, stale_files
-from exporter.render.base.options import Options, model_log_group
-from exporter.render.base.widgets import emitted
-from exporter.render.dashboard import GRID_WIDTH, MAX_METRICS_PER_WIDGET, MAX_WIDGETS
-from exporter.render.template import build as build_template
 from modelsync.errors import Result
+from render import main, render, stale_files
+from render.base.options import Options, model_log_group
+from render.base.widgets import emitted
+from render.dashboard import GRID_WIDTH, MAX_METRICS_PER_WIDGET, MAX_WIDGETS
+from render.template import build as build_template
 from tests.support.render_refs import dashboard_refs, metric_rows
 
 from .support.helpers import CATALOG
@@ -71,7 +71,7 @@ def test_committed_files_equal_a_fresh_render(default_files) -> None:
         for rel, text in default_files.items()
         if not (ROOT / rel).is_file() or (ROOT / rel).read_text(encoding="utf-8") != text
     ]
-    assert differ == [], "run: python -m exporter render"
+    assert differ == [], "run: python -m render"
     assert stale_files(ROOT, default_files) == []
 
 
@@ -588,8 +588,8 @@ def test_every_render_option_with_help_is_a_flag_and_reaches_the_files(tmp_path:
     the command line: each one given a non-default value changes what is rendered."""
     from dataclasses import fields
 
-    from exporter.render import options_table
-    from exporter.render.base.options import Options as O
+    from render import options_table
+    from render.base.options import Options as O
 
     flags = {o.field: o for o in options_table()}
     table = [f for f in fields(O) if "help" in f.metadata]

@@ -1,4 +1,4 @@
-"""exporter/render's shape: imports at module level only, no private names across modules, no cycles,
+"""render/'s shape: imports at module level only, no private names across modules, no cycles,
 no model sync, and one reference checker."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RENDER = ROOT / "exporter" / "render"
-PACKAGE = "exporter.render"
+RENDER = ROOT / "render"
+PACKAGE = "render"
 
 
 def modules() -> dict[str, ast.Module]:

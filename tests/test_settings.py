@@ -101,6 +101,8 @@ COMMANDS = {
     "catalog": ["exporter", "catalog"],
     "cost": ["exporter", "cost", "--models", "2"],
     "render": ["exporter", "render", "--check"],
+    "render-itself": ["render", "--check"],  # the generator's own entry; the two above are its aliases
+    "render-cost": ["render", "cost", "--models", "2"],
 }
 SHARED_BAD = [
     ({"EXPORTER_LLM_METRICS": "yes"}, [], "EXPORTER_LLM_METRICS='yes': must be one of on, off"),

@@ -33,10 +33,10 @@ import botocore.session
 import pytest
 from botocore.validate import validate_parameters
 
-from exporter.render.base.options import Options, modelsync_log_group
 from modelsync.health import Status
 from modelsync.settings import load
 from modelsync.store import state_dir
+from render.base.options import Options, modelsync_log_group
 from tests.support.helpers import CATALOG
 from tests.test_deploy import PLACEHOLDER, SAMPLE, substitute
 from tests.test_stack import ACCOUNT, REGION, Stack, _as_list, allowed, by_name, mk, stack_taskdef

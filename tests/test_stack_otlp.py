@@ -23,7 +23,7 @@ import pytest
 from botocore.validate import validate_parameters
 
 from exporter.config import load
-from exporter.render.alarms.promql import PROMQL
+from render.alarms.promql import PROMQL
 from telemetry.otlp.endpoint import Endpoint
 from telemetry.sinks import Output
 from tests.test_stack import REGION, Stack, allowed, by_name, mk, sample_taskdef, stack_taskdef, statements

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from catalog import Scope, modelsync_catalog
-from exporter.sources.promtext import LabelSet
+from exporter.series import LabelSet
 from exporter.state import DeltaState
 from exporter.transform import Transform, histogram_quantile
 

@@ -41,12 +41,12 @@ import pytest
 from hcl2.utils import SerializationOptions
 from lark.exceptions import UnexpectedInput
 
-from exporter.render import render
-from exporter.render import terraform as tfrender
-from exporter.render.alarms import SCALING_ACTIONS, alarm_specs
-from exporter.render.alarms.promql import PROMQL
-from exporter.render.base.options import Options
-from exporter.render.template import POLICY_IDS
+from render import render
+from render import terraform as tfrender
+from render.alarms import SCALING_ACTIONS, alarm_specs
+from render.alarms.promql import PROMQL
+from render.base.options import Options
+from render.template import POLICY_IDS
 from tests.support.helpers import CATALOG
 from tests.support.tfeval import Module, TfError, Unknown, ValidationFailed, _source_text, parse_directory
 from tests.test_stack import ACCOUNT, REGION, REGISTRY, VALUES, Stack, api_shape, integer_fields, load_cfn_yaml
@@ -666,7 +666,7 @@ def _alarm_as_cfn(address: str, args: dict[str, Any]) -> tuple[dict[str, Any], l
         diffs += qm.done()
     if queries:
         out["Metrics"] = queries
-    for criteria in m.take("evaluation_criteria", []):  # a PromQL alarm (exporter/render/alarms/promql.py)
+    for criteria in m.take("evaluation_criteria", []):  # a PromQL alarm (render/alarms/promql.py)
         cm = Mapper(f"{address}.evaluation_criteria", criteria, ignore=())
         for promql in cm.take("promql_criteria", []):
             pm = Mapper(f"{address}.evaluation_criteria.promql_criteria", promql, ignore=())

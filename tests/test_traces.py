@@ -16,14 +16,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from exporter.sources.promtext import model_key
-from exporter.traces.context import ecs_resource
+from exporter.series import model_key
 from exporter.traces.receiver import MAX_BODY_BYTES, BadRequest, parse
 from exporter.traces.relay import TraceRelay
 from exporter.traces.source import DROPPED, RECEIVED, TraceSource
 from exporter.traces.spans import SpanProcessor, phases_of
 from exporter.traces.window import BOUNDS_MS, LE, PhaseWindow, family
 from telemetry.otlp.otlpjson import OtlpJsonError, traces_request
+from telemetry.otlp.resource import ecs_resource
 
 FIXTURE = Path(__file__).parent / "fixtures" / "traces" / "triton-2.51-add.json"
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -240,7 +240,7 @@ def test_the_dashboards_slow_request_query_reads_the_relays_log_line_as_firelens
     """The widget's parse pattern (Logs Insights' named groups are Python's) against the real log line."""
     import re
 
-    from exporter.render.dashboard.logs import SLOW_REQUESTS
+    from render.dashboard.logs import SLOW_REQUESTS
     from telemetry.logs import JsonFormatter
 
     from .support.helpers import Capture

@@ -9,7 +9,7 @@
 #   with tracing the trace flags and the relay's settings (tracing.tf), with otlp_metrics the
 #   exporter's OTLP output (otlp.tf) (the stack does the same);
 # - the alarms, the GPU step scaling and their variables are alarms.tf.json, and the dashboard
-#   body is ../../dashboards/triton.json.tftpl, both written by `python -m exporter render`
+#   body is ../../dashboards/triton.json.tftpl, both written by `python -m render`
 #   from the metric catalog.
 
 data "aws_caller_identity" "current" {}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from .promtext import Exposition
+from ..series import Exposition
 
 
 class SourceError(Exception):

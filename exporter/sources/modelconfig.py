@@ -26,9 +26,9 @@ import requests
 
 from telemetry.logs import Conditions, get
 
+from ..series import model_key
 from . import ModelConfig, SourceError, VersionState
 from .http import fetch, redact
-from .promtext import model_key
 
 MAX_READS_PER_CYCLE = 200
 RETRY_AFTER = 60.0

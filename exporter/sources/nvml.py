@@ -36,8 +36,8 @@ from typing import Any
 
 from telemetry.logs import get
 
+from ..series import Exposition, LabelSet
 from . import Collected, GpuInfo, SourceError, SourceKind, SourceRequired
-from .promtext import Exposition, LabelSet
 
 log = get("nvml")
 

@@ -13,10 +13,11 @@ import time
 import orjson
 import requests
 
+from ..series import Exposition
 from . import Collected, SourceError, SourceKind, VersionState
 from .http import fetch, make_session, redact
 from .modelconfig import ModelConfigs
-from .promtext import Exposition, Parser
+from .promtext import Parser
 
 
 class TritonMetricsSource:

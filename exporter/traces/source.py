@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from telemetry.logs import get
 
+from ..series import EMPTY, LabelSet
 from ..sources import Collected, SourceKind
-from ..sources.promtext import EMPTY, LabelSet
 from .relay import TraceRelay
 from .sampling import TraceRate
 

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..sources.promtext import Exposition, LabelSet, model_key
+from ..series import Exposition, LabelSet, model_key
 from .spans import PHASES, ModelRequest
 
 BOUNDS_MS = (*(round(m * 10.0**e, 6) for e in range(-2, 5) for m in (1.0, 1.6, 2.5, 4.0, 6.3)), 100_000.0)

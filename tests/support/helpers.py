@@ -13,9 +13,10 @@ from catalog import build
 from exporter.__main__ import build_sources
 from exporter.config import Settings
 from exporter.pipeline import CycleResult, Pipeline
+from exporter.series import model_key
 from exporter.sources import Collected, SourceKind
 from exporter.sources.modelconfig import parse_config
-from exporter.sources.promtext import Parser, model_key
+from exporter.sources.promtext import Parser
 from exporter.sources.triton import parse_index
 from telemetry.emf_validate import validate
 

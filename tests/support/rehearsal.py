@@ -3,7 +3,7 @@
 Why this shape: no registry but the package ones is reachable here, so every image a task
 definition names is built locally, and the project's own Dockerfiles are built unchanged on
 top of stand-in bases tagged with the names their ``FROM`` lines expect
-(/work/shared/ECS_REHEARSAL_FACTS.md has what was learned getting there):
+(docs/rehearsal.md has what was learned getting there):
 
 * ``rehearsal/bookworm-minbase``: ``mmdebstrap --variant=minbase`` + ``docker import``; also
   the awsvpc pause image;

@@ -3,7 +3,7 @@
 One spec per alarm, written once as data (:mod:`.spec`'s dataclasses; the
 tables are :mod:`.core` for the exporter's metrics and :mod:`.modelsync`
 for model sync's, :mod:`.promql` for the PromQL alarms on the OTLP output) and rendered in ``PutMetricAlarm`` shape with
-``${Param}`` tokens in strings and :class:`~exporter.render.base.params.Ref` for
+``${Param}`` tokens in strings and :class:`~render.base.params.Ref` for
 numbers. The CLI files (:mod:`.cli`) resolve them to the render options;
 the CloudFormation template keeps them as parameters
 (``AWS::CloudWatch::Alarm`` takes the same property names) and Terraform as

@@ -1,4 +1,9 @@
-"""``python -m exporter render``: dashboards, alarms, scaling, their Terraform and docs/metrics.md from the catalog.
+"""The deploy artifacts' generator: dashboards, alarms, scaling, their Terraform and docs from the catalog.
+
+    python -m render [...]        write them (``python -m render`` is an alias)
+    python -m render cost [...]   what they and the sidecar cost (``python -m render cost``)
+
+It reads the catalog and the output layer only, never the sidecar.
 
 The output is committed; tests/test_render.py renders again with the
 defaults and fails when the committed files differ, so a catalog change
@@ -75,7 +80,7 @@ def options_table() -> tuple[Option, ...]:
 
 def _parser(table: Sequence[Option]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m exporter render",
+        prog="python -m render",
         description="Write dashboards/, alarms/, deploy/terraform/alarms.tf.json and "
         "docs/metrics.md from the metric catalog (with --catalog files and the --metrics "
         "selection: only emitted metrics are used).",

@@ -1,4 +1,4 @@
-"""``python -m exporter cost``: custom metrics, alarms and monthly list price of a deployment.
+"""``python -m render cost``: custom metrics, alarms and monthly list price of a deployment.
 
 Counted from the catalog (with the same ``--catalog``/``--metrics``
 selection the sidecar runs with), not guessed: every dimension set of every
@@ -21,15 +21,20 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
 from catalog import Catalog, CatalogError, Kind, Metric, Scope, cli
+from catalog.otlp import SCOPE_NAME, plan
+from telemetry import DISTRIBUTION, distribution_version
 from telemetry.emf import Encoder, Event
+from telemetry.otlp.metrics import HistogramPoint, MetricsEncoder
+from telemetry.otlp.resource import ecs_resource
 from telemetry.settings import ConfigError, Option, add_options, choice, integer, parse, positive
 
-from . import __version__
-from .otlp_output import SCOPE_NAME, plan
-from .render.alarms import alarm_specs, insight_rule_specs
-from .render.alarms.modelsync import CONDITION, SKEW_PERIOD
-from .render.base.options import Options
+from .alarms import alarm_specs, insight_rule_specs
+from .alarms.modelsync import CONDITION, SKEW_PERIOD
+from .base.options import Options
 
 HOURS_PER_MONTH = 730  # AWS's billing month
 # us-east-1 list prices
@@ -44,7 +49,7 @@ LLM_BACKENDS = ("vllm", "tensorrt_llm")  # family `requires` values that mark an
 
 TASK_ARN = "arn:aws:ecs:us-east-1:123456789012:task/triton/0123456789abcdef0123456789abcdef"
 COMMON = {
-    "exporter_version": __version__,
+    "exporter_version": distribution_version(DISTRIBUTION),
     "ecs_cluster": "arn:aws:ecs:us-east-1:123456789012:cluster/triton",
     "ecs_task_arn": TASK_ARN,
     "ecs_task_family": "triton",
@@ -368,20 +373,13 @@ def _split_values(catalog: Catalog, family: str) -> int:
 def otlp_estimate(d: Deployment, opts: Options, price_per_gb: float | None = None) -> OtlpEstimate:
     """OTLP points and bytes of one cycle of this deployment, encoded with the real encoder.
 
-    The families are those the OTLP output sends (:func:`exporter.otlp_output.plan`) of the metrics this
+    The families are those the OTLP output sends (:func:`catalog.otlp.plan`) of the metrics this
     deployment emits; every model version (the LLM pack's: every LLM model version), GPU and source gets its
     series, a family split by a label once per value the catalog reads, a summary its quantiles as a gauge and
     its ``_sum``/``_count``; histograms have :data:`HISTOGRAM_BOUNDS` bounds. The Metric messages come from
     :class:`telemetry.otlp.metrics.MetricsEncoder` (what the output queues); the resource is the ECS task's,
     from the same attributes the output sends.
     """
-    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
-    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-
-    from telemetry.otlp.metrics import HistogramPoint, MetricsEncoder
-
-    from .traces.context import ecs_resource
-
     catalog = opts.catalog
     emitted = emitted_metrics(catalog, d)
     sent = plan(Catalog(catalog.defined, catalog.families, [m.name for m in emitted], catalog.files))
@@ -447,7 +445,7 @@ def otlp_estimate(d: Deployment, opts: Options, price_per_gb: float | None = Non
             ).items()
         ]
     )
-    scope_bytes = InstrumentationScope(name=SCOPE_NAME, version=__version__).ByteSize()
+    scope_bytes = InstrumentationScope(name=SCOPE_NAME, version=COMMON["exporter_version"]).ByteSize()
     per_point = request_bytes / points if points else 0.0
     billed = per_point + resource.ByteSize() + scope_bytes
     per_month = points * d.tasks * HOURS_PER_MONTH * 3600 / d.interval
@@ -547,7 +545,7 @@ OPTIONS: tuple[Option, ...] = (
 
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m exporter cost", description="Custom metrics, alarms and monthly list price the defaults create."
+        prog="python -m render cost", description="Custom metrics, alarms and monthly list price the defaults create."
     )
     add_options(p, OPTIONS, Deployment(models=0))
     p.add_argument("--no-nvml", action="store_true", help="NVML source off (EXPORTER_NVML=off)")

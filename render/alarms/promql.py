@@ -10,7 +10,7 @@ written into the query text.
 
 Queries are built from the catalog: ``<name>`` in a source expression is a family
 (``<nv_inference_request_failure>``) or an exporter-computed metric (``<ModelReady>``, sent as
-``triton_exporter_model_ready``), each checked by :func:`~exporter.render.base.widgets.sent` with the
+``triton_exporter_model_ready``), each checked by :func:`~render.base.widgets.sent` with the
 labels the expression names (``by (...)``, ``{label="..."}``). A source whose names the selection does
 not send is left out; an alarm left with no source is not rendered, so a deselected family gets no
 alarm. Several sources (Triton's and NVML's GPU memory, vLLM's and Triton's time to first token) are

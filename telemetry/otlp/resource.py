@@ -1,4 +1,4 @@
-"""The ECS context a span's resource carries, in OpenTelemetry's semantic-convention names.
+"""The ECS task as an OpenTelemetry resource (semantic-convention names): spans and metrics carry the same one.
 
 Read from the task metadata the ECS source already fetched (its cached
 properties), so the relay asks ECS nothing itself. ``aws.log.group.names``

@@ -1,7 +1,7 @@
 """Model sync's alarms and Contributor Insights rules, from model sync's pack of the catalog.
 
 Both alarms exist only where model sync is deployed (the ``ModelSync``
-parameter). Every metric goes through :func:`~exporter.render.base.emitted`
+parameter). Every metric goes through :func:`~render.base.emitted`
 against ``opts.modelsync``, the pack the daemon encodes its events from;
 tests/test_catalog_agreement.py checks the rendered files against what the
 recorder really emits.

@@ -2,7 +2,7 @@
 
 Each section module holds its intro text and its widgets (``SECTION``); to add a widget, add it to its
 section's file; to add a section, write a module and list it here. Widgets are built on
-:mod:`exporter.render.base.widgets`: every metric goes through its one reference checker, and a widget whose
+:mod:`render.base.widgets`: every metric goes through its one reference checker, and a widget whose
 metrics the ``--metrics`` selection leaves out is not drawn. Histogram metrics are CloudWatch
 distributions: their graphs use percentile statistics (p50, p95, p99) computed over the events of every task.
 """

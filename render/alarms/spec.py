@@ -1,12 +1,12 @@
 """Alarm specifications as data: one dataclass per alarm shape, with named fields.
 
 A spec renders to the ``PutMetricAlarm`` shape (:meth:`MetricAlarm.spec`),
-with ``${Param}`` tokens in strings and :class:`~exporter.render.base.params.Ref`
+with ``${Param}`` tokens in strings and :class:`~render.base.params.Ref`
 for numbers; keys starting with ``_`` are render metadata, not API fields
 (``_file``: the file and resource name; ``_actions``: notify and scaling
 actions; ``_condition``: the parameter that must be "true"; ``_metric``: the
 metric, for ``cost``; ``_rules``: Contributor Insights rules it reads). Every
-metric is checked with :func:`~exporter.render.base.emitted`; a spec whose
+metric is checked with :func:`~render.base.emitted`; a spec whose
 metric the selection leaves out renders as None.
 """
 
