@@ -38,8 +38,9 @@ from .sources import Source, SourceRequired
 if TYPE_CHECKING:
     from telemetry.otlp.endpoint import Endpoint
 
-# Commands that live in their own modules, imported only when used. render and cost are the artifact
-# generator's (python -m render), kept here as aliases: the sidecar itself never imports the generator.
+# Commands that live in their own modules, imported only when used; each main(argv, prog) shows prog in its
+# usage. render and cost are the artifact generator's (python -m render), kept here as aliases: the sidecar
+# itself never imports the generator.
 COMMANDS = {
     "health": "triton_side.probe:main",  # the Triton-side probe, shipped in the wheel too
     "render": "render:main",

@@ -145,6 +145,7 @@ def test_the_model_cap_prices_what_the_pipeline_emits(models: int, versions: int
 
 def test_cost_applies_the_cap_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     """`cost --models 2000` priced 2,000 models while the sidecar's default --max-models 500 emits 500."""
+    assert cost.Deployment(1).max_models == Settings().max_models  # the sidecar's default, which render cannot import
     capped, uncapped = cost.Deployment(2000), cost.Deployment(2000, max_models=2000)
     e = cost.estimate(capped, OPTS)
     assert e.deployment == capped
