@@ -100,6 +100,7 @@ class Loaded:
     families: dict[str, Family] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     dimensions: dict[str, Dimension] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)  # metric -> where a drop removed it ("my.toml: line 3")
 
 
 def read(files: Sequence[tuple[str, str]], builtin: int = 0) -> Loaded:
@@ -156,8 +157,18 @@ def read(files: Sequence[tuple[str, str]], builtin: int = 0) -> Loaded:
         for d in drop:
             if out.metrics.pop(d, None) is None:
                 raise CatalogError(f"{name}: drop: no metric named {d!r} to drop")
+            out.dropped[d] = _drop_line(name, files[position][1], d)
     _check_references(out)
     return out
+
+
+def _drop_line(file: str, text: str, metric: str) -> str:
+    """``file: line N``, the line of the ``drop`` array that names ``metric`` (tomllib keeps no positions)."""
+    key = re.search(r"""(?m)^[ \t]*["']?drop["']?[ \t]*=""", text)
+    if key is None:
+        return f"{file}: drop"
+    found = re.compile(r"""["']""" + re.escape(metric) + r"""["']""").search(text, key.start())
+    return f"{file}: line {text.count(chr(10), 0, found.start() if found else key.start()) + 1}"
 
 
 def read_paths(paths: Sequence[Path | str]) -> list[tuple[str, str]]:
@@ -485,6 +496,16 @@ def _check_references(out: Loaded) -> None:
                 raise where.error(f"rollup {list(keys)}: declare the values of {undeclared[0]!r} under [dimensions]")
         if m.breakdown_of is not None:
             total = out.metrics.get(m.breakdown_of)
+            if total is None and m.breakdown_of in out.dropped:  # the file that dropped it is to blame
+                parts: dict[str, list[str]] = {}  # origin -> the breakdowns of the dropped total it defines
+                for p in out.metrics.values():
+                    if p.breakdown_of == m.breakdown_of:
+                        parts.setdefault(p.origin, []).append(p.name)
+                raise CatalogError(
+                    f"{out.dropped[m.breakdown_of]}: drop {m.breakdown_of!r}: it is the total (breakdown_of) of "
+                    + "; ".join(f"{', '.join(names)} ({origin})" for origin, names in parts.items())
+                    + ": drop those too, or keep it"
+                )
             if total is None:
                 raise where.error(f"breakdown_of {m.breakdown_of!r}: no such metric")
             if total.scope is not m.scope:

@@ -2,7 +2,7 @@
 
     python -m exporter [settings]            the sidecar loop
     python -m exporter --once --interval 2   one window: EMF on stdout, a table on stderr
-    python -m exporter catalog [--json]      every metric the exporter can emit
+    python -m exporter catalog [--json]      every metric the exporter can emit (--catalog FILE: what it adds)
     python -m exporter health [...]          the Triton container's deep health probe
     python -m exporter render [...]          alias of python -m render: dashboards, alarms, deploy files
     python -m exporter cost [...]            alias of python -m render cost: custom metrics, monthly cost
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import ipaddress
 import os
 import signal
 import socket
@@ -29,7 +30,7 @@ from urllib.parse import urlsplit
 
 from catalog import Catalog, CatalogError, build, cli
 from telemetry import logs
-from telemetry.settings import ConfigError, add_options, parse
+from telemetry.settings import ConfigError, HelpFormatter, add_options, parse
 
 from .config import Settings, load
 from .sources import Source, SourceRequired
@@ -37,8 +38,9 @@ from .sources import Source, SourceRequired
 if TYPE_CHECKING:
     from telemetry.otlp.endpoint import Endpoint
 
-# Commands that live in their own modules, imported only when used. render and cost are the artifact
-# generator's (python -m render), kept here as aliases: the sidecar itself never imports the generator.
+# Commands that live in their own modules, imported only when used; each main(argv, prog) shows prog in its
+# usage. render and cost are the artifact generator's (python -m render), kept here as aliases: the sidecar
+# itself never imports the generator.
 COMMANDS = {
     "health": "triton_side.probe:main",  # the Triton-side probe, shipped in the wheel too
     "render": "render:main",
@@ -101,6 +103,15 @@ def _trace_source(settings: Settings, endpoint: Endpoint, ecs: Any) -> Source:
         return ecs_resource(metadata, settings.traces_container, settings.traces_log_groups)
 
     host, port = settings.traces_listen
+    if not _loopback(host):
+        logs.get("traces").warning(
+            "the trace relay listens on %s:%d, beyond this host, and has no authentication: whoever reaches the "
+            "port can send spans to %s; listen on 127.0.0.1 (--traces-listen) unless Triton is on another host",
+            host,
+            port,
+            endpoint,
+            extra={"fields": {"condition": "traces_listen", "listen": f"{host}:{port}"}},
+        )
     try:
         relay = TraceRelay(host, port, context)
     except OSError as exc:
@@ -111,6 +122,16 @@ def _trace_source(settings: Settings, endpoint: Endpoint, ecs: Any) -> Source:
     relay.start()
     rate = TraceRate(settings.triton_url, settings.trace_rate, make_session()) if settings.trace_rate else None
     return TraceSource(relay, rate)
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is this host only: 127.0.0.0/8, ::1 or localhost."""
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name that may resolve to anything
 
 
 def _nvml_source(settings: Settings) -> Source | None:
@@ -142,9 +163,12 @@ def catalog_main(argv: Sequence[str]) -> int:
 
     parser = argparse.ArgumentParser(
         prog="python -m exporter catalog",
-        description="List every metric the exporter emits with this catalog and selection.",
+        description="List every metric the exporter emits with this catalog and selection; with --catalog files, "
+        "check them and list what they add.",
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--json", action="store_true", help="machine-readable output: every selected metric")
+    parser.add_argument("--all", action="store_true", help="with --catalog: list every selected metric")
     add_options(parser, cli.OPTIONS)
     try:
         args, values = parse(parser, cli.OPTIONS, argv, os.environ)
@@ -174,11 +198,7 @@ def catalog_main(argv: Sequence[str]) -> int:
     if args.json:
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
-    width = max((len(r["name"]) for r in rows), default=4)
-    for r in rows:
-        dims = " | ".join(",".join(d) or "(none)" for d in r["dimensions"])
-        sys.stdout.write(f"{r['name']:<{width}}  {r['unit']:<13} {r['kind']:<13} [{dims}]  {r['inputs']}\n")
-    sys.stdout.write(f"{len(rows)} of {len(catalog.defined)} metrics selected\n")
+    sys.stdout.write(cli.listing(catalog, cli.builtin_of(values), args.all))
     return 0
 
 
@@ -186,7 +206,9 @@ def validate_main(argv: Sequence[str]) -> int:
     from telemetry.emf_validate import validate
 
     parser = argparse.ArgumentParser(
-        prog="python -m exporter validate", description="Check EMF documents, one JSON object per line."
+        prog="python -m exporter validate",
+        description="Check EMF documents, one JSON object per line.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("file", help="path, or - for stdin")
     args, _ = parse(parser, (), argv, os.environ)  # no settings: one positional argument
@@ -222,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError as exc:
             sys.stderr.write(f"error: command {argv[0]!r} is not available: {exc}\n")
             return 2
-        return int(target(argv[1:]))
+        return int(target(argv[1:], prog=f"python -m exporter {argv[0]}"))
     try:
         settings = load(argv, os.environ)
     except ConfigError as exc:
@@ -269,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop,
         triton_listens=partial(listens, settings.metrics_url, settings.connect_timeout),
         startup_wait=settings.startup_wait,
+        triton_address=settings.metrics_url,
     )
     try:
         runner.run()
@@ -279,10 +302,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
     try:
+        code = main()
         sys.stdout.flush()
     except BrokenPipeError:
-        # The reader left: silence the interpreter's own flush-at-exit complaint.
+        # The reader left (`catalog | head`): normal use. Silence the interpreter's own flush-at-exit complaint.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
     sys.exit(code)

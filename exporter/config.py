@@ -18,6 +18,7 @@ from catalog import cli as catalog_cli
 from telemetry.otlp.endpoint import Endpoint, parse_endpoint
 from telemetry.settings import (
     ConfigError,
+    HelpFormatter,
     Option,
     add_options,
     choice,
@@ -28,6 +29,8 @@ from telemetry.settings import (
     parse,
     positive,
     positive_int,
+    positive_size,
+    shown_size,
 )
 from telemetry.sinks import Output, parse_output
 
@@ -95,6 +98,21 @@ def _output(text: str) -> Output | Endpoint:
     return endpoint
 
 
+OTLP_TRACES_EXAMPLES = "otlp+https://xray.REGION.amazonaws.com/v1/traces or otlp+http://HOST:PORT/v1/traces"
+
+
+def _traces_to(text: str) -> Endpoint:
+    """A ``--traces-to`` value: an OTLP traces endpoint (a metrics one is refused, as ``--output`` refuses traces)."""
+    endpoint = parse_endpoint(text)
+    if urlsplit(endpoint.url).path.rstrip("/").endswith("/v1/metrics"):
+        raise ValueError(f"a metrics endpoint: --traces-to sends spans, e.g. {OTLP_TRACES_EXAMPLES}")
+    if endpoint.signed and endpoint.service != "xray":
+        raise ValueError(
+            f"signed for {endpoint.service!r}: spans go to X-Ray (SigV4 service xray), e.g. {OTLP_TRACES_EXAMPLES}"
+        )
+    return endpoint
+
+
 def _listen(text: str) -> tuple[str, int]:
     host, sep, port = text.strip().rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
@@ -149,8 +167,10 @@ OPTIONS: tuple[Option, ...] = (
         "max_body_bytes",
         "--max-body-bytes",
         ("EXPORTER_MAX_BODY_BYTES",),
-        positive_int,
-        "largest /metrics or index body accepted; larger ones are refused while streaming",
+        positive_size,
+        "largest /metrics or index body accepted; larger ones are refused while streaming (K/M/G suffixes)",
+        metavar="BYTES",
+        shown=shown_size(Settings.max_body_bytes),
     ),
     Option(
         "max_models",
@@ -210,7 +230,7 @@ OPTIONS: tuple[Option, ...] = (
         "traces_to",
         "--traces-to",
         ("EXPORTER_TRACES_TO",),
-        parse_endpoint,
+        _traces_to,
         "run the trace relay and forward Triton's spans here: otlp+https://xray.REGION.amazonaws.com/v1/traces "
         "(SigV4) or otlp+http://HOST:PORT/v1/traces (a collector or the CloudWatch agent; docs/tracing.md)",
         shown="off",
@@ -220,7 +240,8 @@ OPTIONS: tuple[Option, ...] = (
         "--traces-listen",
         ("EXPORTER_TRACES_LISTEN",),
         _listen,
-        "where the relay takes OTLP/HTTP from Triton (--trace-config opentelemetry,url=http://THIS/v1/traces)",
+        "where the relay takes OTLP/HTTP from Triton (--trace-config opentelemetry,url=http://THIS/v1/traces); "
+        "the relay has no authentication: an address beyond loopback (0.0.0.0) is warned about at start",
         shown="127.0.0.1:4318",
     ),
     Option(
@@ -268,7 +289,7 @@ def build_parser(prog: str = "python -m exporter") -> argparse.ArgumentParser:
         prog=prog,
         description="Scrape Triton (/metrics, repository index) and NVML; emit CloudWatch EMF. "
         "Commands: catalog, health, render, cost, validate (each has --help).",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Every setting can also come from its environment variable; a flag wins.",
     )
     add_options(parser, OPTIONS, Settings())

@@ -27,7 +27,7 @@ version changes: nothing per cycle in a steady state.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from catalog import HISTOGRAM_KINDS, Catalog, Family, Input, Metric, Scope
@@ -55,13 +55,32 @@ class ModelCoverage:
     version: str
     gaps: tuple[Gap, ...]
 
+    def by_reason(self) -> dict[str, list[str]]:
+        """reason -> the metrics it keeps from this version, in catalog order."""
+        out: dict[str, list[str]] = {}
+        for g in self.gaps:
+            out.setdefault(g.reason, []).append(g.metric)
+        return out
+
     def line(self) -> str:
         """``model 'm' version 1 cannot produce A, B (reason); C (reason)``: metrics grouped by reason."""
-        by_reason: dict[str, list[str]] = {}
-        for g in self.gaps:
-            by_reason.setdefault(g.reason, []).append(g.metric)
-        parts = [f"{', '.join(names)} ({reason})" for reason, names in by_reason.items()]
+        parts = [f"{', '.join(names)} ({reason})" for reason, names in self.by_reason().items()]
         return f"model {self.model!r} version {self.version} cannot produce " + "; ".join(parts)
+
+
+def grouped(coverages: Iterable[ModelCoverage]) -> str:
+    """Every version's gaps, each reason said once: the reason, then per set of metrics it keeps from them the
+    model versions (``MODEL/VERSION``) it keeps them from. The ``--once`` view's section: one line per model
+    repeats the same reason across a repository of models alike."""
+    groups: dict[str, dict[tuple[str, ...], list[str]]] = {}
+    for c in coverages:
+        for reason, names in c.by_reason().items():
+            groups.setdefault(reason, {}).setdefault(tuple(names), []).append(f"{c.model}/{c.version}")
+    lines = []
+    for reason, sets in groups.items():
+        lines.append(f"  {reason}\n")
+        lines += [f"    {', '.join(metrics)}: {', '.join(versions)}\n" for metrics, versions in sets.items()]
+    return "".join(lines)
 
 
 def release_of(server_version: str) -> tuple[int, int] | None:

@@ -63,10 +63,12 @@ class Runner:
         clock: Callable[[], float] = time.monotonic,
         triton_listens: Callable[[], bool] | None = None,
         startup_wait: float = 0.0,
+        triton_address: str = "",
     ) -> None:
         self.pipeline = pipeline
         self.triton_listens = triton_listens
         self.startup_wait = startup_wait
+        self.triton_address = triton_address  # what triton_listens connects to, for the log lines
         self.sink = sink
         self.interval = interval
         self.stop = stop or threading.Event()
@@ -123,15 +125,32 @@ class Runner:
         if self.triton_listens is None or self.startup_wait <= 0:
             return
         began = self.clock()
+        where = {"url": self.triton_address} if self.triton_address else {}
+        waiting = False
         while not self.stop.is_set():
             if self.triton_listens():
-                log.info("Triton listens; first scrape", extra={"fields": {"waited_s": round(self.clock() - began, 1)}})
+                waited = round(self.clock() - began, 1)
+                log.info(
+                    f"Triton answered after {waited:g}s; first scrape" if waiting else "Triton listens; first scrape",
+                    extra={"fields": {**where, "waited_s": waited}},
+                )
                 return
             if self.clock() - began >= self.startup_wait:
                 log.warning(
-                    "Triton does not listen after %.0fs; scraping anyway (it is reported down)", self.startup_wait
+                    "Triton does not listen after %.0fs; scraping anyway (it is reported down)",
+                    self.startup_wait,
+                    extra={"fields": {**where, "waited_s": round(self.clock() - began, 1)}},
                 )
                 return
+            if not waiting:  # said once: a silent sidecar for up to --startup-wait looks hung
+                waiting = True
+                log.info(
+                    "waiting up to %.0fs for Triton to listen%s before the first scrape (--startup-wait; Triton "
+                    "opens its ports once its models are loaded)",
+                    self.startup_wait,
+                    f" on {self.triton_address}" if self.triton_address else "",
+                    extra={"fields": {**where, "startup_wait_s": self.startup_wait}},
+                )
             self.stop.wait(1.0)
 
     def run(self) -> None:

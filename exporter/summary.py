@@ -7,6 +7,7 @@ from typing import Any
 from catalog import Scope
 from telemetry.emf import Event
 
+from .coverage import grouped
 from .pipeline import CycleResult
 
 MODEL_COLUMNS = (
@@ -113,8 +114,8 @@ def render_summary(result: CycleResult) -> str:
             rows.append([e.dimensions["model"], e.dimensions["version"], *cells, str(len(cov.gaps)) if cov else "-"])
         header = ["model", "ver", *(c[0] for c in LLM_COLUMNS), "not produced"]
         out.append("\nLLM serving (p95 of this task's window)\n" + _table(header, rows))
-    if gaps:  # the lines the exporter logged when these versions appeared
-        out.append("\nnot produced, and why:\n" + "".join(f"  {c.line()}\n" for c in gaps))
+    if gaps:  # what the exporter logged when these versions appeared, each reason once
+        out.append("\nnot produced, and why:\n" + grouped(gaps))
     gpus = sorted((e for e in result.entities if e.scope is Scope.GPU), key=lambda e: e.dimensions.get("gpu", ""))
     if gpus:
         rows = [

@@ -76,11 +76,24 @@ def problem(status: Status | None, now: float) -> str | None:
     return None
 
 
+HELP = (
+    "The model-sync container's health check: exit 0 when this repository's first sync is complete and the "
+    "daemon's heartbeat is recent, 1 (one line on stderr) when not, 2 for an invalid setting. It reads the "
+    "daemon's own settings (the same flags and variables) to find the repository; --once and the others it does "
+    "not use are accepted and ignored."
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .settings import ConfigError, load  # the settings parser is the daemon's own
 
     try:
-        settings = load(list(sys.argv[1:] if argv is None else argv), os.environ)
+        settings = load(
+            list(sys.argv[1:] if argv is None else argv),
+            os.environ,
+            prog="python -m modelsync.health",
+            description=HELP,
+        )
     except ConfigError as exc:  # exit 2 as every command (ECS counts any non-zero as unhealthy)
         sys.stderr.write(f"unhealthy: invalid setting: {exc}\n")
         return 2

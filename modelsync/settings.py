@@ -19,6 +19,7 @@ from pathlib import Path
 
 from telemetry.settings import (
     ConfigError,
+    HelpFormatter,
     Option,
     add_options,
     boolean,
@@ -303,11 +304,17 @@ OPTIONS: tuple[Option, ...] = (
 ENV_VARS = environment_variables(OPTIONS)
 
 
-def build_parser(prog: str = "python -m modelsync") -> argparse.ArgumentParser:
+DESCRIPTION = (
+    "Keep Triton's model repository in sync with s3://BUCKET/PREFIX<model>.zip archives: verify, extract into a "
+    "store, flip a symbolic link atomically, load in Triton, roll back when the load fails."
+)
+
+
+def build_parser(prog: str = "python -m modelsync", description: str = DESCRIPTION) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Keep Triton's model repository in sync with s3://BUCKET/PREFIX<model>.zip archives: verify, "
-        "extract into a store, flip a symbolic link atomically, load in Triton, roll back when the load fails.",
+        formatter_class=HelpFormatter,
+        description=description,
         epilog="Every setting can also come from its environment variable; a flag wins. S3/SQS endpoint, region "
         "and credentials come from the standard AWS settings (AWS_ENDPOINT_URL, AWS_REGION, the task role).",
     )
@@ -322,9 +329,15 @@ def build_parser(prog: str = "python -m modelsync") -> argparse.ArgumentParser:
     return parser
 
 
-def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
-    """Settings from flags and environment; raises ConfigError naming the bad setting."""
-    args, values = parse(build_parser(), OPTIONS, argv, os.environ if environ is None else environ)
+def load(
+    argv: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+    prog: str = "python -m modelsync",
+    description: str = DESCRIPTION,
+) -> Settings:
+    """Settings from flags and environment; raises ConfigError naming the bad setting. ``prog`` and
+    ``description``: the command's own, for its --help (the health check reads the daemon's settings)."""
+    args, values = parse(build_parser(prog, description), OPTIONS, argv, os.environ if environ is None else environ)
     values["once"] = args.once
     if not values.get("bucket"):
         raise ConfigError("--bucket (or MODELSYNC_BUCKET) is required")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from catalog import CatalogError, cli
-from telemetry.settings import ConfigError, Option, add_options, integer, number, parse
+from telemetry.settings import ConfigError, HelpFormatter, Option, add_options, integer, number, parse
 
 from . import alarms, dashboard, docsgen, template, terraform
 from .base.options import Options
@@ -78,9 +78,10 @@ def options_table() -> tuple[Option, ...]:
     return (*out, *cli.OPTIONS)
 
 
-def _parser(table: Sequence[Option]) -> argparse.ArgumentParser:
+def _parser(table: Sequence[Option], prog: str = "python -m render") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m render",
+        prog=prog,
+        formatter_class=HelpFormatter,
         description="Write dashboards/, alarms/, deploy/terraform/alarms.tf.json and "
         "docs/metrics.md from the metric catalog (with --catalog files and the --metrics "
         "selection: only emitted metrics are used).",
@@ -107,10 +108,10 @@ def options_from(values: Mapping[str, Any]) -> Options:
     return opts
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], prog: str = "python -m render") -> int:
     table = options_table()
     try:
-        args, values = parse(_parser(table), table, argv, os.environ)
+        args, values = parse(_parser(table, prog), table, argv, os.environ)
         opts = options_from(values)
         files = render(opts)
     except ConfigError as exc:

@@ -30,7 +30,7 @@ from telemetry import DISTRIBUTION, distribution_version
 from telemetry.emf import Encoder, Event
 from telemetry.otlp.metrics import HistogramPoint, MetricsEncoder
 from telemetry.otlp.resource import ecs_resource
-from telemetry.settings import ConfigError, Option, add_options, choice, integer, parse, positive
+from telemetry.settings import ConfigError, HelpFormatter, Option, add_options, choice, integer, parse, positive
 
 from .alarms import alarm_specs, insight_rule_specs
 from .alarms.modelsync import CONDITION, SKEW_PERIOD
@@ -80,9 +80,23 @@ class Deployment:
     modelsync: bool = True  # model sync deployed (ModelSyncBucketName): its metrics, events, alarms and rules
     otlp: bool = False  # an otlp+ output beside EMF: the exporter's OtlpPoints* metrics
     tracing: bool = False  # the trace relay (--traces-to): the Traced* distributions and the relay's own counts
+    max_models: int = 500  # the sidecar's --max-models: model versions it emits per task, the others dropped
     # Totals assumed non-zero in every hour (models serve traffic all day; failures happen in no hour):
     # with breakdown_zeros=omit, a breakdown of any other total is billed in no hour.
     busy_totals: frozenset[str] = field(default_factory=lambda: frozenset({"RequestSuccess"}))
+
+    @property
+    def over_cap(self) -> bool:
+        return self.models * self.versions > self.max_models
+
+    def emitted(self) -> Deployment:
+        """The deployment as the sidecar emits it: at most ``max_models`` model versions per task (the cap keeps
+        whole models, in name order; an upper bound keeps the LLM models among them). Model sync is not capped:
+        it syncs and reports every model."""
+        if not self.over_cap:
+            return self
+        models = max(1, self.max_models // self.versions)
+        return replace(self, models=models, llm_models=min(self.llm_models, models))
 
     def features(self) -> set[str]:
         on = {
@@ -299,6 +313,9 @@ class Estimate:
 
 
 def estimate(d: Deployment, opts: Options) -> Estimate:
+    """The monthly cost of ``d``: the sidecar's metrics and bytes for the model versions it emits (``--max-models``
+    caps them), model sync's for every model."""
+    synced, d = d, d.emitted()
     catalog = opts.catalog
     # Model sync's alarms and rules exist only where it is deployed (the ModelSync parameter).
     specs = [s for s in alarm_specs(opts) if d.modelsync or s.get("_condition") != CONDITION]
@@ -322,17 +339,17 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
         + sources(d) * plain.get(Scope.SOURCE, 0)
     )
     per_cycle = per_task * d.tasks
-    sync_bytes = modelsync_bytes(opts.modelsync, d, opts.namespace) * d.tasks
+    sync_bytes = modelsync_bytes(opts.modelsync, synced, opts.namespace) * d.tasks
     seconds = HOURS_PER_MONTH * 3600
     gb = (per_cycle * seconds / d.interval + sync_bytes * seconds / RECONCILE) / 1e9
-    sync_count = modelsync_metric_count(opts.modelsync, d)
+    sync_count = modelsync_metric_count(opts.modelsync, synced)
     count = metric_count(catalog, d) + sync_count
     # The version-skew rules match one model-sync event per model per task per reconcile (every SKEW_PERIOD).
     rules = [r for r in insight_rule_specs(opts) if d.modelsync or r.get("_condition") != CONDITION]
-    matched = len(rules) * d.tasks * d.models * HOURS_PER_MONTH * 3600 / SKEW_PERIOD
+    matched = len(rules) * d.tasks * synced.models * HOURS_PER_MONTH * 3600 / SKEW_PERIOD
     rules_usd = len(rules) * INSIGHT_RULE_MONTH + matched / 1e6 * INSIGHT_EVENTS_PER_MILLION
     return Estimate(
-        d,
+        synced,
         count,
         len(specs),
         alarm_metrics,
@@ -381,6 +398,7 @@ def otlp_estimate(d: Deployment, opts: Options, price_per_gb: float | None = Non
     from the same attributes the output sends.
     """
     catalog = opts.catalog
+    d = d.emitted()
     emitted = emitted_metrics(catalog, d)
     sent = plan(Catalog(catalog.defined, catalog.families, [m.name for m in emitted], catalog.files))
     llm_models = min(d.llm_models, d.models)
@@ -539,13 +557,22 @@ OPTIONS: tuple[Option, ...] = (
     Option("llm_models", "--llm-models", (), _at_least(0), "of the models, how many are LLMs"),
     Option("llm_backend", "--llm-backend", (), choice(*LLM_BACKENDS), "their backend", metavar="|".join(LLM_BACKENDS)),
     Option("breakdown_zeros", "--breakdown-zeros", (), choice("omit", "emit"), "as the sidecar's setting"),
+    Option(
+        "max_models",
+        "--max-models",
+        (),
+        _at_least(1),
+        "as the sidecar's setting: model versions it emits per task (models x versions beyond it are not emitted)",
+    ),
     *cli.OPTIONS,
 )
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], prog: str = "python -m render cost") -> int:
     p = argparse.ArgumentParser(
-        prog="python -m render cost", description="Custom metrics, alarms and monthly list price the defaults create."
+        prog=prog,
+        description="Custom metrics, alarms and monthly list price the defaults create.",
+        formatter_class=HelpFormatter,
     )
     add_options(p, OPTIONS, Deployment(models=0))
     p.add_argument("--no-nvml", action="store_true", help="NVML source off (EXPORTER_NVML=off)")
@@ -604,6 +631,13 @@ def main(argv: Sequence[str]) -> int:
         f"deployment: {d.models} models x {d.versions} versions ({d.llm_models} LLM, {d.llm_backend}), "
         f"{d.gpus} GPUs/task, {d.tasks} tasks, interval {d.interval:g}s; {len(opts.catalog.metrics)} metrics selected\n"
     )
+    if d.over_cap:
+        x = d.emitted()
+        w(
+            f"--max-models {d.max_models}: the sidecar emits {x.models * x.versions:,} of the "
+            f"{d.models * d.versions:,} model versions per task ({x.models:,} models x {x.versions}), priced below; "
+            f"model sync still syncs and reports all {d.models:,} models\n"
+        )
     w(f"custom metrics:        {e.metrics:>10,}   ${e.metrics_usd:>10,.2f}/month\n")
     if d.modelsync:
         w(f"  of them model sync:  {e.sync_metrics:>10,}   (--no-modelsync: without it)\n")

@@ -10,7 +10,9 @@ refused by the daemon and by every command that reads it alike.
 
 The converters below are the shared vocabulary (URLs, numbers, sizes,
 choices, booleans); a converter is any ``str -> value`` that raises
-``ValueError`` with a short reason.
+``ValueError`` with a short reason, in its own words (never Python's
+``invalid literal for int()``). Every parser prints its help with
+:class:`HelpFormatter`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import math
 import os
 import re
+import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +61,25 @@ class Option:
         """A repeatable option's variable as its values (blank parts left out; one empty value if none)."""
         parts = raw.split() if self.separator == " " else raw.split(self.separator or os.pathsep)
         return [p for p in parts if p.strip()] or [""]
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help layout, wrapped between words only: never inside a URL that is wider than the help
+    column (it overflows the line instead) nor after a hyphen (``triton-server``), so an example can be
+    copied from the terminal as it is printed."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(
+            " ".join(text.split()),
+            width,
+            initial_indent=indent,
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
 
 
 def environment_variables(options: Iterable[Option]) -> tuple[str, ...]:
@@ -185,14 +207,20 @@ def integer(text: str) -> int:
 
 def positive(text: str) -> float:
     """A finite number > 0."""
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not (value > 0 and math.isfinite(value)):
         raise ValueError("must be a positive number")
     return value
 
 
 def positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value <= 0:
         raise ValueError("must be a positive integer")
     return value
@@ -200,7 +228,10 @@ def positive_int(text: str) -> int:
 
 def non_negative(text: str) -> float:
     """A finite number >= 0 (seconds)."""
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not (value >= 0 and math.isfinite(value)):
         raise ValueError("must be a number >= 0")
     return value
@@ -230,7 +261,8 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 
 
 def size(text: str) -> int:
-    """Bytes, with an optional binary suffix: ``1048576``, ``512M``, ``10GiB``."""
+    """Bytes, with an optional binary suffix: ``1048576``, ``512M``, ``10GiB``: the one rule for every byte
+    setting of every command (the exporter's and model sync's alike)."""
     m = _SIZE.fullmatch(text)
     if not m:
         raise ValueError("must be a byte count, optionally with K, M, G or T (binary: 1G = 1024^3)")

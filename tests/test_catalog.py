@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -315,12 +317,50 @@ def test_catalog_command_honours_catalog_and_selection(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert [ln.split()[0] for ln in lines[:-1]] == ["RequestSuccess", "AppQueueDepthHigh"]
-    assert lines[-1] == f"2 of {len(CATALOG.defined) + 1} metrics selected"
+    assert lines[0] == f"{path}: adds 1, replaces 0 and drops 0 of the {len(CATALOG.defined)} built-in metrics"
+    # what the file adds, under a header row; the selection's count below
+    assert lines[1].startswith("listed: the selected metrics these files add or replace")
+    assert lines[2].split() == ["metric", "unit", "kind", "dimensions", "computed", "from"]
+    assert [ln.split()[0] for ln in lines[3:-1]] == ["AppQueueDepthHigh"]
+    assert lines[-1] == f"1 listed; 2 of {len(CATALOG.defined) + 1} metrics selected"
     proc = subprocess.run(
         [sys.executable, "-m", "exporter", "catalog", "--metrics", "Nope*"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "matches no metric" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def catalog_command(*argv: str) -> list[str]:
+    from exporter.__main__ import catalog_main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert catalog_main(list(argv)) == 0
+    return out.getvalue().splitlines()
+
+
+def test_catalog_with_a_file_lists_what_it_adds_replaces_and_drops(tmp_path: Path) -> None:
+    """Documented as "checks it, lists what it adds": it listed every metric of the catalog, with no header."""
+    example = ROOT / "catalog" / "example.toml"
+    lines = catalog_command("--catalog", str(example))
+    added = [m.name for m in build([example]).metrics if m.origin == str(example)]
+    assert len(added) == 3
+    assert lines[0] == f"{example}: adds 3, replaces 0 and drops 0 of the {len(CATALOG.defined)} built-in metrics"
+    header = lines.index(next(ln for ln in lines if ln.startswith("metric ")))
+    assert lines[header].split()[:4] == ["metric", "unit", "kind", "dimensions"]
+    assert [ln.split()[0] for ln in lines[header + 1 : -1]] == added
+    assert lines[-1] == f"3 listed; {len(CATALOG.defined) + 3} of {len(CATALOG.defined) + 3} metrics selected"
+    # a file that replaces and drops says so; --all lists every selected metric
+    replace = CUSTOM.replace('name = "AppQueueDepthHigh"', 'name = "PendingRequests"\noverride = true')
+    changes = write(tmp_path, 'drop = ["RequestFailureOther"]\n' + replace)
+    lines = catalog_command("--catalog", str(changes))
+    assert lines[0] == f"{changes}: adds 0, replaces 1 and drops 1 of the {len(CATALOG.defined)} built-in metrics"
+    assert lines[1:3] == ["replaces: PendingRequests", "drops: RequestFailureOther"]
+    assert [ln.split()[0] for ln in lines[4:-1]] == ["metric", "PendingRequests"]
+    everything = catalog_command("--catalog", str(changes), "--all")
+    assert len(everything) == 3 + 1 + len(CATALOG.defined) - 1 + 1  # header lines, header row, metrics, count
+    # without a file: every selected metric, under the header row
+    plain = catalog_command()
+    assert plain[0].split()[:2] == ["metric", "unit"] and len(plain) == len(CATALOG.defined) + 2
 
 
 def test_docs_describe_every_schema_key() -> None:

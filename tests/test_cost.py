@@ -31,7 +31,13 @@ OPTS = Options(catalog=CATALOG)
 
 
 def pipeline_events(
-    models: int, versions: int, n_gpus: int, llm: int = 0, backend: str = "vllm", histograms: bool = False
+    models: int,
+    versions: int,
+    n_gpus: int,
+    llm: int = 0,
+    backend: str = "vllm",
+    histograms: bool = False,
+    max_models: int = Settings.max_models,
 ) -> list[bytes]:
     """The second cycle of the real pipeline: models x versions, n_gpus on NVML (HBM boards) and DCGM series.
 
@@ -72,7 +78,7 @@ def pipeline_events(
         nv.start()
         srcs.append(nv)
     clock = [0.0]
-    p = Pipeline(Settings(), CATALOG, srcs, clock=lambda: clock[0], wall=lambda: 1_700_000_000.0)
+    p = Pipeline(Settings(max_models=max_models), CATALOG, srcs, clock=lambda: clock[0], wall=lambda: 1_700_000_000.0)
     p.cycle()
     step[0] += 1
     clock[0] += 60.0
@@ -124,6 +130,39 @@ def test_metric_count_equals_what_the_pipeline_emits(
         busy_totals=BUSY,
     )
     assert cost.metric_count(CATALOG, d) == len(distinct_metrics(events))
+
+
+@pytest.mark.parametrize(("models", "versions", "cap"), [(12, 1, 5), (7, 2, 6), (3, 2, 10)])
+def test_the_model_cap_prices_what_the_pipeline_emits(models: int, versions: int, cap: int) -> None:
+    """--max-models caps the model versions the sidecar emits: the estimate prices those, not every model."""
+    events = pipeline_events(models, versions, 1, max_models=cap)
+    d = cost.Deployment(
+        models, versions, gpus=1, load_duration=False, ecs_metadata=False, busy_totals=BUSY, max_models=cap
+    )
+    assert cost.metric_count(CATALOG, d.emitted()) == len(distinct_metrics(events))
+    assert d.over_cap == (models * versions > cap)
+
+
+def test_cost_applies_the_cap_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """`cost --models 2000` priced 2,000 models while the sidecar's default --max-models 500 emits 500."""
+    assert cost.Deployment(1).max_models == Settings().max_models  # the sidecar's default, which render cannot import
+    capped, uncapped = cost.Deployment(2000), cost.Deployment(2000, max_models=2000)
+    e = cost.estimate(capped, OPTS)
+    assert e.deployment == capped
+    exporter_metrics = cost.metric_count(CATALOG, cost.Deployment(500))
+    assert e.metrics == exporter_metrics + cost.modelsync_metric_count(OPTS.modelsync, capped)  # sync: every model
+    assert e.sync_metrics == cost.estimate(uncapped, OPTS).sync_metrics
+    assert e.bytes_per_cycle == cost.estimate(cost.Deployment(500), OPTS).bytes_per_cycle
+    assert e.metrics < cost.estimate(uncapped, OPTS).metrics
+    assert cost.main(["--models", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert "--max-models 500: the sidecar emits 500 of the 2,000 model versions per task" in out
+    assert f"{e.metrics:>10,}" in out
+    assert cost.main(["--models", "2000", "--max-models", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert "--max-models" not in out and f"{cost.estimate(uncapped, OPTS).metrics:>10,}" in out
+    assert cost.main(["--models", "300", "--versions", "3"]) == 0
+    assert "emits 498 of the 900 model versions per task (166 models x 3)" in capsys.readouterr().out
 
 
 def test_omitted_breakdown_zeros_are_the_difference_the_pipeline_shows() -> None:

@@ -132,7 +132,29 @@ def argparse_parser(flags: Sequence[Flag], prog: str, description: str) -> argpa
         def error(self, message: str) -> NoReturn:
             raise UsageError(message, usage=self.format_usage())
 
-    parser = Parser(prog=prog, description=description)
+    class Formatter(argparse.HelpFormatter):
+        """Wraps between words only: never inside a URL or after a hyphen (as telemetry.settings.HelpFormatter)."""
+
+        def _split_lines(self, text: str, width: int) -> list[str]:
+            import textwrap
+
+            return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+
+        def _fill_text(self, text: str, width: int, indent: str) -> str:
+            import textwrap
+
+            return "\n".join(
+                textwrap.wrap(
+                    " ".join(text.split()),
+                    width,
+                    initial_indent=indent,
+                    subsequent_indent=indent,
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
+            )
+
+    parser = Parser(prog=prog, description=description, formatter_class=Formatter)
     for f in flags:
         kwargs: dict[str, object] = {"dest": f.dest, "help": f.help}
         if f.kind == SWITCH:

@@ -418,10 +418,10 @@ FLAGS = (
 )
 
 
-def options(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) -> Options:
+def options(argv: Sequence[str] | None, env: Mapping[str, str] | None = None, prog: str = PROG) -> Options:
     """Merge flags and environment variables (flags win); UsageError on bad values, _cli.Exit after --help."""
     env = os.environ if env is None else env
-    ns = _cli.parse(FLAGS, argv, PROG, DESCRIPTION)
+    ns = _cli.parse(FLAGS, argv, prog, DESCRIPTION)
 
     def pick(flag: object, var: str) -> str | None:
         return _cli.pick(flag, var, env)
@@ -460,15 +460,16 @@ def options(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) ->
     return opts
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point for ``python3 health.py`` and ``python -m exporter health``; returns the exit code."""
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """Entry point for ``python3 health.py`` and ``python -m exporter health`` (``prog``: the name its usage
+    shows); returns the exit code."""
     start = time.monotonic()
     try:
-        opts = options(argv)
+        opts = options(argv, prog=prog)
     except _cli.Exit as exc:
         return exc.status
     except _cli.UsageError as exc:
-        return _cli.usage_error(PROG, exc)
+        return _cli.usage_error(prog, exc)
     try:
         report = probe(opts, start)
     except Exception as exc:  # a probe bug must still give ECS a clear "unhealthy" line

@@ -9,6 +9,7 @@ encoder and the daemons know only the :class:`Sink` protocol.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -62,6 +63,7 @@ def parse_output(text: str) -> Output:
     if transport is not None and transport.address == "path" and sep:
         if not rest:
             raise ValueError(f"{name}: needs a path, e.g. {name}:/tmp/emf.log")
+        _appendable(rest)
         return Output(name, path=rest)
     if transport is not None and transport.address == "hostport" and rest.startswith("//"):
         parts = urlsplit(text)
@@ -74,6 +76,19 @@ def parse_output(text: str) -> Output:
         return Output(name, host=parts.hostname, port=port)
     spellings = [t.spelling(n) for n, t in TRANSPORTS.items()]
     raise ValueError(f"use {', '.join(spellings[:-1])} or {spellings[-1]}")
+
+
+def _appendable(path: str) -> None:
+    """Refuse at start a path no event could be appended to (a missing folder, a folder, no write permission):
+    the sink would start and then drop every event."""
+    full = os.path.abspath(path)
+    folder = os.path.dirname(full)
+    if os.path.isdir(full):
+        raise ValueError(f"{path} is a directory, not a file")
+    if not os.path.isdir(folder):
+        raise ValueError(f"directory {folder} does not exist")
+    if not os.access(full if os.path.exists(full) else folder, os.W_OK):
+        raise ValueError(f"{path}: this process may not write {'it' if os.path.exists(full) else 'into ' + folder}")
 
 
 def make_sink(output: Output, buffer_events: int, connect_timeout: float) -> Sink:
