@@ -326,6 +326,8 @@ def test_logs_insights_sort_limit_parse_and_numbers() -> None:
     )
     result = logsinsights.run(query, lines)
     assert [r["model"] for r in result.rows] == ["m1", "m2"]  # 100 > 20 > 9.5 as numbers, not as strings
+    # every fields command's fields and what parse extracts, in order of appearance
+    assert result.columns == ["@timestamp", "@message", "model", "version", "ms", "request_ms"]
     assert logsinsights.sources("SOURCE 'a' | SOURCE 'b' | limit 1") == (["a", "b"], ["limit 1"])
     # a | inside a regex does not split the query
     assert len(logsinsights.split_commands("filter message like /^(a |b)/ | limit 3")) == 2

@@ -1,14 +1,16 @@
 """One demo run for the preview: real processes, their lines kept as the log groups would hold them.
 
-What runs, all on this machine: the demo's Triton with its sample models and traffic (demo/), the
-exporter's loop with short windows (EMF on stdout, its log on stderr, as in the ECS task), and
-model sync against moto's S3 (the demo's ``text`` model is installed from an archive, then updated
-mid-run; an archive whose sha256 does not match, ``ranker``, is uploaded and refused). Each line
-is stamped when it arrives, then routed as the task routes it: Triton's and the exporter's lines
-through the shipped Fluent Bit configuration (FireLens; read by tests/support/fluentbit_sim.py,
-the same interpreter the log tests use), model sync's stdout and stderr to its awslogs group. The
-run is a list of log events by group, written to ``events.jsonl``; CloudWatch's metrics are the
-EMF documents among them, as CloudWatch extracts them.
+What runs, all on this machine: the demo's Triton with its sample models and traffic (demo/), in
+OpenTelemetry trace mode (one request in TRACE_RATE); the exporter's loop with short windows (EMF
+on stdout, its log on stderr, as in the ECS task) with its trace relay on, forwarding to a local
+OTLP sink that stands in for X-Ray and keeps nothing; model sync against moto's S3 (the demo's
+``text`` model is installed from an archive, then updated mid-run; an archive whose sha256 does
+not match, ``ranker``, is uploaded and refused). Each line is stamped when it arrives, then
+routed as the task routes it: Triton's and the exporter's lines through the shipped Fluent Bit
+configuration (FireLens; read by tests/support/fluentbit_sim.py, the same interpreter the log
+tests use), model sync's stdout and stderr to its awslogs group. The run is a list of log events
+by group, written to ``events.jsonl``; CloudWatch's metrics are the EMF documents among them, as
+CloudWatch extracts them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,6 +47,7 @@ REFUSED = "ranker"  # an archive uploaded with a sha256 that does not match: ref
 HOST = "demo-host-1"
 BUCKET = "demo-models"
 KEY_PREFIX = "triton/"
+TRACE_RATE = 5  # Triton traces one request in 5: the relay's slowest-request lines fill the dashboard's log widget
 
 
 class RunFailed(RuntimeError):
@@ -110,6 +115,10 @@ class Lines:
         return lambda lines: sum(1 for x in lines if x.source == source and needle in x.text)
 
 
+def _at_least(count: Callable[[list[Line]], int], n: int, lines: list[Line]) -> bool:
+    return count(lines) >= n
+
+
 def model_zip(name: str, src: Path, note: str = "") -> bytes:
     """A model archive as docs/modelsync.md packages one: ``<name>/config.pbtxt``, ``<name>/1/...``."""
     buf = io.BytesIO()
@@ -164,6 +173,41 @@ class S3:
         self.server.stop()
 
 
+class OtlpSink:
+    """An OTLP/HTTP endpoint that answers 200 to every POST and keeps nothing (X-Ray's place in the demo)."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"otlp+http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def trace_flags(port: int) -> list[str]:
+    """Triton's OpenTelemetry trace mode, exporting to the exporter's relay on ``port`` (docs/tracing.md)."""
+    return [
+        *("--trace-config", "mode=opentelemetry"),
+        *("--trace-config", f"opentelemetry,url=http://127.0.0.1:{port}/v1/traces"),
+        *("--trace-config", f"rate={TRACE_RATE}"),
+        *("--trace-config", "level=TIMESTAMPS"),
+        *("--trace-config", "opentelemetry,resource=service.name=triton"),
+    ]
+
+
 def _env(extra: dict[str, str]) -> dict[str, str]:
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MODELSYNC_", "TRITON_", "EXPORTER_"))}
     return {**keep, **extra, "PYTHONUNBUFFERED": "1"}
@@ -189,7 +233,9 @@ def run(out: Path, window: float, windows: int, say: Callable[[str], None]) -> P
     lines = Lines()
     stop = threading.Event()
     s3 = S3()
-    server = TritonServer(repository, workdir=work / "triton")
+    sink = OtlpSink()
+    relay_port = free_port()
+    server = TritonServer(repository, workdir=work / "triton", extra_args=trace_flags(relay_port))
     procs: list[subprocess.Popen[bytes]] = []
     threads: list[threading.Thread] = []
     started = time.time()
@@ -258,13 +304,19 @@ def run(out: Path, window: float, windows: int, say: Callable[[str], None]) -> P
                 f"{window:g}",
                 "--output",
                 "stdout",
+                "--traces-to",
+                sink.url,
+                "--traces-listen",
+                f"127.0.0.1:{relay_port}",
+                "--trace-rate",
+                str(TRACE_RATE),
             ],
             {},
         )
         beats = lines.count("exporter", '"ExporterHeartbeat"')
         steps = {windows // 3: "update", (2 * windows) // 3: "refused"}
         for n in range(1, windows + 1):
-            lines.wait(lambda x, n=n: beats(x) >= n, window * 4 + 60, f"exporter window {n}")
+            lines.wait(partial(_at_least, beats, n), window * 4 + 60, f"exporter window {n}")
             if steps.get(n) == "update":
                 say(f"window {n}: uploading a new build of {SYNCED!r}")
                 s3.upload(SYNCED, model_zip(SYNCED, MODELS_DIR / SYNCED, note="build 2"))
@@ -277,6 +329,7 @@ def run(out: Path, window: float, windows: int, say: Callable[[str], None]) -> P
             _stop(proc)
         server.stop()
         s3.stop()
+        sink.stop()
         for thread in threads:
             thread.join(5)
     events = route(lines.lines)

@@ -31,7 +31,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 from . import logsinsights
 from .alarms import AlarmState, alarm_props, evaluate_alarm
 from .emf import Unsupported
-from .metricmath import Data, Line, evaluate, search_terms
+from .metricmath import Data, Line, Series, evaluate, search_terms
 from .text import DPI, PT, fit, number, plain, width, wrap
 
 GRID_WIDTH = 24
@@ -352,19 +352,20 @@ def _annotations(ax: Axes, ax2: Axes | None, annotations: dict[str, Any]) -> Non
 
 
 def _single_values(canvas: Canvas, box: Box, top: float, lines: list[Line], reason: Reason, metrics: list[str]) -> None:
-    cells = [(ln.label, s) for ln in lines for s in (ln.series or [])] or [(ln.label, None) for ln in lines]
+    cells: list[tuple[str, Series | None]] = [(ln.label, s) for ln in lines for s in ln.series]
+    cells = cells or [(ln.label, None) for ln in lines]
     cols = max(1, len(cells))
-    width = (box.w - 20) / cols
+    cell_w = (box.w - 20) / cols
     for i, (label, series) in enumerate(cells):
-        x = box.x + 10 + i * width
-        for j, part in enumerate(wrap(label, width - 8, 7.5, 2)):
+        x = box.x + 10 + i * cell_w
+        for j, part in enumerate(wrap(label, cell_w - 8, 7.5, 2)):
             canvas.text(x, top + 2 + j * 11, part, fontsize=7.5, color=MUTED, va="top")
         if series is not None and series.points:
             value = series.points[max(series.points)]
             canvas.text(x, top + 30, number(value), fontsize=22, color=INK, va="top")
         else:
             canvas.text(
-                x, top + 34, fit(reason(metrics), width - 8, 7.5), fontsize=7.5, color=MUTED, va="top", style="italic"
+                x, top + 34, fit(reason(metrics), cell_w - 8, 7.5), fontsize=7.5, color=MUTED, va="top", style="italic"
             )
 
 
@@ -401,7 +402,7 @@ def draw_alarms(canvas: Canvas, box: Box, props: dict[str, Any], states: list[Al
 
 
 def columns(names: list[str], cells: list[list[str]], room: float, size: float) -> list[float]:
-    """Column widths (px): each its natural width when all fit; else each its header (at least 125 px) first,
+    """Column widths (px): each its natural width when all fit; else each its header (at least 150 px) first,
     and what is left to the long ones in proportion."""
     natural = [
         min(room * 0.6, max([width(n, size, True)] + [width(row[i], size) for row in cells[:50]])) + 10
@@ -409,7 +410,7 @@ def columns(names: list[str], cells: list[list[str]], room: float, size: float) 
     ]
     if sum(natural) <= room:
         return [n * room / sum(natural) for n in natural]
-    least = [min(n, max(width(h, size, True) + 10, 125.0)) for n, h in zip(natural, names)]
+    least = [min(n, max(width(h, size, True) + 10, 150.0)) for n, h in zip(natural, names)]
     spare = max(0.0, room - sum(least))
     extra = [n - m for n, m in zip(natural, least)]
     total = sum(extra) or 1.0

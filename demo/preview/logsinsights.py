@@ -4,7 +4,8 @@ Implemented, because dashboards/triton.json uses them, and nothing else (anythin
 :class:`~demo.preview.emf.Unsupported`):
 
 - ``SOURCE 'group'`` (one or more) in front of the query, as the dashboard's widgets write it;
-- ``fields a, b, x * 1 as y`` (the columns shown; arithmetic of a field and a number);
+- ``fields a, b, x * 1 as y`` (arithmetic of a field and a number); the table shows the fields of
+  every ``fields`` command and those ``parse`` extracts, in order (no ``display``);
 - ``filter`` with ``and``/``or`` over ``f = "s"``, ``f != "s"``, ``f like /re/``, ``f > n``
   (``<``, ``>=``, ``<=``) and ``ispresent(f)``;
 - ``parse f /re/`` with named groups ``(?<name>...)``;
@@ -19,9 +20,12 @@ An event's fields are Logs Insights' discovered fields: ``@timestamp``, ``@messa
 from __future__ import annotations
 
 import json
+import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from .emf import Unsupported
@@ -146,7 +150,7 @@ _CONDITION = re.compile(
 )
 
 
-def _condition(text: str) -> Any:
+def _condition(text: str) -> Callable[[Row], bool]:
     """A filter's predicate: or of ands of comparisons (no parentheses, no not)."""
     alternatives = []
     for alternative in re.split(r"\s+or\s+", text):
@@ -166,27 +170,27 @@ def _condition(text: str) -> Any:
             return False
         if m.group("like"):
             return _regex(m.group("re"), f"filter {text!r}").search(str(value)) is not None
-        op = m.group("op")
-        want_num = m.group("num")
-        if want_num is not None:
-            have = _number(value)
+        have: Any
+        want: Any
+        if m.group("num") is not None:
+            have, want = _number(value), float(m.group("num"))
             if have is None:
                 return False
-            want: Any = float(want_num)
         else:
             have, want = str(value), m.group("str") if m.group("str") is not None else m.group("str2")
-        return {
-            "=": have == want,
-            "!=": have != want,
-            ">": have > want,
-            "<": have < want,
-            ">=": have >= want,
-            "<=": have <= want,
-        }[op]
+        return bool(COMPARE[m.group("op")](have, want))
 
     return lambda row: any(all(test(row, m) for m in terms) for terms in alternatives)
 
 
+COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    "=": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    "<": operator.lt,
+    ">=": operator.ge,
+    "<=": operator.le,
+}
 _FIELD_EXPR = re.compile(r"(?P<src>[\w.@]+)(?:\s*(?P<op>[-+*/])\s*(?P<num>-?\d+(?:\.\d+)?))?(?:\s+as\s+(?P<as>\w+))?")
 _AGG = re.compile(r"(?P<func>count|latest|max|min|sum|avg)\((?P<arg>\*|[\w.@]+)\)(?:\s+as\s+(?P<as>\w+))?", re.I)
 
@@ -202,11 +206,13 @@ def _aggregate(func: str, arg: str, rows: list[Row]) -> Any:
     if func == "latest":
         return max(present, key=lambda r: r.get("@timestamp", 0))[arg] if present else None
     values = [v for r in present if (v := _number(r[arg])) is not None]
-    if func in ("max", "min") and arg == "@timestamp":
-        return (max if func == "max" else min)(r["@timestamp"] for r in present) if present else None
     if not values:
         return None
-    return {"max": max, "min": min, "sum": sum, "avg": lambda v: sum(v) / len(v)}[func](values)
+    if func == "avg":
+        return sum(values) / len(values)
+    if func == "sum":
+        return sum(values)
+    return max(values) if func == "max" else min(values)
 
 
 def run(query: str, events: list[LogEvent]) -> Result:
@@ -219,7 +225,6 @@ def run(query: str, events: list[LogEvent]) -> Result:
         verb, _, rest = command.partition(" ")
         verb, rest = verb.lower(), rest.strip()
         if verb == "fields":
-            columns = []
             for item in _split_list(rest):
                 m = _FIELD_EXPR.fullmatch(item)
                 if m is None:
@@ -236,7 +241,8 @@ def run(query: str, events: list[LogEvent]) -> Result:
                     for r in rows:
                         if m.group("src") in r:
                             r[name] = r[m.group("src")]
-                columns.append(name)
+                if name not in columns:
+                    columns.append(name)
         elif verb == "filter":
             keep = _condition(rest)
             rows = [r for r in rows if keep(r)]
@@ -245,6 +251,7 @@ def run(query: str, events: list[LogEvent]) -> Result:
             if m is None:
                 raise Unsupported(f"parse {rest!r}: the preview reads 'parse field /regex/'")
             pattern = _regex(m.group(2), command)
+            columns += [g for g in pattern.groupindex if g not in columns]
             for r in rows:
                 if (found := pattern.search(str(r.get(m.group(1), "")))) is not None:
                     r.update({k: v for k, v in found.groupdict().items() if v is not None})
@@ -274,7 +281,7 @@ def run(query: str, events: list[LogEvent]) -> Result:
                 name, _, order = item.partition(" ")
                 if order.strip().lower() not in ("", "asc", "desc"):
                     raise Unsupported(f"sort {item!r}")
-                rows.sort(key=lambda r, n=name: _sort_key(r.get(n)), reverse=order.strip().lower() == "desc")
+                rows.sort(key=partial(_row_key, name), reverse=order.strip().lower() == "desc")
         elif verb == "limit":
             if not rest.isdigit():
                 raise Unsupported(f"limit {rest!r}")
@@ -282,6 +289,10 @@ def run(query: str, events: list[LogEvent]) -> Result:
         else:
             raise Unsupported(f"Logs Insights command {verb!r} is not implemented by the preview")
     return Result(columns or ["@timestamp", "@message"], rows, stamps)
+
+
+def _row_key(name: str, row: Row) -> tuple[int, Any]:
+    return _sort_key(row.get(name))
 
 
 def _sort_key(value: Any) -> tuple[int, Any]:

@@ -56,6 +56,7 @@ EVENTS: dict[str, tuple[str, str, str]] = {
 }
 VERDICTS = ("verdict_promoted", "verdict_rejected")
 MAX_EVENTS, MAX_COUNTS, MAX_HOSTS, MAX_NAME = 10_000, 100_000, 200, 200
+BAKE, FAILED = "#ff7f0e", "#d13212"
 
 
 class RolloutError(ValueError):
@@ -77,14 +78,15 @@ class Rollout:
     failed: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # host -> (time, count)
 
     def hosts(self) -> list[str]:
-        """Hosts in the order they first appear in time (the canary first, as a rollout goes)."""
+        """Canary hosts first, then every host in the order it first appears in time."""
         first: dict[str, float] = {}
         for e in sorted(self.events, key=lambda e: e.time):
             if e.host:
                 first.setdefault(e.host, e.time)
         for host, counts in self.failed.items():
             first.setdefault(host, min((t for t, _ in counts), default=math.inf))
-        return sorted(first, key=lambda h: (first[h], h))
+        canary = {e.host for e in self.events if e.event == "canary_installed"}
+        return sorted(first, key=lambda h: (h not in canary, first[h], h))
 
     def bake_windows(self, host: str, end: float) -> list[tuple[float, float, str]]:
         """(start, end, verdict event or "") of each bake window of the host."""
@@ -160,27 +162,27 @@ def draw(rollout: Rollout) -> Figure:
     hosts = rollout.hosts()
     times = [e.time for e in rollout.events] + [t for c in rollout.failed.values() for t, _ in c]
     end = max(times) * 1.04 + 1.0
-    height = 1.6 + 0.55 * max(1, len(hosts))
+    height = 2.0 + 0.55 * max(1, len(hosts))
     fig, ax = plt.subplots(figsize=(12, height), dpi=100)
-    fig.subplots_adjust(left=0.16, right=0.97, top=1 - 0.95 / height, bottom=0.55 / height)
-    ax.set_title(rollout.title, loc="left", fontsize=11, fontweight="bold", pad=30)
+    fig.subplots_adjust(left=0.16, right=0.97, top=1 - 0.55 / height, bottom=1.15 / height)
+    ax.set_title(rollout.title, loc="left", fontsize=11, fontweight="bold", pad=14)
     row = {h: i for i, h in enumerate(hosts)}
     peak = max((n for c in rollout.failed.values() for _, n in c), default=0.0)
     for host, i in row.items():
         ax.axhspan(i - 0.5, i + 0.5, color="#f7f8f8" if i % 2 else "white", zorder=0)
-        for start, stop, verdict in rollout.bake_windows(host, end):
-            color = EVENTS[verdict][2] if verdict else EVENTS["bake_started"][2]
-            ax.add_patch(Rectangle((start, i - 0.4), stop - start, 0.8, color=color, alpha=0.15, zorder=1, linewidth=0))
+        for start, stop, _ in rollout.bake_windows(host, end):
+            ax.add_patch(Rectangle((start, i - 0.4), stop - start, 0.8, color=BAKE, alpha=0.18, zorder=1, linewidth=0))
         counts = sorted(rollout.failed.get(host, []))
         if counts and peak > 0:
+            # Rows grow downwards (the first host on top): a bar rises from the row's bottom edge, i + 0.42.
             xs = [t for t, _ in counts]
-            ys = [i - 0.42 + 0.38 * n / peak for _, n in counts]
-            ax.fill_between(xs, i - 0.42, ys, step="pre", color="#d13212", alpha=0.35, zorder=2, linewidth=0)
+            ys = [i + 0.42 - 0.38 * n / peak for _, n in counts]
+            ax.fill_between(xs, i + 0.42, ys, step="pre", color=FAILED, alpha=0.45, zorder=2, linewidth=0)
             top_t, top_n = max(counts, key=lambda c: c[1])
             if top_n > 0:
                 ax.annotate(
                     f"{top_n:g} failed",
-                    (top_t, i - 0.42 + 0.38 * top_n / peak),
+                    (top_t, i + 0.42 - 0.38 * top_n / peak),
                     xytext=(2, 1),
                     textcoords="offset points",
                     fontsize=7,
@@ -194,10 +196,11 @@ def draw(rollout: Rollout) -> Figure:
                 "uploaded",
                 (e.time, 1.0),
                 xycoords=("data", "axes fraction"),
-                xytext=(2, 2),
+                xytext=(0, 2),
                 textcoords="offset points",
                 fontsize=7,
                 color=color,
+                ha="center",
             )
             continue
         y = row[e.host]
@@ -214,7 +217,16 @@ def draw(rollout: Rollout) -> Figure:
         )
         if e.event in VERDICTS or e.event == "rolled_back":
             text = label.removeprefix("verdict: ") + (f" ({e.detail})" if e.detail else "")
-            ax.annotate(text, (e.time, y), xytext=(7, 5), textcoords="offset points", fontsize=7.5, color=color)
+            below = e.event == "rolled_back"  # a verdict's label above its marker, a rollback's below: both fit
+            ax.annotate(
+                text,
+                (e.time, y),
+                xytext=(6, -7 if below else 6),
+                textcoords="offset points",
+                fontsize=7.5,
+                color=color,
+                va="top" if below else "bottom",
+            )
     ax.set_yticks(range(len(hosts)), [h if len(h) <= 28 else h[:27] + "…" for h in hosts], fontsize=8)
     ax.set_ylim(len(hosts) - 0.5, -0.5)
     ax.set_xlim(0, end)
@@ -237,14 +249,14 @@ def draw(rollout: Rollout) -> Figure:
         for k in present
     ]
     if any(e.event == "bake_started" for e in rollout.events):
-        handles.append(Patch(color=EVENTS["bake_started"][2], alpha=0.25, label="bake window"))
+        handles.append(Patch(color=BAKE, alpha=0.3, label="bake window"))
     if peak > 0:
-        handles.append(Patch(color="#d13212", alpha=0.35, label="failed requests"))
+        handles.append(Patch(color=FAILED, alpha=0.45, label="failed requests (per interval)"))
     ax.legend(
         handles=handles,
-        loc="lower left",
-        bbox_to_anchor=(0, 1.0),
-        ncol=min(len(handles), 5),
+        loc="upper left",
+        bbox_to_anchor=(0, -0.45 / (0.55 * max(1, len(hosts)))),  # under the x-axis label, whatever the height
+        ncol=min(len(handles), 6),
         fontsize=7.5,
         frameon=False,
         borderaxespad=0.2,
