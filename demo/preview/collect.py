@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from demo import llm
-from demo.__main__ import traffic
+from demo.__main__ import requests
 from demo.triton import MODELS_DIR, TritonServer, copy_models, free_port
 
 from .logsinsights import LogEvent
@@ -113,6 +113,14 @@ class Lines:
 
     def count(self, source: str, needle: str) -> Callable[[list[Line]], int]:
         return lambda lines: sum(1 for x in lines if x.source == source and needle in x.text)
+
+
+def _repeat(send: Callable[[int], object], stop: threading.Event, pause: float = 0.15) -> None:
+    n = 0
+    while not stop.is_set():
+        send(n)
+        n += 1
+        stop.wait(pause)
 
 
 def _at_least(count: Callable[[list[Line]], int], n: int, lines: list[Line]) -> bool:
@@ -288,8 +296,11 @@ def run(out: Path, window: float, windows: int, say: Callable[[str], None]) -> P
         )
         installed = lines.count("modelsync", '"ModelInSync":1')
         lines.wait(lambda x: installed(x) > 0, 120, f"model sync to install {SYNCED}")
-        for target in (traffic, llm.traffic):
-            threads.append(threading.Thread(target=target, args=(server, stop), daemon=True))
+        # The demo's requests, each model from its own client (as production traffic comes): a model being
+        # reloaded delays its own requests, not every other model's too, as one sequential client would.
+        senders = [partial(_repeat, one, stop) for one in requests(server)] + [partial(llm.traffic, server, stop)]
+        for target in senders:
+            threads.append(threading.Thread(target=target, daemon=True))
             threads[-1].start()
         say(f"traffic on; the exporter's loop: {windows} windows of {window:g}s")
         spawn(

@@ -255,6 +255,10 @@ def draw_graph(canvas: Canvas, box: Box, props: dict[str, Any], data: Data, reas
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: number(v)))
     ax.yaxis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]))
     span = _span(data)
+    starts = [x - data.clock.origin for _, s in drawn for x in s.points]
+    if starts:  # a longer period's first bucket can start before the run's first window: show it whole
+        pad = 0.03 * (span[1] - span[0])
+        span = (min(span[0], min(starts) - pad), max(span[1], max(starts) + pad))
     _time_axis(ax, data, span)
     if left_label:
         ax.set_ylabel(left_label, fontsize=7, color=MUTED, labelpad=2)
