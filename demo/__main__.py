@@ -21,24 +21,35 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import llm
 from .triton import TritonServer, copy_models
 
 
-def traffic(server: TritonServer, stop: threading.Event) -> None:
+def requests(server: TritonServer) -> list[Callable[[int], object]]:
+    """One request to each sample model of the core mix, as functions of the request's number ``n``."""
     x = [{"name": "X", "datatype": "FP32", "shape": [1], "data": [1.0]}]
     bad = [{"name": "X", "datatype": "FP32", "shape": [1], "data": [-1.0]}]
     text = [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["hello"]}]
+    return [
+        lambda n: server.infer_add(1, values=(1.0, 2.0, 3.0)),
+        lambda n: server.infer("slow", x),
+        lambda n: server.infer("text", text),
+        lambda n: server.infer("fails", bad if n % 2 else x),  # every other request raises in the model: a failure
+        lambda n: server.infer("classify", x),  # not decoupled: its first-response histogram is its request latency
+        lambda n: server.request("POST", "/v2/models/stream/generate_stream", {"text_input": "the first token"}),
+    ]
+
+
+def traffic(server: TritonServer, stop: threading.Event) -> None:
+    """The core mix, one request to each model in turn, every 50 ms."""
+    send = requests(server)
     n = 0
     while not stop.is_set():
-        server.infer_add(1, values=(1.0, 2.0, 3.0))
-        server.infer("slow", x)
-        server.infer("text", text)
-        server.infer("fails", bad if n % 2 else x)  # every other request raises in the model: a counted failure
-        server.infer("classify", x)  # not decoupled: its first-response histogram is its request latency
-        server.request("POST", "/v2/models/stream/generate_stream", {"text_input": "the first token"})  # streamed
+        for one in send:
+            one(n)
         n += 1
         time.sleep(0.05)
 

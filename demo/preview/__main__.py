@@ -1,0 +1,117 @@
+"""Command line: a demo run and the dashboard preview; a redraw from a kept run; a rollout timeline.
+
+python -m demo.preview [--window 5] [--windows 8] [--out docs/dashboard-preview.png] [--keep DIR]
+python -m demo.preview draw DIR/events.jsonl [--out PNG]
+python -m demo.preview rollout EVENTS.json [--out PNG]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from catalog import build, modelsync_catalog
+
+from . import collect, dashboard, rollout
+from .alarms import load_alarms
+from .emf import Store
+from .metricmath import Clock, Data
+
+ROOT = collect.ROOT
+DASHBOARD = ROOT / "dashboards" / "triton.json"
+ALARMS = ROOT / "alarms" / "cli"
+OUT = ROOT / "docs" / "dashboard-preview.png"
+
+
+def _say(text: str) -> None:
+    print(f"preview: {text}", file=sys.stderr, flush=True)
+
+
+def rules(folder: Path = ALARMS) -> dict[str, dict[str, Any]]:
+    """The Contributor Insights rules the dashboard's INSIGHT_RULE_METRIC expressions name, by rule name."""
+    out = {}
+    for path in sorted(folder.glob("insight-rule-*.json")):
+        doc = json.loads(path.read_text())
+        out[doc["RuleName"]] = json.loads(doc["RuleDefinition"])
+    return out
+
+
+def scope_of() -> dashboard.Reason:
+    core, sync = build(), modelsync_catalog()
+
+    def scope(name: str) -> str | None:
+        metric = core.definition(name) or sync.definition(name)
+        return None if metric is None else metric.scope.value
+
+    return dashboard.no_data_reason(scope)
+
+
+def draw_run(events: Path, out: Path, body_path: Path = DASHBOARD) -> Path:
+    meta, groups = collect.load(events)
+    store = Store.from_lines(e.message for evs in groups.values() for e in evs)
+    window = float(meta["window"])
+    # Periods start half a window before each of the exporter's windows (its heartbeat marks each one).
+    beats = [p.time for key, points in store.points.items() if key.name == "ExporterHeartbeat" for p in points]
+    data = Data(store, Clock.around(beats or store.times(), window), groups, rules())
+    started = datetime.fromtimestamp(float(meta.get("started", time.time())), UTC)
+    heading = [
+        f"Preview of {body_path.relative_to(ROOT) if body_path.is_relative_to(ROOT) else body_path}, "
+        f"drawn from a demo run on {started:%Y-%m-%d} (times UTC)",
+        f"A real local Triton (no GPU) with the demo's sample models and traffic; the exporter's loop for "
+        f"{meta.get('windows')} windows of {window:g} s, each standing for one {Clock(0, window).base:g} s "
+        "period of the dashboard; model sync on moto's S3 (an update, then a refused archive); logs routed "
+        "by the shipped Fluent Bit configuration. Regenerate: bash scripts/preview.sh",
+    ]
+    body = json.loads(body_path.read_text())
+    fig = dashboard.draw(body, data, load_alarms(ALARMS), scope_of(), heading)
+    dashboard.save(fig, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "draw":
+        p = argparse.ArgumentParser(prog="python -m demo.preview draw", description="redraw from a kept run")
+        p.add_argument("events", type=Path, help="events.jsonl of a run (--keep DIR)")
+        p.add_argument("--out", type=Path, default=OUT)
+        a = p.parse_args(args[1:])
+        _say(f"wrote {draw_run(a.events, a.out)}")
+        return 0
+    if args and args[0] == "rollout":
+        p = argparse.ArgumentParser(prog="python -m demo.preview rollout", description=rollout.__doc__.splitlines()[0])
+        p.add_argument(
+            "events", type=Path, help="the rollout's per-host events (JSON; schema: demo/preview/rollout.py)"
+        )
+        p.add_argument("--out", type=Path, default=ROOT / "docs" / "rollout-timeline.png")
+        a = p.parse_args(args[1:])
+        rollout.save(rollout.draw(rollout.load(a.events)), a.out)
+        _say(f"wrote {a.out}")
+        return 0
+    p = argparse.ArgumentParser(prog="python -m demo.preview", description=__doc__.splitlines()[0])
+    p.add_argument("--window", type=float, default=5.0, help="seconds per exporter window (default 5)")
+    p.add_argument("--windows", type=int, default=8, help="exporter windows to collect (default 8)")
+    p.add_argument("--out", type=Path, default=OUT, help=f"the PNG (default {OUT.relative_to(ROOT)})")
+    p.add_argument("--keep", type=Path, help="keep the run's files (events.jsonl) in this folder")
+    a = p.parse_args(args)
+    if a.windows < 2 or a.window <= 0:
+        p.error("--windows must be 2 or more and --window positive")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="triton-preview-") as tmp:
+        folder = a.keep or Path(tmp)
+        try:
+            events = collect.run(folder, a.window, a.windows, _say)
+        except collect.RunFailed as exc:
+            _say(f"error: {exc}")
+            return 1
+        _say(f"wrote {draw_run(events, a.out)} in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
