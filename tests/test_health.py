@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from demo.triton import TritonServer, copy_models
-from tests.test_triton_side import install_copy, python38
+from tests.support import fakes
+from tests.support.fakes import FakeHttp, head
+from tests.test_triton_side import CHUNKED, install_copy, json_answer, python38, routes
 from triton_side import _http, _infer, _report
 from triton_side import probe as health
 
@@ -120,36 +122,155 @@ def test_build_infer_follows_metadata_and_config() -> None:
 
 
 def test_trickling_server_cannot_stretch_the_deadline() -> None:
-    """urllib's timeout is per socket operation; one byte every 0.2 s must still stop at the deadline."""
+    """urllib's timeout is per socket operation; a server sending one byte every 0.2 s, forever, must still
+    be cut off by the deadline: the probe returns (it could not otherwise), says so, and hangs up."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen()
     stop = threading.Event()
+    cut_off = threading.Event()
 
     def trickle() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            with conn:
-                for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 100:
-                    if stop.wait(0.2):
-                        return
-                    try:
-                        conn.sendall(bytes([byte]))
-                    except OSError:
-                        break
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            return
+        with conn:
+            conn.recv(65536)
+            answer = b"HTTP/1.1 200 OK\r\nX-Slow: " + b"x" * 100_000  # never ends (and no byte repeats a read)
+            for byte in answer:
+                if stop.wait(0.2):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    cut_off.set()
+                    return
 
     threading.Thread(target=trickle, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.getsockname()[1]}"
     try:
-        t0 = time.monotonic()
-        code = health.main(["--url", f"http://127.0.0.1:{srv.getsockname()[1]}", "--deadline", "1", "--quiet"])
+        code, out, _ = run_probe("--url", url, "--deadline", "1")
         assert code == 1
-        assert time.monotonic() - t0 < 1.3
+        assert out.startswith(f"FAIL live: no answer from 127.0.0.1:{url.rsplit(':', 1)[1]} within 1 s"), out
+        assert cut_off.wait(10)  # the probe closed the connection: the next byte found nobody
     finally:
         stop.set()
         srv.close()
+
+
+# --- hostile answers: refused with one FAIL line, never a traceback, never waiting for the deadline ----------
+
+
+def chunked(*pieces: bytes, trailer: bytes = b"") -> bytes:
+    """A chunked body of these pieces (with a chunk extension on each, as the RFC allows)."""
+    return b"".join(b"%x;ext=1\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n" + trailer + b"\r\n"
+
+
+INDEX = b'[{"name":"add","version":"1","state":"READY"}]'
+READY = head(200, "application/json", 0)
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        pytest.param({"POST /v2/repository/index": json_answer(b"[" * 100_000 + b"]" * 100_000)},
+                     "FAIL index: POST /v2/repository/index answered HTTP 200 with JSON nested deeper than 64 levels",
+                     id="deep-json"),
+        pytest.param({"POST /v2/repository/index": head(200, "application/json", 10**12)},
+                     "FAIL index: POST /v2/repository/index: answer of 1000000000000 bytes, over the probe's limit "
+                     "of 32 MiB: refused", id="huge-content-length"),
+        pytest.param({"POST /v2/repository/index": head(200, "application/json", extra=CHUNKED) + b"-5\r\nabcde"},
+                     "FAIL index: POST /v2/repository/index: bad chunked encoding: chunk size b'-5'",
+                     id="negative-chunk"),
+        pytest.param({"POST /v2/repository/index": head(200, "application/json", extra=CHUNKED) + b"1_0\r\n"},
+                     "FAIL index: POST /v2/repository/index: bad chunked encoding: chunk size b'1_0'", id="odd-chunk"),
+        pytest.param({"POST /v2/repository/index": head(200, "application/json", extra={"Content-Length": "+5"})},
+                     "FAIL index: POST /v2/repository/index: bad Content-Length '+5'", id="signed-length"),
+        pytest.param({"GET /v2/health/live": b"SSH-2.0-OpenSSH_9.2p1\r\n\r\n"},
+                     "FAIL live: GET /v2/health/live: not an HTTP answer: 'SSH-2.0-OpenSSH_9.2p1'", id="not-http"),
+        pytest.param({"GET /v2/health/live": b"HTTP/1.1 \xb200 OK\r\n\r\n"},  # a Latin-1 digit that int() refuses
+                     "FAIL live: GET /v2/health/live: not an HTTP answer: 'HTTP/1.1 \xb200 OK'", id="odd-status"),
+        pytest.param({"GET /v2/health/live": b"HTTP/1.1 200 OK\r\nX: " + b"a" * 100_000},
+                     "FAIL live: GET /v2/health/live: answer's header longer than 64 KiB: refused", id="long-header"),
+        pytest.param({"POST /v2/repository/index": json_answer(b'[{"name": "add", "version": 1')},
+                     "FAIL index: POST /v2/repository/index answered HTTP 200 with a body that is not JSON",
+                     id="cut-json"),
+        pytest.param({"POST /v2/repository/index": head(200, "application/json", 100) + b"[]"},
+                     "FAIL index: POST /v2/repository/index: connection closed in the middle of the answer",
+                     id="short-body"),
+    ],
+)  # fmt: skip
+def test_hostile_answer_is_one_fail_line(answers: dict[str, bytes], expected: str) -> None:
+    with FakeHttp(routes(answers)) as server:
+        code, out, _ = run_probe("--url", server.url, "--deadline", "20")
+    assert code == 1
+    lines = out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(expected), out  # the FAIL line, then the summary
+    assert lines[1].startswith(f"UNHEALTHY triton {server.url}: ") and "Traceback" not in out
+
+
+def test_chunked_answers_are_read_whole() -> None:
+    """Chunk extensions and trailers, the index in many small chunks: read as Triton would mean them."""
+    pieces = [INDEX[i : i + 7] for i in range(0, len(INDEX), 7)]
+    answers = {
+        "POST /v2/repository/index": head(200, "application/json", extra=CHUNKED)
+        + chunked(*pieces, trailer=b"X: 1\r\n"),
+        "GET /v2/models/add/versions/1/ready": READY,
+    }
+    with FakeHttp(routes(answers)) as server:
+        code, out, _ = run_probe("--url", server.url)
+    assert code == 0 and out.startswith("OK ") and "(add/1)" in out, out
+
+
+def test_answer_over_the_size_limit_is_refused(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """No Content-Length, a body that never ends: refused at the limit, not read until the deadline."""
+    monkeypatch.setattr(_http, "MAX_BODY_BYTES", 256 * 1024)
+
+    def unending(server: FakeHttp, conn: socket.socket, req: fakes.Request) -> None:
+        server.send(conn, head(200, "application/json"))
+        while not server.stopped.is_set():
+            server.send(conn, b" " * 65536)  # raises once the probe hangs up
+
+    with FakeHttp(unending) as server:
+        assert health.main(["--url", server.url, "--deadline", "20"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL live: GET /v2/health/live: answer larger than the probe's limit of 256 KiB: refused")
+
+
+def test_smoke_reads_only_the_json_header_of_a_large_inference_answer(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """An inference answer past the body limit whose JSON header says what the check needs: read that far only."""
+    monkeypatch.setattr(_http, "MAX_BODY_BYTES", 64 * 1024)
+    meta = b'{"name":"add","inputs":[{"name":"X","datatype":"FP32","shape":[1]}]}'
+    header = b'{"outputs":[{"name":"Y","datatype":"FP32","shape":[262144],"parameters":{"binary_data_size":1048576}}]}'
+    infer = head(200, "application/octet-stream", len(header) + 1048576,
+                 {"Inference-Header-Content-Length": str(len(header))}) + header + bytes(1048576)  # fmt: skip
+    answers = {
+        "POST /v2/repository/index": json_answer(INDEX),
+        "GET /v2/models/add/versions/1/ready": READY,
+        "GET /v2/models/add/versions/1": json_answer(meta),
+        "GET /v2/models/add/versions/1/config": json_answer(b'{"name":"add","max_batch_size":0}'),
+        "POST /v2/models/add/versions/1/infer": infer,
+    }
+    with FakeHttp(routes(answers)) as server:
+        assert health.main(["--url", server.url, "--smoke", "--deadline", "20"]) == 0
+    assert "smoke inference ok for 1" in capsys.readouterr().out
+
+
+def test_fail_lines_and_names_are_bounded() -> None:
+    """A repository of failing models, one of them with a 10,000-character name: 20 FAIL lines, each bounded."""
+    index = [{"name": f"m{i}", "version": "1", "state": "UNAVAILABLE", "reason": "x" * 1000} for i in range(30)]
+    index.append({"name": "n" * 10_000, "version": "1", "state": "UNAVAILABLE", "reason": "boom\nAt:\n..."})
+    with FakeHttp(routes({"POST /v2/repository/index": json_answer(json.dumps(index).encode())})) as server:
+        code, out, _ = run_probe("--url", server.url)
+    lines = out.splitlines()
+    assert code == 1 and len(lines) == _report.FAIL_LINES_MAX + 2, out
+    assert lines[-2] == f"FAIL +{31 - _report.FAIL_LINES_MAX} more failed check(s) (--json lists every check)"
+    assert max(len(line) for line in lines) < 1000
+    report = _report.Report("http://t", 4.0)
+    report.checks = [_report.Check("state", "fail", 0, "x" * 5000, "n" * 10_000, "1", "UNAVAILABLE", "y" * 5000)]
+    line = _report.render_text(report).splitlines()[0]
+    assert len(line) < 700 and line.startswith("FAIL model 'nnn") and "…" in line
 
 
 # --- against the shared session server (add, slow, text, fails READY; broken failed) ---------
@@ -246,18 +367,22 @@ def test_unloaded_model_is_fine_unless_required(triton_factory) -> None:
 
 @pytest.mark.triton
 def test_stopped_or_frozen_server_fails_within_the_deadline(triton_factory) -> None:
+    """A frozen server holds the probe until its deadline, and no longer: the answer is a FAIL line that says so
+    (run_probe's own 30 s limit would fail the test if the probe waited on). A stopped one is refused at once."""
     server = triton_factory(models=["add"])
     assert run_probe("--url", server.url)[0] == 0
+    port = server.url.rsplit(":", 1)[1]
     server.freeze()
     try:
-        code, out, wall = run_probe("--url", server.url, "--deadline", "1.5")
+        code, out, _ = run_probe("--url", server.url, "--deadline", "1.5")
     finally:
         server.thaw()
-    assert code == 1 and "does not respond" in out, out
-    assert 1.4 < wall < 2.0
+    assert code == 1
+    assert out.startswith(f"FAIL live: no answer from 127.0.0.1:{port} within 1.5 s: the server accepts connections")
+    assert "does not respond" in out and "server not answering" in out.splitlines()[-1], out
     server.stop()
-    code, out, wall = run_probe("--url", server.url)
-    assert code == 1 and "cannot connect" in out and wall < 1.0, (out, wall)
+    code, out, _ = run_probe("--url", server.url)
+    assert code == 1 and out.startswith(f"FAIL live: cannot connect to 127.0.0.1:{port}: Connection refused"), out
 
 
 SLEEPY_CONFIG = """name: "NAME"
