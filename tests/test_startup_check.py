@@ -66,8 +66,8 @@ NO_DRIVER = (
 def fake_smi(tmp: Path, query: str, table: str, code: int = 0, sleep: float = 0) -> Path:
     """A shell-script nvidia-smi: CSV for --query-gpu, the table otherwise; logs its arguments.
 
-    With ``sleep`` it hangs instead (exec: the sleep is the process the check kills, so nothing
-    keeps its output open after the timeout)."""
+    With ``sleep`` it hangs instead (exec: the process the check kills at its timeout is the one
+    that hangs, so no stray sleep outlives the test)."""
     path = tmp / "bin" / "nvidia-smi"
     path.parent.mkdir(parents=True, exist_ok=True)
     (tmp / "query.out").write_text(query)

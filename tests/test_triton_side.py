@@ -837,6 +837,7 @@ def startup_cases(folder: Path, gpus: Path) -> dict[str, list[str]]:
     for name, (query, table, code, sleep) in stand_ins.items():
         fake_smi(gpus / name, query, table, code, sleep)
         fake_dev(gpus / name)
+    (gpus / "no-devices").mkdir()
     fake_dev(gpus / "no-devices", ())
 
     def check(stand_in: str, *args: str, dev: str = "") -> list[str]:
@@ -899,16 +900,16 @@ def debian_runs(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) 
     try:
         cases = probe_cases(folder, triton.url, {name: s.url for name, s in servers.items()})
         cases |= startup_cases(folder, work / "gpus")
-        here = dict(zip(cases, debian.run_on_host(sys.executable, list(cases.values()))))
-        with rehearsal.shared_engine("debian-pythons") as docker:
+        with rehearsal.shared_engine("debian-pythons") as docker, ThreadPoolExecutor(len(debian.SUITES) + 1) as pool:
+            on_host = pool.submit(debian.run_on_host, sys.executable, list(cases.values()))
             log = lambda line: print(line, flush=True)  # noqa: E731
             images = {suite: debian.python_image(docker, suite, log) for suite in debian.SUITES}
-            with ThreadPoolExecutor(len(images)) as pool:
-                futures = {
-                    suite: pool.submit(debian.run_commands, docker, image, list(cases.values()), [work], work / suite)
-                    for suite, image in images.items()
-                }
-                there = {suite: dict(zip(cases, future.result())) for suite, future in futures.items()}
+            futures = {
+                suite: pool.submit(debian.run_commands, docker, image, list(cases.values()), [work], work / suite)
+                for suite, image in images.items()
+            }
+            there = {suite: dict(zip(cases, future.result())) for suite, future in futures.items()}
+            here = dict(zip(cases, on_host.result()))
     finally:
         for server in servers.values():
             server.close()
