@@ -179,7 +179,7 @@ READY = head(200, "application/json", 0)
                      id="deep-json"),
         pytest.param({"POST /v2/repository/index": head(200, "application/json", 10**12)},
                      "FAIL index: POST /v2/repository/index: answer of 1000000000000 bytes, over the probe's limit "
-                     "of 32 MiB: refused", id="huge-content-length"),
+                     "of 8 MiB: refused", id="huge-content-length"),
         pytest.param({"POST /v2/repository/index": head(200, "application/json", extra=CHUNKED) + b"-5\r\nabcde"},
                      "FAIL index: POST /v2/repository/index: bad chunked encoding: chunk size b'-5'",
                      id="negative-chunk"),

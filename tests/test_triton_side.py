@@ -24,6 +24,7 @@ library code they replace.
 from __future__ import annotations
 
 import ast
+import gc
 import glob
 import json
 import math
@@ -616,24 +617,44 @@ def test_loads_edge_cases() -> None:
     assert _http.loads is not json.loads and _http.loads("[1]") == [1]
 
 
-def test_loads_bounds_nesting_where_json_loads_does_not() -> None:
-    limit = _jsonparse.MAX_DEPTH
-    deepest = "[" * limit + "]" * limit
-    assert _jsonparse.loads(deepest) == json.loads(deepest)
-    assert _jsonparse.loads('{"a":' * limit + "1" + "}" * limit) == json.loads('{"a":' * limit + "1" + "}" * limit)
+@pytest.mark.parametrize("pad", [0, _jsonparse.PLAIN_MAX], ids=["plain-python", "json.loads"])
+def test_loads_bounds_nesting_where_json_loads_does_not(pad: int) -> None:
+    """The same bound on both paths: plain Python for short documents, json.loads for long ones."""
+    limit, spaces = _jsonparse.MAX_DEPTH, " " * pad
+    for text in ("[" * limit + "]" * limit, '{"a":' * limit + "1" + "}" * limit,
+                 '{"a":' * (limit - 2) + "[[]]" + "}" * (limit - 2)):  # fmt: skip
+        assert _jsonparse.loads(text + spaces) == json.loads(text)
     for text in ("[" * (limit + 1) + "]" * (limit + 1), '{"a":' * (limit + 1) + "1" + "}" * (limit + 1),
+                 '{"a":' * (limit - 1) + "[[]]" + "}" * (limit - 1), "[" * 100_000 + "]" * 100_000,
                  "[" * 100_000, '{"a":[' * 50_000):  # fmt: skip
         with pytest.raises(_jsonparse.TooDeep, match=f"nested deeper than {limit} levels"):
-            _jsonparse.loads(text)
+            _jsonparse.loads(text + spaces)
     with pytest.raises(RecursionError):
         json.loads("[" * 100_000 + "]" * 100_000)  # what the bound is for
-    # json.loads reads the UTF-16 and byte-order-mark forms; held to the same bound
-    with pytest.raises(_jsonparse.TooDeep):
-        _jsonparse.loads(("[" * (limit + 1) + "]" * (limit + 1)).encode("utf-16"))
-    with pytest.raises(_jsonparse.TooDeep):
-        _jsonparse.loads(("[" * 100_000 + "]" * 100_000).encode("utf-16"))
+    assert _jsonparse.loads("[[1]]" + spaces, max_depth=2) == [[1]]
+    assert gc.isenabled()  # json.loads runs with the collector off, and it is back on
+
+
+def test_loads_bounds_the_forms_only_json_loads_reads() -> None:
+    """UTF-16 and a byte-order mark go to json.loads, held to the same bound."""
+    limit = _jsonparse.MAX_DEPTH
+    deepest = "[" * limit + "]" * limit
     assert _jsonparse.loads(deepest.encode("utf-16")) == json.loads(deepest)
-    assert _jsonparse.loads("[[1]]", max_depth=2) == [[1]]
+    for text in ("[" * (limit + 1) + "]" * (limit + 1), "[" * 100_000 + "]" * 100_000):
+        with pytest.raises(_jsonparse.TooDeep):
+            _jsonparse.loads(text.encode("utf-16"))
+
+
+def test_long_documents_read_the_same_on_both_paths() -> None:
+    """A long index (json.loads reads it) and the same read in plain Python: equal, and equal to json.loads."""
+    index = [{"name": f"model_{i}", "version": "1", "state": "READY", "reason": "é\n\"x\"" * (i % 3)}
+             for i in range(3000)]  # fmt: skip
+    text = json.dumps(index, ensure_ascii=False)
+    assert len(text) > _jsonparse.PLAIN_MAX
+    assert _jsonparse.loads(text) == _jsonparse._parse(text, _jsonparse.MAX_DEPTH) == json.loads(text)
+    assert _jsonparse.loads(text.encode()) == index
+    for broken in (text[:-1], text + "x", text.replace('"version"', "'version'", 1)):
+        same_outcome(_jsonparse.loads, json.loads, broken)
 
 
 def reference_split(url: str):

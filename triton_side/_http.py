@@ -33,7 +33,10 @@ else:  # imported as a top-level module by health.py, from the folder it was cop
     import _jsonparse
 
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers (and a chunked body's trailers)
-MAX_BODY_BYTES = 32 * 1024 * 1024  # one answer's body: a repository index of tens of thousands of models fits
+# One answer's body: an index of tens of thousands of model versions fits (about 80 bytes each, more with a
+# reason); the JSON reader reads this much in well under a second, holding at most about 200 MB while it does
+# (8 MiB of empty arrays, the worst case).
+MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 # --- start-up cost ------------------------------------------------------------------------

@@ -1,16 +1,20 @@
-"""The probe's JSON reader: ``json.loads`` for Triton's answers, with a nesting bound and without importing json.
+"""The probe's JSON reader: ``json.loads`` for Triton's answers, with a nesting bound, mostly without json.
 
-Why not ``json.loads``: importing ``json`` costs the probe's default run about
-5 ms (``re`` and the patterns json compiles at import), every 30 s in every
-task, to read one small repository index; and ``json.loads`` has no nesting
-bound (an answer nested a few thousand levels deep raises RecursionError). This
-reader takes what ``json.loads`` takes and returns what it returns, raising
-ValueError where it raises (tests/test_triton_side.py compares the two), and
-refuses documents nested deeper than :data:`MAX_DEPTH` with :class:`TooDeep`.
-It is plain Python over ``str`` (public standard library only): about ten
-times json's C scanner per byte, which is what a 1,000-model index costs
-(about 10 ms of CPU, against 1 ms for json.loads plus 4 ms to import json);
-a few models take a few hundredths of a millisecond.
+Why not plain ``json.loads``: importing ``json`` costs the probe's default run
+about 5 ms (``re`` and the patterns json compiles at import), every 30 s in
+every task, to read one small repository index; and ``json.loads`` has no
+nesting bound (an answer nested a few thousand levels deep raises
+RecursionError). This reader takes what ``json.loads`` takes and returns what
+it returns, raising ValueError where it raises (tests/test_triton_side.py
+compares the two), and refuses documents nested deeper than
+:data:`MAX_DEPTH` with :class:`TooDeep`.
+
+Documents up to :data:`PLAIN_MAX` characters (a repository index of hundreds
+of models) are read here, in plain Python; larger ones go to ``json.loads``,
+whose C scanner reads them about ten times faster than plain Python would
+(8 MiB, the probe's body limit, in a fraction of a second rather than
+seconds), so its import is small next to the reading; the result is then held
+to the same nesting bound. Public standard library only.
 
 Standard library only, Python 3.8+.
 """
@@ -18,6 +22,7 @@ Standard library only, Python 3.8+.
 from __future__ import annotations
 
 MAX_DEPTH = 64  # arrays and objects inside each other; Triton's deepest answer (a model config) has about 8
+PLAIN_MAX = 64 * 1024  # characters read in plain Python; json.loads reads longer documents
 
 _WHITESPACE = " \t\n\r"
 _HEX = frozenset("0123456789abcdefABCDEF")
@@ -34,29 +39,39 @@ def loads(data: str | bytes, max_depth: int = MAX_DEPTH) -> object:
     """``json.loads(data)``, but TooDeep (a ValueError) past ``max_depth`` levels; ValueError when malformed."""
     if isinstance(data, (bytes, bytearray)):
         if data[:1] in (b"\xef", b"\xfe", b"\xff") or b"\0" in data[:4]:
-            return _json_loads(bytes(data), max_depth)
+            return _json_loads(bytes(data), max_depth)  # a byte-order mark or UTF-16/32: never from Triton
         text = bytes(data).decode("utf-8", "surrogatepass")  # as json.loads decodes UTF-8
     else:
         text = data
+    if len(text) > PLAIN_MAX:
+        return _json_loads(text, max_depth)
     return _parse(text, max_depth)
 
 
-def _json_loads(data: bytes, max_depth: int) -> object:
-    """json.loads for what only it reads (a byte-order mark, UTF-16 or UTF-32), held to the same depth bound."""
-    import json  # never for Triton's answers, which are UTF-8 JSON: ~5 ms (re, enum)
+def _json_loads(data: str | bytes, max_depth: int) -> object:
+    """json.loads, held to the same nesting bound: for what is long, or in an encoding only it detects."""
+    import gc
+    import json  # ~5 ms (re, enum): small next to reading what comes here
 
+    collecting = gc.isenabled()
+    gc.disable()  # a document of millions of small arrays would otherwise run the collector over and over (5x)
     try:
-        value = json.loads(data)
-    except RecursionError:
-        raise TooDeep(f"JSON nested deeper than {max_depth} levels") from None
-    level = [value] if isinstance(value, (list, dict)) else []
-    for _ in range(max_depth):
-        level = [
-            child
-            for container in level
-            for child in (container.values() if isinstance(container, dict) else container)
-            if isinstance(child, (list, dict))
-        ]
+        try:
+            value = json.loads(data)
+        except RecursionError:
+            raise TooDeep(f"JSON nested deeper than {max_depth} levels") from None
+        level = [value] if isinstance(value, (list, dict)) else []
+        for step in range(max_depth):
+            last = step == max_depth - 1  # an empty container deeper than the bound is still too deep
+            level = [
+                child
+                for container in level
+                for child in (container.values() if isinstance(container, dict) else container)
+                if isinstance(child, (list, dict)) and (child or last)
+            ]
+    finally:
+        if collecting:
+            gc.enable()
     if level:
         raise TooDeep(f"JSON nested deeper than {max_depth} levels")
     return value
