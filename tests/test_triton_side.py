@@ -820,6 +820,8 @@ HOSTILE = {  # answers a broken or hostile listener gives: each must be one FAIL
     "negative-chunk": {"POST /v2/repository/index": fakes.head(200, "application/json", extra=CHUNKED) + b"-5\r\n"},
     "not-http": {"GET /v2/health/live": b"SSH-2.0-OpenSSH_9.2p1\r\n\r\n"},
 }
+FAILED_INDEX = [{"name": f"m{i}", "version": "1", "state": "UNAVAILABLE", "reason": "boom\n" * 20} for i in range(1000)]
+FAKES = {**HOSTILE, "many-failed": {"POST /v2/repository/index": json_answer(json.dumps(FAILED_INDEX).encode())}}
 
 
 def probe_cases(folder: Path, triton_url: str, hostile: Mapping[str, str]) -> dict[str, list[str]]:
@@ -917,7 +919,7 @@ def debian_runs(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) 
         pytest.skip(f"Debian's Pythons run on the container rehearsal's engine, which {reason}")
     work = tmp_path_factory.mktemp("debian")
     folder = install_copy(work)
-    servers = {name: fakes.FakeHttp(routes(answers)) for name, answers in HOSTILE.items()}
+    servers = {name: fakes.FakeHttp(routes(answers)) for name, answers in FAKES.items()}
     try:
         cases = probe_cases(folder, triton.url, {name: s.url for name, s in servers.items()})
         cases |= startup_cases(folder, work / "gpus")
@@ -961,4 +963,6 @@ def test_verdicts_under_debian_python(suite: str, debian_runs: DebianRuns) -> No
     for name in HOSTILE:
         lines = there[f"hostile {name}"].out.splitlines()
         assert codes[f"hostile {name}"] == 1 and len(lines) == 2 and lines[0].startswith("FAIL "), lines
+    lines = there["hostile many-failed"].out.splitlines()  # a 100 KB index: json.loads reads it, 20 FAIL lines
+    assert codes["hostile many-failed"] == 1 and len(lines) == 22 and "+980 more failed" in lines[-2], lines
     assert [codes[c] for c in there if c.startswith("start-up:")] == [0, 5, 6, 3, 4, 3, 3, 2]
