@@ -257,6 +257,42 @@ def test_smoke_reads_only_the_json_header_of_a_large_inference_answer(monkeypatc
     assert "smoke inference ok for 1" in capsys.readouterr().out
 
 
+def test_host_names_are_resolved_under_the_deadline(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """localhost and addresses need no resolver; any other name is looked up in a thread the probe waits for
+    no longer than its deadline (getaddrinfo has no timeout), and a name that does not resolve is said so."""
+    asked: list[str] = []
+    hang = threading.Event()
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args):  # stands in for a resolver: one name it knows, one it never answers
+        asked.append(host)
+        if host == "triton.task.local":
+            return real("127.0.0.1", port, *args)
+        if host == "hangs.task.local":
+            hang.wait(30)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(_http.socket, "getaddrinfo", getaddrinfo)
+    answers = {"POST /v2/repository/index": json_answer(INDEX), "GET /v2/models/add/versions/1/ready": READY}
+    try:
+        with FakeHttp(routes(answers)) as server:
+            port = server.port
+            for host in ("triton.task.local", "localhost", "127.0.0.1"):
+                assert health.main(["--url", f"http://{host}:{port}", "--quiet"]) == 0, capsys.readouterr()
+            assert asked == ["triton.task.local"]
+        assert health.main(["--url", f"http://nowhere.task.local:{port}"]) == 1
+        assert capsys.readouterr().out.startswith(
+            "FAIL live: cannot resolve 'nowhere.task.local': Name or service not known: wrong TRITON_URL, or no "
+            "resolver to ask\n"
+        )
+        assert health.main(["--url", f"http://hangs.task.local:{port}", "--deadline", "0.5"]) == 1
+        assert capsys.readouterr().out.startswith(
+            "FAIL live: cannot resolve 'hangs.task.local': no answer from the resolver within 0.5 s"
+        )
+    finally:
+        hang.set()
+
+
 def test_fail_lines_and_names_are_bounded() -> None:
     """A repository of failing models, one of them with a 10,000-character name: 20 FAIL lines, each bounded."""
     index = [{"name": f"m{i}", "version": "1", "state": "UNAVAILABLE", "reason": "x" * 1000} for i in range(30)]

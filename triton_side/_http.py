@@ -130,16 +130,18 @@ def _resolve(host: str, port: int, deadline: Deadline) -> list[tuple[int, tuple[
     worker.start()
     worker.join(deadline.left())
     if failed:
+        if isinstance(failed[0], OSError):
+            raise ResolveError(f"cannot resolve {host!r}: {failed[0].strerror or failed[0]}") from failed[0]
         raise failed[0]
     if not found:
-        raise DeadlineExceeded(f"resolving {host!r} took longer than the {deadline.seconds:g} s deadline")
+        raise ResolveError(f"cannot resolve {host!r}: no answer from the resolver within {deadline.seconds:g} s")
     return found[0]
 
 
-def open_tcp(host: str, port: int, deadline: Deadline) -> socket.socket:
-    """``socket.create_connection`` under the deadline: each address in turn, each try bounded by it."""
-    last: OSError = OSError(f"no address for {host}")
-    for family, address in addresses(host, port, deadline):
+def open_tcp(targets: list[tuple[int, tuple[object, ...]]], deadline: Deadline) -> socket.socket:
+    """``socket.create_connection`` under the deadline: each of :func:`addresses` in turn, each try bounded by it."""
+    last: OSError = OSError("no address to connect to")
+    for family, address in targets:
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError as exc:  # e.g. no IPv6 in this container
@@ -178,6 +180,10 @@ class DeadlineExceeded(HealthError):
 
 class ConnectError(HealthError):
     """The TCP connection to Triton could not be made or broke."""
+
+
+class ResolveError(ConnectError):
+    """The host name in the URL did not resolve, or not within the deadline."""
 
 
 class ProtocolError(HealthError):
@@ -271,6 +277,7 @@ class Client:
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.host_header = host if port is None else f"{host}:{self.port}"
         self.deadline = deadline
+        self.targets: list[tuple[int, tuple[object, ...]]] | None = None  # resolved once, by the first request
 
     def request(
         self,
@@ -299,8 +306,10 @@ class Client:
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + (body or b"")
         what = f"{self.host}:{self.port}"
+        if self.targets is None:
+            self.targets = addresses(self.host, self.port, self.deadline)
         try:
-            sock = open_tcp(self.host, self.port, self.deadline)
+            sock = open_tcp(self.targets, self.deadline)
         except (socket.timeout, TimeoutError) as exc:  # distinct classes before Python 3.10
             raise DeadlineExceeded(f"no TCP connection to {what} within {self.deadline.seconds:g} s") from exc
         except OSError as exc:

@@ -98,6 +98,8 @@ def _timed(report: _report.Report, check: str, fn: Callable[[], tuple[T, str]]) 
 def _live(client: _http.Client) -> tuple[None, str]:
     try:
         resp = client.request("GET", "/v2/health/live")
+    except _http.ResolveError as exc:
+        raise _http.ResolveError(f"{exc}: wrong TRITON_URL, or no resolver to ask") from exc
     except _http.DeadlineExceeded as exc:
         raise _http.DeadlineExceeded(
             f"{exc}: the server accepts connections but does not respond (hung, SIGSTOPped or overloaded)"
