@@ -32,9 +32,8 @@ HEALTH_PY = Path(health.__file__).with_name("health.py")  # the command; its cod
 
 
 def run_probe(*args: str, python: str = sys.executable, script: Path = HEALTH_PY, env: dict | None = None):
-    """Run health.py as a subprocess; returns (exit code, stdout + stderr, wall seconds)."""
+    """Run health.py as a subprocess; returns (exit code, stdout + stderr)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("HEALTH_", "TRITON_URL"))}
-    t0 = time.monotonic()
     proc = subprocess.run(
         [python, "-I", "-S", str(script), *args],
         capture_output=True,
@@ -42,11 +41,11 @@ def run_probe(*args: str, python: str = sys.executable, script: Path = HEALTH_PY
         timeout=30,
         env={**clean, **(env or {})},
     )
-    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
+    return proc.returncode, proc.stdout + proc.stderr
 
 
 def json_probe(*args: str) -> tuple[int, dict]:
-    code, out, _ = run_probe(*args, "--json")
+    code, out = run_probe(*args, "--json")
     return code, json.loads(out)
 
 
@@ -150,7 +149,7 @@ def test_trickling_server_cannot_stretch_the_deadline() -> None:
     threading.Thread(target=trickle, daemon=True).start()
     url = f"http://127.0.0.1:{srv.getsockname()[1]}"
     try:
-        code, out, _ = run_probe("--url", url, "--deadline", "1")
+        code, out = run_probe("--url", url, "--deadline", "1")
         assert code == 1
         assert out.startswith(f"FAIL live: no answer from 127.0.0.1:{url.rsplit(':', 1)[1]} within 1 s"), out
         assert cut_off.wait(10)  # the probe closed the connection: the next byte found nobody
@@ -203,7 +202,7 @@ READY = head(200, "application/json", 0)
 )  # fmt: skip
 def test_hostile_answer_is_one_fail_line(answers: dict[str, bytes], expected: str) -> None:
     with FakeHttp(routes(answers)) as server:
-        code, out, _ = run_probe("--url", server.url, "--deadline", "20")
+        code, out = run_probe("--url", server.url, "--deadline", "20")
     assert code == 1
     lines = out.splitlines()
     assert len(lines) == 2 and lines[0].startswith(expected), out  # the FAIL line, then the summary
@@ -219,7 +218,7 @@ def test_chunked_answers_are_read_whole() -> None:
         "GET /v2/models/add/versions/1/ready": READY,
     }
     with FakeHttp(routes(answers)) as server:
-        code, out, _ = run_probe("--url", server.url)
+        code, out = run_probe("--url", server.url)
     assert code == 0 and out.startswith("OK ") and "(add/1)" in out, out
 
 
@@ -298,7 +297,7 @@ def test_fail_lines_and_names_are_bounded() -> None:
     index = [{"name": f"m{i}", "version": "1", "state": "UNAVAILABLE", "reason": "x" * 1000} for i in range(30)]
     index.append({"name": "n" * 10_000, "version": "1", "state": "UNAVAILABLE", "reason": "boom\nAt:\n..."})
     with FakeHttp(routes({"POST /v2/repository/index": json_answer(json.dumps(index).encode())})) as server:
-        code, out, _ = run_probe("--url", server.url)
+        code, out = run_probe("--url", server.url)
     lines = out.splitlines()
     assert code == 1 and len(lines) == _report.FAIL_LINES_MAX + 2, out
     assert lines[-2] == f"FAIL +{31 - _report.FAIL_LINES_MAX} more failed check(s) (--json lists every check)"
@@ -314,17 +313,17 @@ def test_fail_lines_and_names_are_bounded() -> None:
 
 @pytest.mark.triton
 def test_healthy_repository_exits_0(triton: TritonServer) -> None:
-    code, out, _ = run_probe("--url", triton.url, "--ignore", "broken")
+    code, out = run_probe("--url", triton.url, "--ignore", "broken")
     assert code == 0, out
     assert out.startswith("OK ") and "add/1" in out and "text/1" in out and len(out.splitlines()) == 1
-    assert run_probe("--url", triton.url, "--ignore", "broken", "--quiet")[:2] == (0, "")
+    assert run_probe("--url", triton.url, "--ignore", "broken", "--quiet") == (0, "")
     # in-process entry point for ``python -m exporter health``: returns the code, never exits
     assert health.main(["--url", triton.url, "--models", "add,slow", "--quiet"]) == 0
 
 
 @pytest.mark.triton
 def test_model_that_failed_to_load_is_named_with_its_reason(triton: TritonServer) -> None:
-    code, out, _ = run_probe("--url", triton.url)
+    code, out = run_probe("--url", triton.url)
     assert code == 1
     lines = out.strip().splitlines()
     assert len(lines) == 2, out  # one line per failing check, one summary line
@@ -355,7 +354,7 @@ def test_smoke_inference_on_every_serving_sample_model(triton: TritonServer) -> 
 
 @pytest.mark.triton
 def test_model_whose_inference_fails_is_unhealthy(triton: TritonServer) -> None:
-    code, out, _ = run_probe("--url", triton.url, "--ignore", "broken", "--smoke")
+    code, out = run_probe("--url", triton.url, "--ignore", "broken", "--smoke")
     assert code == 1
     lines = out.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("FAIL model 'fails' version 1")
@@ -363,7 +362,7 @@ def test_model_whose_inference_fails_is_unhealthy(triton: TritonServer) -> None:
     # asked for one model only: the others are not smoke-tested
     code, doc = json_probe("--url", triton.url, "--models", "add,fails", "--smoke", "add")
     assert code == 0 and [c["model"] for c in doc["checks"] if c["check"] == "smoke"] == ["add"]
-    code, out, _ = run_probe("--url", triton.url, "--models", "add", "--smoke", "text")
+    code, out = run_probe("--url", triton.url, "--models", "add", "--smoke", "text")
     assert code == 1 and "'text'" in out and "not among the required models" in out
 
 
@@ -375,11 +374,11 @@ def test_stdlib_only_copy_runs_isolated(triton: TritonServer, tmp_path: Path) ->
     oldest = python38()  # Ubuntu 20.04 Triton images; test_triton_side.py checks 3.8 statically everywhere
     pythons = [sys.executable] + ([oldest] if oldest else [])
     for python in pythons:
-        code, out, _ = run_probe("--url", triton.url, "--ignore", "broken,fails", "--smoke",
+        code, out = run_probe("--url", triton.url, "--ignore", "broken,fails", "--smoke",
                                  python=python, script=script)  # fmt: skip
         assert code == 0, (python, out)
         assert "smoke inference ok for 3" in out
-    code, out, _ = run_probe(script=script, env={"TRITON_URL": triton.url, "HEALTH_IGNORE": "broken"})
+    code, out = run_probe(script=script, env={"TRITON_URL": triton.url, "HEALTH_IGNORE": "broken"})
     assert code == 0, out
 
 
@@ -391,13 +390,13 @@ def test_unloaded_model_is_fine_unless_required(triton_factory) -> None:
     server = triton_factory(models=["add", "text"])
     assert run_probe("--url", server.url)[0] == 0
     server.unload("text")
-    code, out, _ = run_probe("--url", server.url)
+    code, out = run_probe("--url", server.url)
     assert code == 0 and "text" not in out, out
-    code, out, _ = run_probe("--url", server.url, "--models", "add,text")
+    code, out = run_probe("--url", server.url, "--models", "add,text")
     assert code == 1
     assert out.splitlines()[0].startswith("FAIL model 'text' version 1 is UNAVAILABLE: unloaded on purpose")
     assert run_probe("--url", server.url, env={"HEALTH_MODELS": "text"})[0] == 1
-    code, out, _ = run_probe("--url", server.url, "--models", "nope")
+    code, out = run_probe("--url", server.url, "--models", "nope")
     assert code == 1 and "'nope'" in out and "not in the repository index" in out
 
 
@@ -410,14 +409,14 @@ def test_stopped_or_frozen_server_fails_within_the_deadline(triton_factory) -> N
     port = server.url.rsplit(":", 1)[1]
     server.freeze()
     try:
-        code, out, _ = run_probe("--url", server.url, "--deadline", "1.5")
+        code, out = run_probe("--url", server.url, "--deadline", "1.5")
     finally:
         server.thaw()
     assert code == 1
     assert out.startswith(f"FAIL live: no answer from 127.0.0.1:{port} within 1.5 s: the server accepts connections")
     assert "does not respond" in out and "server not answering" in out.splitlines()[-1], out
     server.stop()
-    code, out, _ = run_probe("--url", server.url)
+    code, out = run_probe("--url", server.url)
     assert code == 1 and out.startswith(f"FAIL live: cannot connect to 127.0.0.1:{port}: Connection refused"), out
 
 
@@ -452,7 +451,7 @@ def test_model_still_loading_is_reported_as_loading(tmp_path: Path) -> None:
     server = TritonServer(repo, workdir=tmp_path, load_all=False, extra_args=["--load-model=add"])
     server.start()
     try:
-        code, out, _ = run_probe("--url", server.url, "--models", "sleepy")
+        code, out = run_probe("--url", server.url, "--models", "sleepy")
         assert code == 1 and "'sleepy' is NOT LOADED: in the repository but never loaded" in out, out
         assert run_probe("--url", server.url)[0] == 0  # never loaded on purpose: not required by default
         loader = threading.Thread(target=server.load, args=("sleepy",))
@@ -470,11 +469,11 @@ def test_model_still_loading_is_reported_as_loading(tmp_path: Path) -> None:
                 break
             assert time.monotonic() < deadline, index
             time.sleep(0.05)
-        code, out, _ = run_probe("--url", server.url)
+        code, out = run_probe("--url", server.url)
         assert code == 1
         assert out.splitlines()[0].startswith("FAIL model 'sleepy' version 1 is LOADING: still loading"), out
         loader.join(30)
-        code, out, _ = run_probe("--url", server.url, "--smoke")
+        code, out = run_probe("--url", server.url, "--smoke")
         assert code == 0, out
     finally:
         server.stop()
@@ -528,14 +527,14 @@ def test_unusual_model_names_are_sent_verbatim(odd_server: TritonServer) -> None
     assert smoke["seq"] == "ok"
     # a decoupled model cannot answer on HTTP infer: skipped unless asked for by name
     assert smoke["stream"] == "skip"
-    code, out, _ = run_probe("--url", odd_server.url, "--ignore", NON_ASCII, "--smoke", "stream")
+    code, out = run_probe("--url", odd_server.url, "--ignore", NON_ASCII, "--smoke", "stream")
     assert code == 1 and "'stream'" in out and "decoupled" in out
 
 
 @pytest.mark.triton
 def test_answer_without_outputs_is_unhealthy(odd_server: TritonServer) -> None:
     """The Python backend drops an undeclared output tensor and still answers 200."""
-    code, out, _ = run_probe("--url", odd_server.url, "--models", "mute", "--smoke")
+    code, out = run_probe("--url", odd_server.url, "--models", "mute", "--smoke")
     assert (
         code == 1
         and out.startswith("FAIL model 'mute' version 1 (READY) smoke check: ")
@@ -546,7 +545,7 @@ def test_answer_without_outputs_is_unhealthy(odd_server: TritonServer) -> None:
 @pytest.mark.triton
 def test_non_ascii_name_goes_out_as_utf8(odd_server: TritonServer) -> None:
     # The Python backend stub fails to load a non-ASCII model here; the probe names it with its reason ...
-    code, out, _ = run_probe("--url", odd_server.url, "--models", NON_ASCII)
+    code, out = run_probe("--url", odd_server.url, "--models", NON_ASCII)
     assert code == 1 and out.startswith(f"FAIL model '{NON_ASCII}' version 1 is UNAVAILABLE: Internal: "), out
     # ... and raw UTF-8 in the path reaches that model (a percent-escaped path is "not found")
     client = _http.Client(odd_server.url, _http.Deadline(5))
