@@ -292,6 +292,21 @@ def test_host_names_are_resolved_under_the_deadline(monkeypatch: pytest.MonkeyPa
         hang.set()
 
 
+def test_a_bug_in_the_probe_is_an_unhealthy_line_not_a_traceback(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    answers = {"POST /v2/repository/index": json_answer(INDEX), "GET /v2/models/add/versions/1/ready": READY}
+
+    def broken(report: _report.Report) -> str:
+        raise AttributeError("'int' object has no attribute 'bit_count'")  # as a newer Python's API on an older one
+
+    monkeypatch.setattr(_report, "render_text", broken)
+    with FakeHttp(routes(answers)) as server:
+        assert health.main(["--url", server.url]) == 1
+    assert capsys.readouterr() == (
+        f"UNHEALTHY triton {server.url}: probe error AttributeError: 'int' object has no attribute 'bit_count'\n",
+        "",
+    )
+
+
 def test_fail_lines_and_names_are_bounded() -> None:
     """A repository of failing models, one of them with a 10,000-character name: 20 FAIL lines, each bounded."""
     index = [{"name": f"m{i}", "version": "1", "state": "UNAVAILABLE", "reason": "x" * 1000} for i in range(30)]

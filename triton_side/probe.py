@@ -473,9 +473,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cli.usage_error(PROG, exc)
     try:
         report = probe(opts, start)
-    except Exception as exc:  # a probe bug must still give ECS a clear "unhealthy" line
+        text = _report.render_json(report) if opts.json else _report.render_text(report)
+    except Exception as exc:  # a probe bug must still give ECS a clear "unhealthy" line, never a traceback
         print(f"UNHEALTHY triton {opts.url}: probe error {type(exc).__name__}: {_report.first_line(exc)}", flush=True)
         return 1
     if not (opts.quiet and report.healthy):
-        print(_report.render_json(report) if opts.json else _report.render_text(report), flush=True)
+        print(text, flush=True)
     return 0 if report.healthy else 1
