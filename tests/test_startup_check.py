@@ -64,7 +64,10 @@ NO_DRIVER = (
 
 
 def fake_smi(tmp: Path, query: str, table: str, code: int = 0, sleep: float = 0) -> Path:
-    """A shell-script nvidia-smi: CSV for --query-gpu, the table otherwise; logs its arguments."""
+    """A shell-script nvidia-smi: CSV for --query-gpu, the table otherwise; logs its arguments.
+
+    With ``sleep`` it hangs instead (exec: the process the check kills at its timeout is the one
+    that hangs, so no stray sleep outlives the test)."""
     path = tmp / "bin" / "nvidia-smi"
     path.parent.mkdir(parents=True, exist_ok=True)
     (tmp / "query.out").write_text(query)
@@ -73,7 +76,7 @@ def fake_smi(tmp: Path, query: str, table: str, code: int = 0, sleep: float = 0)
         textwrap.dedent(f"""\
         #!/bin/sh
         echo "$*" >> "{tmp}/calls.log"
-        {f"sleep {sleep}" if sleep else ":"}
+        {f"exec sleep {sleep}" if sleep else ":"}
         case "$1" in
           --query-gpu=*) cat "{tmp}/query.out" ;;
           *) cat "{tmp}/table.out" ;;

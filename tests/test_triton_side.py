@@ -1,14 +1,22 @@
-"""The Triton-side folder as a deployable: Python 3.8+, standard library only, lean start-up.
+"""The Triton-side folder as a deployable: Python 3.8+, public standard library only, lean start-up.
 
 ``triton_side/`` runs on the Triton image's own ``python3`` (3.8 in Ubuntu 20.04
-images) with nothing installed. No 3.8 interpreter may be on the machine, so
-3.8 compatibility is proven three ways, each of which runs everywhere but the
-last: ruff with ``target-version = "py38"`` for the folder (syntax), the AST
-check below for the runtime constructs and standard-library names ruff does
-not know (``dict | dict``, ``list[int]`` outside annotations, ``str.removeprefix``,
-...), and, where a 3.8 interpreter exists, a real run on it.
+images, 3.10 and 3.12 in later ones) with nothing installed. No 3.8 interpreter
+may be on the machine, so 3.8 compatibility is proven three ways, each of which
+runs everywhere but the last: ruff with ``target-version = "py38"`` for the
+folder (syntax), the AST check below for the runtime constructs and
+standard-library names ruff does not know (``dict | dict``, ``list[int]``
+outside annotations, ``str.removeprefix``, ...), and, where a 3.8 interpreter
+exists, a real run on it.
 
-The probe's start-up shortcuts (``_cli``'s own reader, ``_http.loads``,
+It must keep running when the image's Python changes, so it uses public
+modules and names only: the AST check below fails on a private module of the
+standard library (``_socket``, ``_json``, ``_thread``) or a private name, and,
+with the container rehearsal's engine, the probe and the start-up check run
+under Debian's Python 3.9, 3.11 and 3.13 (which bracket Triton's 3.10 and 3.12)
+against a real Triton and must give the verdicts they give here.
+
+The probe's start-up shortcuts (``_cli``'s own reader, ``_jsonparse.loads``,
 ``_http.split_url``, ``probe.run_parallel``) are compared with the standard
 library code they replace.
 """
@@ -16,11 +24,14 @@ library code they replace.
 from __future__ import annotations
 
 import ast
+import gc
 import glob
 import json
 import math
 import os
+import re
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -28,6 +39,8 @@ import textwrap
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -36,7 +49,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from demo.triton import TritonServer
-from triton_side import _cli, _http, probe, startup_check
+from tests.support import debian, fakes, rehearsal
+from triton_side import _cli, _http, _jsonparse, probe, startup_check
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "triton_side"
@@ -276,7 +290,7 @@ def test_file_imports_only_the_standard_library(path: Path) -> None:
 
 # The folder's modules, each importing only modules after it (probe.py's docstring): no cycle, as scripts or as the
 # package. A new file goes into this list.
-IMPORT_ORDER = ["health", "startup_check", "probe", "_infer", "_report", "_http", "_cli", "__init__"]
+IMPORT_ORDER = ["health", "startup_check", "probe", "_infer", "_report", "_http", "_jsonparse", "_cli", "__init__"]
 
 
 def sibling_imports(path: Path) -> set[str]:
@@ -299,9 +313,120 @@ def test_imports_between_the_files_point_one_way() -> None:
     assert sorted(IMPORT_ORDER) == sorted(SIBLINGS)
     graph = {path.stem: sibling_imports(path) for path in FILES}
     assert graph["probe"] == {"_cli", "_http", "_report", "_infer"} and graph["health"] == {"probe"}
+    assert graph["_http"] == {"_cli", "_jsonparse"}
     for module, imported in graph.items():
         for other in imported:
             assert IMPORT_ORDER.index(other) > IMPORT_ORDER.index(module), f"{module}.py imports {other}"
+
+
+# --- public standard library only ------------------------------------------------------------
+
+
+def _dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
+
+
+def defined_names(sources: Mapping[str, str]) -> set[str]:
+    """Every name the folder defines itself (modules, functions, classes, variables, attributes it assigns)."""
+    names = set(sources)
+    for source in sources.values():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.alias) and node.asname:
+                names.add(node.asname)
+    return names
+
+
+def private_uses(source: str, name: str, own: set[str]) -> list[str]:
+    """What in ``source`` reaches into the standard library's private parts: a module with a leading
+    underscore in its dotted name (``_socket``, ``json._x``), or a private name (``from os import _exit``,
+    ``socket._GLOBAL_DEFAULT_TIMEOUT``, ``__import__("_json")``). ``own``: names the folder defines itself
+    (its ``_http`` and ``self._lock`` are its own business); dunders are fine."""
+
+    def private_module(module: str) -> bool:
+        return module.split(".")[0] not in own and any(part.startswith("_") for part in module.split("."))
+
+    problems = []
+    for node in ast.walk(ast.parse(source)):
+        where = f"{name}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Import):
+            problems += [f"{where}: imports private module {a.name}" for a in node.names if private_module(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module != "__future__":
+            if private_module(node.module):
+                problems.append(f"{where}: imports from private module {node.module}")
+            elif node.module.split(".")[0] not in own:
+                problems += [
+                    f"{where}: imports private name {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not _dunder(a.name)
+                ]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not _dunder(node.attr):
+            if node.attr not in own:
+                problems.append(f"{where}: uses private name .{node.attr}")
+        elif isinstance(node, ast.Call) and _call_name(node) in ("__import__", "import_module") and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and private_module(arg.value):
+                problems.append(f"{where}: imports private module {arg.value}")
+    return problems
+
+
+FOLDER_SOURCES = {p.stem: p.read_text() for p in FILES}
+
+
+def test_the_private_use_check_catches_what_it_is_for() -> None:
+    bad = textwrap.dedent("""\
+        import _socket, json.decoder, os
+        import _thread as threads
+        from _json import make_scanner
+        from os import _exit, path
+        from json._private import x
+        import importlib
+        timeout = os._exit, _socket.socket, sys._getframe
+        importlib.import_module("_json"), __import__("_thread")
+        """)
+    found = private_uses(bad, "bad.py", defined_names({"bad": bad}))
+    assert found == [
+        "bad.py:1: imports private module _socket",
+        "bad.py:2: imports private module _thread",
+        "bad.py:3: imports from private module _json",
+        "bad.py:4: imports private name os._exit",
+        "bad.py:5: imports from private module json._private",
+        "bad.py:7: uses private name ._exit",
+        "bad.py:7: uses private name ._getframe",
+        "bad.py:8: imports private module _json",
+        "bad.py:8: imports private module _thread",
+    ], found
+    own = textwrap.dedent("""\
+        from __future__ import annotations
+        import _cli
+        from . import _http
+        from ._infer import smoke
+        class C:
+            __slots__ = ("_lock",)
+            def __init__(self):
+                self._lock = _http._make()
+        def _make(): return C().__class__, __file__
+        """)
+    assert private_uses(own, "own.py", defined_names({"own": own, "_cli": "", "_http": "", "_infer": ""})) == []
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_file_uses_only_public_standard_library(path: Path) -> None:
+    """CPython's private modules (``_socket``, ``_json``, ``_thread``) and names have no compatibility promise:
+    if a Triton image's Python changed one, every task would fail its health check at once."""
+    assert private_uses(path.read_text(), path.name, defined_names(FOLDER_SOURCES)) == []
+
+
+def test_no_module_shadows_the_standard_library() -> None:
+    """Run as scripts, the folder is first on sys.path: a file named like a standard module would replace it."""
+    assert {p.stem for p in FILES} & set(sys.stdlib_module_names) == set()
 
 
 def ruff_check(source: str, filename: str) -> subprocess.CompletedProcess:
@@ -362,29 +487,37 @@ def test_runs_on_a_real_python_38_when_there_is_one(tmp_path: Path) -> None:
 
 # --- start-up cost ----------------------------------------------------------------------------
 
-# What the probe's default run must not import: each pulls in re, enum or functools (see _http.py).
-HEAVY = {"argparse", "json", "re", "enum", "functools", "collections", "socket", "threading", "concurrent",
-         "dataclasses", "logging", "urllib", "typing", "random", "ssl", "encodings.idna", "ipaddress"}  # fmt: skip
+# What the probe's default run must not import: each costs milliseconds (re and enum behind most of them; encodings.idna
+# with stringprep and unicodedata is what getaddrinfo loads for a str host name). socket's own imports (enum, functools,
+# collections, selectors) are the price of TCP through a public module.
+HEAVY = {"argparse", "json", "re", "concurrent", "dataclasses", "logging", "urllib", "typing", "random", "ssl",
+         "encodings.idna", "stringprep", "unicodedata", "ipaddress", "_infer"}  # fmt: skip
 
 
 def imported_modules(*args: str, script: Path = FOLDER / "health.py") -> tuple[int, set[str]]:
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-I", "-S", str(script), *args], capture_output=True, text=True
     )
-    names = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    return proc.returncode, names
+    return proc.returncode, importtime_names(proc.stderr)
+
+
+def importtime_names(stderr: str) -> set[str]:
+    """The modules a ``-X importtime`` run imported."""
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
 
 
 @pytest.mark.triton
 def test_default_probe_run_imports_nothing_heavy(triton: TritonServer) -> None:
-    """The healthCheck's run (every 30 s in every task) loads only the C modules it needs."""
+    """The healthCheck's run (every 30 s in every task) loads only what it needs."""
     code, names = imported_modules("--url", triton.url, "--ignore", "broken", "--quiet")
     assert code == 0
-    assert {"probe", "_cli", "_http", "_report", "_socket", "_json"} <= names
-    assert names & HEAVY == set(), sorted(names & HEAVY)
-    assert "_infer" not in names  # the smoke inference's module is imported by --smoke only (probe._smoke)
+    assert {"probe", "_cli", "_http", "_jsonparse", "_report", "socket"} <= names
+    assert names & HEAVY == set(), sorted(names & HEAVY)  # _infer: the smoke inference's, imported by --smoke only
     code, names = imported_modules("--url", triton.url, "--models", "add", "--smoke", "--quiet")
-    assert code == 0 and "_infer" in names
+    assert code == 0 and "_infer" in names and "threading" not in names  # one model: no thread
+    port = triton.url.rsplit(":", 1)[1]
+    code, names = imported_modules("--url", f"http://localhost:{port}", "--models", "add", "--quiet")
+    assert code == 0 and names & HEAVY == set(), sorted(names & HEAVY)  # localhost: no resolver, no idna codec
     code, names = imported_modules("--url", "http://127.0.0.1:9", "--quiet")  # nothing listens on port 9
     assert code == 1 and names & HEAVY == set(), sorted(names & HEAVY)
     # --help is the exception: argparse writes it
@@ -453,23 +586,75 @@ def same_outcome(ours, theirs, arg) -> None:
 @given(value=JSON_VALUES, indent=st.sampled_from([None, 0, 2]), pad=st.sampled_from(["", " ", "\n\t ", "\r\n"]))
 def test_loads_matches_json_loads(value, indent, pad) -> None:
     text = pad + json.dumps(value, indent=indent, ensure_ascii=False) + pad
-    assert _http.loads(text) == json.loads(text)
-    same_outcome(_http.loads, json.loads, text.encode())
-    same_outcome(_http.loads, json.loads, text + " x")
+    assert _jsonparse.loads(text) == json.loads(text)
+    same_outcome(_jsonparse.loads, json.loads, text.encode())
+    same_outcome(_jsonparse.loads, json.loads, text + " x")
+    same_outcome(_jsonparse.loads, json.loads, json.dumps(value, ensure_ascii=True))
 
 
 @settings(max_examples=300, deadline=None)
 @given(data=st.text(alphabet='{}[]",:0123456789.eE-+ tfalsenurNIinity\\\x00\n', max_size=20))
 def test_loads_fails_where_json_loads_fails(data) -> None:
-    same_outcome(_http.loads, json.loads, data)
-    same_outcome(_http.loads, json.loads, data.encode())
+    same_outcome(_jsonparse.loads, json.loads, data)
+    same_outcome(_jsonparse.loads, json.loads, data.encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.text(alphabet='"\\u0123456789abcdefABCDEFxDd\x01\x1f\x7f é/bfnrt', max_size=16))
+def test_strings_and_escapes_match_json_loads(data) -> None:
+    """Escapes, surrogate pairs (joined or lone), control characters: decoded or refused as json.loads does."""
+    same_outcome(lambda d: repr(_jsonparse.loads(d)), lambda d: repr(json.loads(d)), f'"{data}"')
+    same_outcome(lambda d: repr(_jsonparse.loads(d)), lambda d: repr(json.loads(d)), f'["{data}", 1]')
 
 
 def test_loads_edge_cases() -> None:
-    for data in ("NaN", "[-Infinity, Infinity]", '"\\ud800"', "\ufeff[]", "", "  ", "1 2",
-                 b"\xef\xbb\xbf[1]", "[1]".encode("utf-16"), "[1]".encode("utf-32-le"), b'"\xff"'):  # fmt: skip
-        same_outcome(lambda d: repr(_http.loads(d)), lambda d: repr(json.loads(d)), data)
-    assert math.isnan(_http.loads("NaN"))
+    for data in ("NaN", "[-Infinity, Infinity]", '"\\ud800"', '"\\ud83d\\ude00"', '"\\ud83d\\u0041"',
+                 '"\\ud83d\\uZZZZ"', "\ufeff[]", "", "  ", "1 2", "-", "-x", "01", "1.", "1e", "1e+", "1.5E-3", "-0",
+                 "[1,]", '{"a":1,}', '{"a":1,"a":2}', "[[]]", '{"":{}}', "\u00a0[]", b"\xef\xbb\xbf[1]",
+                 "[1]".encode("utf-16"), "[1]".encode("utf-32-le"), b'"\xff"', "1" * 5000):  # fmt: skip
+        same_outcome(lambda d: repr(_jsonparse.loads(d)), lambda d: repr(json.loads(d)), data)
+    assert math.isnan(_jsonparse.loads("NaN"))  # type: ignore[arg-type]
+    assert _http.loads is not json.loads and _http.loads("[1]") == [1]
+
+
+@pytest.mark.parametrize("pad", [0, _jsonparse.PLAIN_MAX], ids=["plain-python", "json.loads"])
+def test_loads_bounds_nesting_where_json_loads_does_not(pad: int) -> None:
+    """The same bound on both paths: plain Python for short documents, json.loads for long ones."""
+    limit, spaces = _jsonparse.MAX_DEPTH, " " * pad
+    for text in ("[" * limit + "]" * limit, '{"a":' * limit + "1" + "}" * limit,
+                 '{"a":' * (limit - 2) + "[[]]" + "}" * (limit - 2)):  # fmt: skip
+        assert _jsonparse.loads(text + spaces) == json.loads(text)
+    for text in ("[" * (limit + 1) + "]" * (limit + 1), '{"a":' * (limit + 1) + "1" + "}" * (limit + 1),
+                 '{"a":' * (limit - 1) + "[[]]" + "}" * (limit - 1), "[" * 100_000 + "]" * 100_000,
+                 "[" * 100_000, '{"a":[' * 50_000):  # fmt: skip
+        with pytest.raises(_jsonparse.TooDeep, match=f"nested deeper than {limit} levels"):
+            _jsonparse.loads(text + spaces)
+    with pytest.raises(RecursionError):
+        json.loads("[" * 100_000 + "]" * 100_000)  # what the bound is for
+    assert _jsonparse.loads("[[1]]" + spaces, max_depth=2) == [[1]]
+    assert gc.isenabled()  # json.loads runs with the collector off, and it is back on
+
+
+def test_loads_bounds_the_forms_only_json_loads_reads() -> None:
+    """UTF-16 and a byte-order mark go to json.loads, held to the same bound."""
+    limit = _jsonparse.MAX_DEPTH
+    deepest = "[" * limit + "]" * limit
+    assert _jsonparse.loads(deepest.encode("utf-16")) == json.loads(deepest)
+    for text in ("[" * (limit + 1) + "]" * (limit + 1), "[" * 100_000 + "]" * 100_000):
+        with pytest.raises(_jsonparse.TooDeep):
+            _jsonparse.loads(text.encode("utf-16"))
+
+
+def test_long_documents_read_the_same_on_both_paths() -> None:
+    """A long index (json.loads reads it) and the same read in plain Python: equal, and equal to json.loads."""
+    index = [{"name": f"model_{i}", "version": "1", "state": "READY", "reason": "é\n\"x\"" * (i % 3)}
+             for i in range(3000)]  # fmt: skip
+    text = json.dumps(index, ensure_ascii=False)
+    assert len(text) > _jsonparse.PLAIN_MAX
+    assert _jsonparse.loads(text) == _jsonparse._parse(text, _jsonparse.MAX_DEPTH) == json.loads(text)
+    assert _jsonparse.loads(text.encode()) == index
+    for broken in (text[:-1], text + "x", text.replace('"version"', "'version'", 1)):
+        same_outcome(_jsonparse.loads, json.loads, broken)
 
 
 def reference_split(url: str):
@@ -524,6 +709,26 @@ def test_run_parallel_keeps_order_limits_concurrency_and_raises_the_first_error(
         probe.run_parallel(call, list(range(6)), 3)
     assert sorted(ran) == list(range(6))  # every call ran, as ThreadPoolExecutor.map does
     assert probe.run_parallel(call, [0], 4) == [[0]]
+
+
+# --- answers a real Triton never gives ----------------------------------------------------------
+
+CHUNKED = {"Transfer-Encoding": "chunked"}
+
+
+def json_answer(body: bytes, status: int = 200) -> bytes:
+    return fakes.head(status, "application/json", len(body)) + body
+
+
+def routes(answers: Mapping[str, bytes]) -> fakes.Behaviour:
+    """A loopback "Triton" answering raw bytes by "METHOD path": live answers 200 unless ``answers`` say
+    otherwise, anything else 404."""
+    table = {"GET /v2/health/live": fakes.head(200, "application/json", 0), **answers}
+
+    def run(server: fakes.FakeHttp, conn: socket.socket, req: fakes.Request) -> None:
+        server.send(conn, table.get(f"{req.method} {req.path}", json_answer(b'{"error":"not found"}', 404)))
+
+    return run
 
 
 # --- https ------------------------------------------------------------------------------------
@@ -605,3 +810,159 @@ def test_scripts_run_from_a_copied_folder_isolated(tmp_path: Path) -> None:
     probe_run = subprocess.run([sys.executable, "-I", "-S", str(folder / "health.py"), "--url", "http://127.0.0.1:9"],
                                cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
     assert probe_run.returncode == 1 and "cannot connect" in probe_run.stdout
+
+
+# --- under Debian's Python 3.9, 3.11 and 3.13 -------------------------------------------------------
+
+HOSTILE = {  # answers a broken or hostile listener gives: each must be one FAIL line on every Python
+    "deep-json": {"POST /v2/repository/index": json_answer(b"[" * 100_000 + b"]" * 100_000)},
+    "huge-content-length": {"POST /v2/repository/index": fakes.head(200, "application/json", 10**12)},
+    "negative-chunk": {"POST /v2/repository/index": fakes.head(200, "application/json", extra=CHUNKED) + b"-5\r\n"},
+    "not-http": {"GET /v2/health/live": b"SSH-2.0-OpenSSH_9.2p1\r\n\r\n"},
+}
+FAILED_INDEX = [{"name": f"m{i}", "version": "1", "state": "UNAVAILABLE", "reason": "boom\n" * 20} for i in range(1000)]
+FAKES = {**HOSTILE, "many-failed": {"POST /v2/repository/index": json_answer(json.dumps(FAILED_INDEX).encode())}}
+
+
+def probe_cases(folder: Path, triton_url: str, hostile: Mapping[str, str]) -> dict[str, list[str]]:
+    """The probe's commands against a real Triton (add, slow, text, fails READY; broken failed) and fakes."""
+    health = [debian.PYTHON, "-I", "-S", str(folder / "health.py")]
+    port = triton_url.rsplit(":", 1)[1]
+    cases = {
+        "python": [debian.PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        "a model failed to load": [*health, "--url", triton_url],
+        "healthy once it is ignored": [*health, "--url", triton_url, "--ignore", "broken"],
+        "quiet when healthy": [*health, "--url", triton_url, "--ignore", "broken", "--quiet"],
+        "localhost": [*health, "--url", f"http://localhost:{port}", "--models", "add,text/1"],
+        "smoke inference fails": [*health, "--url", triton_url, "--ignore", "broken", "--smoke"],
+        "smoke inference ok": [*health, "--url", triton_url, "--ignore", "broken,fails", "--smoke"],
+        "json": [*health, "--url", triton_url, "--models", "add,fails", "--smoke", "add", "--json"],
+        "unknown model": [*health, "--url", triton_url, "--models", "nope"],
+        "nothing listening": [*health, "--url", "http://127.0.0.1:9"],
+        "usage error": [*health, "--deadline", "soon"],
+        "help": [*health, "--help"],
+        "imports": [debian.PYTHON, "-X", "importtime", *health[1:], "--url", triton_url, "--ignore", "broken"],
+    }
+    cases |= {f"hostile {name}": [*health, "--url", url] for name, url in hostile.items()}
+    return cases
+
+
+def startup_cases(folder: Path, gpus: Path) -> dict[str, list[str]]:
+    """The start-up check against its GPU stand-ins: fake nvidia-smi binaries and /dev folders."""
+    from tests.test_startup_check import A10G_QUERY, A10G_TABLE, L40S_QUERY, L40S_TABLE, NO_DRIVER, fake_dev, fake_smi
+
+    stand_ins = {
+        "a10g": (A10G_QUERY, A10G_TABLE, 0, 0.0),
+        "l40s": (L40S_QUERY, L40S_TABLE, 0, 0.0),
+        "no-driver": (NO_DRIVER, NO_DRIVER, 9, 0.0),
+        "hung": (A10G_QUERY, A10G_TABLE, 0, 30.0),
+    }
+    for name, (query, table, code, sleep) in stand_ins.items():
+        fake_smi(gpus / name, query, table, code, sleep)
+        fake_dev(gpus / name)
+    (gpus / "no-devices").mkdir()
+    fake_dev(gpus / "no-devices", ())
+
+    def check(stand_in: str, *args: str, dev: str = "") -> list[str]:
+        where = [
+            "--nvidia-smi",
+            str(gpus / stand_in / "bin" / "nvidia-smi"),
+            "--dev-dir",
+            str(gpus / (dev or stand_in) / "dev"),
+        ]
+        return [debian.PYTHON, "-I", "-S", str(folder / "startup_check.py"), *where, *args]
+
+    return {
+        "start-up: the GPU expected": check("a10g", "--expect-gpu", "A10G|L4"),
+        "start-up: L40S is not L4": check("l40s", "--expect-gpu", "A10G|L4"),
+        "start-up: driver too old": check("a10g", "--min-cuda", "12.4"),
+        "start-up: no driver": check("no-driver"),
+        "start-up: too few GPUs": check("a10g", "--min-gpus", "2"),
+        "start-up: hung driver": check("hung", "--timeout", "0.5"),
+        "start-up: no device nodes": check("a10g", dev="no-devices"),
+        "start-up: usage error": check("a10g", "--min-gpus", "0"),
+    }
+
+
+def verdict(case: str, result: debian.Result) -> tuple[int, object]:
+    """What must be the same on every Python: the exit code and the output, timings taken out."""
+    text = result.out + result.err
+    if case == "help":
+        return result.code, text.startswith("usage: health.py ")  # argparse's layout changes between versions
+    if case == "imports":
+        return result.code, sorted(importtime_names(result.err) & HEAVY)
+    if case == "json":
+        doc = json.loads(result.out)
+        for check in doc["checks"]:
+            check.pop("duration_s")
+            check["detail"] = re.sub(r"in \d+ ms", "in N ms", check["detail"])
+        doc.pop("duration_s")
+        doc["summary"] = re.sub(r"; [\d.]+ s$", "", doc["summary"])
+        return result.code, doc
+    text = re.sub(r"; [\d.]+ s$", "", text, flags=re.MULTILINE)
+    return result.code, re.sub(r"in \d+ ms", "in N ms", text)
+
+
+class DebianRuns:
+    """The cases' results on this machine's Python (``here``) and in each suite's container (``there``)."""
+
+    def __init__(self, here: dict[str, debian.Result], there: dict[str, dict[str, debian.Result]]) -> None:
+        self.here = here
+        self.there = there
+
+
+@pytest.fixture(scope="module")
+def debian_runs(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DebianRuns]:
+    """Every case, on this machine's Python and in a container of each suite (in parallel), once per module."""
+    reason = rehearsal.unavailable()
+    if reason:
+        pytest.skip(f"Debian's Pythons run on the container rehearsal's engine, which {reason}")
+    work = tmp_path_factory.mktemp("debian")
+    folder = install_copy(work)
+    servers = {name: fakes.FakeHttp(routes(answers)) for name, answers in FAKES.items()}
+    try:
+        cases = probe_cases(folder, triton.url, {name: s.url for name, s in servers.items()})
+        cases |= startup_cases(folder, work / "gpus")
+        with rehearsal.shared_engine("debian-pythons") as docker, ThreadPoolExecutor(len(debian.SUITES) + 1) as pool:
+            on_host = pool.submit(debian.run_on_host, sys.executable, list(cases.values()))
+            log = lambda line: print(line, flush=True)  # noqa: E731
+            images = {suite: debian.python_image(docker, suite, log) for suite in debian.SUITES}
+            futures = {
+                suite: pool.submit(debian.run_commands, docker, image, list(cases.values()), [work], work / suite)
+                for suite, image in images.items()
+            }
+            there = {suite: dict(zip(cases, future.result())) for suite, future in futures.items()}
+            here = dict(zip(cases, on_host.result()))
+    finally:
+        for server in servers.values():
+            server.close()
+    yield DebianRuns(here, there)
+
+
+@pytest.mark.rehearsal
+@pytest.mark.triton
+@pytest.mark.timeout(1500)  # a cold build: about two minutes of mmdebstrap per suite
+@pytest.mark.parametrize("suite", list(debian.SUITES))
+def test_verdicts_under_debian_python(suite: str, debian_runs: DebianRuns) -> None:
+    """The probe against a real Triton, and the start-up check against its stand-ins, under ``suite``'s
+    python3: the same exit codes and lines as on this machine, and the same lean imports."""
+    there = debian_runs.there[suite]
+    assert there["python"].out.strip() == debian.SUITES[suite]
+    for case, result in there.items():
+        if case == "python":
+            continue
+        assert verdict(case, result) == verdict(case, debian_runs.here[case]), (case, result)
+    # and the verdicts are the right ones (not the same failure everywhere)
+    codes = {case: result.code for case, result in there.items()}
+    assert codes["a model failed to load"] == 1 and codes["healthy once it is ignored"] == 0
+    assert there["quiet when healthy"] == debian.Result(0, "", "")
+    assert codes["localhost"] == 0 and "add/1, text/1" in there["localhost"].out
+    assert codes["smoke inference ok"] == 0 and "smoke inference ok for 3" in there["smoke inference ok"].out
+    assert codes["smoke inference fails"] == 1 and "'fails'" in there["smoke inference fails"].out
+    assert codes["usage error"] == 2 and codes["help"] == 0 and verdict("imports", there["imports"]) == (0, [])
+    for name in HOSTILE:
+        lines = there[f"hostile {name}"].out.splitlines()
+        assert codes[f"hostile {name}"] == 1 and len(lines) == 2 and lines[0].startswith("FAIL "), lines
+    lines = there["hostile many-failed"].out.splitlines()  # a 100 KB index: json.loads reads it, 20 FAIL lines
+    assert codes["hostile many-failed"] == 1 and len(lines) == 22 and "+980 more failed" in lines[-2], lines
+    assert [codes[c] for c in there if c.startswith("start-up:")] == [0, 5, 6, 3, 4, 3, 3, 2]

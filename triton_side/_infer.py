@@ -20,6 +20,7 @@ import time
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing takes milliseconds to import; type checkers know the name
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 if TYPE_CHECKING or __package__:  # type checkers see the package import
@@ -114,18 +115,24 @@ def smoke(client: _http.Client, name: str, version: str, explicit: bool) -> tupl
         base + "/infer",
         body,
         {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(header_len)},
+        wanted=json_part,
     )
     ms = (time.monotonic() - t0) * 1000
     if resp.status != 200:
         raise _http.ProtocolError(
             f"inference answered HTTP {resp.status}: {_report.first_line(resp.error_text()) or 'no reason given'}"
         )
-    n = resp.headers.get("inference-header-content-length")
     try:
-        out = _http.loads(resp.body[: int(n)] if n else resp.body)
+        out = _http.loads(resp.body)
     except ValueError as exc:
-        raise _http.ProtocolError("inference answered 200 with an unreadable body") from exc
+        raise _http.ProtocolError(f"inference answered 200 with an unreadable body: {exc}") from exc
     outputs = out.get("outputs") if isinstance(out, dict) else None
     if not outputs:
         raise _http.ProtocolError("inference answered 200 without outputs")
     return "ok", f"HTTP 200 with {len(outputs)} output(s) in {ms:.0f} ms"
+
+
+def json_part(headers: Mapping[str, str]) -> int | None:
+    """How much of an inference answer the check reads: its JSON header, not the binary outputs after it."""
+    n = headers.get("inference-header-content-length", "")
+    return int(n) if n.isascii() and n.isdigit() and len(n) <= 18 else None

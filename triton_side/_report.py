@@ -11,8 +11,10 @@ See docs/health.md ("Output"). Standard library only, Python 3.8+.
 
 from __future__ import annotations
 
-REASON_MAX = 240  # characters of Triton's reason kept on a line
+REASON_MAX = 240  # characters of Triton's reason (or of any detail) kept on a line
+NAME_MAX = 120  # characters of a model name kept on a line (Triton's own names are directory names)
 LIST_MAX = 8  # model versions named on the OK line before "+N more"
+FAIL_LINES_MAX = 20  # FAIL lines printed before "+N more" (Docker keeps only the last 4 KiB of a check's output)
 
 
 class Check:
@@ -46,7 +48,8 @@ class Check:
 
     @property
     def label(self) -> str:
-        return f"{self.model}/{self.version}" if self.version else str(self.model)
+        name = first_line(self.model, NAME_MAX)
+        return f"{name}/{first_line(self.version, NAME_MAX)}" if self.version else name
 
 
 class Report:
@@ -77,13 +80,16 @@ def first_line(text: object, limit: int = REASON_MAX) -> str:
 
 
 def _describe(c: Check) -> str:
+    detail = first_line(c.detail)
     if c.model is None:
-        return f"FAIL {c.check}: {c.detail}"
-    who = f"model {c.model!r}" + (f" version {c.version}" if c.version else "")
+        return f"FAIL {c.check}: {detail}"
+    who = f"model {first_line(repr(c.model), NAME_MAX)}"
+    if c.version:
+        who += f" version {first_line(c.version, 20)}"
     if c.check == "state":
-        tail = f": {c.reason}" if c.reason and c.reason not in c.detail else ""
-        return f"FAIL {who} is {c.state}: {c.detail}{tail}"
-    return f"FAIL {who} ({c.state or 'state unknown'}) {c.check} check: {c.detail}"
+        tail = f": {first_line(c.reason)}" if c.reason and c.reason not in c.detail else ""
+        return f"FAIL {who} is {first_line(c.state, 40)}: {detail}{tail}"
+    return f"FAIL {who} ({first_line(c.state, 40) or 'state unknown'}) {c.check} check: {detail}"
 
 
 def _names(labels: list[str]) -> str:
@@ -109,11 +115,13 @@ def render_text(report: Report) -> str:
         if skipped:
             parts.append(
                 "skipped "
-                + "; ".join(f"{c.label}: {c.detail}" for c in skipped[:3])
+                + "; ".join(f"{c.label}: {first_line(c.detail)}" for c in skipped[:3])
                 + (f"; +{len(skipped) - 3} more" if len(skipped) > 3 else "")
             )
         return ", ".join(parts) + f"; {took}"
-    lines = [_describe(c) for c in fails]
+    lines = [_describe(c) for c in fails[:FAIL_LINES_MAX]]
+    if len(fails) > FAIL_LINES_MAX:
+        lines.append(f"FAIL +{len(fails) - FAIL_LINES_MAX} more failed check(s) (--json lists every check)")
     what = _names([c.label if c.model else c.check for c in fails])
     if any(c.check == "live" for c in fails):
         summary = f"UNHEALTHY triton {report.url}: server not answering; {took}"

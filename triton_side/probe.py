@@ -19,19 +19,21 @@ only the ones after it:
 
 * ``_infer.py``: the ``--smoke`` inference, imported only when asked for;
 * ``_report.py``: the results and the lines printed for them;
-* ``_http.py``: the HTTP client under one deadline, and the probe's errors;
+* ``_http.py``: the HTTP client under one deadline and its size bounds, and the probe's errors;
+* ``_jsonparse.py``: the JSON reader with its nesting bound;
 * ``_cli.py``: the flag reader shared with ``startup_check.py``.
 
 ECS starts it as a new process every 30 s in every task, so its start-up is
-kept small: no argparse unless the command line needs it (``_cli``), no
-dataclasses, logging or concurrent.futures, plain threads for the per-model
-checks, ``random`` and ``ssl`` only when a check uses them, and no smoke
-inference code unless ``--smoke`` is given.
+kept small: no argparse unless the command line needs it (``_cli``), no json
+(``_jsonparse``), no dataclasses, logging or concurrent.futures, plain threads
+for the per-model checks, ``random`` and ``ssl`` only when a check uses them,
+and no smoke inference code unless ``--smoke`` is given. Public standard
+library modules only: the probe runs on whatever Python the Triton image
+brings (tests/test_triton_side.py fails on a private import).
 """
 
 from __future__ import annotations
 
-import _thread
 import math
 import os
 import time
@@ -96,6 +98,8 @@ def _timed(report: _report.Report, check: str, fn: Callable[[], tuple[T, str]]) 
 def _live(client: _http.Client) -> tuple[None, str]:
     try:
         resp = client.request("GET", "/v2/health/live")
+    except _http.ResolveError as exc:
+        raise _http.ResolveError(f"{exc}: wrong TRITON_URL, or no resolver to ask") from exc
     except _http.DeadlineExceeded as exc:
         raise _http.DeadlineExceeded(
             f"{exc}: the server accepts connections but does not respond (hung, SIGSTOPped or overloaded)"
@@ -271,37 +275,35 @@ def run_parallel(fn: Callable[[T], R], items: Sequence[T], jobs: int) -> list[R]
     """``fn`` of every item, results in order, at most ``jobs`` at a time; a call's exception is raised here.
 
     What ``ThreadPoolExecutor.map`` does (every call runs, the first failing
-    one in order raises), on _thread: see "start-up cost" in _http.py.
+    one in order raises) with plain threads: concurrent.futures would cost
+    every run its import (see "start-up cost" in _http.py), and one item needs
+    no thread at all.
     """
     if jobs <= 1 or len(items) <= 1:
         return [fn(item) for item in items]
+    import threading  # only when there is more than one model version to check
+
     results: dict[int, R] = {}
     errors: dict[int, BaseException] = {}
     todo = iter(range(len(items)))
-    lock = _thread.allocate_lock()
+    lock = threading.Lock()
 
-    def work(done: _thread.LockType) -> None:
-        try:
-            while True:
-                with lock:
-                    i = next(todo, None)
-                if i is None:
-                    return
-                try:
-                    results[i] = fn(items[i])
-                except BaseException as exc:  # handed to the caller below, as pool.map would
-                    errors[i] = exc
-        finally:
-            done.release()
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            try:
+                results[i] = fn(items[i])
+            except BaseException as exc:  # handed to the caller below, as pool.map would
+                errors[i] = exc
 
-    workers = []
-    for _ in range(min(jobs, len(items))):
-        done = _thread.allocate_lock()
-        done.acquire()
-        _thread.start_new_thread(work, (done,))
-        workers.append(done)
-    for done in workers:
-        done.acquire()  # released when that worker has finished
+    workers = [threading.Thread(target=work, name=f"check-{n}") for n in range(min(jobs, len(items)))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()  # each call is bounded by the probe's deadline
     if errors:
         raise errors[min(errors)]
     return [results[i] for i in range(len(items))]
@@ -472,9 +474,10 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         return _cli.usage_error(prog, exc)
     try:
         report = probe(opts, start)
-    except Exception as exc:  # a probe bug must still give ECS a clear "unhealthy" line
+        text = _report.render_json(report) if opts.json else _report.render_text(report)
+    except Exception as exc:  # a probe bug must still give ECS a clear "unhealthy" line, never a traceback
         print(f"UNHEALTHY triton {opts.url}: probe error {type(exc).__name__}: {_report.first_line(exc)}", flush=True)
         return 1
     if not (opts.quiet and report.healthy):
-        print(_report.render_json(report) if opts.json else _report.render_text(report), flush=True)
+        print(text, flush=True)
     return 0 if report.healthy else 1

@@ -219,17 +219,23 @@ class Images:
     MMDEBSTRAP = ("--variant=minbase", "--include=ca-certificates", '--aptopt=Acquire::Check-Valid-Until "false"')
 
     def minbase(self) -> str:
-        key = content_key(*self.MMDEBSTRAP, "bookworm")
-        if self._label(MINBASE) != key:
-            self._timed("mmdebstrap + docker import", lambda: self._import_minbase(key))
-        return MINBASE
+        return self.debian_root("bookworm", MINBASE)
 
-    def _import_minbase(self, key: str) -> None:
+    def debian_root(self, suite: str, tag: str, include: tuple[str, ...] = ()) -> str:
+        """A Debian ``suite`` root (with the packages in ``include``) as image ``tag``, unless it is current."""
+        options = (*self.MMDEBSTRAP, *(f"--include={package}" for package in include))
+        key = content_key(*options, suite)
+        if self._label(tag) != key:
+            name = "mmdebstrap + docker import" if tag == MINBASE else f"mmdebstrap {suite} + docker import"
+            self._timed(name, lambda: self._import_root(tag, suite, options, key))
+        return tag
+
+    def _import_root(self, tag: str, suite: str, options: tuple[str, ...], key: str) -> None:
         with tempfile.TemporaryDirectory(prefix="rehearsal-base-", dir=REHEARSAL_ROOT) as tmp:
             tar = Path(tmp) / "base.tar"
-            subprocess.run(["mmdebstrap", *self.MMDEBSTRAP, "bookworm", str(tar)], check=True, capture_output=True)
+            subprocess.run(["mmdebstrap", *options, suite, str(tar)], check=True, capture_output=True)
             self.docker.cli(
-                "import", "--change", 'CMD ["/bin/bash"]', "--change", f"LABEL {KEY_LABEL}={key}", str(tar), MINBASE
+                "import", "--change", 'CMD ["/bin/bash"]', "--change", f"LABEL {KEY_LABEL}={key}", str(tar), tag
             )
 
     def python_base(self) -> str:
@@ -367,17 +373,41 @@ class Rehearsal:
         return Options(**(base | kw))
 
 
+_SHARED: list[Engine] = []  # this process's engine, started by the first fixture that needs it
+_USERS: list[str] = []
+
+
+@contextlib.contextmanager
+def shared_engine(user: str) -> Iterator[DockerEngine]:
+    """This session's engine, started once however many fixtures use it, stopped when the last one is done.
+
+    One lock per process: a second ``Engine().start()`` in the same session would wait on the
+    lock the first one holds (flock locks belong to the open file, not the process).
+    """
+    if not _SHARED:
+        engine = Engine()
+        try:
+            engine.start()
+        except BaseException:
+            engine.stop()  # releases the lock if it was taken
+            raise
+        _SHARED.append(engine)
+    _USERS.append(user)
+    try:
+        yield _SHARED[0].docker
+    finally:
+        _USERS.remove(user)
+        if not _USERS:
+            _SHARED.pop().stop()
+
+
 @pytest.fixture(scope="session")
 def rehearsal() -> Iterator[Rehearsal]:
     """Our engine with every image built; skipped (with the reason) only where it cannot run at all."""
     reason = unavailable()
     if reason:
         pytest.skip(f"container rehearsal: {reason}")
-    engine = Engine()
-    try:
-        docker = engine.start()
+    with shared_engine("rehearsal") as docker:
         builder = Images(docker, log=lambda line: print(line, flush=True))
         images = builder.images()
         yield Rehearsal(docker, images, builder.python_base(), builder.timings)
-    finally:
-        engine.stop()
