@@ -201,7 +201,8 @@ class Drainer:
         return thread is None or not thread.is_alive()
 
     def _attempt(self) -> None:
-        self.attempts += 1
+        with self._lock:
+            self.attempts += 1
         try:
             self._steps()
         except DrainFailed as exc:

@@ -30,16 +30,23 @@ NOT_SUPPORTED to ``nvmlGpmSampleGet`` (tests/test_nvml_real.py records what a
 real one answers).
 
 Scenarios are plain functions at the bottom (``two_healthy()`` ...).
+``python -m tests.support.nvml_fake SCENARIO CONTROL [settings]`` runs the
+exporter's own entry point on one of them, faults injected through the CONTROL
+file while it runs (tests/test_nvml_drain.py).
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
+import sys
+import threading
 import time
 import types
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -599,3 +606,54 @@ def mig_enabled() -> FakeNvml:
     fake.gpus[0].mig_devices = ["MIG-aaaaaaaa-0000-0000-0000-000000000001", "MIG-aaaaaaaa-0000-0000-0000-000000000002"]
     fake.gpus[1].mig = (0, 0)
     return fake
+
+
+# --- the exporter as a process, on this fake ----------------------------------------------------------------
+
+SCENARIOS = {"two_healthy": two_healthy, "hopper": hopper, "xid_events": xid_events}
+_FAULTS = {
+    "xid": lambda f, gpu, value: f.inject_xid(gpu, value),
+    "recovery_action": lambda f, gpu, value: f.set_recovery_action(gpu, value),
+    "lose": lambda f, gpu, value: f.lose(gpu),
+    "remap_failure": lambda f, gpu, value: f.fail_row_remapping(gpu),
+}
+
+
+def _apply(fake: FakeNvml, line: bytes) -> None:
+    """One control line: ``{"fault": "xid", "gpu": 1, "value": 79}``."""
+    cmd = json.loads(line)
+    _FAULTS[cmd["fault"]](fake, int(cmd["gpu"]), int(cmd.get("value", 0)))
+
+
+def _follow(fake: FakeNvml, control: Path, offset: int) -> None:
+    while True:
+        data = control.read_bytes() if control.exists() else b""
+        end = data.rfind(b"\n", offset) + 1
+        for line in data[offset:end].splitlines():
+            if line.strip():
+                _apply(fake, line)
+        offset = max(offset, end)
+        time.sleep(0.05)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.support.nvml_fake SCENARIO CONTROL [exporter settings...]``: the exporter's entry point
+    with this fake as pynvml. Lines appended to CONTROL (JSON, one per line) inject faults while it runs; lines
+    there at start are applied before the first cycle."""
+    import exporter.sources.nvml as nvml_source
+    from exporter.__main__ import main as exporter_main
+
+    fake = SCENARIOS[argv[0]]()
+    control = Path(argv[1])
+    data = control.read_bytes() if control.exists() else b""
+    offset = data.rfind(b"\n") + 1
+    for line in data[:offset].splitlines():
+        if line.strip():
+            _apply(fake, line)
+    threading.Thread(target=_follow, args=(fake, control, offset), name="nvml-fake-control", daemon=True).start()
+    nvml_source.load_api = lambda: fake  # type: ignore[assignment]
+    return exporter_main(argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
