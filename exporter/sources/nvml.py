@@ -119,6 +119,8 @@ XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 MEMORY_TEMP_FIELD = 82  # NVML_FI_DEV_MEMORY_TEMP
 RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (replaces the deprecated fields 226 and 227)
 MEMORY_V2 = 0x02000028  # nvmlMemory_v2
+REMAP_FAILURE = "nvml_remapped_rows_failure"
+_NONE: dict[str, float] = {}
 GPM_METRICS_GET_VERSION = 1  # NVML_GPM_METRICS_GET_VERSION
 # NVML_GPM_METRIC_* ids -> series, each 0-100 over the time between two samples (one cycle).
 GPM_METRICS = (
@@ -175,6 +177,7 @@ class Device:
     skip: set[str] = field(default_factory=set)  # readers that answered NOT_SUPPORTED
     xid: bool = False  # registered for XID events
     gpm: Gpm = field(default_factory=Gpm)
+    recovery_action: int | None = None  # this cycle's field 230 (None: not read)
 
 
 # --- which GPUs -------------------------------------------------------------------------------------
@@ -469,15 +472,14 @@ class NvmlSource:
             if self.clock() > deadline:
                 skipped += 1
                 continue
-            seen: dict[str, float] = {}
             lost = False
+            d.recovery_action = None
             for name, reader in READERS:
                 if name in d.skip:
                     continue
                 try:
                     for series, value in reader(self, d):
                         out.add(series, d.labels, value)
-                        seen[series] = value
                 except self.api.NVMLError as exc:
                     code = _code(exc)
                     if code == GPU_IS_LOST:
@@ -499,9 +501,9 @@ class NvmlSource:
                 d.position,
                 d.nvml_index,
                 xids=self._cycle_xids.get(d.uuid, ()),
-                recovery_action=None if lost else _as_int(seen.get(RECOVERY_SERIES)),
+                recovery_action=None if lost else d.recovery_action,
                 lost=lost,
-                remap_failure=seen.get("nvml_remapped_rows_failure") == 1.0,
+                remap_failure=out.samples.get(REMAP_FAILURE, _NONE).get(d.labels.key) == 1.0,
             )
             out.add("nvml_gpu_healthy", d.labels, 0.0 if fault else 1.0)
             props = dict(d.properties)
@@ -511,7 +513,6 @@ class NvmlSource:
             if d.gpm.unsupported:
                 props["gpm"] = f"not produced: {d.gpm.unsupported}"
             gpus[d.uuid] = GpuInfo(d.uuid, d.position, props)
-        out.samples.pop(RECOVERY_SERIES, None)  # read for the verdict only: not a catalog family
         self.health.poll()
         for name, value in self.health.action.series():
             out.add(name, EMPTY, value)
@@ -696,7 +697,7 @@ def _remapped(s: NvmlSource, d: Device) -> Pairs:
     yield "nvml_remapped_rows_correctable", float(corr)
     yield "nvml_remapped_rows_uncorrectable", float(unc)
     yield "nvml_remapped_rows_pending", 1.0 if pending else 0.0
-    yield "nvml_remapped_rows_failure", 1.0 if failure else 0.0
+    yield REMAP_FAILURE, 1.0 if failure else 0.0
 
 
 def _pcie(s: NvmlSource, d: Device) -> Pairs:
@@ -704,15 +705,14 @@ def _pcie(s: NvmlSource, d: Device) -> Pairs:
     yield "nvml_pcie_replay_total", float(s.api.nvmlDeviceGetPcieReplayCounter(h))
 
 
-RECOVERY_SERIES = "nvml_recovery_action"  # read for the verdict, not emitted
-
-
 def _recovery_action(s: NvmlSource, d: Device) -> Pairs:
-    """The driver's recovery action (field 230); NOT_SUPPORTED (drivers before the field) leaves it out."""
+    """The driver's recovery action (field 230), kept on the device for the verdict (no series of its own);
+    NOT_SUPPORTED (drivers before the field) marks it unsupported, which is no fault."""
     v = s.api.nvmlDeviceGetFieldValues(d.handle, [RECOVERY_ACTION_FIELD])[0]
     if v.nvmlReturn != 0:
         raise s.api.NVMLError(v.nvmlReturn)
-    yield RECOVERY_SERIES, _field_value(v)
+    d.recovery_action = int(_field_value(v))
+    return iter(())
 
 
 def _gpm(s: NvmlSource, d: Device) -> Pairs:
@@ -775,10 +775,6 @@ def _field_value(v: Any) -> float:
     kind = int(v.valueType)
     attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(kind, "uiVal")
     return float(getattr(v.value, attr))
-
-
-def _as_int(value: float | None) -> int | None:
-    return None if value is None else int(value)
 
 
 def _text(value: bytes | str) -> str:
