@@ -134,6 +134,8 @@ def _gpu_health(settings: Settings) -> GpuHealth:
 
     if settings.gpu_fault_action != "drain":
         return GpuHealth(Report())
+    if settings.once:  # a debugging view: it shows the verdict and never takes a host out of service
+        return GpuHealth(Report("--once never drains"))
     from .gpufaults.drain import Drainer
 
     return GpuHealth(Drainer(settings.ecs_metadata_url, retry_interval=settings.interval))

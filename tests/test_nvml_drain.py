@@ -628,7 +628,7 @@ def test_process_drain_fails_then_succeeds_keeps_emitting_and_a_restart_finds_it
     assert proxy.actions()[calls:] == ["DescribeTasks", "DescribeContainerInstances", "SetInstanceHealth"]
 
 
-def test_process_once_shows_the_verdict_per_gpu(tmp_path: Path, process_env) -> None:
+def test_process_once_shows_the_verdict_per_gpu_and_never_drains(tmp_path: Path, proxy: AwsProxy, process_env) -> None:
     index = b"[]"
     metrics = triton_metrics(["m"], 1, gpus=[U[0], U[1]]).encode()
 
@@ -644,6 +644,8 @@ def test_process_once_shows_the_verdict_per_gpu(tmp_path: Path, process_env) -> 
             [
                 *exporter.args,
                 "--once",
+                "--gpu-fault-action",
+                "drain",
                 "--interval",
                 "0.3",
                 "--triton-url",
@@ -664,6 +666,9 @@ def test_process_once_shows_the_verdict_per_gpu(tmp_path: Path, process_env) -> 
     assert row1.rstrip().endswith("unhealthy: row remapping failed (replace the GPU)")
     docs = [orjson.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert {d["gpu"]: d["GpuHealthy"] for d in docs if "GpuHealthy" in d} == {"0": 0.0, "1": 0.0}
+    assert proxy.calls == []  # a debugging view: it never takes the host out of service
+    said = [orjson.loads(line)["msg"] for line in proc.stderr.splitlines() if line.startswith(b"{")]
+    assert sum("reported only (--once never drains)" in m for m in said) == 2, said
 
 
 def test_drain_without_the_task_metadata_endpoint_is_a_setting_error(tmp_path: Path) -> None:

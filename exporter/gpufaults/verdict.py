@@ -133,8 +133,11 @@ class Report:
 
     name = "report"
 
+    def __init__(self, why: str = "--gpu-fault-action report") -> None:
+        self.why = why
+
     def unhealthy(self, fault: Fault) -> str:
-        return "reported only (--gpu-fault-action report): the instance stays in service"
+        return f"reported only ({self.why}): the instance stays in service"
 
     def poll(self) -> None:
         return None
