@@ -38,6 +38,8 @@ from .sources import Source, SourceRequired
 if TYPE_CHECKING:
     from telemetry.otlp.endpoint import Endpoint
 
+    from .gpufaults import GpuHealth
+
 # Commands that live in their own modules, imported only when used; each main(argv, prog) shows prog in its
 # usage. render and cost are the artifact generator's (python -m render), kept here as aliases: the sidecar
 # itself never imports the generator.
@@ -144,7 +146,20 @@ def _nvml_source(settings: Settings) -> Source | None:
                 f"--nvml on (EXPORTER_NVML=on) needs the NVML source, which cannot load: {exc}"
             ) from None
         return None
-    return make_nvml_source(settings.nvml)
+    return make_nvml_source(settings.nvml, health=_gpu_health(settings))
+
+
+def _gpu_health(settings: Settings) -> GpuHealth:
+    """The GPU verdict with the ``--gpu-fault-action`` it leads to (docs/gpu.md)."""
+    from .gpufaults import GpuHealth, Report
+
+    if settings.gpu_fault_action != "drain":
+        return GpuHealth(Report())
+    if settings.once:  # a debugging view: it shows the verdict and never takes a host out of service
+        return GpuHealth(Report("--once never drains"))
+    from .gpufaults.drain import Drainer
+
+    return GpuHealth(Drainer(settings.ecs_metadata_url, retry_interval=settings.interval))
 
 
 def listens(url: str, timeout: float) -> bool:

@@ -51,6 +51,7 @@ class Settings:
     max_models: int = 500
     buffer_events: int = 20_000
     nvml: str = "auto"
+    gpu_fault_action: str = "report"  # what an unhealthy GPU leads to: report, or drain this instance (docs/gpu.md)
     storage_resolution: int = 60
     ecs_metadata_url: str = ""
     log_level: str = ""  # empty: info for the loop, error for --once (its table already says what is down)
@@ -195,6 +196,16 @@ OPTIONS: tuple[Option, ...] = (
         "on (required: exit 2 at start when NVML cannot initialise), off",
     ),
     Option(
+        "gpu_fault_action",
+        "--gpu-fault-action",
+        ("EXPORTER_GPU_FAULT_ACTION",),
+        choice("report", "drain"),
+        "when a GPU turns unhealthy (a fatal XID, a driver recovery action, lost, row remapping failed): report "
+        "(GpuHealthy=0 and a log line; no AWS call), or drain: also set this ECS container instance DRAINING and "
+        "mark its EC2 instance Unhealthy in its Auto Scaling group, which replaces it (needs the ECS task metadata "
+        "endpoint and the task role's permissions; docs/gpu.md)",
+    ),
+    Option(
         "startup_wait",
         "--startup-wait",
         ("EXPORTER_STARTUP_WAIT",),
@@ -311,6 +322,11 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
         settings = replace(settings, timeout=min(5.0, settings.interval / 2))
     if len(set(settings.outputs)) != len(settings.outputs):
         raise ConfigError(f"--output: {', '.join(map(str, settings.outputs))}: an output is given twice")
+    if settings.gpu_fault_action == "drain" and (settings.nvml == "off" or not settings.ecs_metadata_url):
+        raise ConfigError(
+            "--gpu-fault-action drain needs the NVML source (--nvml auto or on) and the ECS task metadata endpoint "
+            "(ECS_CONTAINER_METADATA_URI_V4, set by ECS, or --ecs-metadata-url) to find this instance"
+        )
     if settings.timeout >= settings.interval:
         raise ConfigError(
             f"--timeout ({settings.timeout:g}s) must be shorter than --interval "

@@ -41,13 +41,18 @@ def gpu_uuids(exp: Exposition, samples: Iterable[str]) -> list[str]:
 
 
 def keep_tritons_gpus(gpu_source: Collected, triton_gpus: list[str]) -> None:
-    """Keep a GPU source's view to the GPUs Triton reports, when it reports any."""
+    """Keep a GPU source's per-GPU series to the GPUs Triton reports, when it reports any.
+
+    Its task-level series (no ``gpu_uuid``: the GPU fault action's counts) are no GPU's and stay.
+    """
     if not triton_gpus:
         return
     wanted = set(triton_gpus)
     exp = gpu_source.samples
     for name, series in exp.samples.items():
-        exp.samples[name] = {k: v for k, v in series.items() if exp.labels[k].entity[-1] in wanted}
+        exp.samples[name] = {
+            k: v for k, v in series.items() if exp.labels[k].entity[0] != "gpu" or exp.labels[k].entity[1] in wanted
+        }
     for uuid in [u for u in gpu_source.gpus if u not in wanted]:
         del gpu_source.gpus[uuid]
 

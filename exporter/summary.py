@@ -35,6 +35,8 @@ GPU_COLUMNS = (
     ("power W", "GpuPowerWatts", "{:.0f}"),
     ("temp C", "GpuTemperatureCelsius", "{:.0f}"),
     ("xid", "GpuXidErrors", "{:.0f}"),
+    ("sm %", "GpuSmActive", "{:.0f}"),
+    ("healthy", "GpuHealthy", "{:.0f}"),
 )
 
 
@@ -119,10 +121,15 @@ def render_summary(result: CycleResult) -> str:
     gpus = sorted((e for e in result.entities if e.scope is Scope.GPU), key=lambda e: e.dimensions.get("gpu", ""))
     if gpus:
         rows = [
-            [e.dimensions["gpu"], str(e.properties.get("gpu_uuid", "")), *(_cell(e, c) for c in GPU_COLUMNS)]
+            [
+                e.dimensions["gpu"],
+                str(e.properties.get("gpu_uuid", "")),
+                *(_cell(e, c) for c in GPU_COLUMNS),
+                str(e.properties.get("health", "")),  # the verdict, with the reason when unhealthy
+            ]
             for e in gpus
         ]
-        out.append("\n" + _table(["gpu", "uuid", *(c[0] for c in GPU_COLUMNS)], rows))
+        out.append("\n" + _table(["gpu", "uuid", *(c[0] for c in GPU_COLUMNS), "health"], rows))
     else:
         out.append("\nno GPU series (CPU-only host, or no NVML/DCGM)\n")
     return "".join(out)

@@ -81,6 +81,8 @@ class Deployment:
     otlp: bool = False  # an otlp+ output beside EMF: the exporter's OtlpPoints* metrics
     tracing: bool = False  # the trace relay (--traces-to): the Traced* distributions and the relay's own counts
     max_models: int = 500  # the sidecar's --max-models: model versions it emits per task, the others dropped
+    gpm: bool = False  # GPUs with GPM (Hopper and newer): the SM, tensor and DRAM activity metrics
+    gpu_drain: bool = False  # --gpu-fault-action drain (GpuFaultAction=drain): the drain's attempts and failures
     # Totals assumed non-zero in every hour (models serve traffic all day; failures happen in no hour):
     # with breakdown_zeros=omit, a breakdown of any other total is billed in no hour.
     busy_totals: frozenset[str] = field(default_factory=lambda: frozenset({"RequestSuccess"}))
@@ -107,6 +109,8 @@ class Deployment:
             self.llm_backend: self.llm_models > 0,
             "otlp_output": self.otlp,
             "tracing": self.tracing,
+            "gpm": self.gpm and self.nvml,
+            "gpu_drain": self.gpu_drain and self.nvml,
         }
         return {k for k, v in on.items() if v}
 
@@ -535,6 +539,7 @@ DOC_ROWS = (
         "large, 20 of them TensorRT-LLM LLMs",
         replace(_LARGE, llm_models=20, llm_backend="tensorrt_llm", histograms=True),
     ),
+    ("large, Hopper GPUs (GPM), GpuFaultAction=drain", replace(_LARGE, gpm=True, gpu_drain=True)),
 )
 
 
@@ -580,6 +585,10 @@ def main(argv: Sequence[str], prog: str = "python -m render cost") -> int:
     p.add_argument("--histograms", action="store_true", help="Triton with histogram_latencies")
     p.add_argument("--no-modelsync", action="store_true", help="model sync not deployed: no metrics of it")
     p.add_argument("--markdown", action="store_true", help="print the docs table for the small and large cases")
+    p.add_argument("--gpm", action="store_true", help="Hopper or newer GPUs: the GPM activity metrics (docs/gpu.md)")
+    p.add_argument(
+        "--gpu-drain", action="store_true", help="GpuFaultAction=drain: the drain's attempt and failure counts"
+    )
     p.add_argument(
         "--tracing",
         action="store_true",
@@ -624,6 +633,8 @@ def main(argv: Sequence[str], prog: str = "python -m render cost") -> int:
         modelsync=not args.no_modelsync,
         otlp=args.otlp or args.otlp_price_per_gb is not None,
         tracing=args.tracing,
+        gpm=args.gpm,
+        gpu_drain=args.gpu_drain,
     )
     e = estimate(d, opts)
     w = sys.stdout.write

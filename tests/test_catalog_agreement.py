@@ -54,6 +54,7 @@ def run_exporter(namespace: str = "Triton") -> list[bytes]:
     step = [1]
     fake_gpus = gpus(2)
     fake_gpus[0].temp_mem = 61  # HBM board: memory temperature present
+    fake_gpus[0].gpm = {2: 55.0, 3: 30.0, 5: 20.0, 10: 40.0}  # a Hopper: the GPM metrics too
     nvml = FakeNvml(fake_gpus)
     uuids = [g.uuid for g in fake_gpus]
     parser = Parser(CATALOG.wanted_samples())
@@ -181,7 +182,7 @@ def _reads_insight_rules(alarm: dict) -> bool:
 
 def test_committed_alarms_read_only_emitted_metrics(emitted_refs) -> None:
     files = _committed_alarm_files()
-    assert len(files) == 11
+    assert len(files) == 12
     for alarm in files:
         refs = alarm_refs(alarm)
         if _reads_insight_rules(alarm):
@@ -207,7 +208,7 @@ def test_template_alarms_read_only_emitted_metrics(emitted_refs) -> None:
                 q["Expression"] = q["Expression"]["Fn::Sub"]
         assert [r for r in alarm_refs(props) if r not in emitted_refs] == []
         seen += 1
-    assert seen == 11
+    assert seen == 12
 
 
 # --- Contributor Insights: the version-skew rules over the events modelsync really writes ---------

@@ -11,6 +11,8 @@ import pytest
 
 from demo.payloads import first_response_metrics, llm_metrics, triton_metrics
 from exporter.config import Settings
+from exporter.gpufaults import GpuHealth
+from exporter.gpufaults.drain import Drainer
 from exporter.pipeline import Pipeline
 from exporter.series import model_key
 from exporter.sources import Collected, ModelConfig, VersionState
@@ -38,16 +40,21 @@ def pipeline_events(
     backend: str = "vllm",
     histograms: bool = False,
     max_models: int = Settings.max_models,
+    gpm: bool = False,
+    drain: bool = False,
 ) -> list[bytes]:
     """The second cycle of the real pipeline: models x versions, n_gpus on NVML (HBM boards) and DCGM series.
 
     The first ``llm`` models also publish ``backend``'s families; ``histograms``: every model has Triton's
-    first-response histogram (histogram_latencies=true on Triton 25.12+).
+    first-response histogram (histogram_latencies=true on Triton 25.12+); ``gpm``: the GPUs are Hopper (GPM);
+    ``drain``: --gpu-fault-action drain (its counts; no GPU fault, so no AWS call).
     """
     step = [1]
     fake = gpus(n_gpus)
     for g in fake:
         g.temp_mem = 60  # every NVML field supported, as the estimate assumes
+        if gpm:
+            g.gpm = {2: 50.0, 3: 25.0, 5: 10.0, 10: 30.0}
     nvml = FakeNvml(fake)
     uuids = [g.uuid for g in fake]
     names = [f"model_{i:05d}" for i in range(models)]
@@ -74,7 +81,8 @@ def pipeline_events(
         FixedSource("triton_index", lambda: Collected(index=index, configs=configs)),
     ]
     if n_gpus:
-        nv = NvmlSource(nvml, environ={})
+        health = GpuHealth(Drainer("http://127.0.0.1:9/unused") if drain else None)
+        nv = NvmlSource(nvml, environ={}, health=health)
         nv.start()
         srcs.append(nv)
     clock = [0.0]
@@ -165,6 +173,15 @@ def test_cost_applies_the_cap_and_says_so(capsys: pytest.CaptureFixture[str]) ->
     assert "emits 498 of the 900 model versions per task (166 models x 3)" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("n_gpus", "gpm", "drain"), [(2, True, False), (1, False, True), (2, True, True)])
+def test_gpm_and_drain_metrics_are_counted_as_the_pipeline_emits_them(n_gpus: int, gpm: bool, drain: bool) -> None:
+    events = pipeline_events(3, 1, n_gpus, gpm=gpm, drain=drain)
+    d = cost.Deployment(3, gpus=n_gpus, load_duration=False, ecs_metadata=False, busy_totals=BUSY)
+    with_them = replace(d, gpm=gpm, gpu_drain=drain)
+    assert cost.metric_count(CATALOG, with_them) == len(distinct_metrics(events))
+    assert cost.metric_count(CATALOG, with_them) - cost.metric_count(CATALOG, d) == 4 * n_gpus * gpm + 2 * drain
+
+
 def test_omitted_breakdown_zeros_are_the_difference_the_pipeline_shows() -> None:
     """With no failures, the pipeline leaves out exactly the four reason metrics per model the estimate drops."""
     events = pipeline_events(4, 1, 0)
@@ -203,16 +220,16 @@ def test_metric_tiers() -> None:
 
 def test_alarms_bill_insights_alarms_per_model() -> None:
     e = cost.estimate(cost.Deployment(200, gpus=8), OPTS)
-    assert e.alarms == 11  # 9 exporter alarms, model sync's failure and version-skew alarms
-    # 7 classic alarms (the TTFT one included: billed without data too) + 2 GROUP BY model alarms x 200 models
+    assert e.alarms == 12  # 10 exporter alarms, model sync's failure and version-skew alarms
+    # 8 classic alarms (the TTFT one included: billed without data too) + 2 GROUP BY model alarms x 200 models
     # + the skew alarm's two INSIGHT_RULE_METRIC; the KV-cache GROUP BY alarm analyzes nothing without
     # TensorRT-LLM models.
-    assert e.alarm_metrics == 7 + 2 * 200 + 2
+    assert e.alarm_metrics == 8 + 2 * 200 + 2
     # ...plus the skew alarm's two rules: $0.50 each and $0.02 per million events (2 rules x 200 models x
     # 1 task x 12 reconciles an hour x 730 hours).
-    assert e.alarms_usd == pytest.approx(0.1 * (7 + 400 + 2) + 2 * 0.5 + 2 * 200 * 12 * 730 / 1e6 * 0.02)
+    assert e.alarms_usd == pytest.approx(0.1 * (8 + 400 + 2) + 2 * 0.5 + 2 * 200 * 12 * 730 / 1e6 * 0.02)
     trt = cost.estimate(cost.Deployment(200, gpus=8, llm_models=20, llm_backend="tensorrt_llm"), OPTS)
-    assert trt.alarm_metrics == 7 + 2 * 200 + 20 + 2
+    assert trt.alarm_metrics == 8 + 2 * 200 + 20 + 2
 
 
 def test_docs_show_the_current_cost_table() -> None:

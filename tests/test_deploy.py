@@ -50,6 +50,7 @@ EXPORTER_SETTINGS = {
     "EXPORTER_OUTPUT",
     "EXPORTER_INTERVAL",
     "EXPORTER_NVML",
+    "EXPORTER_GPU_FAULT_ACTION",
 }
 RUNTIME_VARS = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
 
@@ -172,6 +173,8 @@ def test_exporter_container(taskdef):
     # exporter, and every metric with it, for the task's life (exit 2 at start). With auto the GPU source
     # reports itself down with the reason and the Triton metrics keep flowing.
     assert env["EXPORTER_NVML"] == "auto"
+    # An action on production is off by default: the stack's and the module's GpuFaultAction turns it on.
+    assert env["EXPORTER_GPU_FAULT_ACTION"] == "report"
     # A sidecar that exits anyway (a bug, the OOM killer) is restarted rather than silent until the task ends.
     assert exporter["restartPolicy"]["enabled"] is True and 0 in exporter["restartPolicy"]["ignoredExitCodes"]
     assert env["TRITON_URL"] == "http://localhost:8000"

@@ -98,3 +98,72 @@ def test_real_return_shapes_match_the_fake(collected) -> None:
             pynvml.nvmlEventSetWait(event_set, 0)
     finally:
         pynvml.nvmlEventSetFree(event_set)
+
+
+# --- the recovery-action field and GPM (docs/gpu.md says what a real GPU answered, once one did) ------------
+
+
+def test_real_recovery_action_field_is_none_or_not_supported(collected) -> None:
+    """Field 230 on a healthy GPU: NONE (0), or NOT_SUPPORTED on drivers before the field; the GPU is healthy."""
+    source, got = collected
+    for d in source.devices:
+        (v,) = pynvml.nvmlDeviceGetFieldValues(d.handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+        assert v.nvmlReturn in (pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_NOT_SUPPORTED), v.nvmlReturn
+        if v.nvmlReturn == pynvml.NVML_SUCCESS:
+            assert v.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT  # what the fake answers
+            assert v.value.uiVal == pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+        print(f"{d.uuid}: recovery action field -> return {v.nvmlReturn}, value {v.value.uiVal}")  # for docs/gpu.md
+    assert set(values(got, "nvml_gpu_healthy").values()) == {1.0}
+    assert all(i.properties["health"] == "healthy" for i in got.gpus.values())
+
+
+def test_real_gpm_two_samples_apart_or_the_reason_it_is_not_produced() -> None:
+    source = NvmlSource(pynvml, {})
+    source.start()
+    try:
+        source.collect(5.0)
+        time.sleep(1.0)  # GPM averages over the time between two samples
+        got = source.collect(5.0)
+        for d in source.devices:
+            support = pynvml.nvmlGpmQueryDeviceSupport(d.handle)
+            sm = values(got, "nvml_sm_active_percent").get(d.uuid)
+            print(
+                f"{d.uuid} {d.properties.get('gpu_name')}: GPM supported {support.isSupportedDevice}, sm {sm}, "
+                f"{got.gpus[d.uuid].properties.get('gpm', '')}"
+            )  # for docs/gpu.md
+            if support.isSupportedDevice and d.properties.get("mig_mode") != "enabled":
+                for series in (
+                    "nvml_sm_active_percent",
+                    "nvml_sm_occupancy_percent",
+                    "nvml_tensor_active_percent",
+                    "nvml_dram_active_percent",
+                ):
+                    assert 0.0 <= values(got, series)[d.uuid] <= 100.0
+                assert "gpm" not in got.gpus[d.uuid].properties
+            elif not support.isSupportedDevice:
+                assert got.gpus[d.uuid].properties["gpm"] == "not produced: this GPU has no GPM (Hopper and newer have)"
+            else:  # MIG on: what NVML answers is recorded either way (the fake assumes NOT_SUPPORTED)
+                assert (
+                    values(got, "nvml_sm_active_percent").get(d.uuid) is not None
+                    or "gpm" in got.gpus[d.uuid].properties
+                )
+    finally:
+        source.close()
+
+
+def test_real_gpm_sample_and_request_types_match_the_fake() -> None:
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        if not pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice:
+            pytest.skip("this GPU has no GPM")
+        sample = pynvml.nvmlGpmSampleAlloc()
+        try:
+            fake = nvml_fake.hopper(1)
+            fake.nvmlInit()
+            assert type(sample) is type(fake.nvmlGpmSampleAlloc()) is pynvml.c_nvmlGpmSample_t
+            assert pynvml.nvmlGpmSampleGet(h, sample) is sample
+        finally:
+            pynvml.nvmlGpmSampleFree(sample)
+    finally:
+        pynvml.nvmlShutdown()

@@ -148,6 +148,14 @@ SCENARIOS = {
         "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops",
         "ModelSyncBucketName": "example-models",
     },
+    # GPU faults drain the instance: on an existing cluster without and with its group, and with the stack's own.
+    "gpu-drain": {"GpuFaultAction": "drain"},
+    "gpu-drain-group": {
+        "GpuFaultAction": "drain",
+        "GpuFaultAutoScalingGroupName": "gpu-fleet",
+        "ClusterName": "inference-gpus",
+    },
+    "cluster-gpu-drain": {"GpuFaultAction": "drain", "CreateCluster": "true", "ClusterName": "inference-gpus"},
     # A cluster from zero with its defaults.
     "cluster": {"CreateCluster": "true"},
     # A cluster from zero with every one of its parameters and the ones it reads (the store's path, the
@@ -257,6 +265,11 @@ _PLACEHOLDERS = {
     "<ModelSyncEventRule.Arn>": "<aws_cloudwatch_event_rule.modelsync[0].arn>",
     # A cluster from zero: the group's Ref is its name, which the capacity provider takes as well as its ARN.
     "<AutoScalingGroup>": "<aws_autoscaling_group.gpu[0].arn>",
+    # ...and its name in the ARN the GPU fault drain may mark instances of Unhealthy (gpufaults.tf).
+    f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:*:autoScalingGroupName/<AutoScalingGroup>": (
+        f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:*:autoScalingGroupName/"
+        "<aws_autoscaling_group.gpu[0].name>"
+    ),
     "<LaunchTemplate>": "<aws_launch_template.gpu[0].id>",
     "<LaunchTemplate.LatestVersionNumber>": "<aws_launch_template.gpu[0].latest_version>",
     "<InstanceRole>": "<aws_iam_role.instance[0].name>",
@@ -1252,6 +1265,21 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
         assert names and all(n.startswith("prod-triton-") for n in names)
     if scenario == "extras":
         assert plan["aws_ecs_task_definition.this"]["volume"] and "aws_iam_role_policy.task_exec[0]" in plan
+    exporter_env = {
+        e["name"]: e["value"]
+        for c in json.loads(plan["aws_ecs_task_definition.this"]["container_definitions"])
+        if c["name"] == "exporter"
+        for e in c["environment"]
+    }
+    drain = plan.get("aws_iam_role_policy.task_gpu_drain[0]")
+    assert exporter_env["EXPORTER_GPU_FAULT_ACTION"] == ("drain" if "gpu-drain" in scenario else "report")
+    assert (drain is not None) == ("gpu-drain" in scenario)
+    if drain is not None:  # the cluster's tasks and instances; the group only where one is known
+        sids = {st["Sid"]: st for st in json.loads(drain["policy"])["Statement"]}
+        assert sids["DrainThisContainerInstance"]["Resource"].endswith(":container-instance/inference-gpus/*") or (
+            scenario == "gpu-drain"
+        )
+        assert ("ReplaceThisInstance" in sids) == (scenario != "gpu-drain")
     if scenario == "defaults":
         # Every alarm but model sync's two (no bucket: no sync-failure or version-skew alarm, no rules).
         specs = alarm_specs(Options(catalog=CATALOG))
@@ -1448,6 +1476,13 @@ OTLP_DRIFTS = [
         "alarm prod-triton-promql-model-failures",
     ),
 ]
+# The GPU fault drain, compared on a cluster from zero (its own group) and on an existing one with a group named.
+GPU_DRAIN_DRIFTS = [
+    ("gpufaults.tf", 'Action   = "autoscaling:SetInstanceHealth"', 'Action = "autoscaling:*"', "TaskRole policies"),
+    ("gpufaults.tf", "count = local.gpu_drain ? 1 : 0", "count = 0", "TaskRole policies"),
+    ("gpufaults.tf", "task/${var.cluster_name}/*", "task/*", "TaskRole policies"),
+    ("gpufaults.tf", "EXPORTER_GPU_FAULT_ACTION = var", "EXPORTER_GPU_FAULT_ACTIONS = var", "container exporter"),
+]
 CLUSTER_DRIFTS = [
     (
         "cluster.tf",
@@ -1517,7 +1552,8 @@ CLUSTER_DRIFTS = [
     + [("modelsync-renamed", *d) for d in MODELSYNC_DRIFTS]
     + [("cluster-renamed", *d) for d in CLUSTER_DRIFTS]
     + [("tracing-renamed", *d) for d in TRACING_DRIFTS]
-    + [("otlp-renamed", *d) for d in OTLP_DRIFTS],
+    + [("otlp-renamed", *d) for d in OTLP_DRIFTS]
+    + [(scenario, *d) for d in GPU_DRAIN_DRIFTS for scenario in ("cluster-gpu-drain", "gpu-drain-group")],
 )
 def test_a_drifted_module_fails_the_comparison(
     template, alarms_template, tmp_path: Path, scenario: str, path: str, old: str, new: str, expect: str

@@ -59,7 +59,8 @@ locals {
   }
   environment = {
     "triton-server"  = {}
-    "exporter"       = local.otlp_metrics_environment # with otlp_metrics, the OTLP endpoint too (otlp.tf)
+    # With otlp_metrics, the OTLP endpoint too (otlp.tf); the GPU fault action (gpufaults.tf).
+    "exporter"       = merge(local.otlp_metrics_environment, local.gpu_fault_environment)
     "modelsync-init" = {}
     # Known after apply: the topic every daemon subscribes its own queue to.
     "modelsync" = { for key, value in { MODELSYNC_TOPIC_ARN = one(aws_sns_topic.modelsync[*].arn) } : key => value if local.model_sync }

@@ -209,6 +209,28 @@ variable "otlp_metrics" {
   default     = false
 }
 
+# --- GPU faults (docs/gpu.md; gpufaults.tf) ---------------------------------------------------
+
+variable "gpu_fault_action" {
+  type        = string
+  description = "What an exporter does when a GPU turns unhealthy (a fatal XID, a driver recovery action, a lost GPU, a failed row remap): report (GpuHealthy=0, the GpuUnhealthy alarm, a log line; no AWS call), or drain: also set its ECS container instance DRAINING and mark the EC2 instance Unhealthy in its Auto Scaling group, which replaces it (EXPORTER_GPU_FAULT_ACTION; the task role may then do exactly that, on this cluster and that group)"
+  default     = "report"
+  validation {
+    condition     = contains(["report", "drain"], var.gpu_fault_action)
+    error_message = "The gpu_fault_action must be report or drain."
+  }
+}
+
+variable "gpu_fault_auto_scaling_group_name" {
+  type        = string
+  description = "With gpu_fault_action = drain and an existing cluster (create_cluster = false): the Auto Scaling group of its GPU instances, which the task role may mark an instance of Unhealthy. Empty: the module's own group with create_cluster; on an existing cluster, drained instances are then not replaced (the call is refused)"
+  default     = ""
+  validation {
+    condition     = can(regex("^[A-Za-z0-9 ._/+=@:-]{0,255}$", var.gpu_fault_auto_scaling_group_name))
+    error_message = "The gpu_fault_auto_scaling_group_name must be an Auto Scaling group name (up to 255 characters), or empty."
+  }
+}
+
 # --- cluster from zero (optional; docs/deploy.md, "Cluster from zero"; cluster.tf) -------
 
 variable "create_cluster" {

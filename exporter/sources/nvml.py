@@ -18,7 +18,15 @@ Degrade, never crash:
   FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH or NOT_SUPPORTED hands over to
   the older one (:meth:`NvmlSource._fallback`).
 - A GPU that fell off the bus (NVML_ERROR_GPU_IS_LOST) is emitted as
-  ``nvml_gpu_lost=1`` and nothing else.
+  ``nvml_gpu_lost=1`` (and ``nvml_gpu_healthy=0``) and nothing else.
+
+Every cycle each GPU gets a health verdict (``nvml_gpu_healthy``, 1 or 0) from
+what this source saw: fatal XIDs, the driver's recovery action (field 230), a
+lost GPU, a row-remapping failure; the rules and the action taken on a GPU that
+turns unhealthy are :mod:`exporter.gpufaults`. On GPUs with GPM (Hopper and
+newer) two GPM samples a cycle apart give SM activity, SM occupancy, tensor
+activity and DRAM bandwidth utilization; where GPM is missing the GPU's event
+says why (property ``gpm``), once logged.
 
 Which GPUs, and the ``gpu`` dimension: see :func:`select` and docs/gpu.md.
 """
@@ -36,7 +44,9 @@ from typing import Any
 
 from telemetry.logs import get
 
-from ..series import Exposition, LabelSet
+from ..gpufaults import GpuHealth
+from ..gpufaults.verdict import xid_reason
+from ..series import EMPTY, Exposition, LabelSet
 from . import Collected, GpuInfo, SourceError, SourceKind, SourceRequired
 
 log = get("nvml")
@@ -74,6 +84,11 @@ NVML_CALLS = (
     "nvmlDeviceRegisterEvents",
     "nvmlEventSetWait",
     "nvmlEventSetFree",
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMetricsGet",
+    "nvmlGpmSampleFree",
 )
 """Every pynvml function the source calls: the whole interface a fake must provide."""
 
@@ -102,7 +117,18 @@ HW_SLOWDOWN = 0x08 | 0x80  # HwSlowdown | HwPowerBrakeSlowdown
 
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 MEMORY_TEMP_FIELD = 82  # NVML_FI_DEV_MEMORY_TEMP
+RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (replaces the deprecated fields 226 and 227)
 MEMORY_V2 = 0x02000028  # nvmlMemory_v2
+REMAP_FAILURE = "nvml_remapped_rows_failure"
+_NONE: dict[str, float] = {}
+GPM_METRICS_GET_VERSION = 1  # NVML_GPM_METRICS_GET_VERSION
+# NVML_GPM_METRIC_* ids -> series, each 0-100 over the time between two samples (one cycle).
+GPM_METRICS = (
+    (2, "nvml_sm_active_percent"),  # SM_UTIL: percent of SMs busy
+    (3, "nvml_sm_occupancy_percent"),  # SM_OCCUPANCY: active warps, percent of the theoretical maximum
+    (5, "nvml_tensor_active_percent"),  # ANY_TENSOR_UTIL: percent of time the SMs ran any tensor operation
+    (10, "nvml_dram_active_percent"),  # DRAM_BW_UTIL: DRAM bandwidth, percent of the theoretical maximum
+)
 
 _HINTS = {
     LIBRARY_NOT_FOUND: "libnvidia-ml.so.1 is not in this container: on ECS set NVIDIA_VISIBLE_DEVICES on the "
@@ -128,6 +154,17 @@ def _code(exc: BaseException) -> int | None:
 
 
 @dataclass
+class Gpm:
+    """One GPU's GPM state: two sample buffers used in turn, and why GPM is not produced (when it is not)."""
+
+    unsupported: str = ""  # the reason GPM is not produced on this GPU ("" while it may be)
+    asked: bool = False  # nvmlGpmQueryDeviceSupport answered
+    samples: list[Any] = field(default_factory=list)  # two nvmlGpmSample_t, allocated once
+    previous: int = -1  # which of the two holds the last cycle's sample (-1: none yet)
+    request: Any = None  # the nvmlGpmMetricsGet_t structure, reused
+
+
+@dataclass
 class Device:
     """One GPU the source reports, with what is known not to work on it."""
 
@@ -139,6 +176,8 @@ class Device:
     position: int  # the ``gpu`` dimension
     skip: set[str] = field(default_factory=set)  # readers that answered NOT_SUPPORTED
     xid: bool = False  # registered for XID events
+    gpm: Gpm = field(default_factory=Gpm)
+    recovery_action: int | None = None  # this cycle's field 230 (None: not read)
 
 
 # --- which GPUs -------------------------------------------------------------------------------------
@@ -225,17 +264,20 @@ class NvmlSource:
         environ: Mapping[str, str] | None = None,
         retry_interval: float = RETRY_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
+        health: GpuHealth | None = None,
     ) -> None:
         self.api = api
         self.environ = dict(os.environ if environ is None else environ)
         self.retry_interval = retry_interval
         self.clock = clock
+        self.health = health or GpuHealth()  # kept across re-initialisation: an unhealthy GPU stays so
         self.devices: list[Device] = []
         self.ready = False
         self.error: NvmlUnavailable | None = None
         self.next_try = 0.0
         self.xid_counts: dict[str, int] = {}  # kept across re-initialisation: the series never goes down
         self.last_xid: dict[str, int] = {}
+        self._cycle_xids: dict[str, list[int]] = {}  # uuid -> the XIDs drained this cycle
         self._event_set: Any = None
         self._by_handle: dict[Any, Device] = {}
         self._variant: dict[tuple[str, Any], int] = {}  # (reader, device) -> which entry point works there
@@ -384,6 +426,11 @@ class NvmlSource:
 
     def _stop(self) -> None:
         api = self.api
+        for d in self.devices:  # GPM buffers belong to this NVML session
+            for sample in d.gpm.samples:
+                with contextlib.suppress(api.NVMLError):
+                    api.nvmlGpmSampleFree(sample)
+            d.gpm.samples = []
         if self._event_set is not None:
             with contextlib.suppress(api.NVMLError):
                 api.nvmlEventSetFree(self._event_set)
@@ -398,6 +445,7 @@ class NvmlSource:
     def close(self) -> None:
         if self.ready:
             self._stop()
+        self.health.action.close()
 
     # --- one cycle ----------------------------------------------------------------------------
 
@@ -415,6 +463,7 @@ class NvmlSource:
             raise self.error from None
 
     def _read(self, deadline: float) -> Collected:
+        self._cycle_xids = {}
         self._drain_events()
         out = Exposition()
         gpus: dict[str, GpuInfo] = {}
@@ -424,11 +473,12 @@ class NvmlSource:
                 skipped += 1
                 continue
             lost = False
+            d.recovery_action = None
             for name, reader in READERS:
                 if name in d.skip:
                     continue
                 try:
-                    for series, value in reader(self, d.handle):
+                    for series, value in reader(self, d):
                         out.add(series, d.labels, value)
                 except self.api.NVMLError as exc:
                     code = _code(exc)
@@ -439,18 +489,56 @@ class NvmlSource:
                         raise
                     if code in _PERMANENT:
                         d.skip.add(name)
+                        if name == "gpm":
+                            self._gpm_unsupported(d, code)
                     else:
                         log.debug("GPU %s: %s failed: %s", d.uuid, name, exc)
             out.add("nvml_gpu_lost", d.labels, 1.0 if lost else 0.0)
             if d.xid and not lost:
                 out.add("nvml_xid_errors_total", d.labels, float(self.xid_counts.get(d.uuid, 0)))
+            fault = self.health.judge(
+                d.uuid,
+                d.position,
+                d.nvml_index,
+                xids=self._cycle_xids.get(d.uuid, ()),
+                recovery_action=None if lost else d.recovery_action,
+                lost=lost,
+                remap_failure=out.samples.get(REMAP_FAILURE, _NONE).get(d.labels.key) == 1.0,
+            )
+            out.add("nvml_gpu_healthy", d.labels, 0.0 if fault else 1.0)
             props = dict(d.properties)
             if d.uuid in self.last_xid:
                 props["last_xid"] = self.last_xid[d.uuid]
+            props["health"] = f"unhealthy: {fault.reason}" if fault else "healthy"
+            if d.gpm.unsupported:
+                props["gpm"] = f"not produced: {d.gpm.unsupported}"
             gpus[d.uuid] = GpuInfo(d.uuid, d.position, props)
+        self.health.poll()
+        for name, value in self.health.action.series():
+            out.add(name, EMPTY, value)
         if skipped:
             log.warning("NVML read exceeded the source timeout; %d GPU(s) left out this cycle", skipped)
         return Collected(samples=out, gpus=gpus)
+
+    def _gpm_unsupported(self, d: Device, code: int | None) -> None:
+        """GPM will not be produced on this GPU: say why once (the GPU's event carries it every cycle)."""
+        if d.gpm.unsupported:
+            return
+        if code == FUNCTION_NOT_FOUND:
+            why = "this driver's NVML has no GPM (an older driver)"
+        elif d.gpm.asked and not d.gpm.samples:  # the support query said no
+            why = "this GPU has no GPM (Hopper and newer have)"
+        elif d.properties.get("mig_mode") == "enabled":
+            why = "MIG mode is on and NVML gives no GPM sample of the whole GPU (per-instance GPM is not collected)"
+        else:
+            why = f"NVML answers {'NOT_SUPPORTED' if code == NOT_SUPPORTED else f'error {code}'} for GPM"
+        d.gpm.unsupported = why
+        log.info(
+            "GPU %s: GpuSmActive, GpuSmOccupancy, GpuTensorActive, GpuDramActive not produced: %s",
+            d.uuid,
+            why,
+            extra={"fields": {"gpu_uuid": d.uuid, "gpm": why}},
+        )
 
     def _drain_events(self) -> None:
         """Take every pending XID event without blocking (timeout 0)."""
@@ -472,10 +560,11 @@ class NvmlSource:
                 continue
             self.xid_counts[uuid] = self.xid_counts.get(uuid, 0) + 1
             self.last_xid[uuid] = int(data.eventData)
+            self._cycle_xids.setdefault(uuid, []).append(int(data.eventData))
             log.warning(
-                "GPU %s: XID %d",
+                "GPU %s: %s",
                 uuid,
-                data.eventData,
+                xid_reason(int(data.eventData)),
                 extra={
                     "fields": {"gpu_uuid": uuid, "xid": int(data.eventData), "gpu_instance": int(data.gpuInstanceId)}
                 },
@@ -514,13 +603,15 @@ class NvmlSource:
 Pairs = Iterator[tuple[str, float]]
 
 
-def _utilization(s: NvmlSource, h: Any) -> Pairs:
+def _utilization(s: NvmlSource, d: Device) -> Pairs:
+    h = d.handle
     u = s.api.nvmlDeviceGetUtilizationRates(h)
     yield "nvml_gpu_utilization_percent", float(u.gpu)
     yield "nvml_memory_utilization_percent", float(u.memory)
 
 
-def _memory(s: NvmlSource, h: Any) -> Pairs:
+def _memory(s: NvmlSource, d: Device) -> Pairs:
+    h = d.handle
     api = s.api
     m = s._fallback(
         h, "memory", lambda: api.nvmlDeviceGetMemoryInfo(h, version=MEMORY_V2), lambda: api.nvmlDeviceGetMemoryInfo(h)
@@ -531,19 +622,23 @@ def _memory(s: NvmlSource, h: Any) -> Pairs:
         yield "nvml_memory_reserved_bytes", float(m.reserved)
 
 
-def _power(s: NvmlSource, h: Any) -> Pairs:
+def _power(s: NvmlSource, d: Device) -> Pairs:
+    h = d.handle
     yield "nvml_power_usage_watts", s.api.nvmlDeviceGetPowerUsage(h) / 1000.0
 
 
-def _power_limit(s: NvmlSource, h: Any) -> Pairs:
+def _power_limit(s: NvmlSource, d: Device) -> Pairs:
+    h = d.handle
     yield "nvml_power_limit_watts", s.api.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
 
 
-def _energy(s: NvmlSource, h: Any) -> Pairs:
+def _energy(s: NvmlSource, d: Device) -> Pairs:
+    h = d.handle
     yield "nvml_energy_joules", s.api.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
 
 
-def _temperature(s: NvmlSource, h: Any) -> Pairs:
+def _temperature(s: NvmlSource, d: Device) -> Pairs:
+    h = d.handle
     api = s.api
     gpu = 0  # NVML_TEMPERATURE_GPU
     yield (
@@ -559,7 +654,8 @@ def _temperature(s: NvmlSource, h: Any) -> Pairs:
     )
 
 
-def _memory_temperature(s: NvmlSource, h: Any) -> Pairs:
+def _memory_temperature(s: NvmlSource, d: Device) -> Pairs:
+    h = d.handle
     v = s.api.nvmlDeviceGetFieldValues(h, [MEMORY_TEMP_FIELD])[0]
     if v.nvmlReturn != 0:
         raise s.api.NVMLError(v.nvmlReturn)  # per-field status, e.g. NOT_SUPPORTED on GDDR boards
@@ -568,12 +664,14 @@ def _memory_temperature(s: NvmlSource, h: Any) -> Pairs:
         yield "nvml_temperature_memory_celsius", value
 
 
-def _clocks(s: NvmlSource, h: Any) -> Pairs:
+def _clocks(s: NvmlSource, d: Device) -> Pairs:
+    h = d.handle
     yield "nvml_clock_sm_mhz", float(s.api.nvmlDeviceGetClockInfo(h, 1))  # NVML_CLOCK_SM
     yield "nvml_clock_memory_mhz", float(s.api.nvmlDeviceGetClockInfo(h, 2))  # NVML_CLOCK_MEM
 
 
-def _throttle(s: NvmlSource, h: Any) -> Pairs:
+def _throttle(s: NvmlSource, d: Device) -> Pairs:
+    h = d.handle
     api = s.api
     reasons = s._fallback(
         h,
@@ -586,25 +684,76 @@ def _throttle(s: NvmlSource, h: Any) -> Pairs:
     yield "nvml_throttle_hw_slowdown", 1.0 if reasons & HW_SLOWDOWN else 0.0
 
 
-def _ecc(s: NvmlSource, h: Any) -> Pairs:
+def _ecc(s: NvmlSource, d: Device) -> Pairs:
+    h = d.handle
     # NVML_MEMORY_ERROR_TYPE_CORRECTED=0 / UNCORRECTED=1, NVML_VOLATILE_ECC=0 (since the last driver load)
     yield "nvml_ecc_corrected_total", float(s.api.nvmlDeviceGetTotalEccErrors(h, 0, 0))
     yield "nvml_ecc_uncorrected_total", float(s.api.nvmlDeviceGetTotalEccErrors(h, 1, 0))
 
 
-def _remapped(s: NvmlSource, h: Any) -> Pairs:
+def _remapped(s: NvmlSource, d: Device) -> Pairs:
+    h = d.handle
     corr, unc, pending, failure = s.api.nvmlDeviceGetRemappedRows(h)
     yield "nvml_remapped_rows_correctable", float(corr)
     yield "nvml_remapped_rows_uncorrectable", float(unc)
     yield "nvml_remapped_rows_pending", 1.0 if pending else 0.0
-    yield "nvml_remapped_rows_failure", 1.0 if failure else 0.0
+    yield REMAP_FAILURE, 1.0 if failure else 0.0
 
 
-def _pcie(s: NvmlSource, h: Any) -> Pairs:
+def _pcie(s: NvmlSource, d: Device) -> Pairs:
+    h = d.handle
     yield "nvml_pcie_replay_total", float(s.api.nvmlDeviceGetPcieReplayCounter(h))
 
 
-READERS: tuple[tuple[str, Callable[[NvmlSource, Any], Pairs]], ...] = (
+def _recovery_action(s: NvmlSource, d: Device) -> Pairs:
+    """The driver's recovery action (field 230), kept on the device for the verdict (no series of its own);
+    NOT_SUPPORTED (drivers before the field) marks it unsupported, which is no fault."""
+    v = s.api.nvmlDeviceGetFieldValues(d.handle, [RECOVERY_ACTION_FIELD])[0]
+    if v.nvmlReturn != 0:
+        raise s.api.NVMLError(v.nvmlReturn)
+    d.recovery_action = int(_field_value(v))
+    return iter(())
+
+
+def _gpm(s: NvmlSource, d: Device) -> Pairs:
+    """GPM over the last cycle: a sample now, the metrics between it and last cycle's (nothing on the first).
+
+    NOT_SUPPORTED or FUNCTION_NOT_FOUND anywhere marks GPM unsupported on the GPU (the reader is then skipped and
+    the reason kept); any other error drops the pair, so the next two samples start afresh.
+    """
+    api, g = s.api, d.gpm
+    if not g.asked:
+        support = api.nvmlGpmQueryDeviceSupport(d.handle)
+        g.asked = True
+        if not support.isSupportedDevice:
+            raise api.NVMLError(NOT_SUPPORTED)
+    if not g.samples:
+        g.samples = [api.nvmlGpmSampleAlloc(), api.nvmlGpmSampleAlloc()]
+        g.request = api.c_nvmlGpmMetricsGet_t()
+    current = 0 if g.previous == 1 else 1
+    try:
+        api.nvmlGpmSampleGet(d.handle, g.samples[current])
+    except api.NVMLError:
+        g.previous = -1
+        raise
+    previous, g.previous = g.previous, current
+    if previous < 0:
+        return
+    request = g.request
+    request.version = GPM_METRICS_GET_VERSION
+    request.numMetrics = len(GPM_METRICS)
+    request.sample1 = g.samples[previous]
+    request.sample2 = g.samples[current]
+    for i, (metric, _) in enumerate(GPM_METRICS):
+        request.metrics[i].metricId = metric
+    api.nvmlGpmMetricsGet(request)
+    for i, (_, series) in enumerate(GPM_METRICS):
+        m = request.metrics[i]
+        if m.nvmlReturn == 0 and 0.0 <= m.value <= 100.0:
+            yield series, float(m.value)
+
+
+READERS: tuple[tuple[str, Callable[[NvmlSource, Device], Pairs]], ...] = (
     ("utilization", _utilization),
     ("memory", _memory),
     ("power", _power),
@@ -617,6 +766,8 @@ READERS: tuple[tuple[str, Callable[[NvmlSource, Any], Pairs]], ...] = (
     ("ecc", _ecc),
     ("remapped_rows", _remapped),
     ("pcie_replay", _pcie),
+    ("recovery_action", _recovery_action),
+    ("gpm", _gpm),
 )
 
 
@@ -661,6 +812,7 @@ def make_nvml_source(
     api: Any = None,
     environ: Mapping[str, str] | None = None,
     dev: Path = Path("/dev"),
+    health: GpuHealth | None = None,
 ) -> NvmlSource | None:
     """The NVML source for the ``--nvml`` mode: ``auto``, ``on`` or ``off`` (None).
 
@@ -681,7 +833,7 @@ def make_nvml_source(
         return None
     environ = os.environ if environ is None else environ
     api = load_api() if api is None else api
-    source = NvmlSource(api, environ)
+    source = NvmlSource(api, environ, health=health)
     try:
         source.start()
     except NvmlUnavailable as exc:

@@ -82,6 +82,18 @@ ALARMS: tuple[MetricAlarm | ModelAlarm, ...] = (
         actions=("notify", "scale_out_memory"),
     ),
     MetricAlarm(
+        suffix="gpu-unhealthy",
+        description="A GPU of some task is unhealthy (GpuHealthy minimum below 1): a fatal XID, a driver recovery "
+        "action, a lost GPU or a failed row remap. With GpuFaultAction=drain the exporter has taken the instance "
+        "out of service; with report, drain or replace it (docs/gpu.md).",
+        metric="GpuHealthy",
+        stat="Minimum",
+        period=60,
+        points=1,
+        threshold=1.0,
+        comparison="LessThanThreshold",
+    ),
+    MetricAlarm(
         suffix="gpu-utilization-high",
         description="Service GPU utilization above GpuScaleOutUtilization for 5 minutes: add a task.",
         metric="GpuUtilization",

@@ -17,14 +17,36 @@ FunctionNotFound as an older ``libnvidia-ml.so`` does, and
 symbol but answers ARGUMENT_VERSION_MISMATCH or NOT_SUPPORTED from it); per
 GPU, ``FakeGpu.failing`` does the same for one function.
 
+Faults and GPM: ``inject_xid`` queues an XID event, ``lose`` makes a GPU fall
+off the bus, ``FakeGpu.recovery_action`` is the driver's recovery action
+(field 230; None: a driver before the field, which answers NOT_SUPPORTED for
+it), ``FakeGpu.remapped`` carries the row-remapping failure flag. ``FakeGpu.gpm``
+(metric id -> percent; None: no GPM, as on GPUs before Hopper) drives GPM: a
+sample is an opaque ``nvmlGpmSample_t`` pointer, as pynvml hands out, holding
+the activity integrated up to the moment it was taken (``clock``, real time by
+default), and ``nvmlGpmMetricsGet`` gives each metric's average between two
+samples. Assumed, not seen on a GPU yet: a MIG-enabled parent answers
+NOT_SUPPORTED to ``nvmlGpmSampleGet`` (tests/test_nvml_real.py records what a
+real one answers).
+
 Scenarios are plain functions at the bottom (``two_healthy()`` ...).
+``python -m tests.support.nvml_fake SCENARIO CONTROL [settings]`` runs the
+exporter's own entry point on one of them, faults injected through the CONTROL
+file while it runs (tests/test_nvml_drain.py).
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
+import sys
+import threading
+import time
 import types
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -62,6 +84,8 @@ class FakeGpu:
     mig: tuple[int, int] | None = None  # (current, pending); None: MIG not supported
     mig_devices: list[str] = field(default_factory=list)  # MIG device UUIDs when MIG is on
     lost: bool = False
+    recovery_action: int | None = 0  # NVML_GPU_RECOVERY_ACTION_*; None: the driver does not know field 230
+    gpm: dict[int, float] | None = None  # GPM metric id -> percent busy; None: no GPM (before Hopper)
     not_supported: set[str] = field(default_factory=set)  # function names answering NOT_SUPPORTED
     failing: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
 
@@ -83,6 +107,14 @@ class FakeEventData:
     eventData: int
     gpuInstanceId: int = 0xFFFFFFFF
     computeInstanceId: int = 0xFFFFFFFF
+
+
+@dataclass
+class _GpmSample:
+    buffer: Any  # keeps the pointed-to memory alive
+    index: int = -1  # the GPU sampled; -1: not taken yet
+    at: float = 0.0
+    busy: dict[int, float] = field(default_factory=dict)  # metric id -> integral of percent x seconds
 
 
 @dataclass
@@ -112,8 +144,12 @@ class FakeNvml:
         driver_version: str = "550.127.05",
         old_driver: bool = False,
         newer_error: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.gpus = list(gpus or [])
+        self.clock = clock
+        self.gpm_samples: dict[int, _GpmSample] = {}  # address of an allocated sample -> its contents
+        self._gpm_busy: dict[int, tuple[float, dict[int, float]]] = {}  # gpu index -> (at, integrals) so far
         self.library = library
         self.init_error = init_error
         self.driver_version = driver_version
@@ -143,6 +179,34 @@ class FakeNvml:
 
     def lose(self, index: int) -> None:
         self.gpus[index].lost = True
+
+    def set_recovery_action(self, index: int, action: int) -> None:
+        """The driver decides the GPU needs ``action`` (NVML_GPU_RECOVERY_ACTION_*), as with its Xid 154."""
+        self.gpus[index].recovery_action = action
+
+    def fail_row_remapping(self, index: int) -> None:
+        """Row remapping runs out of spare rows: the failure flag of ``nvmlDeviceGetRemappedRows`` goes up."""
+        corr, unc, pending, _ = self.gpus[index].remapped or (0, 0, 0, 0)
+        self.gpus[index].remapped = (corr, unc + 1, pending, 1)
+
+    def set_gpm(self, index: int, **percent: float) -> None:
+        """From now on, GPU ``index`` is this busy: sm=, occupancy=, tensor=, dram= (percent)."""
+        self._integrate(index)
+        ids = {"sm": pynvml.NVML_GPM_METRIC_SM_UTIL, "occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY}
+        ids |= {"tensor": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "dram": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL}
+        gpm = self.gpus[index].gpm
+        if gpm is None:
+            raise ValueError(f"GPU {index} has no GPM")
+        gpm.update({ids[k]: v for k, v in percent.items()})
+
+    def _integrate(self, index: int) -> tuple[float, dict[int, float]]:
+        """Activity integrated up to now (percent x seconds per metric), as the GPU's counters would have it."""
+        now = self.clock()
+        at, busy = self._gpm_busy.get(index, (now, {}))
+        gpm = self.gpus[index].gpm or {}
+        busy = {m: busy.get(m, 0.0) + pct * (now - at) for m, pct in gpm.items()}
+        self._gpm_busy[index] = (now, busy)
+        return now, busy
 
     def inject_xid(self, index: int, xid: int, gpu_instance: int = 0xFFFFFFFF) -> None:
         """A critical XID on GPU ``index``: queued on every event set that registered for it."""
@@ -174,7 +238,7 @@ class FakeNvml:
         self.called[fn] += 1
         if not self.library:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
-        if self.old_driver and fn in self.NEW_FUNCTIONS:
+        if self.old_driver and (fn in self.NEW_FUNCTIONS or fn.startswith("nvmlGpm")):
             raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         if self.refcount == 0:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
@@ -341,6 +405,10 @@ class FakeNvml:
                 values[i].nvmlReturn = pynvml.NVML_SUCCESS
                 values[i].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
                 values[i].value.uiVal = g.temp_mem
+            elif fid == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and g.recovery_action is not None:
+                values[i].nvmlReturn = pynvml.NVML_SUCCESS
+                values[i].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                values[i].value.uiVal = g.recovery_action
             else:
                 values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED  # per-field status, call succeeds
         return values
@@ -400,6 +468,67 @@ class FakeNvml:
         self._enter("nvmlEventSetFree")
         eventSet.freed = True
 
+    # --- GPM (Hopper and newer) --------------------------------------------------------------
+
+    def nvmlGpmQueryDeviceSupport(self, device: FakeHandle) -> pynvml.c_nvmlGpmSupport_t:
+        g = self._gpu(device, "nvmlGpmQueryDeviceSupport")
+        return pynvml.c_nvmlGpmSupport_t(
+            version=pynvml.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=0 if g.gpm is None else 1
+        )
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._enter("nvmlGpmSampleAlloc")
+        buffer = ctypes.create_string_buffer(16)
+        sample = ctypes.cast(buffer, pynvml.c_nvmlGpmSample_t)  # what pynvml returns: an opaque pointer
+        self.gpm_samples[_address(sample)] = _GpmSample(buffer)
+        return sample
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        self._enter("nvmlGpmSampleFree")
+        if self.gpm_samples.pop(_address(gpmSample), None) is None:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlGpmSampleGet(self, device: FakeHandle, gpmSample: Any) -> Any:
+        g = self._gpu(device, "nvmlGpmSampleGet")
+        sample = self.gpm_samples.get(_address(gpmSample))
+        if sample is None:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if g.gpm is None or (g.mig and g.mig[0]):
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)  # no GPM; MIG on: assumed, see the module's docstring
+        sample.index = device.index
+        sample.at, busy = self._integrate(device.index)
+        sample.busy = dict(busy)
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        self._enter("nvmlGpmMetricsGet")
+        if metricsGet.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        first = self.gpm_samples.get(_address(metricsGet.sample1))
+        second = self.gpm_samples.get(_address(metricsGet.sample2))
+        if first is None or second is None or first.index < 0 or first.index != second.index:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not 0 < metricsGet.numMetrics <= pynvml.NVML_GPM_METRIC_MAX or second.at <= first.at:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        g = self.gpus[second.index]
+        if g.lost:
+            raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        span = second.at - first.at
+        for i in range(metricsGet.numMetrics):
+            m = metricsGet.metrics[i]
+            if m.metricId in second.busy:
+                m.value = (second.busy[m.metricId] - first.busy.get(m.metricId, 0.0)) / span
+                m.nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                m.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return metricsGet
+
+
+def _address(sample: Any) -> int:
+    if not isinstance(sample, pynvml.c_nvmlGpmSample_t):
+        raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    return int(ctypes.cast(sample, ctypes.c_void_p).value or 0)
+
 
 # --- scenarios -----------------------------------------------------------------------------------
 
@@ -454,6 +583,20 @@ def driver_reload() -> FakeNvml:
     return fake
 
 
+def hopper(n: int = 2) -> FakeNvml:
+    """``n`` H100s: HBM, GPM, a driver that knows the recovery-action field."""
+    fake = FakeNvml(gpus(n))
+    for i, g in enumerate(fake.gpus):
+        g.name, g.temp_mem, g.mem_total = "NVIDIA H100 80GB HBM3", 50, 80 * 1024**3
+        g.gpm = {
+            pynvml.NVML_GPM_METRIC_SM_UTIL: 60.0 + i,
+            pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: 30.0 + i,
+            pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 20.0 + i,
+            pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 40.0 + i,
+        }
+    return fake
+
+
 def mig_enabled() -> FakeNvml:
     """GPU 0 an A100 in MIG mode with two instances; GPU 1 an A100 with MIG off."""
     fake = FakeNvml(gpus(2))
@@ -463,3 +606,54 @@ def mig_enabled() -> FakeNvml:
     fake.gpus[0].mig_devices = ["MIG-aaaaaaaa-0000-0000-0000-000000000001", "MIG-aaaaaaaa-0000-0000-0000-000000000002"]
     fake.gpus[1].mig = (0, 0)
     return fake
+
+
+# --- the exporter as a process, on this fake ----------------------------------------------------------------
+
+SCENARIOS = {"two_healthy": two_healthy, "hopper": hopper, "xid_events": xid_events}
+_FAULTS = {
+    "xid": lambda f, gpu, value: f.inject_xid(gpu, value),
+    "recovery_action": lambda f, gpu, value: f.set_recovery_action(gpu, value),
+    "lose": lambda f, gpu, value: f.lose(gpu),
+    "remap_failure": lambda f, gpu, value: f.fail_row_remapping(gpu),
+}
+
+
+def _apply(fake: FakeNvml, line: bytes) -> None:
+    """One control line: ``{"fault": "xid", "gpu": 1, "value": 79}``."""
+    cmd = json.loads(line)
+    _FAULTS[cmd["fault"]](fake, int(cmd["gpu"]), int(cmd.get("value", 0)))
+
+
+def _follow(fake: FakeNvml, control: Path, offset: int) -> None:
+    while True:
+        data = control.read_bytes() if control.exists() else b""
+        end = data.rfind(b"\n", offset) + 1
+        for line in data[offset:end].splitlines():
+            if line.strip():
+                _apply(fake, line)
+        offset = max(offset, end)
+        time.sleep(0.05)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.support.nvml_fake SCENARIO CONTROL [exporter settings...]``: the exporter's entry point
+    with this fake as pynvml. Lines appended to CONTROL (JSON, one per line) inject faults while it runs; lines
+    there at start are applied before the first cycle."""
+    import exporter.sources.nvml as nvml_source
+    from exporter.__main__ import main as exporter_main
+
+    fake = SCENARIOS[argv[0]]()
+    control = Path(argv[1])
+    data = control.read_bytes() if control.exists() else b""
+    offset = data.rfind(b"\n") + 1
+    for line in data[:offset].splitlines():
+        if line.strip():
+            _apply(fake, line)
+    threading.Thread(target=_follow, args=(fake, control, offset), name="nvml-fake-control", daemon=True).start()
+    nvml_source.load_api = lambda: fake  # type: ignore[assignment]
+    return exporter_main(argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
