@@ -1,4 +1,4 @@
-"""GPU: utilization and memory (the scaling signals, with their thresholds), power, and NVML health fields.
+"""GPU: utilization and memory (secondary to scaling, with their thresholds), power, and NVML health fields.
 
 :data:`PANELS` is the table of per-GPU graphs: title, (metric, statistic) per series, y-axis label.
 """
@@ -9,7 +9,7 @@ from ..base.options import Options
 from ..base.widgets import Placed, Section, expr, graph, row, search
 
 TEXT = (
-    "**GPU**: utilization and memory (the scaling signals, with their thresholds), power, and the NVML "
+    "**GPU**: utilization and memory (busy is not overloaded: utilization only guards scale-in), power, and the NVML "
     "health fields (temperature, throttling, XID, ECC, row remapping) when the NVML source is on."
 )
 G = ("gpu",)
@@ -48,16 +48,13 @@ PANELS: tuple[tuple[str, tuple[tuple[str, str], ...], str], ...] = (
 def widgets(opts: Options) -> list[Placed]:
     utilization = graph(
         opts,
-        "GPU utilization % (per GPU index; service average drives scaling)",
+        "GPU utilization % (per GPU index; service average: a scale-in guard, not a trigger)",
         [
             expr(search(opts, "GpuUtilization", G, "Average"), "", "g"),
             row(opts, "GpuUtilization", {"stat": "Average", "label": "service average"}),
         ],
         unit_label="percent",
-        annotations=[
-            {"value": opts.gpu_scale_out, "label": "scale out"},
-            {"value": opts.gpu_scale_in, "label": "scale in"},
-        ],
+        annotations=[{"value": opts.gpu_scale_in, "label": "scale-in level"}],
     )
     memory = graph(
         opts,
