@@ -386,8 +386,8 @@ class Pipeline:
         """A scrape between full cycles: only the sources the due cadences read, only their metrics.
 
         The model versions are those the cardinality cap lets through (:meth:`ModelCap.keep`); the GPUs,
-        their numbering and the model configurations are the last full cycle's. No properties: the full
-        cycle's events carry them once a minute.
+        their numbering and the model configurations are the last full cycle's. No properties but the
+        exporter's version: the full cycle's events carry them once a minute.
         """
         started = self.clock()
         timestamp_ms = int(self.wall() * 1000)

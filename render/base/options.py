@@ -47,13 +47,13 @@ class Options:
     failure_threshold: float = _opt(5.0, "failed requests per model in 5 minutes (default: {default:g})")
     latency_slo_ms: float = _opt(500.0, "p95 latency SLO per model in ms (default: {default:g})")
     pending_scale_out: float = _opt(
-        10.0, "requests queued per model and task that add a task when held 30 s (default: {default:g})"
+        10.0, "requests queued per task that add a task when held 30 s (default: {default:g})"
     )
     queue_time_scale_out_ms: float = _opt(
-        100.0, "queue time (worst model and task, ms) that adds a task when held 30 s (default: {default:g})"
+        100.0, "queue time (each task's worst model, ms) that adds a task when held 30 s (default: {default:g})"
     )
     requests_waiting_scale_out: float = _opt(
-        4.0, "TensorRT-LLM requests waiting per model and task that add a task when held 30 s (default: {default:g})"
+        4.0, "TensorRT-LLM requests waiting per task that add a task when held 30 s (default: {default:g})"
     )
     gpu_scale_in: float = _opt(
         40.0,

@@ -50,20 +50,20 @@ PARAMETERS: dict[str, Param] = {
     # Scaling (docs/scaling.md): out on the leading signals within about 30 s, in on every signal low for 15 minutes.
     "PendingRequestsScaleOut": Param(
         "Number",
-        "Requests waiting in Triton's queue per model and task (service average) that add a task when held for 30 s; "
-        "twice this adds two",
+        "Requests waiting in Triton's queue per task (every model; the service's average) that add a task when held "
+        "for 30 s; twice this adds two",
         1,
     ),
     "QueueTimeScaleOutMicroseconds": Param(
         "Number",
-        "Triton queue time (worst model and task, 10-second average) that adds a task when held for 30 s; twice this "
-        "adds two; microseconds",
+        "Triton queue time (each task's worst model over 10 s; the service's average) that adds a task when held for "
+        "30 s; twice this adds two; microseconds",
         1,
     ),
     "RequestsWaitingScaleOut": Param(
         "Number",
-        "TensorRT-LLM requests waiting per model and task (service average) that add a task when held for 30 s; "
-        "twice this adds two",
+        "TensorRT-LLM requests waiting per task (every model; the service's average) that add a task when held for "
+        "30 s; twice this adds two",
         1,
     ),
     "GpuScaleInUtilization": Param(
