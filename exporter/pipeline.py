@@ -38,7 +38,7 @@ from .coverage import Coverage, ModelCoverage
 from .gpus import GpuIndex, gpu_samples, gpu_uuids, keep_tritons_gpus
 from .selfmetrics import Bookkeeping, SourceStatus, exporter_values, index_values
 from .series import Exposition, LabelSet, Series, model_key
-from .sources import Collected, GpuInfo, ModelConfig, Source, SourceError, SourceKind, VersionState
+from .sources import Collected, GpuInfo, ModelConfig, Narrowable, Source, SourceError, SourceKind, VersionState
 from .state import DeltaState, Window
 from .transform import Column, Result, Transform
 
@@ -222,6 +222,7 @@ class Pipeline:
         self._gpus: dict[str, GpuInfo] = {}
         self._triton_gpus: list[str] = []
         self._configs: Mapping[str, ModelConfig] = {}
+        self._narrowed: dict[frozenset[float], list[Source]] = {}  # the sources of each set of fast cadences
         self.cap = ModelCap(settings.max_models)
         self.conditions = Conditions(log)
         self.gpu_index = GpuIndex()
@@ -382,6 +383,20 @@ class Pipeline:
         window = cadence.state.update(samples, labels, started)
         return cadence.transform.evaluate(samples, window, labels, {}, configs), window
 
+    def _fast_sources(self, due: list[Cadence], names: set[str]) -> list[Source]:
+        """The sources a scrape for ``due`` reads, narrowed to those cadences' series where a source can be."""
+        key = frozenset(c.period for c in due)
+        cached = self._narrowed.get(key)
+        if cached is None:
+            computed = [m.name for c in due for m in c.catalog.metrics]
+            sub = self.catalog.select(",".join(computed)) if computed else self.catalog
+            cached = self._narrowed[key] = [
+                s.narrowed(sub.wanted_samples(), sub.sample_selects()) if isinstance(s, Narrowable) else s
+                for s in self.sources
+                if s.name in names
+            ]
+        return cached
+
     def _fast_cycle(self, due: list[Cadence]) -> CycleResult:
         """A scrape between full cycles: only the sources the due cadences read, only their metrics.
 
@@ -393,7 +408,7 @@ class Pipeline:
         timestamp_ms = int(self.wall() * 1000)
         reads = frozenset().union(*(c.reads for c in due))
         names = {SOURCE_FOR_FAMILIES[r] for r in reads if r in SOURCE_FOR_FAMILIES}
-        got, statuses, _ = self.collect([s for s in self.sources if s.name in names])
+        got, statuses, _ = self.collect(self._fast_sources(due, names))
         if "outputs" in reads:
             for output in self.outputs:
                 got.samples.merge(output.series())

@@ -8,14 +8,19 @@ on its own fixed-rate grid, one scrape for every cadence due at an instant.
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
+import orjson
 import pytest
 
-from catalog import CatalogError, build
+from catalog import CatalogError
 from catalog.load import read
 from exporter.config import Settings
 from exporter.pipeline import Pipeline, cadences
@@ -23,6 +28,7 @@ from exporter.runner import Runner
 from exporter.sources import Collected
 from telemetry.emf import Encoder, Event
 
+from .support.fakes import FakeHttp, Request, head
 from .support.helpers import CATALOG, IndexSource, TextSource, documents
 
 NOW = float(int(time.time()) // 60 * 60)  # EMF timestamps must be near the present to validate
@@ -300,9 +306,64 @@ def test_a_single_cadence_pipeline_is_called_as_before() -> None:
     assert [(t, d) for t, d, _ in rec.calls] == [(0.0, frozenset()), (60.0, frozenset()), (120.0, frozenset())]
 
 
-def test_settings_of_the_shipped_deployment_give_a_fast_cadence() -> None:
-    from exporter.config import load
+# --- the exporter as the shipped deployment runs it ---------------------------------------------------------
 
-    settings = load([], {"EXPORTER_INTERVAL": "60", "EXPORTER_NVML": "auto"})
-    p = Pipeline(replace(settings, nvml="off"), build(), [])
-    assert p.periods == (60.0, 10.0)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def shipped_exporter_environment() -> dict[str, str]:
+    """The exporter's environment in deploy/task-definition.json; tests/test_stack.py holds the stack's containers
+    to it and tests/test_terraform.py the module's to the stack's."""
+    td = json.loads((ROOT / "deploy" / "task-definition.json").read_text())
+    (exporter,) = [c for c in td["containerDefinitions"] if c["name"] == "exporter"]
+    return {e["name"]: e["value"] for e in exporter["environment"]}
+
+
+def test_the_exporter_as_the_task_definition_runs_it_writes_the_fast_signals(tmp_path: Path) -> None:
+    """`python -m exporter` with the shipped environment (its URLs and output pointed here) writes, between full
+    cycles, an event of the scaling signals alone, at high resolution, 10 s after the full cycle's."""
+    scrapes = [0]
+
+    def triton(server: FakeHttp, conn: socket.socket, req: Request) -> None:
+        if req.path == "/metrics":  # requests keep completing: 10 s of model a's and b's per scrape
+            scrapes[0] += 1
+            body, ctype = text(10 * scrapes[0]).encode(), "text/plain; version=0.0.4"
+        elif req.method == "POST":  # the repository index
+            body, ctype = INDEX, "application/json"
+        elif req.path == "/v2":
+            body, ctype = b'{"name":"triton","version":"2.51.0"}', "application/json"
+        else:
+            body, ctype = b'{"name":"a","max_batch_size":8}', "application/json"
+        server.send(conn, head(200, ctype, len(body)) + body)
+
+    env = shipped_exporter_environment()
+    assert env["EXPORTER_INTERVAL"] == "60" and "EXPORTER_STORAGE_RESOLUTION" not in env
+    out = tmp_path / "emf.jsonl"
+    with FakeHttp(triton) as server:
+        env |= {
+            "TRITON_URL": server.url,
+            "TRITON_METRICS_URL": server.url + "/metrics",
+            "AWS_EMF_NAMESPACE": "Triton",  # the task definition's ${Namespace} placeholder
+            "EXPORTER_OUTPUT": f"file:{out}",  # its tcp:// agent is not here
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "exporter"],
+            cwd=ROOT,
+            env={"PATH": os.environ.get("PATH", ""), **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            deadline, fast = time.monotonic() + 60, None
+            while fast is None and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.2)  # polling the file the exporter appends to: the event is the fast scrape's line
+                lines = out.read_bytes().splitlines() if out.exists() else []
+                fast = next((orjson.loads(x) for x in lines if b"ExporterHeartbeat" not in x and b"Task" in x), None)
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=10)
+    assert fast is not None, err.decode()[-2000:]
+    assert resolutions(fast) == {"TaskPendingRequests": 1, "TaskQueueLatencyMax": 1}
+    full = next(orjson.loads(x) for x in out.read_bytes().splitlines() if b"ExporterHeartbeat" in x)
+    assert resolutions(full)["ExporterHeartbeat"] == 60 and resolutions(full)["TaskPendingRequests"] == 1
+    assert fast["_aws"]["Timestamp"] - full["_aws"]["Timestamp"] == pytest.approx(10_000, abs=1_000)
