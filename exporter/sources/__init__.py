@@ -8,9 +8,9 @@ failing source never stops the others (node_exporter's pattern).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
 from ..series import Exposition

@@ -56,9 +56,7 @@ class TritonMetricsSource:
     def close(self) -> None:
         self.session.close()
 
-    def narrowed(
-        self, wanted: Iterable[str], selects: Mapping[str, tuple[str, frozenset[str]]]
-    ) -> TritonMetricsSource:
+    def narrowed(self, wanted: Iterable[str], selects: Mapping[str, tuple[str, frozenset[str]]]) -> TritonMetricsSource:
         """The same endpoint and session with a parser of ``wanted`` alone: a scrape between full cycles scans
         only the fast metrics' families of the body. Never used beside this source (one cycle at a time)."""
         return TritonMetricsSource(
