@@ -81,8 +81,11 @@ class Runner:
         self.startup_wait = startup_wait
         self.sink = sink
         self.interval = interval
-        # The full cycle's period first, then the fast cadences' (a pipeline without fast metrics has one).
-        self.periods: tuple[float, ...] = getattr(pipeline, "periods", (interval,))
+        # The pipeline's cadences: its full cycle's first, then the fast metrics' (one without them has one).
+        self._pipeline_periods: tuple[float, ...] = getattr(pipeline, "periods", (interval,))
+        # What this runner schedules: ``interval``, then the fast cadences shorter than it (a shorter --interval,
+        # as in --once or a test, serves every metric at each full cycle).
+        self.periods: tuple[float, ...] = (interval, *(p for p in self._pipeline_periods[1:] if p < interval))
         self.stop = stop or threading.Event()
         self.wait = wait or self.stop.wait
         self.clock = clock
@@ -105,7 +108,7 @@ class Runner:
         full = due is None or self.periods[0] in due
         dropped = self._dropped_carry + (self.sink.take_dropped() if full else 0)
         self._dropped_carry = dropped  # kept for the next cycle unless this one reports it
-        job = _Job(dropped if full else 0, due)
+        job = _Job(dropped if full else 0, None if due is None else self._for_pipeline(due))
         if self._worker is None:  # the worker never ends on its own: it hands every exception over
             self._worker = threading.Thread(target=self._work, name="cycle", daemon=True)
             self._worker.start()
@@ -123,6 +126,14 @@ class Runner:
         if full:
             self._dropped_carry = 0
         return job.result
+
+    def _for_pipeline(self, due: frozenset[float]) -> frozenset[float]:
+        """The pipeline's cadences a scrape serves: at a full cycle, its full cycle's and every fast cadence this
+        runner does not schedule itself, with the scheduled ones that are due; between, the fast ones due."""
+        if self.periods[0] not in due:
+            return due
+        scheduled = set(self.periods[1:])
+        return frozenset(p for i, p in enumerate(self._pipeline_periods) if i == 0 or p not in scheduled or p in due)
 
     def _work(self) -> None:
         """One long-lived worker: a fresh thread per cycle would get a fresh malloc arena each time."""
