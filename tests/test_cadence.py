@@ -271,6 +271,11 @@ class Sink:
 
 
 def run(periods: tuple[float, ...], until: float, cost: float = 0.0) -> Recorder:
+    return run_with(periods, periods[0], until, cost)
+
+
+def run_with(periods: tuple[float, ...], interval: float, until: float, cost: float = 0.0) -> Recorder:
+    """A runner at ``interval`` over a pipeline stand-in of these cadences, on a virtual clock until ``until``."""
     clock, stop = Clock(), threading.Event()
     rec = Recorder(clock, periods, cost)
 
@@ -279,7 +284,7 @@ def run(periods: tuple[float, ...], until: float, cost: float = 0.0) -> Recorder
         if clock.t >= until:
             stop.set()
 
-    Runner(rec, Sink(), periods[0], stop, clock=clock, wait=wait).run()  # type: ignore[arg-type]
+    Runner(rec, Sink(), interval, stop, clock=clock, wait=wait).run()  # type: ignore[arg-type]
     return rec
 
 
@@ -299,6 +304,17 @@ def test_a_cadence_whose_slot_passed_during_another_scrape_runs_next_then_regain
     fulls = [t for t, d, _ in rec.calls if 60.0 in d]
     assert fulls[:2] == [0.0, 60.0]  # the full cycle keeps its grid
     assert all(b - a >= 12.0 for a, b in itertools.pairwise(times))  # one scrape at a time
+
+
+def test_the_runners_interval_rules_and_fast_cadences_not_shorter_ride_with_each_cycle() -> None:
+    """A runner at 5 s (--once, a test) over a pipeline built for 60 s and 10 s: one cadence, every metric each
+    cycle. At 30 s: its full cycles serve the pipeline's full cadence, the 10 s one on its own grid too."""
+    clock, stop = Clock(), threading.Event()
+    rec = Recorder(clock, (60.0, 10.0))
+    assert Runner(rec, Sink(), 5.0, stop, clock=clock).periods == (5.0,)  # type: ignore[arg-type]
+    rec = run_with((60.0, 10.0), 30.0, until=35.0)
+    assert [(t, sorted(d)) for t, d, _ in rec.calls] == [(0.0, [10.0, 60.0]), (10.0, [10.0]), (20.0, [10.0]),
+                                                         (30.0, [10.0, 60.0])]  # fmt: skip
 
 
 def test_a_single_cadence_pipeline_is_called_as_before() -> None:
