@@ -162,12 +162,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cycle {i}: source down: {[s.error for s in result.statuses if s.error]}", file=sys.stderr)
             return 1
         events += sum(len(e) for e in result.events)
-        state_max = max(state_max, pipe.state.size())
+        state_max = max(state_max, pipe.baselines())
         per_scrape_max = max(per_scrape_max, result.series_kept)
         if i == args.warmup:
             rss_warm = rss_mb()
         if i % 2000 == 0:
-            print(f"  cycle {i:>6}: RSS {rss_mb():7.1f} MB, state {pipe.state.size()} series", flush=True)
+            print(f"  cycle {i:>6}: RSS {rss_mb():7.1f} MB, state {pipe.baselines()} series", flush=True)
     seconds = time.perf_counter() - t0
     rss_end = rss_mb()
     pipe.close()
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         f"RSS start {rss_start:.1f} MB, after {args.warmup} warm-up cycles {rss_warm:.1f} MB, "
         f"end {rss_end:.1f} MB (growth after warm-up {growth:+.1f} MB)"
     )
-    print(f"state size: max {state_max} series, largest scrape {per_scrape_max} series, end {pipe.state.size()}")
+    print(f"state size: max {state_max} series, largest scrape {per_scrape_max} series, end {pipe.baselines()}")
     print(f"caches at the end: {caches}")
     ok = growth <= args.max_growth_mb and state_max <= per_scrape_max
     print("verdict:", "OK (no growth)" if ok else "FAIL")

@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from telemetry.emf import CLOUDWATCH_UNITS, MAX_METRIC_NAME_LENGTH
+from telemetry.emf import CLOUDWATCH_UNITS, HIGH_RESOLUTION, MAX_METRIC_NAME_LENGTH, STANDARD_RESOLUTION
 
 from .model import (
     BASE_DIMENSIONS,
     EVENT_KEYS,
     FAMILY_TYPES,
+    FAST_INTERVALS,
     HISTOGRAM_KINDS,
     Combine,
     Dimension,
@@ -72,6 +73,9 @@ METRIC_KEYS = {
     "rollups",
     "breakdown_of",
     "event",
+    "resolution",
+    "interval",
+    "across",
     "override",
 }
 DIMENSION_KEYS = {"help", "values"}
@@ -313,13 +317,16 @@ def _metric(raw: dict[str, Any], families: Mapping[str, Family], where: _Where) 
         raise where.error(f"scope modelsync needs event, one of {', '.join(MODELSYNC_EVENTS)}; got {event!r}")
     if scope is not Scope.MODELSYNC and "event" in raw:
         raise where.error("event is only for scope modelsync")
-    inputs = _inputs(raw.get("inputs", []), "inputs", kind, scope, families, where)
-    denominators = _inputs(raw.get("denominators", []), "denominators", kind, scope, families, where)
+    across = _across(raw, scope, kind, where)
+    inputs = _inputs(raw.get("inputs", []), "inputs", kind, scope, families, where, across is not None)
+    denominators = _inputs(
+        raw.get("denominators", []), "denominators", kind, scope, families, where, across is not None
+    )
     guard = None
     if "guard" in raw:
         if kind is not Kind.QUANTILE:
             raise where.error("guard is only for kind quantile")
-        guard = _inputs([raw["guard"]], "guard", Kind.DELTA, scope, families, where)[0]
+        guard = _inputs([raw["guard"]], "guard", Kind.DELTA, scope, families, where, across is not None)[0]
     if not inputs and kind not in (Kind.STATE, Kind.SELF, Kind.SUPPLIED):
         raise where.error("needs inputs")
     if scope is Scope.SOURCE and kind is not Kind.SELF:
@@ -349,6 +356,7 @@ def _metric(raw: dict[str, Any], families: Mapping[str, Family], where: _Where) 
     source = {Kind.STATE: "index", Kind.SELF: "exporter", Kind.SUPPLIED: "modelsync"}.get(kind) or families[
         inputs[0].family
     ].source
+    resolution, interval = _cadence(raw, kind, where)
     return Metric(
         name,
         scope,
@@ -365,18 +373,64 @@ def _metric(raw: dict[str, Any], families: Mapping[str, Family], where: _Where) 
         where.file,
         source,
         event,
+        resolution=resolution,
+        interval=interval,
+        across=across,
     )
 
 
+# What ``across`` may combine: a sum of counts (backlogs, deltas, rates); a maximum of anything a model has one
+# value of (a ratio's or a quantile's average cannot be summed, and a distribution is already the service's).
+_ACROSS_SUM = (Kind.GAUGE, Kind.DELTA, Kind.RATE)
+_ACROSS_MAX = (Kind.GAUGE, Kind.GAUGE_RATIO, Kind.DELTA, Kind.RATE, Kind.RATIO, Kind.QUANTILE, Kind.PERCENTILE)
+
+
+def _across(raw: Mapping[str, Any], scope: Scope, kind: Kind, where: _Where) -> Combine | None:
+    """``across``: a task's one value from each of its models' (or GPUs'): their sum or their maximum."""
+    if "across" not in raw:
+        return None
+    across: Combine = _enum(raw, "across", Combine, where)
+    if scope is not Scope.TASK:
+        raise where.error("across is for scope task (one value per task from each model's or GPU's)")
+    allowed = _ACROSS_SUM if across is Combine.SUM else _ACROSS_MAX
+    if kind not in allowed:
+        raise where.error(f"across = {across!r} takes kinds {', '.join(allowed)}, not {kind}")
+    return across
+
+
+def _cadence(raw: Mapping[str, Any], kind: Kind, where: _Where) -> tuple[int, int | None]:
+    """``resolution`` (EMF StorageResolution) and ``interval`` (the metric's own cadence), validated.
+
+    A fast interval is for values computed from source series each window: the exporter's own bookkeeping,
+    the index's states and model sync's values keep their program's cadence.
+    """
+    resolution = raw.get("resolution", STANDARD_RESOLUTION)
+    if resolution not in (HIGH_RESOLUTION, STANDARD_RESOLUTION) or isinstance(resolution, bool):
+        raise where.error(f"resolution must be {HIGH_RESOLUTION} (high resolution) or {STANDARD_RESOLUTION}")
+    interval = raw.get("interval")
+    if interval is None:
+        return resolution, None
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval not in FAST_INTERVALS:
+        raise where.error(
+            f"interval must be a whole number of seconds that divides 60 and is below it "
+            f"({', '.join(map(str, FAST_INTERVALS))}), got {interval!r}"
+        )
+    if kind in (Kind.STATE, Kind.SELF, Kind.SUPPLIED):
+        raise where.error(f"interval is for metrics computed from source series, not kind {kind}")
+    return resolution, interval
+
+
 def _inputs(
-    raw: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str, Family], where: _Where
+    raw: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str, Family], where: _Where, across: bool = False
 ) -> tuple[Input, ...]:
     if not isinstance(raw, list):
         raise where.error(f"{key} must be a list")
-    return tuple(_input(item, key, kind, scope, families, where) for item in raw)
+    return tuple(_input(item, key, kind, scope, families, where, across) for item in raw)
 
 
-def _input(item: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str, Family], where: _Where) -> Input:
+def _input(
+    item: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str, Family], where: _Where, across: bool
+) -> Input:
     spec: dict[str, Any] = {"family": item} if isinstance(item, str) else _table(item, where)
     _no_unknown(spec, INPUT_KEYS, _Where(where.file, f"{where.entry}: {key}"))
     name = spec.get("family")
@@ -412,7 +466,7 @@ def _input(item: Any, key: str, kind: Kind, scope: Scope, families: Mapping[str,
     if ftype not in allowed:
         hint = ' (use sample = "sum" or "count", or kind distribution/percentile)' if ftype == "histogram" else ""
         raise where.error(f"{key}: kind {kind} cannot read {ftype} family {family.name!r}{hint}")
-    _check_scope(scope, family, where)
+    _check_scope(scope, family, where, across)
     where_label = None
     if ("split" in spec) != ("select" in spec):
         raise where.error(f'{key}: split and select go together (split = "label", select = "value")')
@@ -455,8 +509,12 @@ _TYPES_FOR: dict[Kind, tuple[str, ...]] = {
 }
 
 
-def _check_scope(scope: Scope, family: Family, where: _Where) -> None:
+def _check_scope(scope: Scope, family: Family, where: _Where, across: bool = False) -> None:
     labels = set(family.labels)
+    if across:  # scope task, one value from each model's or each GPU's
+        if not labels & {"model", "gpu_uuid"}:
+            raise where.error(f"across combines per-model or per-GPU values; {family.name!r} has neither label")
+        return
     if scope is Scope.MODEL and not {"model", "version"} <= labels:
         raise where.error(
             f"scope model needs a family labelled model and version; {family.name!r} has "

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from telemetry.emf import HIGH_RESOLUTION, STANDARD_RESOLUTION
+
 
 class Scope(StrEnum):
     """What one EMF event describes; fixes the event's base dimensions."""
@@ -57,6 +59,10 @@ class Kind(StrEnum):
     SELF = "self"  # the exporter's own bookkeeping
     SUPPLIED = "supplied"  # the emitting program supplies the value itself (model sync); no inputs
 
+
+FAST_INTERVALS = tuple(n for n in range(1, 60) if 60 % n == 0)
+"""The values a metric's own ``interval`` may take: the divisors of 60 below it, so that a minute holds a
+whole number of its values (an alarm's period must be a multiple of it too: render checks)."""
 
 COUNTER_KINDS = frozenset({Kind.DELTA, Kind.RATE, Kind.RATIO, Kind.DISTRIBUTION, Kind.PERCENTILE})
 HISTOGRAM_KINDS = frozenset({Kind.DISTRIBUTION, Kind.PERCENTILE})
@@ -177,6 +183,18 @@ class Metric:
     origin: str = ""  # the catalog file that defined it (for errors and docs)
     source: str = "triton"  # where the value comes from: triton, nvml, traces, index, exporter, modelsync
     event: str = ""  # scope modelsync: the event that carries it (attempt, model, host)
+    resolution: int = STANDARD_RESOLUTION  # EMF StorageResolution: 60 (standard) or 1 (high resolution)
+    across: Combine | None = None  # scope task: each model's (or GPU's) value, then combined over the task's
+    interval: int | None = None  # seconds between its values; None: the exporter's --interval
+
+    @property
+    def high_resolution(self) -> bool:
+        return self.resolution == HIGH_RESOLUTION
+
+    def period(self, interval: float) -> float:
+        """Seconds between this metric's values when the exporter's full cycle is ``interval``: its own
+        ``interval`` where that is shorter (a fast metric), else the full cycle's."""
+        return interval if self.interval is None else min(float(self.interval), interval)
 
     @property
     def dimension_sets(self) -> tuple[tuple[str, ...], ...]:
@@ -206,3 +224,8 @@ class Metric:
             prefix = {Kind.DELTA: "delta ", Kind.RATE: "rate "}.get(self.kind, "")
             return prefix + group(self.inputs, " | ")
         return self.source
+
+    def describe(self) -> str:
+        """:meth:`describe_inputs`, and ``across`` (``sum over the task's models of ...``) when set."""
+        text = self.describe_inputs()
+        return f"{self.across} over the task's models of {text}" if self.across else text

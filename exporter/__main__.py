@@ -203,7 +203,9 @@ def catalog_main(argv: Sequence[str]) -> int:
             "kind": str(m.kind),
             "dimensions": [list(d) for d in m.dimension_sets],
             "source": m.source,
-            "inputs": m.describe_inputs(),
+            "inputs": m.describe(),
+            "interval": m.interval,  # seconds; None: every --interval
+            "resolution": m.resolution,  # EMF StorageResolution
             "breakdown_of": m.breakdown_of,
             "origin": m.origin,
             "help": m.help,

@@ -53,6 +53,29 @@ class ModelCap:
             index = [v for v in index if model_key(v.model, v.version) in keep]
         return Capped(samples, index, dropped_series, len(entities) - len(keep))
 
+    def keep(self, exp: Exposition) -> dict[str, Series]:
+        """The samples within the cap, choosing as :meth:`apply` would but remembering nothing.
+
+        For the scrapes between full cycles (fast metrics), which see no repository index: the versions the
+        last full cycle kept keep their places, so the fast and the full events name the same versions, and
+        a scrape between full cycles never emits more than ``limit`` of them either.
+        """
+        if len(exp.models) <= self.limit:
+            return exp.samples
+        labels = exp.labels
+        entities = {labels[k].entity_key for s in exp.samples.values() for k in s if labels[k].entity[0] == "model"}
+        if len(entities) <= self.limit:
+            return exp.samples
+        keep = {e for e in self.allowed if e in entities}
+        for e in sorted(entities - keep, key=lambda k: _sort_key(k, labels, {})):
+            if len(keep) >= self.limit:
+                break
+            keep.add(e)
+        return {
+            name: {k: v for k, v in series.items() if labels[k].entity[0] != "model" or labels[k].entity_key in keep}
+            for name, series in exp.samples.items()
+        }
+
 
 def _sort_key(key: str, labels: dict[str, LabelSet], index_keys: dict[str, VersionState]) -> tuple[str, str]:
     ls = labels.get(key)

@@ -219,7 +219,8 @@ OPTIONS: tuple[Option, ...] = (
         "--storage-resolution",
         ("EXPORTER_STORAGE_RESOLUTION",),
         _resolution,
-        "60 (standard) or 1 (high-resolution metrics, billed higher)",
+        "60: each metric's own resolution, as its catalog entry says (the leading scaling signals are high "
+        "resolution, docs/scaling.md); 1: every metric high resolution",
     ),
     Option(
         "ecs_metadata_url",

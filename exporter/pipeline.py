@@ -2,6 +2,17 @@
 
 Pure of I/O except through the sources it is given, so tests drive it with
 fixture sources and a fake clock, and the runner drives it on a schedule.
+
+Cadences: a metric whose catalog entry sets ``interval`` (the leading scaling
+signals, docs/scaling.md) is computed every ``interval`` seconds; the rest at
+the full cycle (``--interval``). Each cadence keeps its own counter baselines,
+so a counter read every 10 s for a fast ratio and every 60 s for the minute's
+totals gives each its own window's delta: nothing is counted twice and the
+minute's numbers are what they would be without the fast metrics. A full
+cycle reads every source and computes every cadence that is due; the scrapes
+between full cycles (:meth:`Pipeline.cycle` with ``due`` naming only fast
+cadences) read only the sources the fast metrics need and emit only those
+metrics, without properties.
 The pieces it orchestrates live in their own modules: the cardinality cap
 (:mod:`exporter.cap`), the GPU join (:mod:`exporter.gpus`), the exporter's
 own values (:mod:`exporter.selfmetrics`), the computation
@@ -12,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,8 +38,8 @@ from .coverage import Coverage, ModelCoverage
 from .gpus import GpuIndex, gpu_samples, gpu_uuids, keep_tritons_gpus
 from .selfmetrics import Bookkeeping, SourceStatus, exporter_values, index_values
 from .series import Exposition, LabelSet, Series, model_key
-from .sources import Collected, GpuInfo, ModelConfig, Source, SourceError, SourceKind, VersionState
-from .state import DeltaState
+from .sources import Collected, GpuInfo, ModelConfig, Narrowable, Source, SourceError, SourceKind, VersionState
+from .state import DeltaState, Window
 from .transform import Column, Result, Transform
 
 log = get("pipeline")
@@ -63,6 +74,9 @@ class ScrapeOutput(Protocol):
 
 __all__ = ["CycleResult", "Pipeline", "Scrape", "ScrapeOutput", "SourceStatus"]
 
+# The source that serves each family source of the catalog (catalog/load.py FAMILY_SOURCES): what a scrape between
+# full cycles reads for the fast metrics. "outputs" are the exporter's own output counts, not a source.
+SOURCE_FOR_FAMILIES = {"triton": "triton_metrics", "nvml": "nvml", "traces": "traces"}
 _MODEL_DIMS_LIMIT = 20_000  # model versions whose dimensions are remembered (well above --max-models)
 _NO_ORIGINALS: dict[str, object] = {}  # shared by every model whose names needed no change (never written)
 
@@ -80,6 +94,38 @@ class CycleResult:
     index: list[VersionState] | None = None
     timestamp_ms: int = 0
     coverage: Mapping[str, ModelCoverage] = field(default_factory=dict)  # entity key -> what it cannot produce
+    full: bool = True  # a full cycle; False: a scrape between full cycles, for the fast metrics only
+
+
+@dataclass
+class Cadence:
+    """The metrics computed every ``period`` seconds, with their own counter baselines and transform."""
+
+    period: float
+    catalog: Catalog  # the same definitions, these metrics selected
+    state: DeltaState
+    transform: Transform
+    reads: frozenset[str]  # the family sources their inputs come from (triton, nvml, traces, outputs)
+
+
+def cadences(catalog: Catalog, interval: float, breakdown_zeros: bool = False) -> list[Cadence]:
+    """The full cycle's cadence first (every metric without a shorter ``interval``), then the faster ones."""
+    groups: dict[float, list[str]] = {interval: []}
+    for m in catalog.metrics:
+        groups.setdefault(m.period(interval), []).append(m.name)
+    out = []
+    for period in sorted(groups, key=lambda p: (p != interval, -p)):
+        sub = Catalog(catalog.defined, catalog.families, groups[period], catalog.files, catalog.selection,
+                      catalog.dimensions)  # fmt: skip
+        reads = frozenset(catalog.families[i.family].source for m in sub.computed for i in m.all_inputs())
+        out.append(Cadence(period, sub, DeltaState(sub.counter_samples()), Transform(sub, breakdown_zeros), reads))
+    return out
+
+
+def _merge_results(into: Result, other: Result) -> None:
+    into.values.update(other.values)
+    into.distributions.update(other.distributions)
+    into.inconsistent_histograms += other.inconsistent_histograms
 
 
 def _run_all(
@@ -166,9 +212,17 @@ class Pipeline:
         self.sources = list(sources)
         self.clock = clock
         self.wall = wall
-        self.state = DeltaState(catalog.counter_samples())
-        self.transform = Transform(catalog, breakdown_zeros=settings.breakdown_zeros == "emit")
+        self.cadences = cadences(catalog, settings.interval, breakdown_zeros=settings.breakdown_zeros == "emit")
+        self.periods: tuple[float, ...] = tuple(c.period for c in self.cadences)  # the full cycle's first
+        self.state = self.cadences[0].state  # the full cycle's baselines (CounterResets, the soak's size)
+        self.transform = self.cadences[0].transform
         self.encoder = Encoder(settings.namespace, catalog.metrics, settings.storage_resolution)
+        # What the last full cycle learnt that a scrape between full cycles reuses (it reads neither the index
+        # nor, unless a fast metric needs them, the GPU sources).
+        self._gpus: dict[str, GpuInfo] = {}
+        self._triton_gpus: list[str] = []
+        self._configs: Mapping[str, ModelConfig] = {}
+        self._narrowed: dict[frozenset[float], list[Source]] = {}  # the sources of each set of fast cadences
         self.cap = ModelCap(settings.max_models)
         self.conditions = Conditions(log)
         self.gpu_index = GpuIndex()
@@ -176,6 +230,10 @@ class Pipeline:
         self._model_dims: dict[tuple[str, str], tuple[dict[str, str], dict[str, object]]] = {}
         self.coverage = Coverage(catalog)
         self.gpu_samples = sorted(gpu_samples(catalog))  # sorted: the gpu dimension must not depend on set order
+
+    def baselines(self) -> int:
+        """Counter baselines held by every cadence (the soak test watches this)."""
+        return sum(c.state.size() for c in self.cadences)
 
     def close(self, outputs_timeout: float = 0.3) -> None:
         """Close the sources, and the scrape outputs within ``outputs_timeout`` seconds (what they hold is lost)."""
@@ -192,19 +250,20 @@ class Pipeline:
 
     # --- collection -----------------------------------------------------------------------
 
-    def collect(self) -> tuple[Collected, list[SourceStatus], list[str]]:
-        """Read every source at once: a cycle costs the slowest source, not the sum of them.
+    def collect(self, sources: Sequence[Source] | None = None) -> tuple[Collected, list[SourceStatus], list[str]]:
+        """Read every source (or those given) at once: a cycle costs the slowest source, not the sum of them.
 
         (Sequentially, a frozen Triton cost two full timeouts, one per Triton
         source, and at --timeout = interval/2 that skipped scheduled scrapes.)
         Returns the merged result, each source's status and the GPUs Triton reports.
         """
-        results = _run_all(self._collect_one, self.sources)
+        sources = self.sources if sources is None else sources
+        results = _run_all(self._collect_one, sources)
         merged = Collected()
         statuses = []
         triton_gpus: list[str] = []
         gpu_sources: list[Collected] = []
-        for source, (got, status) in zip(self.sources, results, strict=True):
+        for source, (got, status) in zip(sources, results, strict=True):
             statuses.append(status)
             self.conditions.set(f"source {source.name}", status.error or None, source=source.name)
             if got is None:
@@ -216,7 +275,7 @@ class Pipeline:
                 triton_gpus += gpu_uuids(got.samples, self.gpu_samples)
             _merge(merged, got)
         for got in gpu_sources:
-            keep_tritons_gpus(got, triton_gpus)
+            keep_tritons_gpus(got, triton_gpus if sources is self.sources else self._triton_gpus)
             _merge(merged, got)
         return merged, statuses, triton_gpus
 
@@ -235,7 +294,12 @@ class Pipeline:
 
     # --- one cycle ------------------------------------------------------------------------
 
-    def cycle(self, events_dropped: int = 0) -> CycleResult:
+    def cycle(self, events_dropped: int = 0, due: Collection[float] | None = None) -> CycleResult:
+        """One scrape: a full cycle when ``due`` is None or holds the full cycle's period (``periods[0]``), with
+        the fast cadences of ``due``; else a scrape for the fast cadences of ``due`` alone."""
+        if due is not None and self.periods[0] not in due:
+            return self._fast_cycle([c for c in self.cadences if c.period in due])
+        fast = [c for c in self.cadences[1:] if due is None or c.period in due]
         started = self.clock()
         timestamp_ms = int(self.wall() * 1000)
         got, statuses, triton_gpus = self.collect()
@@ -260,7 +324,8 @@ class Pipeline:
         )
         if capped.index is not got.index:
             index_keys = {k: v for k, v in index_keys.items() if k in self.cap.allowed}
-        window = self.state.update(capped.samples, exp.labels, started)
+        main = self.cadences[0]
+        window = main.state.update(capped.samples, exp.labels, started)
         if window.reset_entities:
             log.info("counters went down for %d entities (restart or reload): new baseline", len(window.reset_entities))
         book = Bookkeeping(
@@ -273,7 +338,10 @@ class Pipeline:
             events_dropped,
         )
         given = {**exporter_values(book, statuses), **index_values(capped.index, index_keys)}
-        result = self.transform.evaluate(capped.samples, window, exp.labels, given, got.configs)
+        result = main.transform.evaluate(capped.samples, window, exp.labels, given, got.configs)
+        for cadence in fast:
+            _merge_results(result, self._evaluate(cadence, capped.samples, exp.labels, started, got.configs)[0])
+        self._gpus, self._triton_gpus, self._configs = got.gpus, triton_gpus, got.configs
         self.conditions.set(
             "inconsistent histograms",
             f"leaving out {result.inconsistent_histograms} histogram distributions whose bucket counts went down"
@@ -301,6 +369,67 @@ class Pipeline:
             index=capped.index,
             timestamp_ms=timestamp_ms,
             coverage=coverage,
+        )
+
+    def _evaluate(
+        self,
+        cadence: Cadence,
+        samples: dict[str, Series],
+        labels: dict[str, LabelSet],
+        started: float,
+        configs: Mapping[str, ModelConfig],
+    ) -> tuple[Result, Window]:
+        """One fast cadence's values over its own window (its own baselines)."""
+        window = cadence.state.update(samples, labels, started)
+        return cadence.transform.evaluate(samples, window, labels, {}, configs), window
+
+    def _fast_sources(self, due: list[Cadence], names: set[str]) -> list[Source]:
+        """The sources a scrape for ``due`` reads, narrowed to those cadences' series where a source can be."""
+        key = frozenset(c.period for c in due)
+        cached = self._narrowed.get(key)
+        if cached is None:
+            computed = [m.name for c in due for m in c.catalog.metrics]
+            sub = self.catalog.select(",".join(computed)) if computed else self.catalog
+            cached = self._narrowed[key] = [
+                s.narrowed(sub.wanted_samples(), sub.sample_selects()) if isinstance(s, Narrowable) else s
+                for s in self.sources
+                if s.name in names
+            ]
+        return cached
+
+    def _fast_cycle(self, due: list[Cadence]) -> CycleResult:
+        """A scrape between full cycles: only the sources the due cadences read, only their metrics.
+
+        The model versions are those the cardinality cap lets through (:meth:`ModelCap.keep`); the GPUs,
+        their numbering and the model configurations are the last full cycle's. No properties but the
+        exporter's version: the full cycle's events carry them once a minute.
+        """
+        started = self.clock()
+        timestamp_ms = int(self.wall() * 1000)
+        reads = frozenset().union(*(c.reads for c in due))
+        names = {SOURCE_FOR_FAMILIES[r] for r in reads if r in SOURCE_FOR_FAMILIES}
+        got, statuses, _ = self.collect(self._fast_sources(due, names))
+        if "outputs" in reads:
+            for output in self.outputs:
+                got.samples.merge(output.series())
+        exp = got.samples
+        samples = self.cap.keep(exp)
+        result, elapsed = Result(), None
+        for cadence in due:
+            values, window = self._evaluate(cadence, samples, exp.labels, started, self._configs)
+            _merge_results(result, values)
+            elapsed = window.elapsed if elapsed is None else elapsed
+        entities = self._events(result, exp.labels, {}, self._gpus, self._triton_gpus, {}, {})
+        events = [doc for e in entities for doc in self.encoder.encode(e, timestamp_ms)]
+        return CycleResult(
+            events=events,
+            entities=entities,
+            statuses=statuses,
+            elapsed=elapsed,
+            series_kept=sum(len(s) for s in samples.values()),
+            parse_errors=exp.malformed,
+            timestamp_ms=timestamp_ms,
+            full=False,
         )
 
     def _encode(self, entities: list[Event], timestamp_ms: int) -> list[bytes]:

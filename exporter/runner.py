@@ -7,6 +7,12 @@ in a worker thread so that SIGTERM is honoured within 2 s even while a
 source is stuck in a network call: the main thread waits for the worker
 briefly, flushes what was produced and leaves.
 
+Several cadences (the pipeline's ``periods``: the full cycle's, then the fast
+metrics' own ``interval``): each keeps its own fixed-rate grid from the same
+start, and one scrape serves every cadence due at that instant, so at a
+full cycle the fast metrics come with the rest. A cadence whose slot passed
+while another scrape ran is served at the next scrape, then back on its grid.
+
 Pipeline state is not thread-safe, so one worker thread, started once,
 is the only thread that runs ``Pipeline.cycle``, and the main thread hands it
 the next cycle only after the previous one finished. A cycle still running
@@ -37,9 +43,13 @@ STOP_GRACE = 1.5  # seconds a running cycle may still finish after SIGTERM
 SINK_GRACE = 0.4  # seconds left for the sink to deliver its buffer
 
 
+_EPSILON = 1e-9  # seconds: two cadences whose slots fall at the same instant are served by one scrape
+
+
 class _Job:
-    def __init__(self, dropped: int) -> None:
+    def __init__(self, dropped: int, due: frozenset[float] | None) -> None:
         self.dropped = dropped
+        self.due = due  # the cadences this scrape serves; None: the pipeline's only cadence
         self.done = threading.Event()
         self.result: CycleResult | BaseException | None = None
 
@@ -64,14 +74,22 @@ class Runner:
         triton_listens: Callable[[], bool] | None = None,
         startup_wait: float = 0.0,
         triton_address: str = "",
+        wait: Callable[[float], object] | None = None,
     ) -> None:
+        """``wait(seconds)`` sleeps until the next slot (default: ``stop.wait``; a bench passes a virtual clock's)."""
         self.pipeline = pipeline
         self.triton_listens = triton_listens
         self.startup_wait = startup_wait
         self.triton_address = triton_address  # what triton_listens connects to, for the log lines
         self.sink = sink
         self.interval = interval
+        # The pipeline's cadences: its full cycle's first, then the fast metrics' (one without them has one).
+        self._pipeline_periods: tuple[float, ...] = getattr(pipeline, "periods", (interval,))
+        # What this runner schedules: ``interval``, then the fast cadences shorter than it (a shorter --interval,
+        # as in --once or a test, serves every metric at each full cycle).
+        self.periods: tuple[float, ...] = (interval, *(p for p in self._pipeline_periods[1:] if p < interval))
         self.stop = stop or threading.Event()
+        self.wait = wait or self.stop.wait
         self.clock = clock
         self.cycles = 0
         self.missed = 0
@@ -81,13 +99,18 @@ class Runner:
         self._abandoned = False  # a cycle was left running at shutdown
         self._ran = False
 
-    def _cycle(self) -> CycleResult | None:
-        """Run one cycle on the worker thread; None when stopped before it finished (the cycle is abandoned)."""
+    def _cycle(self, due: frozenset[float] | None = None) -> CycleResult | None:
+        """Run one cycle on the worker thread; None when stopped before it finished (the cycle is abandoned).
+
+        ``due``: the cadences this scrape serves (None: the only one). Only a full cycle reports EventsDropped,
+        so only a full cycle takes the sink's count.
+        """
         if self._abandoned:
             raise RunnerStopped("a cycle abandoned at shutdown may still be running; this runner runs no other")
-        dropped = self._dropped_carry + self.sink.take_dropped()
+        full = due is None or self.periods[0] in due
+        dropped = self._dropped_carry + (self.sink.take_dropped() if full else 0)
         self._dropped_carry = dropped  # kept for the next cycle unless this one reports it
-        job = _Job(dropped)
+        job = _Job(dropped if full else 0, None if due is None else self._for_pipeline(due))
         if self._worker is None:  # the worker never ends on its own: it hands every exception over
             self._worker = threading.Thread(target=self._work, name="cycle", daemon=True)
             self._worker.start()
@@ -102,8 +125,17 @@ class Runner:
             return None
         if isinstance(job.result, BaseException):
             raise job.result
-        self._dropped_carry = 0
+        if full:
+            self._dropped_carry = 0
         return job.result
+
+    def _for_pipeline(self, due: frozenset[float]) -> frozenset[float]:
+        """The pipeline's cadences a scrape serves: at a full cycle, its full cycle's and every fast cadence this
+        runner does not schedule itself, with the scheduled ones that are due; between, the fast ones due."""
+        if self.periods[0] not in due:
+            return due
+        scheduled = set(self.periods[1:])
+        return frozenset(p for i, p in enumerate(self._pipeline_periods) if i == 0 or p not in scheduled or p in due)
 
     def _work(self) -> None:
         """One long-lived worker: a fresh thread per cycle would get a fresh malloc arena each time."""
@@ -114,7 +146,10 @@ class Runner:
                     self.pipeline.close()
                 return
             try:
-                job.result = self.pipeline.cycle(events_dropped=job.dropped)
+                if job.due is None:
+                    job.result = self.pipeline.cycle(events_dropped=job.dropped)
+                else:
+                    job.result = self.pipeline.cycle(events_dropped=job.dropped, due=job.due)
             except BaseException as exc:  # handed to the main thread
                 job.result = exc
             job.done.set()
@@ -161,14 +196,22 @@ class Runner:
         if self._ran:
             raise RunnerStopped("this runner already ran: its sink and pipeline are closed")
         self._ran = True
-        log.info("exporter started", extra={"fields": {"interval_s": self.interval}})
+        fields: dict[str, object] = {"interval_s": self.interval}
+        if len(self.periods) > 1:
+            fields["fast_intervals_s"] = list(self.periods[1:])
+        log.info("exporter started", extra={"fields": fields})
         try:
             self._wait_for_triton()
             start = self.clock()
-            slot = 0  # index of the scheduled start of the current cycle
+            slots = [0] * len(self.periods)  # per cadence, the index of its next scheduled scrape
             while not self.stop.is_set():
+                at = min(n * p for n, p in zip(slots, self.periods, strict=True))
+                self.wait(max(0.0, start + at - self.clock()))
+                if self.stop.is_set():
+                    break
+                due = frozenset(p for n, p in zip(slots, self.periods, strict=True) if n * p <= at + _EPSILON)
                 try:
-                    result = self._cycle()
+                    result = self._cycle(due if len(self.periods) > 1 else None)
                 except SinkClosed:
                     raise
                 except Exception:  # a bug in one cycle must not end the sidecar
@@ -179,13 +222,20 @@ class Runner:
                     self.sink.send(result.events)
                 if self.stop.is_set() or self._abandoned:
                     break
-                now = self.clock()
-                due = max(slot + 1, math.ceil((now - start) / self.interval))
-                if due > slot + 1:
-                    self.missed += due - slot - 1
-                    log.warning("cycle overran the interval; %d scheduled scrapes skipped", due - slot - 1)
-                slot = due
-                self.stop.wait(max(0.0, start + slot * self.interval - self.clock()))
+                elapsed = self.clock() - start
+                for i, period in enumerate(self.periods):
+                    if period not in due:
+                        continue
+                    nxt = max(slots[i] + 1, math.ceil(elapsed / period))
+                    skipped = nxt - slots[i] - 1
+                    if skipped:
+                        if i == 0:
+                            self.missed += skipped
+                        log.warning(
+                            "cycle overran the interval; %d scheduled scrapes skipped", skipped,
+                            extra={"fields": {"interval_s": period}},
+                        )  # fmt: skip
+                    slots[i] = nxt
         finally:
             self.sink.close(SINK_GRACE)
             if not self._abandoned:

@@ -280,6 +280,8 @@ class Transform:
                         result.distributions[metric.name] = dists
                 continue
             col = self.compute(metric, gcols, dcols, window.elapsed, given)
+            if col and metric.across is not None:
+                col = across(metric.across, finite(col))
             if col:
                 result.values[metric.name] = finite(col)
         if not self.breakdown_zeros:
@@ -487,6 +489,13 @@ def _merge(values: list[float], weights: list[float]) -> tuple[list[float], list
         out_v.append(_round(sum(a * b for a, b in zip(v, w, strict=True)) / total))
         out_w.append(total)
     return out_v, out_w
+
+
+def across(how: Combine, col: Column) -> Column:
+    """A task's one value (key ``""``) from each model's or GPU's (``across``): their sum or their maximum."""
+    if not col:
+        return {}
+    return {"": sum(col.values()) if how is Combine.SUM else max(col.values())}
 
 
 def finite(col: Column) -> Column:

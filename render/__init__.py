@@ -99,8 +99,18 @@ def options_from(values: Mapping[str, Any]) -> Options:
     if "models" in given:
         given["models"] = tuple(dict.fromkeys(given["models"]))
     opts = Options(catalog=catalog, **given)
-    if not 0 < opts.gpu_scale_in < opts.gpu_scale_out <= 100:
-        raise ValueError("need 0 < --gpu-scale-in < --gpu-scale-out <= 100")
+    if not 1 <= opts.gpu_scale_in <= 100:
+        raise ValueError("need 1 <= --gpu-scale-in <= 100")
+    scaling = {
+        "--pending-scale-out": opts.pending_scale_out,
+        "--queue-time-scale-out-ms": opts.queue_time_scale_out_us,  # the parameter is in microseconds: >= 1
+        "--requests-waiting-scale-out": opts.requests_waiting_scale_out,
+    }
+    for flag, value in scaling.items():
+        if value < 1:
+            raise ValueError(f"need {flag} >= 1" + (" us (0.001 ms)" if "queue" in flag else ""))
+    if not 0 <= opts.scale_out_cooldown <= 3600 or not 60 <= opts.scale_in_cooldown <= 86400:
+        raise ValueError("need 0 <= --scale-out-cooldown <= 3600 and 60 <= --scale-in-cooldown <= 86400")
     if not 0 <= opts.min_capacity <= opts.max_capacity or opts.max_capacity < 1:
         raise ValueError("need 0 <= --min-capacity <= --max-capacity and --max-capacity >= 1")
     if not 1 <= opts.version_skew_periods <= 288:  # CloudWatch: at most a day of 5-minute periods

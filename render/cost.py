@@ -16,10 +16,12 @@ the distinct metrics the real pipeline emits for the same deployment.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
@@ -40,6 +42,9 @@ HOURS_PER_MONTH = 730  # AWS's billing month
 # us-east-1 list prices
 METRIC_TIERS = ((10_000, 0.30), (240_000, 0.10), (750_000, 0.05), (float("inf"), 0.02))  # per metric-month
 ALARM_METRIC_MONTH = 0.10  # standard resolution, per alarm metric (a Metrics Insights alarm: per metric analyzed)
+HIGH_RES_ALARM_METRIC_MONTH = 0.30  # a 10 or 30-second period, per alarm metric (3x standard)
+# A high-resolution custom metric is billed as a standard one (CloudWatch prices metrics, not their resolution;
+# PutMetricData calls are what a faster cadence multiplies, and EMF has none: its cost is the log bytes below).
 LOG_INGESTION_PER_GB = 0.50
 DASHBOARD_MONTH = 3.00  # the account's first 3 dashboards are free
 INSIGHT_RULE_MONTH = 0.50  # per Contributor Insights rule
@@ -181,10 +186,12 @@ def _models_emitting(catalog: Catalog, m: Metric, d: Deployment) -> int:
     return (llm_models if llm else 0) + (d.models - llm_models if plain else 0)
 
 
-def metric_count(catalog: Catalog, d: Deployment) -> int:
+def metric_count(catalog: Catalog, d: Deployment, high_resolution: bool | None = None) -> int:
+    """Billed metrics; ``high_resolution`` True or False: only those of that resolution."""
     return sum(
         values_of(dims, d, _models_emitting(catalog, m, d))
         for m in emitted_metrics(catalog, d)
+        if high_resolution is None or m.high_resolution is high_resolution
         for dims in m.dimension_sets
     )
 
@@ -265,12 +272,18 @@ _DISTRIBUTION = {
 }
 
 
-def event_bytes(catalog: Catalog, d: Deployment, namespace: str = "Triton", llm: bool = False) -> dict[Scope, int]:
+def event_bytes(
+    catalog: Catalog, d: Deployment, namespace: str = "Triton", llm: bool = False, period: float | None = None
+) -> dict[Scope, int]:
     """Encoded size of one representative event per scope, with the exporter's own Encoder.
 
-    ``llm``: the model event of an LLM model (core and LLM metrics), else of a plain one.
+    ``llm``: the model event of an LLM model (core and LLM metrics), else of a plain one. ``period``: the event of
+    a scrape between full cycles for the metrics of that faster cadence (only those, no properties:
+    exporter/pipeline.py); None: a full cycle's.
     """
     metrics = [m for m in emitted_metrics(catalog, d) if not m.inputs or served_by(catalog, m, d)[0 if llm else 1]]
+    if period is not None:
+        metrics = [m for m in metrics if m.period(d.interval) == period]
     enc = Encoder(namespace, catalog.metrics)
     name = ("m" * d.model_name_length)[: d.model_name_length]
     shapes: dict[Scope, tuple[dict[str, str], dict[str, object]]] = {
@@ -287,6 +300,8 @@ def event_bytes(catalog: Catalog, d: Deployment, namespace: str = "Triton", llm:
     }
     out: dict[Scope, int] = {}
     for scope, (dims, props) in shapes.items():
+        if period is not None:
+            props = {"exporter_version": COMMON["exporter_version"]} if scope is not Scope.MODEL else {}
         mine = [m for m in metrics if m.scope is scope]
         values = {m.name: _VALUE_BY_KIND[m.kind] for m in mine if m.kind is not Kind.DISTRIBUTION}
         dists = {m.name: dict(_DISTRIBUTION) for m in mine if m.kind is Kind.DISTRIBUTION}
@@ -296,13 +311,67 @@ def event_bytes(catalog: Catalog, d: Deployment, namespace: str = "Triton", llm:
     return out
 
 
+def fast_periods(catalog: Catalog, d: Deployment) -> list[float]:
+    """The cadences faster than the full cycle that the deployment's metrics have (their catalog ``interval``)."""
+    return sorted({m.period(d.interval) for m in emitted_metrics(catalog, d)} - {d.interval})
+
+
+def fast_scrapes(period: float, interval: float) -> float:
+    """Scrapes of a ``period`` cadence per full ``interval`` that are not full cycles themselves."""
+    p, i = round(period * 1000), round(interval * 1000)
+    return interval / period - interval / (p * i // math.gcd(p, i) / 1000)
+
+
+def fast_bytes(catalog: Catalog, d: Deployment, namespace: str = "Triton") -> int:
+    """Bytes of the scrapes between full cycles, per full interval and task: the fast metrics' own events."""
+    total = 0.0
+    llm_models = min(d.llm_models, d.models)
+    for period in fast_periods(catalog, d):
+        plain = event_bytes(catalog, d, namespace, period=period)
+        llm = event_bytes(catalog, d, namespace, llm=True, period=period)
+        scrape = (
+            d.versions * ((d.models - llm_models) * plain.get(Scope.MODEL, 0) + llm_models * llm.get(Scope.MODEL, 0))
+            + d.gpus * plain.get(Scope.GPU, 0)
+            + plain.get(Scope.TASK, 0)
+        )
+        total += scrape * fast_scrapes(period, d.interval)
+    return round(total)
+
+
+def alarm_metric_counts(catalog: Catalog, d: Deployment, specs: Sequence[dict[str, object]]) -> tuple[int, int]:
+    """(standard, high-resolution) alarm metrics the alarms bill: a classic alarm one (with data or not), a
+    metric-math alarm one per metric it reads, an INSIGHT_RULE_METRIC one per rule, a Metrics Insights
+    GROUP BY model alarm one per model emitting its metric; high resolution when its period is 10 or 30 s."""
+    emitted = {m.name: m for m in emitted_metrics(catalog, d)}
+    standard = high = 0
+    for s in specs:
+        queries = cast(list[dict[str, Any]], s.get("Metrics", []))
+        periods = [cast(int, s["Period"])] if "Period" in s else []
+        periods += [q.get("Period") or q.get("MetricStat", {}).get("Period", 60) for q in queries]
+        if "MetricName" in s:
+            n = 1
+        elif "_terms" in s:
+            n = len(cast(list[str], s["_terms"]))
+        elif "_rules" in s:
+            n = len(cast(list[str], s["_rules"]))
+        elif s["_metric"] in emitted:
+            n = _models_emitting(catalog, emitted[str(s["_metric"])], d)
+        else:
+            n = 0
+        if min(periods, default=60) < 60:
+            high += n
+        else:
+            standard += n
+    return standard, high
+
+
 @dataclass(frozen=True)
 class Estimate:
     deployment: Deployment
     metrics: int
     alarms: int
-    alarm_metrics: int
-    bytes_per_cycle: int  # all tasks, the exporter's events per interval
+    alarm_metrics: int  # standard and high-resolution
+    bytes_per_cycle: int  # all tasks, the exporter's events per interval (full cycles)
     gb_per_month: float  # the exporter's and model sync's EMF
     metrics_usd: float
     alarms_usd: float
@@ -310,6 +379,9 @@ class Estimate:
     dashboard_usd: float
     sync_metrics: int = 0  # of ``metrics``, model sync's
     sync_bytes_per_reconcile: int = 0  # all tasks
+    high_res_metrics: int = 0  # of ``metrics``, high resolution (the scaling signals: same price per metric)
+    high_res_alarm_metrics: int = 0  # of ``alarm_metrics``, billed at the high-resolution price
+    fast_bytes_per_cycle: int = 0  # all tasks, per interval: the fast metrics' scrapes between full cycles
 
     @property
     def total_usd(self) -> float:
@@ -323,16 +395,7 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
     catalog = opts.catalog
     # Model sync's alarms and rules exist only where it is deployed (the ModelSync parameter).
     specs = [s for s in alarm_specs(opts) if d.modelsync or s.get("_condition") != CONDITION]
-    emitted = {m.name: m for m in emitted_metrics(catalog, d)}
-    alarm_metrics = 0
-    for s in specs:
-        if "MetricName" in s:
-            alarm_metrics += 1  # a classic alarm is billed whether its metric has data or not
-        elif "_rules" in s:
-            alarm_metrics += len(s["_rules"])  # one INSIGHT_RULE_METRIC each
-        elif s["_metric"] in emitted:
-            # A Metrics Insights GROUP BY model alarm is billed per metric it analyzes: one per model emitting it.
-            alarm_metrics += _models_emitting(catalog, emitted[s["_metric"]], d)
+    standard_alarm_metrics, high_alarm_metrics = alarm_metric_counts(catalog, d, specs)
     plain, llm = event_bytes(catalog, d, opts.namespace), event_bytes(catalog, d, opts.namespace, llm=True)
     llm_models = min(d.llm_models, d.models)
     model_bytes = (d.models - llm_models) * plain.get(Scope.MODEL, 0) + llm_models * llm.get(Scope.MODEL, 0)
@@ -343,9 +406,10 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
         + sources(d) * plain.get(Scope.SOURCE, 0)
     )
     per_cycle = per_task * d.tasks
+    fast = fast_bytes(catalog, d, opts.namespace) * d.tasks
     sync_bytes = modelsync_bytes(opts.modelsync, synced, opts.namespace) * d.tasks
     seconds = HOURS_PER_MONTH * 3600
-    gb = (per_cycle * seconds / d.interval + sync_bytes * seconds / RECONCILE) / 1e9
+    gb = ((per_cycle + fast) * seconds / d.interval + sync_bytes * seconds / RECONCILE) / 1e9
     sync_count = modelsync_metric_count(opts.modelsync, synced)
     count = metric_count(catalog, d) + sync_count
     # The version-skew rules match one model-sync event per model per task per reconcile (every SKEW_PERIOD).
@@ -356,15 +420,18 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
         synced,
         count,
         len(specs),
-        alarm_metrics,
+        standard_alarm_metrics + high_alarm_metrics,
         per_cycle,
         gb,
         metric_cost(count),
-        alarm_metrics * ALARM_METRIC_MONTH + rules_usd,
+        standard_alarm_metrics * ALARM_METRIC_MONTH + high_alarm_metrics * HIGH_RES_ALARM_METRIC_MONTH + rules_usd,
         gb * LOG_INGESTION_PER_GB,
         DASHBOARD_MONTH,
         sync_count,
         sync_bytes,
+        metric_count(catalog, d, high_resolution=True),
+        high_alarm_metrics,
+        fast,
     )
 
 
@@ -485,11 +552,13 @@ def otlp_estimate(d: Deployment, opts: Options, price_per_gb: float | None = Non
 
 ASSUMPTIONS = (
     "us-east-1 list prices: custom metrics $0.30/metric-month for the first 10,000 (then $0.10, $0.05, $0.02), "
-    "alarms $0.10 per standard-resolution alarm metric (a Metrics Insights GROUP BY model alarm is billed per "
-    "metric it analyzes: one per model), log ingestion $0.50/GB, dashboards $3/month beyond the account's "
-    "first 3; a 730-hour month; no free tier. Alarms include model sync's: its version-skew alarm reads two "
-    "Contributor Insights rules ($0.50/rule-month, $0.02 per million events matched: one per model and task "
-    "every 5 minutes).",
+    "high-resolution ones alike (CloudWatch bills a metric, not its resolution; what a faster cadence adds is "
+    "EMF bytes), alarms $0.10 per standard-resolution alarm metric and $0.30 per high-resolution one (a 10 or "
+    "30-second period; a metric-math alarm is billed per metric it reads, a Metrics Insights GROUP BY model "
+    "alarm per metric it analyzes: one per model), log ingestion $0.50/GB, dashboards $3/month beyond the "
+    "account's first 3; a 730-hour month; no free tier. Alarms include the scaling ones (EnableScaling=true) and "
+    "model sync's: its version-skew alarm reads two Contributor Insights rules ($0.50/rule-month, $0.02 per "
+    "million events matched: one per model and task every 5 minutes).",
     "Every metric reports all month. Model metrics exist per model x version; the gpu dimension is the GPU "
     "index, so tasks share GPU metrics; the empty dimension set is one metric across all tasks.",
     "Breakdowns (failure reasons, an LLM's token counters) whose total is zero are not emitted "
@@ -502,7 +571,8 @@ ASSUMPTIONS = (
     "catalog with no `requires` are assumed served by every model.",
     "EMF bytes: one event per model version, GPU, source and task per interval, as the exporter's Encoder "
     "writes them with ECS metadata properties and 16-character model names, plus 26 bytes per event; "
-    "distributions with five buckets.",
+    "distributions with five buckets. Metrics with a faster catalog interval (the scaling signals, every 10 s) add "
+    "their own event per model version at each scrape between full cycles (only those values, no properties).",
     "Model sync is in use (--no-modelsync: not): its ModelInSync per model and service-wide and its three host "
     "totals are written at every reconcile (every 5 minutes) and billed all month, with those events' bytes; "
     "its attempt metrics exist only in the hours a model is synced and are not counted.",
@@ -513,14 +583,15 @@ ASSUMPTIONS = (
 
 def markdown_table(rows: Sequence[tuple[str, Deployment]], opts: Options) -> str:
     lines = [
-        "| Deployment | Custom metrics | Alarms (alarm metrics) | EMF GB/month | Metrics | Alarms | "
-        "EMF ingestion | Dashboard | Total/month |",
+        "| Deployment | Custom metrics (high-res) | Alarms (alarm metrics; high-res) | EMF GB/month | Metrics | "
+        "Alarms | EMF ingestion | Dashboard | Total/month |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for label, d in rows:
         e = estimate(d, opts)
         lines.append(
-            f"| {label} | {e.metrics:,} | {e.alarms} ({e.alarm_metrics:,}) | {e.gb_per_month:.2f} | "
+            f"| {label} | {e.metrics:,} ({e.high_res_metrics:,}) | {e.alarms} ({e.alarm_metrics:,}; "
+            f"{e.high_res_alarm_metrics}) | {e.gb_per_month:.2f} | "
             f"${e.metrics_usd:,.2f} | ${e.alarms_usd:,.2f} | ${e.logs_usd:,.2f} | ${e.dashboard_usd:,.2f} | "
             f"${e.total_usd:,.2f} |"
         )
@@ -650,12 +721,22 @@ def main(argv: Sequence[str], prog: str = "python -m render cost") -> int:
             f"model sync still syncs and reports all {d.models:,} models\n"
         )
     w(f"custom metrics:        {e.metrics:>10,}   ${e.metrics_usd:>10,.2f}/month\n")
+    w(f"  of them high-res:    {e.high_res_metrics:>10,}   (the scaling signals; same price per metric)\n")
     if d.modelsync:
         w(f"  of them model sync:  {e.sync_metrics:>10,}   (--no-modelsync: without it)\n")
-    w(f"alarms:                {e.alarms:>10,}   ${e.alarms_usd:>10,.2f}/month ({e.alarm_metrics:,} alarm metrics)\n")
+    w(
+        f"alarms:                {e.alarms:>10,}   ${e.alarms_usd:>10,.2f}/month ({e.alarm_metrics:,} alarm metrics, "
+        f"{e.high_res_alarm_metrics:,} of them high resolution at ${HIGH_RES_ALARM_METRIC_MONTH:.2f})\n"
+    )
+    fast = fast_periods(opts.catalog, d)
     w(
         f"EMF log ingestion:     {e.gb_per_month:>10.2f} GB ${e.logs_usd:>7,.2f}/month "
-        f"({e.bytes_per_cycle:,} bytes per interval)\n"
+        f"({e.bytes_per_cycle:,} bytes per interval"
+        + (
+            f", {e.fast_bytes_per_cycle:,} more for the {'/'.join(f'{p:g}' for p in fast)} s metrics' scrapes)\n"
+            if fast
+            else ")\n"
+        )
     )
     w(f"dashboard:             {1:>10}   ${e.dashboard_usd:>10,.2f}/month\n")
     if args.otlp or args.otlp_price_per_gb is not None:

@@ -178,6 +178,22 @@ METRIC_KEYS_DOC = (
     ("breakdown_of", "a total (another metric): this metric's zero is left out while the total is zero too"),
     ("help", "what it means (required)"),
     ("event", "scope `modelsync` only (required there): the event that carries it, `attempt`, `model` or `host`"),
+    (
+        "interval",
+        "seconds between its values when shorter than the exporter's `--interval`: a divisor of 60 below it "
+        "(`10` for the scaling signals, docs/scaling.md); computed from its own counter window, emitted by a "
+        "scrape of only the sources it reads between full cycles; not for kinds `self`, `state`, `supplied`",
+    ),
+    (
+        "resolution",
+        "`1`: a high-resolution metric (EMF `StorageResolution` 1; alarms may use 10 or 30-second periods, billed "
+        "at the high-resolution alarm price); `60` (default): standard",
+    ),
+    (
+        "across",
+        "scope `task` only: the task's one value from each model's (or GPU's) value of a model- or GPU-labelled "
+        "family: `sum` (kinds `gauge`, `delta`, `rate`) or `max` (any but `distribution`)",
+    ),
     ("override", "`true` to replace a metric of the same name from an earlier file"),
 )
 
@@ -249,9 +265,12 @@ def metrics_markdown(catalog: Catalog, namespace: str) -> str:
         for m in metrics:
             dims = "<br>".join(", ".join(f"`{d}`" for d in ds) or "(none)" for ds in m.dimension_sets)
             meaning = m.help + (f" Zero omitted while `{m.breakdown_of}` is zero." if m.breakdown_of else "")
-            lines.append(
-                f"| `{m.name}` | {m.unit} | {m.kind} | {dims} | {_cell(m.describe_inputs())} | {_cell(meaning)} |"
+            kind = (
+                str(m.kind)
+                + (f", every {m.interval} s" if m.interval else "")
+                + (", high resolution" if m.high_resolution else "")
             )
+            lines.append(f"| `{m.name}` | {m.unit} | {kind} | {dims} | {_cell(m.describe())} | {_cell(meaning)} |")
         lines.append("")
     lines.append(
         f"{len(catalog.metrics)} metrics, {sum(len(m.dimension_sets) for m in catalog.metrics)} dimension sets."

@@ -1,4 +1,4 @@
-"""The Terraform half of the render: alarms, GPU step scaling and the dashboard template.
+"""The Terraform half of the render: alarms, ECS service scaling and the dashboard template.
 
 Built from the same specs as the CloudFormation template (alarms/'s ``alarm_specs``,
 ``scaling_specs`` and ``PARAMETERS``; template.py's dashboard stand-ins), so the two
@@ -22,7 +22,15 @@ import json
 import re
 from typing import Any
 
-from .alarms import SCALING_ACTIONS, alarm_specs, insight_rule_specs, promql_specs, scaling_specs
+from .alarms import (
+    SCALING_ACTIONS,
+    alarm_specs,
+    has_scaling,
+    insight_rule_specs,
+    promql_specs,
+    scaling_specs,
+    used_policies,
+)
 from .base.options import Options
 from .base.params import PARAMETERS, Param, Ref, api_fields, parameter_values
 from .template import dashboard_body_template, dashboard_parameters
@@ -229,12 +237,15 @@ def insight_rule_resource(rule: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def scaling_resources() -> tuple[dict[str, Any], dict[str, Any]]:
-    specs = scaling_specs()
+def scaling_resources(alarms: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The scalable target and the step policies the scaling alarms of ``alarms`` invoke (none without them)."""
+    if not has_scaling(alarms):
+        return {}, {}
+    specs = scaling_specs(alarms)
     target = specs["target"]
     target_body = {"count": _enabled("EnableScaling"), **tf_value(_args(target, TARGET_ARGS, "RegisterScalableTarget"))}
     policies: dict[str, Any] = {}
-    for key in SCALING_ACTIONS:
+    for key in (p.key for p in used_policies(alarms)):
         pol = dict(specs[key])
         for field in ("ServiceNamespace", "ResourceId", "ScalableDimension"):
             # Taken from the target, so Terraform creates the target first (CloudFormation: ScalingTargetId).
@@ -304,7 +315,7 @@ def module_file(opts: Options) -> dict[str, Any]:
     alarms = {resource_name(s["_file"]): alarm_resource(s) for s in specs}
     if len(alarms) != len(specs):
         raise ValueError("two alarms make the same Terraform resource name")
-    target, policies = scaling_resources()
+    target, policies = scaling_resources(specs)
     dashboard_vars = {
         p.removeprefix("AWS::"): _json_text(reference(p)) if kind == "string" else "${" + reference(p) + "}"
         for p, kind in dashboard_parameters().items()
@@ -331,8 +342,7 @@ def module_file(opts: Options) -> dict[str, Any]:
             "dashboard_template_vars": dashboard_vars,
         },
         "resource": {
-            "aws_appautoscaling_target": target,
-            "aws_appautoscaling_policy": policies,
+            **({"aws_appautoscaling_target": target, "aws_appautoscaling_policy": policies} if target else {}),
             INSIGHT_RULE: {resource_name(r["_file"]): insight_rule_resource(r) for r in insight_rule_specs(opts)},
             "aws_cloudwatch_metric_alarm": alarms,
         },

@@ -84,6 +84,10 @@ def clip(text: str, limit: int = MAX_PROPERTY_LENGTH) -> str:
     return text if len(text) <= limit else text[: limit - 15] + "...[truncated]"
 
 
+HIGH_RESOLUTION = 1  # StorageResolution: CloudWatch keeps the metric at 1-second resolution
+STANDARD_RESOLUTION = 60
+
+
 class MetricSpec(Protocol):
     """What the encoder needs of a metric (a catalog's ``Metric`` is one)."""
 
@@ -93,6 +97,10 @@ class MetricSpec(Protocol):
     def unit(self) -> str: ...
     @property
     def dimension_sets(self) -> tuple[tuple[str, ...], ...]: ...
+    @property
+    def resolution(self) -> int:
+        """StorageResolution: 1 (high resolution) or 60."""
+        ...
 
 
 NO_DISTRIBUTIONS: Mapping[str, dict[str, Any]] = MappingProxyType({})  # shared: most events have none
@@ -118,16 +126,22 @@ class Event:
 class Encoder:
     """Turns :class:`Event` objects into EMF JSON lines (bytes, no newline)."""
 
-    def __init__(self, namespace: str, metrics: Iterable[MetricSpec], storage_resolution: int = 60) -> None:
+    def __init__(
+        self, namespace: str, metrics: Iterable[MetricSpec], storage_resolution: int = STANDARD_RESOLUTION
+    ) -> None:
+        """``storage_resolution`` 1 makes every metric high resolution; 60 leaves each metric's own."""
         if not 1 <= len(namespace) <= MAX_NAMESPACE_LENGTH or not namespace.isascii():
             raise ValueError(f"namespace must be 1-{MAX_NAMESPACE_LENGTH} ASCII characters: {namespace!r}")
         if namespace.startswith("AWS/"):
             raise ValueError("namespace must not start with 'AWS/' (reserved for AWS services)")
-        if storage_resolution not in (1, 60):
+        if storage_resolution not in (HIGH_RESOLUTION, STANDARD_RESOLUTION):
             raise ValueError("storage resolution must be 1 or 60")
         self.namespace = namespace
         self.metrics = {m.name: m for m in metrics}
         self.resolution = storage_resolution
+        for m in self.metrics.values():
+            if m.resolution not in (HIGH_RESOLUTION, STANDARD_RESOLUTION):
+                raise ValueError(f"metric {m.name}: storage resolution must be 1 or 60")
         self._directive_json: dict[tuple[str, ...], bytes] = {}  # the directives repeat: serialised once
         self.oversize = 0  # events that had to drop properties or be split to fit MAX_EVENT_BYTES
 
@@ -137,8 +151,8 @@ class Encoder:
         for name in names:
             m = self.metrics[name]
             spec: dict[str, object] = {"Name": name, "Unit": m.unit}
-            if self.resolution == 1:
-                spec["StorageResolution"] = 1
+            if HIGH_RESOLUTION in (self.resolution, m.resolution):
+                spec["StorageResolution"] = HIGH_RESOLUTION
             groups.setdefault(m.dimension_sets, []).append(spec)
         out: list[dict[str, object]] = []
         for dims, specs in groups.items():

@@ -134,20 +134,20 @@ def test_override_replaces_and_drop_removes(tmp_path: Path) -> None:
         drop = ["RequestFailureCanceled", "GpuLost"]
 
         [[metric]]
-        name = "PendingRequests"
+        name = "ModelLoadDuration"
         override = true
         scope = "model"
-        unit = "Count"
+        unit = "Seconds"
         kind = "gauge"
-        combine = "max"
-        inputs = ["nv_inference_pending_request_count"]
-        help = "Worst GPU instance's queue."
+        combine = "sum"
+        inputs = ["nv_model_load_duration_secs"]
+        help = "Every GPU instance's load time, summed."
     """,
     )
     catalog = build([path])
     names = [m.name for m in catalog.metrics]
     assert "RequestFailureCanceled" not in names and "GpuLost" not in names
-    assert catalog.get("PendingRequests").combine.value == "max"
+    assert catalog.get("ModelLoadDuration").combine.value == "sum"
     before = [m.name for m in CATALOG.metrics if m.name not in ("RequestFailureCanceled", "GpuLost")]
     assert names == before  # replaced in place: the order (and so the EMF directives) stays
 

@@ -220,16 +220,67 @@ def test_metric_tiers() -> None:
 
 def test_alarms_bill_insights_alarms_per_model() -> None:
     e = cost.estimate(cost.Deployment(200, gpus=8), OPTS)
-    assert e.alarms == 12  # 10 exporter alarms, model sync's failure and version-skew alarms
-    # 8 classic alarms (the TTFT one included: billed without data too) + 2 GROUP BY model alarms x 200 models
-    # + the skew alarm's two INSIGHT_RULE_METRIC; the KV-cache GROUP BY alarm analyzes nothing without
-    # TensorRT-LLM models.
-    assert e.alarm_metrics == 8 + 2 * 200 + 2
+    assert e.alarms == 14  # 8 exporter alarms, 4 scaling alarms, model sync's failure and version-skew alarms
+    # Standard: 6 classic alarms (GPU health and the TTFT one and model sync's included: billed without data too), the
+    # scale-in's metric math over 5 metrics, 2 GROUP BY model alarms x 200 models, the skew alarm's two
+    # INSIGHT_RULE_METRIC; the KV-cache GROUP BY alarm analyzes nothing without TensorRT-LLM models. High
+    # resolution: the three scale-out alarms (10 s periods; the TensorRT-LLM one is billed without data too).
+    standard, high = 6 + 5 + 2 * 200 + 2, 3
+    assert (e.alarm_metrics, e.high_res_alarm_metrics) == (standard + high, high)
     # ...plus the skew alarm's two rules: $0.50 each and $0.02 per million events (2 rules x 200 models x
     # 1 task x 12 reconciles an hour x 730 hours).
-    assert e.alarms_usd == pytest.approx(0.1 * (8 + 400 + 2) + 2 * 0.5 + 2 * 200 * 12 * 730 / 1e6 * 0.02)
+    rules = 2 * 0.5 + 2 * 200 * 12 * 730 / 1e6 * 0.02
+    assert e.alarms_usd == pytest.approx(0.1 * standard + 0.3 * high + rules)
     trt = cost.estimate(cost.Deployment(200, gpus=8, llm_models=20, llm_backend="tensorrt_llm"), OPTS)
-    assert trt.alarm_metrics == 8 + 2 * 200 + 20 + 2
+    assert trt.alarm_metrics == standard + high + 20
+
+
+def test_high_resolution_alarms_are_billed_three_times_a_standard_one() -> None:
+    """A 10 s alarm on a signal costs $0.30 an alarm metric, the same alarm at 60 s $0.10."""
+    d = cost.Deployment(5)
+    spec = {"_actions": (), "_metric": "TaskPendingRequests", "MetricName": "TaskPendingRequests", "Period": 10}
+    assert cost.alarm_metric_counts(CATALOG, d, [spec]) == (0, 1)
+    assert cost.alarm_metric_counts(CATALOG, d, [{**spec, "Period": 60}]) == (1, 0)
+    math_ = {"_actions": (), "_metric": "X", "_terms": ["A", "B"], "Metrics": [{"MetricStat": {"Period": 10}}]}
+    assert cost.alarm_metric_counts(CATALOG, d, [math_]) == (0, 2)
+
+
+def test_high_resolution_metrics_are_the_fast_ones_and_add_only_their_own_bytes() -> None:
+    d = cost.Deployment(5, tasks=2)
+    e = cost.estimate(d, OPTS)
+    fast = [m for m in cost.emitted_metrics(CATALOG, d) if m.interval]
+    assert fast and all(m.high_resolution for m in fast)
+    assert e.high_res_metrics == cost.metric_count(CATALOG, d, high_resolution=True) == len(fast)  # task level
+    assert cost.fast_periods(CATALOG, d) == [10.0]
+    assert cost.fast_scrapes(10.0, 60.0) == 5  # the sixth is the full cycle's
+    assert cost.fast_scrapes(10.0, 45.0) == pytest.approx(45 / 10 - 45 / 90)
+    assert e.fast_bytes_per_cycle == 2 * 5 * cost.event_bytes(CATALOG, d, period=10.0)[cost.Scope.TASK]
+    # One small task event per fast scrape: far below the full cycle's bytes, whatever the number of models.
+    big = cost.estimate(cost.Deployment(200, tasks=2), OPTS)
+    assert big.fast_bytes_per_cycle == e.fast_bytes_per_cycle < e.bytes_per_cycle / 2
+    without = cost.estimate(d, Options(catalog=CATALOG.select("-Task*")))
+    assert (without.high_res_metrics, without.fast_bytes_per_cycle) == (0, 0)
+
+
+def test_fast_scrape_bytes_match_the_pipeline() -> None:
+    """The estimate's fast event is the size of the real one a scrape between full cycles writes."""
+    names = [f"model_{i:05d}" for i in range(5)]
+    parser = Parser(CATALOG.wanted_samples())
+    step = [1]
+    srcs = [
+        FixedSource("triton_metrics", lambda: Collected(samples=parser.parse(triton_metrics(names, step[0])))),
+        FixedSource("triton_index", lambda: Collected(index=[VersionState(m, "1", "READY") for m in names])),
+    ]
+    clock = [0.0]
+    p = Pipeline(Settings(nvml="off"), CATALOG, srcs, clock=lambda: clock[0], wall=lambda: 1_700_000_000.0)
+    p.cycle()
+    step[0] += 1
+    clock[0] += 10.0
+    fast = p.cycle(due={10.0})
+    assert not fast.full and len(fast.events) == 1
+    size = cost.event_bytes(CATALOG, cost.Deployment(5, ecs_metadata=False), period=10.0)[cost.Scope.TASK]
+    real = len(fast.events[0]) + cost.PUTLOGEVENTS_OVERHEAD
+    assert abs(size - real) / real < 0.10
 
 
 def test_docs_show_the_current_cost_table() -> None:

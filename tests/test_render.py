@@ -38,6 +38,7 @@ SESSION = botocore.session.get_session()
 CLOUDWATCH = SESSION.get_service_model("cloudwatch")
 AUTOSCALING = SESSION.get_service_model("application-autoscaling")
 WIDGET_TYPES = {"metric", "text", "log", "alarm"}
+SCALING_POLICY_FILES = ("scale-out-pending", "scale-out-queue-time", "scale-out-llm-waiting", "scale-in")
 RICH = Options(
     catalog=CATALOG,
     models=("add", "m@x.v2+b", "modèle-ü"),
@@ -87,7 +88,10 @@ def test_render_check_flags_an_edited_file_and_a_stale_one(tmp_path: Path) -> No
 
 
 def test_bad_thresholds_are_usage_errors(tmp_path: Path) -> None:
-    assert main(["--out", str(tmp_path), "--gpu-scale-in", "90", "--gpu-scale-out", "85"]) == 2
+    assert main(["--out", str(tmp_path), "--gpu-scale-in", "0"]) == 2
+    assert main(["--out", str(tmp_path), "--pending-scale-out", "0.5"]) == 2
+    assert main(["--out", str(tmp_path), "--queue-time-scale-out-ms", "0.0001"]) == 2
+    assert main(["--out", str(tmp_path), "--scale-in-cooldown", "10"]) == 2
     assert main(["--out", str(tmp_path), "--min-capacity", "5", "--max-capacity", "2"]) == 2
     assert not (tmp_path / "dashboards").exists()
 
@@ -251,7 +255,7 @@ def _alarms(files: dict[str, str]) -> dict[str, dict[str, Any]]:
 def test_cli_files_pass_botocore_validation(which: str, request: pytest.FixtureRequest) -> None:
     files = request.getfixturevalue(which)
     alarms = _alarms(files)
-    assert len(alarms) == (12 if which == "default_files" else 21)
+    assert len(alarms) == (14 if which == "default_files" else 23)
     for body in alarms.values():
         _validate(CLOUDWATCH, "PutMetricAlarm", body)
     rules = {rel: json.loads(t) for rel, t in files.items() if "/insight-rule-" in rel}
@@ -261,7 +265,7 @@ def test_cli_files_pass_botocore_validation(which: str, request: pytest.FixtureR
     _validate(
         AUTOSCALING, "RegisterScalableTarget", json.loads(files["alarms/cli/scaling/register-scalable-target.json"])
     )
-    for key in ("scale-out", "scale-in", "scale-out-memory"):
+    for key in SCALING_POLICY_FILES:
         _validate(AUTOSCALING, "PutScalingPolicy", json.loads(files[f"alarms/cli/scaling/policy-{key}.json"]))
 
 
@@ -271,7 +275,7 @@ def test_botocore_validation_is_not_vacuous(default_files) -> None:
         _validate(CLOUDWATCH, "PutMetricAlarm", {**body, "Threshold": "one"})
     with pytest.raises(ParamValidationError):
         _validate(CLOUDWATCH, "PutMetricAlarm", {**body, "TreatMissingDatas": "breaching"})
-    policy = json.loads(default_files["alarms/cli/scaling/policy-scale-out.json"])
+    policy = json.loads(default_files["alarms/cli/scaling/policy-scale-out-pending.json"])
     with pytest.raises(ParamValidationError):
         _validate(AUTOSCALING, "PutScalingPolicy", {**policy, "PolicyType": 7})
 
@@ -280,7 +284,9 @@ def test_alarm_semantics(default_files) -> None:
     a = {rel.rsplit("alarm-", 1)[1].removesuffix(".json"): b for rel, b in _alarms(default_files).items()}
     for body in a.values():
         assert "SEARCH" not in json.dumps(body)  # alarms cannot use SEARCH
-        period = body.get("Period") or body["Metrics"][0]["Period"]
+        queries = body.get("Metrics", [])
+        periods = [q.get("Period") or q.get("MetricStat", {}).get("Period") for q in queries]
+        period = body.get("Period") or max(p for p in periods if p)
         assert period * body["EvaluationPeriods"] <= 86400
         assert len(body.get("Metrics", [])) <= 10
         assert body["DatapointsToAlarm"] <= body["EvaluationPeriods"]
@@ -297,17 +303,36 @@ def test_alarm_semantics(default_files) -> None:
         600,
     )
     assert mem["Dimensions"] == []  # the service rollup: no task id, aggregated across tasks
-    hi, lo = a["gpu-utilization-high"], a["gpu-utilization-low"]
-    assert (hi["Threshold"], hi["Period"] * hi["EvaluationPeriods"], hi["ComparisonOperator"]) == (
-        85.0,
-        300,
-        "GreaterThanThreshold",
-    )
-    assert (lo["Threshold"], lo["Period"] * lo["EvaluationPeriods"], lo["ComparisonOperator"]) == (
-        40.0,
-        900,
-        "LessThanThreshold",
-    )
+    assert "alarms/cli/alarm-gpu-memory-high.json" in default_files  # notifies only: not a scaling alarm
+    # Scale out: high-resolution alarms (10 s periods, 3 of 3: 30 s held) on the per-task leading signals.
+    for name, metric, threshold in (
+        ("scale-out-pending", "TaskPendingRequests", 10.0),
+        ("scale-out-queue-time", "TaskQueueLatencyMax", 100_000.0),  # 100 ms in microseconds
+        ("scale-out-llm-waiting", "TaskRequestsWaiting", 4.0),
+    ):
+        out = a[name]
+        assert (out["MetricName"], out["Dimensions"], out["Statistic"], out["Threshold"]) == (
+            metric,
+            [],
+            "Average",
+            threshold,
+        )
+        assert (out["Period"], out["EvaluationPeriods"], out["DatapointsToAlarm"]) == (10, 3, 3)
+        assert (out["ComparisonOperator"], out["TreatMissingData"]) == ("GreaterThanThreshold", "notBreaching")
+    # Scale in: every signal low (their sum over their levels below 1) for 15 minutes; no data: no scale-in.
+    into = a["scale-in"]
+    assert (into["EvaluationPeriods"], into["DatapointsToAlarm"], into["Threshold"]) == (15, 15, 1.0)
+    assert (into["ComparisonOperator"], into["TreatMissingData"]) == ("LessThanThreshold", "notBreaching")
+    (e1,) = [q for q in into["Metrics"] if q["ReturnData"]]
+    assert e1["Expression"] == "pending / 10.0 + queue / 100000.0 + gpu / 40.0 + waiting / 4.0 + kvcache / 90.0"
+    stats = {q["Id"]: q["MetricStat"] for q in into["Metrics"] if not q["ReturnData"]}
+    assert {k: (v["Metric"]["MetricName"], v["Stat"], v["Period"]) for k, v in stats.items()} == {
+        "pending": ("TaskPendingRequests", "Maximum", 60),
+        "queue": ("TaskQueueLatencyMax", "Maximum", 60),
+        "gpu": ("GpuUtilization", "Average", 60),
+        "waiting": ("TaskRequestsWaiting", "Maximum", 60),
+        "kvcache": ("KvCacheUtilization", "Maximum", 60),
+    }
     load = a["model-load-failed"]
     assert (load["MetricName"], load["Threshold"], load["ComparisonOperator"]) == (
         "ModelLoadSuccessRate",
@@ -372,27 +397,39 @@ def test_model_sync_render_refuses_a_metric_modelsync_does_not_emit() -> None:
         emitted(CATALOG, "SyncFailures", ())  # the exporter's catalog does not emit model sync's metrics
 
 
-def test_scaling_steps_add_and_remove_one_task(default_files) -> None:
-    out = json.loads(default_files["alarms/cli/scaling/policy-scale-out.json"])
+def test_scaling_steps_add_one_or_two_tasks_and_remove_one(default_files) -> None:
+    out = json.loads(default_files["alarms/cli/scaling/policy-scale-out-pending.json"])
     into = json.loads(default_files["alarms/cli/scaling/policy-scale-in.json"])
     target = json.loads(default_files["alarms/cli/scaling/register-scalable-target.json"])
     assert target["ResourceId"] == "service/triton/triton"
     assert target["ScalableDimension"] == "ecs:service:DesiredCount"
-    assert out["StepScalingPolicyConfiguration"]["StepAdjustments"] == [
-        {"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}
+    assert (target["MinCapacity"], target["MaxCapacity"]) == (1, 4)
+    # Offsets from the threshold T = 10: [T, 2T) adds one task, 2T and above two.
+    config = out["StepScalingPolicyConfiguration"]
+    assert config["StepAdjustments"] == [
+        {"MetricIntervalLowerBound": 0, "MetricIntervalUpperBound": 10.0, "ScalingAdjustment": 1},
+        {"MetricIntervalLowerBound": 10.0, "ScalingAdjustment": 2},
     ]
+    assert (config["AdjustmentType"], config["Cooldown"], config["MetricAggregationType"]) == (
+        "ChangeInCapacity",
+        120,
+        "Average",
+    )
     assert into["StepScalingPolicyConfiguration"]["StepAdjustments"] == [
         {"MetricIntervalUpperBound": 0, "ScalingAdjustment": -1}
     ]
+    assert into["StepScalingPolicyConfiguration"]["Cooldown"] == 600  # scale-in far slower than scale-out
 
 
 def test_sns_topic_goes_into_notification_alarms_only(rich_files) -> None:
     a = _alarms(rich_files)
     topic = RICH.sns_topic_arn
     assert a["alarms/cli/alarm-exporter-heartbeat-missing.json"]["AlarmActions"] == [topic]
-    assert "AlarmActions" not in a["alarms/cli/scaling/alarm-gpu-utilization-high.json"]
+    assert a["alarms/cli/alarm-gpu-memory-high.json"]["AlarmActions"] == [topic]
+    assert "AlarmActions" not in a["alarms/cli/scaling/alarm-scale-out-pending.json"]  # apply.sh wires the policy
     script = rich_files["alarms/cli/apply.sh"]
-    assert f'alarm-gpu-memory-high.json --alarm-actions "{topic}" "$MEM"' in script
+    assert 'alarm-scale-out-pending.json --alarm-actions "$SCALE_OUT_PENDING"' in script
+    assert 'alarm-scale-in.json --alarm-actions "$SCALE_IN"' in script
 
 
 def test_apply_script_is_valid_sh_and_names_existing_files(tmp_path: Path, default_files) -> None:
@@ -404,8 +441,9 @@ def test_apply_script_is_valid_sh_and_names_existing_files(tmp_path: Path, defau
     assert subprocess.run([sh, "-n", str(path)], capture_output=True).returncode == 0
     for ref in re.findall(r"file://(scaling/[\w.-]+\.json)", script):
         assert f"alarms/cli/{ref}" in default_files
-    for key in ("scale-out", "scale-in", "scale-out-memory"):
+    for key in SCALING_POLICY_FILES:
         assert f"alarms/cli/scaling/policy-{key}.json" in default_files
+        assert f"$(policy {key})" in script
 
 
 def _run_apply(tmp_path: Path, files: dict[str, str], env: dict[str, str], configured: str) -> tuple[int, str, str]:
@@ -544,7 +582,7 @@ def _names_in(files: dict[str, str]) -> set[str]:
 def test_a_selection_renders_only_what_is_emitted() -> None:
     """render honours --metrics: no widget, alarm or scaling on a metric the exporter leaves out."""
     catalog = CATALOG.select(
-        "-TimeToFirstToken*,-InterTokenLatency*,-GenerationTokens*,-KvCache*,-RequestsWaiting,-EndToEndLatency*,-Gpu*"
+        "-TimeToFirstToken*,-InterTokenLatency*,-GenerationTokens*,-KvCache*,-*RequestsWaiting,-EndToEndLatency*,-Gpu*"
     )
     files = render(Options(catalog=catalog))
     body = json.loads(files["dashboards/triton.json"])
@@ -556,7 +594,15 @@ def test_a_selection_renders_only_what_is_emitted() -> None:
     assert {"RequestSuccess", "ModelReady"} <= refs
     alarms_ = {rel.rsplit("/", 1)[1] for rel in files if "/alarm-" in rel}
     assert "alarm-llm-ttft-p95.json" not in alarms_ and "alarm-model-failures.json" in alarms_
-    assert not any(rel.startswith("alarms/cli/scaling/") for rel in files)  # no GPU metrics: no GPU scaling
+    # Scaling stays on Triton's own signals; without GPU metrics the scale-in reads the others.
+    into = json.loads(files["alarms/cli/scaling/alarm-scale-in.json"])
+    assert [q["Expression"] for q in into["Metrics"] if q["ReturnData"]] == ["pending / 10.0 + queue / 100000.0"]
+    assert "alarm-scale-out-llm-waiting.json" not in alarms_ and "policy-scale-out-llm-waiting.json" not in {
+        rel.rsplit("/", 1)[1] for rel in files
+    }
+    # Without the leading signals there is no scaling at all: no alarm that would scale nothing.
+    files = render(Options(catalog=CATALOG.select("-Task*,-TimeToFirstToken*,-KvCache*,-Gpu*")))
+    assert not any(rel.startswith("alarms/cli/scaling/") for rel in files)
     script = files["alarms/cli/apply.sh"]
     assert "scaling/" not in script
     assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0

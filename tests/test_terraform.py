@@ -105,8 +105,10 @@ SCENARIOS = {
     },
     "topic-and-scaling": {
         "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops",
-        "GpuScaleOutUtilization": "70",
+        "PendingRequestsScaleOut": "20",
+        "QueueTimeScaleOutMicroseconds": "50000",
         "GpuScaleInUtilization": "20",
+        "ScaleInCooldown": "900",
         "LoadSuccessRateThreshold": "99.5",
     },
     # Model sync with its defaults, over a host path that it then replaces on Triton.
@@ -720,6 +722,9 @@ def alarms(nested: Stack, plan: dict[str, Any]) -> list[str]:
         promql = props.get("EvaluationCriteria", {}).get("PromQLCriteria")
         if promql:
             promql["Query"] = re.sub(r"\b(\d+)\.0\b", r"\1", promql["Query"])
+        for q in props.get("Metrics", []):  # ...and in a metric-math expression (the scale-in's load index)
+            if isinstance(q.get("Expression"), str):
+                q["Expression"] = re.sub(r"\b(\d+)\.0\b", r"\1", q["Expression"])
     for name in sorted(set(cfn) & set(tf)):
         diffs += compare(f"alarm {name}", cfn[name], tf[name])
     return diffs
@@ -1198,8 +1203,12 @@ def test_the_issue_resources_variables_and_outputs_exist() -> None:
         "failure_threshold",
         "latency_slo_microseconds",
         "gpu_memory_threshold",
-        "gpu_scale_out_utilization",
+        "pending_requests_scale_out",
+        "queue_time_scale_out_microseconds",
+        "requests_waiting_scale_out",
         "gpu_scale_in_utilization",
+        "scale_out_cooldown",
+        "scale_in_cooldown",
         "load_success_rate_threshold",
         "alarm_topic_arn",
         "model_sync_bucket_name",
@@ -1286,7 +1295,7 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
         assert len(of_type(plan, "aws_cloudwatch_metric_alarm")) == len([s for s in specs if "_condition" not in s])
         assert len(specs) - len([s for s in specs if "_condition" not in s]) == 2
         assert not of_type(plan, "aws_cloudwatch_contributor_insight_rule")
-        assert len(of_type(plan, "aws_appautoscaling_policy")) == len(SCALING_ACTIONS)
+        assert len(of_type(plan, "aws_appautoscaling_policy")) == len(SCALING_ACTIONS)  # the LLM one included
         assert not [a for a in plan if ".modelsync" in a]  # no bucket: none of the model sync
     if scenario.startswith("modelsync"):
         assert len([a for a in plan if "modelsync[0]" in a]) == len(MODELSYNC_RESOURCES) + 2  # + target, role policy
@@ -1368,12 +1377,12 @@ DRIFTS = [
         "container log_router.logConfiguration",
     ),
     ("../task-definition.json", '"retries": 5', '"retries": 4', "container triton-server.healthCheck"),
-    ("alarms.tf.json", '"evaluation_periods": 15', '"evaluation_periods": 14', "alarm triton-gpu-utilization-low"),
+    ("alarms.tf.json", '"evaluation_periods": 15', '"evaluation_periods": 14', "alarm triton-scale-in"),
     (
         "alarms.tf.json",
         '"metric_interval_upper_bound": 0',
         '"metric_interval_upper_bound": 5',
-        "scaling policy triton-gpu-scale-in",
+        "scaling policy triton-scale-in",
     ),
     ("../../dashboards/triton.json.tftpl", '"period": 60', '"period": 300', "dashboards differ"),
     # The X-Ray policy attached without tracing, where the stack attaches none.

@@ -8,7 +8,7 @@
 #   with this deployment's images, namespace, log prefix, log groups, topic and queue prefix, and
 #   with tracing the trace flags and the relay's settings (tracing.tf), with otlp_metrics the
 #   exporter's OTLP output (otlp.tf) (the stack does the same);
-# - the alarms, the GPU step scaling and their variables are alarms.tf.json, and the dashboard
+# - the alarms, the service scaling (docs/scaling.md) and their variables are alarms.tf.json, and the dashboard
 #   body is ../../dashboards/triton.json.tftpl, both written by `python -m render`
 #   from the metric catalog.
 
@@ -259,7 +259,7 @@ resource "aws_ecs_service" "this" {
   depends_on = [aws_lb_listener_rule.this, aws_ecs_cluster_capacity_providers.this]
 
   lifecycle {
-    # desired_count is the count at creation; after that the GPU step scaling owns it, and an
+    # desired_count is the count at creation; after that the service scaling owns it, and an
     # apply does not reset it (the CloudFormation stack resets it on every update).
     ignore_changes = [desired_count]
   }

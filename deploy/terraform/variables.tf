@@ -294,7 +294,7 @@ variable "gpu_ami_parameter" {
 
 variable "desired_count" {
   type        = number
-  description = "Tasks at creation; then the GPU step scaling (min_capacity..max_capacity) owns the count"
+  description = "Tasks at creation; then the service scaling (min_capacity..max_capacity, docs/scaling.md) owns the count"
   default     = 1
   validation {
     condition     = var.desired_count >= 0

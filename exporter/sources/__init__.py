@@ -8,9 +8,10 @@ failing source never stops the others (node_exporter's pattern).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ..series import Exposition
 
@@ -103,3 +104,12 @@ class Source(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Narrowable(Protocol):
+    """A source that can read fewer of its series: the scrapes between full cycles read only the fast metrics'."""
+
+    def narrowed(self, wanted: Iterable[str], selects: Mapping[str, tuple[str, frozenset[str]]]) -> Source:
+        """The same source (its connection shared) keeping only the ``wanted`` samples."""
+        ...

@@ -13,11 +13,12 @@ variables.
 from __future__ import annotations
 
 from .cli import cli_alarm, cli_files
-from .scaling import SCALING_ACTIONS, has_scaling, scaling_specs
-from .spec import MetricAlarm, ModelAlarm, Spec, model_slug
+from .scaling import POLICIES, SCALING_ACTIONS, has_scaling, scaling_specs, used_policies
+from .spec import MathAlarm, MetricAlarm, ModelAlarm, Spec, Term, model_slug
 from .table import alarm_names, alarm_specs, insight_rule_specs, promql_specs
 
 __all__ = [
-    "SCALING_ACTIONS", "MetricAlarm", "ModelAlarm", "Spec", "alarm_names", "alarm_specs", "cli_alarm", "cli_files",
-    "has_scaling", "insight_rule_specs", "model_slug", "promql_specs", "scaling_specs",
+    "POLICIES", "SCALING_ACTIONS", "MathAlarm", "MetricAlarm", "ModelAlarm", "Spec", "Term", "alarm_names",
+    "alarm_specs", "cli_alarm", "cli_files", "has_scaling", "insight_rule_specs", "model_slug", "promql_specs",
+    "scaling_specs", "used_policies",
 ]  # fmt: skip

@@ -19,6 +19,7 @@ from telemetry.emf import safe_dimension_value
 
 from ..base.options import Options
 from ..base.params import Ref
+from .scaling import SCALING_ALARMS
 from .spec import MetricAlarm, ModelAlarm, Spec, model_slug
 
 LATENCY_PERIOD = 60
@@ -72,14 +73,13 @@ ALARMS: tuple[MetricAlarm | ModelAlarm, ...] = (
     ),
     MetricAlarm(
         suffix="gpu-memory-high",
-        description="GPU memory above GpuMemoryThreshold percent on some GPU for 10 minutes; "
-        "also adds a task when scaling is enabled.",
+        description="GPU memory above GpuMemoryThreshold percent on some GPU for 10 minutes. Notifies only: a new "
+        "task does not free a GPU's memory, and vLLM and TensorRT-LLM reserve most of it up front.",
         metric="GpuMemoryUsedPercent",
         stat="Maximum",
         period=60,
         points=10,
         threshold=Ref("GpuMemoryThreshold"),
-        actions=("notify", "scale_out_memory"),
     ),
     MetricAlarm(
         suffix="gpu-unhealthy",
@@ -92,27 +92,6 @@ ALARMS: tuple[MetricAlarm | ModelAlarm, ...] = (
         points=1,
         threshold=1.0,
         comparison="LessThanThreshold",
-    ),
-    MetricAlarm(
-        suffix="gpu-utilization-high",
-        description="Service GPU utilization above GpuScaleOutUtilization for 5 minutes: add a task.",
-        metric="GpuUtilization",
-        stat="Average",
-        period=60,
-        points=5,
-        threshold=Ref("GpuScaleOutUtilization"),
-        actions=("scale_out",),
-    ),
-    MetricAlarm(
-        suffix="gpu-utilization-low",
-        description="Service GPU utilization below GpuScaleInUtilization for 15 minutes: remove a task.",
-        metric="GpuUtilization",
-        stat="Average",
-        period=60,
-        points=15,
-        threshold=Ref("GpuScaleInUtilization"),
-        comparison="LessThanThreshold",
-        actions=("scale_in",),
     ),
     MetricAlarm(
         suffix="llm-ttft-p95",
@@ -182,7 +161,8 @@ def for_model(alarm: MetricAlarm, model: str) -> MetricAlarm:
 
 
 def fleet_specs(opts: Options) -> list[Spec | None]:
-    return [a.spec(opts.catalog) for a in ALARMS]
+    """The fleet-wide alarms, then the scaling ones (:mod:`.scaling`)."""
+    return [a.spec(opts.catalog) for a in (*ALARMS, *SCALING_ALARMS)]
 
 
 def model_specs(opts: Options) -> list[Spec | None]:

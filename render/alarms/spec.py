@@ -5,7 +5,8 @@ with ``${Param}`` tokens in strings and :class:`~render.base.params.Ref`
 for numbers; keys starting with ``_`` are render metadata, not API fields
 (``_file``: the file and resource name; ``_actions``: notify and scaling
 actions; ``_condition``: the parameter that must be "true"; ``_metric``: the
-metric, for ``cost``; ``_rules``: Contributor Insights rules it reads). Every
+metric, for ``cost``; ``_terms``: every metric a metric-math alarm reads, for ``cost``; ``_rules``: Contributor
+Insights rules it reads). Every
 metric is checked with :func:`~render.base.emitted`; a spec whose
 metric the selection leaves out renders as None.
 """
@@ -48,6 +49,7 @@ class MetricAlarm:
         metric = emitted(catalog, self.metric, tuple(k for k, _ in self.dimensions), self.optional)
         if metric is None:
             return None
+        check_period(catalog, metric, self.period, self.suffix)
         statistic = {"ExtendedStatistic": self.stat} if re.fullmatch(r"p\d+(\.\d+)?", self.stat) else {}
         return {
             "_file": self.suffix,
@@ -61,6 +63,101 @@ class MetricAlarm:
             "Dimensions": [{"Name": k, "Value": v} for k, v in self.dimensions],
             **(statistic or {"Statistic": self.stat}),
             "Period": self.period,
+            "EvaluationPeriods": self.points,
+            "DatapointsToAlarm": self.points,
+            "Threshold": self.threshold,
+            "ComparisonOperator": self.comparison,
+            "TreatMissingData": self.missing,
+        }
+
+
+HIGH_RESOLUTION_PERIODS = (10, 30)  # CloudWatch: a high-resolution alarm's period; else a multiple of 60
+
+
+def check_period(catalog: Catalog, name: str, period: int, alarm: str) -> None:
+    """An alarm's period must be one CloudWatch takes and its metric can fill: a 10 or 30-second period
+    only on a high-resolution metric emitted at least that often (a standard metric has one value a minute:
+    such an alarm would see data in one period of six), and every period a whole number of the metric's
+    values."""
+    metric = catalog.get(name)
+    assert metric is not None
+    if period < 60 and period not in HIGH_RESOLUTION_PERIODS:
+        raise ValueError(f"alarm {alarm}: period {period} s; CloudWatch takes 10, 30 or a multiple of 60")
+    if period % 60 and period not in HIGH_RESOLUTION_PERIODS:
+        raise ValueError(f"alarm {alarm}: period {period} s; CloudWatch takes 10, 30 or a multiple of 60")
+    if period < 60 and not metric.high_resolution:
+        raise ValueError(f"alarm {alarm}: a {period} s period needs {name} at high resolution (resolution = 1)")
+    if period < 60 and (metric.interval is None or period % metric.interval):
+        raise ValueError(
+            f"alarm {alarm}: a {period} s period needs {name} every {period} s or a divisor of it "
+            f"(its catalog interval is {metric.interval or 'the full cycle'})"
+        )
+
+
+@dataclass(frozen=True)
+class Term:
+    """One metric of a :class:`MathAlarm`'s sum: ``id / divisor``, read with ``stat`` on the service rollup."""
+
+    id: str
+    metric: str
+    stat: str
+    divisor: Ref
+    optional: bool = False  # left out when the selection (or an optional pack, LLM) leaves the metric out
+
+
+@dataclass(frozen=True)
+class MathAlarm:
+    """An alarm on a sum of normalised signals, ``m1 / T1 + m2 / T2 + ...``, each on its service-wide set.
+
+    CloudWatch's metric math treats a missing value in arithmetic as 0 (a signal no task reports, such as the
+    queue time of an idle model, adds nothing) and drops a datapoint that divides by zero; when no term has
+    data the expression has none, and ``missing`` decides (notBreaching: no data, no action).
+    """
+
+    suffix: str
+    description: str
+    terms: tuple[Term, ...]
+    period: int
+    points: int
+    threshold: float
+    comparison: str
+    missing: str = "notBreaching"
+    actions: tuple[str, ...] = NOTIFY
+    label: str = ""
+
+    def spec(self, catalog: Catalog) -> Spec | None:
+        kept = []
+        for t in self.terms:
+            metric = emitted(catalog, t.metric, (), t.optional)
+            if metric is None and not t.optional:
+                return None  # a required signal the selection leaves out: no alarm that would ignore it
+            if metric is not None:
+                check_period(catalog, metric, self.period, self.suffix)
+                kept.append(t)
+        expression = " + ".join(f"{t.id} / ${{{t.divisor.name}}}" for t in kept)
+        queries: list[dict[str, Any]] = [
+            {"Id": "e1", "Expression": expression, "Label": self.label or self.suffix, "ReturnData": True}
+        ]
+        for t in kept:
+            queries.append(
+                {
+                    "Id": t.id,
+                    "MetricStat": {
+                        "Metric": {"Namespace": "${Namespace}", "MetricName": t.metric, "Dimensions": []},
+                        "Period": self.period,
+                        "Stat": t.stat,
+                    },
+                    "ReturnData": False,
+                }
+            )
+        return {
+            "_file": self.suffix,
+            "_actions": self.actions,
+            "_metric": kept[0].metric,
+            "_terms": [t.metric for t in kept],
+            "AlarmName": f"${{AlarmNamePrefix}}-{self.suffix}",
+            "AlarmDescription": self.description,
+            "Metrics": queries,
             "EvaluationPeriods": self.points,
             "DatapointsToAlarm": self.points,
             "Threshold": self.threshold,

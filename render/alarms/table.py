@@ -10,13 +10,20 @@ from __future__ import annotations
 from ..base.options import Options
 from ..base.params import parameter_values, resolve
 from . import core, modelsync, promql
+from .scaling import SCALING_ACTIONS, has_scaling
 from .spec import Spec
 
 
 def alarm_specs(opts: Options) -> list[Spec]:
-    """Every alarm on a metric that is emitted: the exporter's fleet-wide ones, model sync's, the named models'."""
-    specs = [*core.fleet_specs(opts), *modelsync.alarm_specs(opts), *core.model_specs(opts)]
-    return [s for s in specs if s is not None]
+    """Every alarm on a metric that is emitted: the exporter's fleet-wide ones, model sync's, the named models'.
+
+    Scaling alarms only with scaling (a scale-out and the scale-in alarm): an alarm whose one action is a policy
+    the render does not create would watch for nothing.
+    """
+    specs = [s for s in (*core.fleet_specs(opts), *modelsync.alarm_specs(opts), *core.model_specs(opts)) if s]
+    if has_scaling(specs):
+        return specs
+    return [s for s in specs if not s["_actions"] or not set(s["_actions"]) <= set(SCALING_ACTIONS)]
 
 
 def promql_specs(opts: Options) -> list[Spec]:

@@ -46,9 +46,22 @@ class Options:
     )
     failure_threshold: float = _opt(5.0, "failed requests per model in 5 minutes (default: {default:g})")
     latency_slo_ms: float = _opt(500.0, "p95 latency SLO per model in ms (default: {default:g})")
-    gpu_scale_out: float = _opt(85.0, "GPU utilization % that adds a task after 5 min (default: {default:g})")
-    gpu_scale_in: float = _opt(40.0, "GPU utilization % that removes a task after 15 min (default: {default:g})")
-    gpu_memory: float = _opt(95.0, "GPU memory used % that alarms and adds a task after 10 min (default: {default:g})")
+    pending_scale_out: float = _opt(
+        10.0, "requests queued per task that add a task when held 30 s (default: {default:g})"
+    )
+    queue_time_scale_out_ms: float = _opt(
+        100.0, "queue time (each task's worst model, ms) that adds a task when held 30 s (default: {default:g})"
+    )
+    requests_waiting_scale_out: float = _opt(
+        4.0, "TensorRT-LLM requests waiting per task that add a task when held 30 s (default: {default:g})"
+    )
+    gpu_scale_in: float = _opt(
+        40.0,
+        "GPU utilization % under which, every other signal low for 15 min, a task is removed (default: {default:g})",
+    )
+    scale_out_cooldown: int = _opt(120, "seconds a scale-out waits before adding more (default: {default})")
+    scale_in_cooldown: int = _opt(600, "seconds between scale-ins, and after a scale-out (default: {default})")
+    gpu_memory: float = _opt(95.0, "GPU memory used % that alarms after 10 min (default: {default:g})")
     load_success_rate: float = _opt(100.0, "alarm below this model load success % (default: {default:g})")
     ttft_p95_ms: float = _opt(2000.0, "time to first token p95 alarm, ms (default: {default:g})")
     kv_cache_utilization: float = _opt(90.0, "KV-cache utilization % alarm per model (default: {default:g})")
@@ -65,6 +78,10 @@ class Options:
     @property
     def latency_slo_us(self) -> float:
         return self.latency_slo_ms * 1000.0
+
+    @property
+    def queue_time_scale_out_us(self) -> float:
+        return self.queue_time_scale_out_ms * 1000.0
 
     def alarm_name(self, suffix: str) -> str:
         return f"{self.alarm_prefix}-{suffix}"

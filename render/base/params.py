@@ -46,11 +46,40 @@ PARAMETERS: dict[str, Param] = {
     "FailureThreshold": Param("Number", "Alarm when a model has more failed requests than this in 5 minutes", 0),
     "LatencySloMicroseconds": Param("Number", "p95 latency SLO per model, microseconds", 0),
     "LoadSuccessRateThreshold": Param("Number", "Alarm when the model load success rate is below this percent", 0, 100),
-    "GpuMemoryThreshold": Param("Number", "GPU memory used percent that alarms and adds a task (10 minutes)", 0, 100),
-    "GpuScaleOutUtilization": Param("Number", "Service GPU utilization percent that adds a task (5 minutes)", 0, 100),
-    "GpuScaleInUtilization": Param(
-        "Number", "Service GPU utilization percent that removes a task (15 minutes)", 0, 100
+    "GpuMemoryThreshold": Param("Number", "Alarm when GPU memory used stays above this percent (10 minutes)", 0, 100),
+    # Scaling (docs/scaling.md): out on the leading signals within about 30 s, in on every signal low for 15 minutes.
+    "PendingRequestsScaleOut": Param(
+        "Number",
+        "Requests waiting in Triton's queue per task (every model; the service's average) that add a task when held "
+        "for 30 s; twice this adds two",
+        1,
     ),
+    "QueueTimeScaleOutMicroseconds": Param(
+        "Number",
+        "Triton queue time (each task's worst model over 10 s; the service's average) that adds a task when held for "
+        "30 s; twice this adds two; microseconds",
+        1,
+    ),
+    "RequestsWaitingScaleOut": Param(
+        "Number",
+        "TensorRT-LLM requests waiting per task (every model; the service's average) that add a task when held for "
+        "30 s; twice this adds two",
+        1,
+    ),
+    "GpuScaleInUtilization": Param(
+        "Number",
+        "Service GPU utilization percent that, with pending requests and queue time low, lets scaling remove a task "
+        "after 15 minutes",
+        1,
+        100,
+    ),
+    "ScaleOutCooldown": Param(
+        "Number",
+        "Seconds after adding tasks before a scale-out adds more than it already did (a task's start)",
+        0,
+        3600,
+    ),
+    "ScaleInCooldown": Param("Number", "Seconds between two scale-ins, and after a scale-out before one", 60, 86400),
     "TtftP95Milliseconds": Param(
         "Number", "Alarm when time to first token p95 (all tasks) stays above this, ms (5 minutes)", 0
     ),
@@ -93,8 +122,12 @@ def parameter_values(opts: Options) -> dict[str, Any]:
         "LatencySloMicroseconds": opts.latency_slo_us,
         "LoadSuccessRateThreshold": opts.load_success_rate,
         "GpuMemoryThreshold": opts.gpu_memory,
-        "GpuScaleOutUtilization": opts.gpu_scale_out,
+        "PendingRequestsScaleOut": opts.pending_scale_out,
+        "QueueTimeScaleOutMicroseconds": opts.queue_time_scale_out_us,
+        "RequestsWaitingScaleOut": opts.requests_waiting_scale_out,
         "GpuScaleInUtilization": opts.gpu_scale_in,
+        "ScaleOutCooldown": opts.scale_out_cooldown,
+        "ScaleInCooldown": opts.scale_in_cooldown,
         "TtftP95Milliseconds": opts.ttft_p95_ms,
         "KvCacheUtilizationThreshold": opts.kv_cache_utilization,
         "MinCapacity": opts.min_capacity,

@@ -13,12 +13,13 @@ from typing import Any
 
 from ..base.options import Options
 from ..base.widgets import GRID_WIDTH, MAX_METRICS_PER_WIDGET, MAX_WIDGETS, Layout, Section, search, text
-from . import gpu, llm, logs, models, modelsync, overview
+from . import gpu, llm, logs, models, modelsync, overview, scaling
 
 __all__ = ["GRID_WIDTH", "MAX_METRICS_PER_WIDGET", "MAX_WIDGETS", "SECTIONS", "build", "search"]
 
 SECTIONS: tuple[Section, ...] = (
     overview.SECTION,
+    scaling.SECTION,
     models.SECTION,
     gpu.SECTION,
     llm.SECTION,

@@ -1,5 +1,5 @@
-"""GPU: the health verdict, utilization and memory (the scaling signals, with their thresholds), GPM activity,
-power, and NVML health fields.
+"""GPU: the health verdict, utilization and memory (secondary to scaling, with their thresholds), GPM
+activity, power, and NVML health fields.
 
 :data:`PANELS` is the table of per-GPU graphs: title, (metric, statistic) per series, y-axis label.
 """
@@ -11,9 +11,9 @@ from ..base.widgets import Placed, Section, emitted, expr, graph, logs, row, sea
 
 TEXT = (
     "**GPU**: the health verdict (0 = unhealthy: a fatal XID, a driver recovery action, a lost GPU, a failed row "
-    "remap; docs/gpu.md) and the exporter's lines about it, utilization and memory (the scaling signals, with "
-    "their thresholds), SM, tensor and DRAM activity (NVML GPM, Hopper and newer), power, and the NVML health "
-    "fields (temperature, throttling, XID, ECC, row remapping) when the NVML source is on."
+    "remap; docs/gpu.md) and the exporter's lines about it, utilization and memory (busy is not overloaded: "
+    "utilization only guards scale-in), SM, tensor and DRAM activity (NVML GPM, Hopper and newer), power, and "
+    "the NVML health fields (temperature, throttling, XID, ECC, row remapping) when the NVML source is on."
 )
 G = ("gpu",)
 # The exporter's lines about GPU faults (exporter/gpufaults): a GPU turning unhealthy, the drain and its failures.
@@ -67,16 +67,13 @@ GPM_PANEL = (
 def widgets(opts: Options) -> list[Placed]:
     utilization = graph(
         opts,
-        "GPU utilization % (per GPU index; service average drives scaling)",
+        "GPU utilization % (per GPU index; service average: a scale-in guard, not a trigger)",
         [
             expr(search(opts, "GpuUtilization", G, "Average"), "", "g"),
             row(opts, "GpuUtilization", {"stat": "Average", "label": "service average"}),
         ],
         unit_label="percent",
-        annotations=[
-            {"value": opts.gpu_scale_out, "label": "scale out"},
-            {"value": opts.gpu_scale_in, "label": "scale in"},
-        ],
+        annotations=[{"value": opts.gpu_scale_in, "label": "scale-in level"}],
     )
     memory = graph(
         opts,

@@ -1,5 +1,5 @@
 # A root module that deploys ../ (the Triton task, service, logs, IAM, alarms, dashboard and
-# GPU scaling, and with model_sync_bucket the model sync containers in the Triton task, the topic and
+# service scaling, and with model_sync_bucket the model sync containers in the Triton task, the topic and
 # the rule that feeds it) into an
 # existing GPU cluster behind an existing ALB listener, or, with create_cluster = true, into a cluster of
 # its own (GPU instances in an Auto Scaling group, scaled by a capacity provider; docs/deploy.md, "Cluster
