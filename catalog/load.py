@@ -49,6 +49,9 @@ class CatalogError(ValueError):
     """A catalog file is invalid; the message is one line naming the file, the entry and the problem."""
 
 
+MAX_CATALOG_BYTES = 1 << 20
+MAX_TOML_DEPTH = 32
+
 FAMILY_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Upper-case first: dimension and property keys share the EMF root with metric names and are lower case.
