@@ -199,3 +199,17 @@ def test_the_manifest_command_says_plainly_when_config_pbtxt_is_missing(tmp_path
     (model / "1" / "model.py").write_text("")
     line = one_clear_line(run("-m", "modelsync.manifest", str(model)))
     assert f"{model} has no config.pbtxt" in line and "manifest.json lists" not in line
+
+
+def test_a_config_pbtxt_nested_deeply_is_refused_not_a_recursion_error() -> None:
+    """A bundle's config.pbtxt is read from S3 like a manifest; its parser recurses per message."""
+    from modelsync import pbtxt
+
+    def nested(levels: int) -> str:  # the top level is one of them
+        return "a { " * (levels - 1) + "c: 1" + " }" * (levels - 1)
+
+    with pytest.raises(pbtxt.PbtxtError, match="nested deeper than"):
+        pbtxt.parse(nested(5_000))
+    with pytest.raises(pbtxt.PbtxtError, match="nested deeper than"):
+        pbtxt.parse(nested(pbtxt.MAX_DEPTH + 1))
+    assert pbtxt.parse(nested(pbtxt.MAX_DEPTH)).get("a")
