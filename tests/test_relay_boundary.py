@@ -385,13 +385,25 @@ def test_the_503_beyond_the_connection_bound_is_a_real_http_answer(make_relay) -
     assert relay.counts().requests_refused["connections"] == 1
 
 
-def test_an_idle_keep_alive_connection_gives_its_slot_to_a_new_one(make_relay) -> None:
-    relay = make_relay(limits=Limits(connections=1))
-    idle = http.client.HTTPConnection("127.0.0.1", relay.port, timeout=30)
-    idle.request("POST", "/v1/traces", FIXTURE.read_bytes(), {"Content-Type": "application/json"})
-    assert idle.getresponse().read() == b"{}"  # kept alive, now idle
-    assert post(relay.port, FIXTURE.read_bytes())[0] == 200
-    idle.close()
+def test_a_kept_alive_connection_keeps_its_slot_through_a_crowd_of_new_ones(make_relay) -> None:
+    """Triton's connection, kept alive between its batches, is never pushed out by a flood of new ones."""
+    relay = make_relay(limits=Limits(connections=2, refusing=64))
+    kept = http.client.HTTPConnection("127.0.0.1", relay.port, timeout=30)
+    kept.request("POST", "/v1/traces", FIXTURE.read_bytes(), {"Content-Type": "application/json"})
+    assert kept.getresponse().read() == b"{}"
+    holder = socket.create_connection(("127.0.0.1", relay.port))  # takes the other slot
+    holder.sendall(b"POST /v1/traces HTTP/1.1\r\nContent-Length: 10\r\n\r\n")
+    try:
+        deadline = time.monotonic() + 30
+        while relay.counts().connections < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [post(relay.port, FIXTURE.read_bytes())[0] for _ in range(5)] == [503] * 5
+        kept.request("POST", "/v1/traces", FIXTURE.read_bytes(), {"Content-Type": "application/json"})
+        assert kept.getresponse().read() == b"{}"  # same connection, still served
+    finally:
+        holder.close()
+        kept.close()
+    assert relay.counts().requests_refused["connections"] == 5
 
 
 # --- 6. bytes that are not HTTP ----------------------------------------------------------------------------
@@ -599,13 +611,27 @@ def test_the_exporter_daemon_keeps_stderr_to_json_lines_under_hostile_relay_inpu
 # --- every legitimate span keeps being relayed while the hostile traffic runs -------------------------------
 
 
-def test_legitimate_spans_are_all_relayed_while_hostile_traffic_runs(tmp_path: Path) -> None:
-    """A few seconds of everything above at once, from many threads, against a relay forwarding to a local
-    OTLP endpoint: every span of every legitimate request arrives there."""
-    from bench.relay_soak import run
-
-    result = run(seconds=6.0, hostile_threads=6, legit_every=0.05)
-    assert result.legit_requests > 20 and result.hostile_requests > 100
-    assert result.legit_answers == {200: result.legit_requests}, result.legit_answers
-    assert result.legit_spans_exported == result.legit_spans_sent
-    assert result.other_spans_exported == 0, "a hostile span reached the endpoint"
+def test_a_soak_of_hostile_traffic_loses_no_legitimate_span_and_memory_stays_bounded() -> None:
+    """bench/relay_soak.py for 10 s (the recorded run is a minute): the real exporter, one client posting
+    Triton's batches on a kept-alive connection, four clients cycling through every attack above. Every span
+    of every batch answered 200 reaches the endpoint, nothing refused does, stderr stays JSON, and the
+    exporter's memory stays far under the 256 MB the task gives it (it grew to 1 GB from one span before)."""
+    proc = subprocess.run(
+        [sys.executable, "bench/relay_soak.py", "--seconds", "10", "--hostile-threads", "4", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    r = orjson.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["legit_requests"] >= 3 and r["legit_answers"] == {"200": r["legit_requests"]}, r
+    assert r["legit_spans_sent"] == 90 * r["legit_requests"]
+    assert r["legit_spans_exported"] == r["legit_spans_sent"], r
+    assert r["hostile_requests"] >= 10 and len(r["hostile_by_kind"]) >= 5, r
+    assert r["refused_spans_exported"] == 0
+    assert r["relay_counts"]["TraceRequestsInvalid"] > 0
+    assert r["stderr_lines"] > 0 and r["stderr_not_json"] == 0
+    assert r["rss_max_mb"] < 200, r
+    assert r["rss_end_mb"] - r["rss_warm_mb"] < 40, r
+    assert proc.returncode == 0, r

@@ -93,7 +93,7 @@ class Limits:
     refusing: int = 256  # answered 503 at once beyond those; later ones wait in the listen backlog
     backlog: int = 1024  # the listen queue (the kernel caps it at net.core.somaxconn)
     deadline: float = 10.0  # seconds for a request's head and body, from its first byte (or the accept)
-    idle: float = 60.0  # seconds a kept-alive connection may wait for its next request (less when needed)
+    idle: float = 30.0  # seconds a kept-alive connection may wait for its next request (Triton posts every 5 s)
     head_bytes: int = 16 * 1024  # request line and headers
     body_bytes: int = 4 * 1024 * 1024  # a body, and a body once inflated (Triton's 512 spans: ~300 KB)
     inflight_bytes: int = 32 * 1024 * 1024  # bodies read and not yet parsed, every connection together
@@ -378,7 +378,6 @@ class TraceReceiver:
         self._refused = dict.fromkeys(REFUSED_REASONS, 0)
         self._open = 0  # connections, served or being refused
         self._serving = 0
-        self._idle: dict[_Conn, None] = {}  # served connections waiting for their next request, oldest first
         self._inflight = 0  # body bytes read and not yet parsed
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -458,7 +457,7 @@ class TraceReceiver:
         try:
             reader, writer = await asyncio.open_connection(sock=sock)
             conn = _Conn(reader, writer)
-            if self._serving < self.limits.connections or self._reclaim_idle():
+            if self._serving < self.limits.connections:
                 self._serving += 1
                 try:
                     await self._serve(conn)
@@ -483,27 +482,17 @@ class TraceReceiver:
             else:
                 sock.close()
 
-    def _reclaim_idle(self) -> bool:
-        """Give the oldest kept-alive connection's slot to a new one (its client reconnects when it posts)."""
-        if not self._idle:
-            return False
-        conn = next(iter(self._idle))
-        del self._idle[conn]
-        conn.writer.close()
-        return True
-
     async def _serve(self, conn: _Conn) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.deadline  # a new connection: from the accept
         while await self._request(conn, deadline):
-            self._idle[conn] = None
+            # Kept alive, the connection keeps its slot while it waits: Triton's, posting every few seconds,
+            # is never pushed out by a crowd of new ones.
             try:
                 if not conn.buf and not await conn.fill(loop.time() + self.limits.idle):
                     return
             except TimeoutError:
-                return  # a kept-alive connection idle too long: closed, nothing refused
-            finally:
-                self._idle.pop(conn, None)
+                return  # idle too long: closed, nothing refused
             deadline = loop.time() + self.limits.deadline
 
     async def _request(self, conn: _Conn, deadline: float) -> bool:
