@@ -133,6 +133,7 @@ class Result:
     rss_warm_mb: float = 0.0
     rss_max_mb: float = 0.0
     rss_end_mb: float = 0.0
+    rss_timeline_mb: list[float] = field(default_factory=list)  # at each tenth of the run
     relay_counts: dict[str, int] = field(default_factory=dict)
     stderr_lines: int = 0
     stderr_not_json: int = 0
@@ -325,6 +326,9 @@ def run(seconds: float = 60.0, hostile_threads: int = 6, legit_every: float = 0.
         x.wait_cycles(2)
         result.rss_end_mb = x.rss_mb()
         result.rss_max_mb = max([*rss, result.rss_end_mb])
+        result.rss_timeline_mb = (
+            [round(rss[min(len(rss) - 1, len(rss) * i // 10)]) for i in range(1, 11)] if rss else []
+        )
         result.legit_spans_exported = sink.count(LEGIT)
         result.hostile_valid_spans_exported = sink.count(HOSTILE)
         result.refused_spans_exported = sink.count(-1)
@@ -372,7 +376,7 @@ def main() -> int:
     print(f"soak of {r.seconds:g} s, {args.hostile_threads} hostile clients, one legitimate client")
     print(
         f"  RSS of the exporter: {r.rss_start_mb:.0f} MB at start, {r.rss_warm_mb:.0f} after the warm-up, "
-        f"{r.rss_max_mb:.0f} at most, {r.rss_end_mb:.0f} at the end"
+        f"{r.rss_max_mb:.0f} at most, {r.rss_end_mb:.0f} at the end; at each tenth of the run {r.rss_timeline_mb}"
     )
     print(
         f"  legitimate: {r.legit_requests} requests answered {r.legit_answers}; spans sent {r.legit_spans_sent}, "
