@@ -214,6 +214,7 @@ def validate_main(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    logs.catch_unexpected()  # no raw traceback on stderr, whatever fails (docs/reliability.md)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "catalog":
         return catalog_main(argv[1:])

@@ -36,6 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from telemetry import logs
+from telemetry.settings import parse as parse_settings
+
 from .archive import Limits, relative_parts
 from .errors import UnsafeArchive
 from .fsio import CHUNK
@@ -168,6 +171,7 @@ def manifest_for(directory: Path) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the manifest of a model directory on stdout; 2 with one line on stderr when it cannot be made."""
+    logs.catch_unexpected("modelsync")
     parser = argparse.ArgumentParser(
         prog="python -m modelsync.manifest",
         description="Print the manifest.json of a local model directory (config.pbtxt and numeric version "
@@ -176,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="the model's directory (it holds config.pbtxt)")
     try:
-        args = parser.parse_args(argv)
+        args, _ = parse_settings(parser, (), list(sys.argv[1:] if argv is None else argv), os.environ)
     except SystemExit as exc:  # --help (0) or a usage error (2): argparse has said what to say
         return int(exc.code or 0)
     directory = Path(args.model_dir)

@@ -73,6 +73,12 @@ def setup(level: str = "info", stream: TextIO | None = None, name: str = LOGGER)
     return logger
 
 
+def catch_unexpected(name: str = LOGGER) -> None:
+    """For a command, before its logging is set up: whatever nobody caught becomes one JSON line on stderr
+    with its traceback in the ``exception`` field (never a raw traceback), as under :func:`setup`."""
+    _catch_everything(logging.getLogger(name))
+
+
 def _catch_everything(logger: logging.Logger) -> None:
     def thread_hook(args: threading.ExceptHookArgs) -> None:
         if args.exc_type is SystemExit:

@@ -213,3 +213,36 @@ def test_a_config_pbtxt_nested_deeply_is_refused_not_a_recursion_error() -> None
     with pytest.raises(pbtxt.PbtxtError, match="nested deeper than"):
         pbtxt.parse(nested(pbtxt.MAX_DEPTH + 1))
     assert pbtxt.parse(nested(pbtxt.MAX_DEPTH)).get("a")
+
+
+# --- stderr: no raw traceback from a command, whatever fails -----------------------------------------------
+
+UNEXPECTED = r"""
+import sys
+which = sys.argv[1]
+if which == "render":
+    import render, render.__main__ as entry
+    def boom(opts): raise RuntimeError("a bug in render")
+    render.render = boom
+    sys.exit(entry.main([]))
+if which == "exporter":
+    import exporter.__main__ as entry
+    def boom(argv, env): raise RuntimeError("a bug before logging is set up")
+    entry.load = boom
+    sys.exit(entry.main([]))
+if which == "modelsync":
+    import modelsync.__main__ as entry
+    def boom(argv, env): raise RuntimeError("a bug in model sync")
+    entry.load = boom
+    sys.exit(entry.main([]))
+"""
+
+
+@pytest.mark.parametrize("command", ["render", "exporter", "modelsync"])
+def test_an_unexpected_exception_in_a_command_is_one_json_line_not_a_raw_traceback(command: str) -> None:
+    proc = run("-c", UNEXPECTED, command)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    entry = json.loads(lines[0])
+    assert entry["level"] == "critical" and "RuntimeError: a bug" in entry["exception"]
