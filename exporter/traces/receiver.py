@@ -312,7 +312,7 @@ class _ParseQueue:
         self.wait = wait
         self._waiting: list[tuple[int, int, Callable[[], Any], asyncio.Future[None], asyncio.Future[Any]]] = []
         self._order = itertools.count()
-        self._busy = False
+        self.busy = False
 
     async def run(self, size: int, job: Callable[[], Any]) -> Any:
         loop = asyncio.get_running_loop()
@@ -329,17 +329,17 @@ class _ParseQueue:
         return await done
 
     def _next(self) -> None:
-        while not self._busy and self._waiting:
+        while not self.busy and self._waiting:
             _, _, job, started, done = heapq.heappop(self._waiting)
             if started.cancelled():
                 continue
             started.set_result(None)
-            self._busy = True
+            self.busy = True
             running = asyncio.get_running_loop().run_in_executor(self.executor, job)
             running.add_done_callback(functools.partial(self._finished, done=done))
 
     def _finished(self, running: asyncio.Future[Any], done: asyncio.Future[Any]) -> None:
-        self._busy = False
+        self.busy = False
         if not done.cancelled():
             if running.cancelled():
                 done.cancel()
@@ -403,7 +403,8 @@ class TraceReceiver:
             self._thread.join(timeout)
         self._sock.close()
         self._parser.shutdown(wait=False, cancel_futures=True)
-        if not self._thread.is_alive() and not self._loop.is_closed():
+        # A parse still running hands its result to the loop when it ends: the loop stays open for it.
+        if not self._thread.is_alive() and not self._parse_queue.busy and not self._loop.is_closed():
             self._loop.close()
 
     def counts(self) -> ReceiverCounts:
