@@ -101,8 +101,8 @@ def test_a_fifo_catalog_is_refused_even_while_a_writer_holds_it(tmp_path: Path) 
         with pytest.raises(CatalogError, match="not a regular file"):
             read_paths([fifo])
     finally:
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader, so that the writer can finish
         done.set()
-        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # let the writer finish
         t.join(10)
         os.close(fd)
 

@@ -286,47 +286,61 @@ def test_slow_request_lines_are_bounded_per_window(make_relay) -> None:
 # --- 4. a deadline per request, not per read ---------------------------------------------------------------
 
 
-def test_slow_drip_clients_are_cut_at_the_request_deadline_and_others_are_served(make_relay) -> None:
-    """Finding 4: sixteen clients sending one byte a second kept every other client at 503 for as long as
-    they dripped (the timeout applied per read)."""
-    relay = make_relay(limits=Limits(connections=24, deadline=2.0))
-    drippers = [socket.create_connection(("127.0.0.1", relay.port)) for _ in range(16)]
+def _dripper(port: int, stop: threading.Event, answers: list[bytes], every: float = 0.2) -> threading.Thread:
+    """A client that sends its head at once, then its body one byte every ``every`` seconds."""
+
+    def run() -> None:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.settimeout(60)
+            try:
+                s.sendall(b"POST /v1/traces HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+                for _ in range(100):
+                    if stop.wait(every):
+                        return
+                    s.sendall(b"{")
+            except OSError:
+                pass  # cut by the relay: its answer is already in our buffer
+            try:
+                answers.append(s.recv(200))
+            except OSError:
+                answers.append(b"")
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_slow_drip_clients_do_not_keep_others_from_being_served(make_relay) -> None:
+    """Finding 4: sixteen clients dripping their bodies kept every other client at 503 for as long as they
+    dripped (the read timeout applied per read, and each held one of 16 handlers)."""
+    relay = make_relay(limits=Limits(deadline=60.0))
     stop = threading.Event()
-    answers: dict[int, bytes] = {}
-
-    def drip(i: int, s: socket.socket) -> None:
-        request = b"POST /v1/traces HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
-        s.settimeout(30)
-        try:
-            for byte in request + b"{" * 100:
-                if stop.is_set():
-                    return
-                s.sendall(bytes([byte]))
-                time.sleep(0.2)
-        except OSError:
-            pass
-        try:
-            answers[i] = s.recv(200)
-        except OSError:
-            answers[i] = b""
-
-    threads = [threading.Thread(target=drip, args=(i, s)) for i, s in enumerate(drippers)]
-    for t in threads:
-        t.start()
+    answers: list[bytes] = []
+    drippers = [_dripper(relay.port, stop, answers) for _ in range(16)]
     try:
         deadline = time.monotonic() + 60
         while relay.counts().connections < 16 and time.monotonic() < deadline:
             time.sleep(0.05)
-        for _ in range(5):  # while they drip
+        assert relay.counts().connections == 16
+        for _ in range(5):  # while all sixteen drip
             assert post(relay.port, FIXTURE.read_bytes()) == (200, b"{}")
-        for t in threads:
-            t.join(60)
+        assert relay.counts().connections >= 16 and not answers  # they were dripping all along
     finally:
         stop.set()
-        for s in drippers:
-            s.close()
-    assert len(answers) == 16 and all(a.startswith(b"HTTP/1.1 408 ") for a in answers.values()), answers
-    assert relay.counts().requests_invalid["timeout"] == 16
+        for t in drippers:
+            t.join(60)
+
+
+def test_a_slow_drip_is_cut_at_the_request_deadline_not_per_read(make_relay) -> None:
+    """A byte every 0.2 s never lets a read wait long; the request as a whole has 1 s."""
+    relay = make_relay(limits=Limits(deadline=1.0))
+    stop = threading.Event()
+    answers: list[bytes] = []
+    drippers = [_dripper(relay.port, stop, answers) for _ in range(4)]
+    for t in drippers:
+        t.join(60)
+    assert len(answers) == 4 and all(a.startswith(b"HTTP/1.1 408 ") for a in answers), answers
+    assert relay.counts().requests_invalid["timeout"] == 4
 
 
 def test_a_connection_that_sends_nothing_is_closed_at_the_deadline_with_408(make_relay) -> None:
