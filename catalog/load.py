@@ -21,7 +21,9 @@ file, the entry and what is wrong; the entry point turns it into exit 2.
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +50,12 @@ from .model import (
 
 class CatalogError(ValueError):
     """A catalog file is invalid; the message is one line naming the file, the entry and the problem."""
+
+
+# A catalog file is a boundary: read only if it is a regular file (a FIFO would hang the start, /dev/zero
+# fill the memory), of at most MAX_CATALOG_BYTES, nested at most MAX_TOML_DEPTH deep (tomllib recurses).
+MAX_CATALOG_BYTES = 1024 * 1024  # the built-in core.toml is under 64 KiB
+MAX_TOML_DEPTH = 32  # arrays and inline tables inside each other; the built-in packs nest 3 deep
 
 
 FAMILY_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -176,15 +184,65 @@ def _drop_line(file: str, text: str, metric: str) -> str:
 
 
 def read_paths(paths: Sequence[Path | str]) -> list[tuple[str, str]]:
+    """(name, text) of each catalog file; CatalogError when one is not a regular UTF-8 file within the limit."""
     out = []
     for p in paths:
         try:
-            out.append((str(p), Path(p).read_text(encoding="utf-8")))
+            data = _read_regular(Path(p), MAX_CATALOG_BYTES)
         except OSError as exc:
             raise CatalogError(f"{p}: cannot read catalog file: {exc.strerror or exc}") from None
+        try:
+            text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise CatalogError(f"{p}: catalog file is not UTF-8: {exc.reason}") from None
+        if _nesting(text) > MAX_TOML_DEPTH:
+            raise CatalogError(f"{p}: arrays or tables nested deeper than {MAX_TOML_DEPTH} levels")
+        out.append((str(p), text))
     return out
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; CatalogError for anything else, never a hang."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once, without a writer
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    if kind != stat.S_IFREG:
+        os.close(fd)
+        raise CatalogError(
+            f"{path}: not a regular file (a {_KINDS.get(kind, 'special file')}); a catalog is a TOML file"
+        )
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise CatalogError(f"{path}: catalog file larger than {limit} bytes")
+    return data
+
+
+_KINDS = {
+    stat.S_IFDIR: "directory",
+    stat.S_IFIFO: "FIFO",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFSOCK: "socket",
+}
+
+
+# Strings and comments, where brackets are text, and the brackets themselves (tomllib recurses per level).
+_TOML_TOKENS = re.compile(
+    r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*|[\[\]{}]', re.DOTALL
+)
+
+
+def _nesting(text: str) -> int:
+    """How deep arrays and tables nest in TOML ``text`` (brackets in strings and comments not counted)."""
+    depth = deepest = 0
+    for m in _TOML_TOKENS.finditer(text):
+        c = m.group()
+        if c in ("[", "{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in ("]", "}"):
+            depth -= 1
+    return deepest
 
 
 # --- pieces -----------------------------------------------------------------------------------
@@ -195,6 +253,8 @@ def _parse(name: str, text: str) -> dict[str, Any]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError(f"{name}: not valid TOML: {exc}") from None
+    except RecursionError:  # a stack shallower than the bound: refused all the same
+        raise CatalogError(f"{name}: arrays or tables nested too deeply") from None
     unknown = set(doc) - {"families", "dimensions", "metric", "drop"}
     if unknown:
         raise CatalogError(

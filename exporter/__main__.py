@@ -23,7 +23,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -67,6 +67,7 @@ def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
     # needs only the label values the catalog selects, and the parser skips the rest.
     selects = {} if settings.otlp_outputs else catalog.sample_selects()
     # One session per source: the pipeline reads sources concurrently.
+    index = TritonIndexSource(settings.triton_url, settings.connect_timeout, settings.max_body_bytes, make_session())
     sources: list[Source] = [
         TritonMetricsSource(
             settings.metrics_url,
@@ -75,7 +76,7 @@ def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
             settings.max_body_bytes,
             make_session(),
         ),
-        TritonIndexSource(settings.triton_url, settings.connect_timeout, settings.max_body_bytes, make_session()),
+        index,
     ]
     if settings.nvml != "off":
         nvml = _nvml_source(settings)
@@ -86,12 +87,15 @@ def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
         ecs = EcsMetadataSource(settings.ecs_metadata_url, settings.connect_timeout)
         sources.append(ecs)
     if settings.traces_to is not None:
-        sources.append(_trace_source(settings, settings.traces_to, ecs))
+        sources.append(_trace_source(settings, settings.traces_to, ecs, index.listed))
     return sources
 
 
-def _trace_source(settings: Settings, endpoint: Endpoint, ecs: Any) -> Source:
-    """The trace relay, listening already; SourceRequired when its port cannot be had (exit 2)."""
+def _trace_source(
+    settings: Settings, endpoint: Endpoint, ecs: Any, listed: Callable[[], frozenset[tuple[str, str]] | None]
+) -> Source:
+    """The trace relay, listening already, measuring the model versions ``listed`` (the repository index's);
+    SourceRequired when its port cannot be had (exit 2)."""
     from telemetry.otlp.resource import ecs_resource
 
     from .sources.http import make_session
@@ -115,7 +119,7 @@ def _trace_source(settings: Settings, endpoint: Endpoint, ecs: Any) -> Source:
             extra={"fields": {"condition": "traces_listen", "listen": f"{host}:{port}"}},
         )
     try:
-        relay = TraceRelay(host, port, context)
+        relay = TraceRelay(host, port, context, listed=listed)
     except OSError as exc:
         raise SourceRequired(
             f"--traces-to needs the relay to listen on {host}:{port} (--traces-listen): {exc.strerror or exc}"
@@ -249,6 +253,7 @@ def validate_main(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    logs.catch_unexpected()  # no raw traceback on stderr, whatever fails (docs/reliability.md)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "catalog":
         return catalog_main(argv[1:])

@@ -210,6 +210,7 @@ def run_daemon(app: App, stop: threading.Event, log: logging.Logger) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    logs.catch_unexpected(LOGGER)  # no raw traceback on stderr, whatever fails (docs/reliability.md)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         settings = load(argv, os.environ)

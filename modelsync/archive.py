@@ -77,9 +77,14 @@ def _mode_kind(info: zipfile.ZipInfo) -> str:
     }.get(stat.S_IFMT(mode), f"special file (mode {mode:o})")
 
 
+NAME_MAX = 255  # bytes in one path component (Linux file systems)
+PATH_MAX = 4095  # bytes in a path (PATH_MAX, its terminating NUL aside)
+
+
 def relative_parts(name: str, shown: str) -> list[str]:
     """The components of a relative path that stays where it is put (a zip entry, a manifest path), or
-    UnsafeArchive naming it as ``shown``: no NUL, backslash, absolute or drive path, '..', or empty path."""
+    UnsafeArchive naming it as ``shown``: no NUL, backslash, absolute or drive path, '..', or empty path, no
+    component over NAME_MAX bytes and no path over PATH_MAX."""
     if "\x00" in name:
         raise UnsafeArchive(f"{shown}: NUL in the name")
     if "\\" in name:
@@ -91,6 +96,11 @@ def relative_parts(name: str, shown: str) -> list[str]:
         raise UnsafeArchive(f"{shown}: '..' in the path")
     if not parts:
         raise UnsafeArchive(f"{shown}: empty path")
+    for part in parts:  # what a Linux file system holds; checked here, not found out half-way through writing
+        if len(part.encode("utf-8", "surrogatepass")) > NAME_MAX:
+            raise UnsafeArchive(f"{shown[:300]}: a path component longer than {NAME_MAX} bytes")
+    if len(name.encode("utf-8", "surrogatepass")) > PATH_MAX:
+        raise UnsafeArchive(f"{shown[:300]}: a path longer than {PATH_MAX} bytes")
     return parts
 
 

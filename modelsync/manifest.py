@@ -24,6 +24,7 @@ directory (to upload with the files, last).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -34,6 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from telemetry import logs
+from telemetry.settings import parse as parse_settings
 
 from .archive import Limits, relative_parts
 from .errors import UnsafeArchive
@@ -99,6 +103,8 @@ def parse(data: bytes, limits: Limits) -> Manifest:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise UnsafeArchive(f"{NAME} is not valid JSON (truncated?): {exc}") from None
+    except RecursionError:  # json nests as deep as the stack allows; a manifest nests 3 deep
+        raise UnsafeArchive(f"{NAME} is nested too deeply to be a manifest") from None
     items = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(items, list):
         raise UnsafeArchive(f'{NAME} must be an object with a "files" list')
@@ -165,20 +171,34 @@ def manifest_for(directory: Path) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the manifest of a model directory on stdout; 2 with one line on stderr when it cannot be made."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m modelsync.manifest MODEL_DIR > manifest.json", file=sys.stderr)
-        return 2
-    directory = Path(args[0])
+    logs.catch_unexpected("modelsync")
+    parser = argparse.ArgumentParser(
+        prog="python -m modelsync.manifest",
+        description="Print the manifest.json of a local model directory (config.pbtxt and numeric version "
+        "folders, every regular file with its size and sha256), to upload to S3 with the files, last.",
+        epilog="Example: python -m modelsync.manifest ./models/add > ./models/add/manifest.json",
+    )
+    parser.add_argument("model_dir", metavar="MODEL_DIR", help="the model's directory (it holds config.pbtxt)")
+    try:
+        args, _ = parse_settings(parser, (), list(sys.argv[1:] if argv is None else argv), os.environ)
+    except SystemExit as exc:  # --help (0) or a usage error (2): argparse has said what to say
+        return int(exc.code or 0)
+    directory = Path(args.model_dir)
     try:
         if not directory.is_dir():
             raise ValueError(f"{directory}: not a directory")
+        if not (directory / "config.pbtxt").is_file():
+            raise ValueError(f"{directory} has no config.pbtxt; a Triton model directory needs one")
         doc = manifest_for(directory)
         parse(json.dumps(doc).encode(), Limits(sys.maxsize, sys.maxsize, float("inf")))
     except (OSError, ValueError, UnsafeArchive) as exc:
         print(f"cannot make a manifest of {directory}: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(doc, indent=1))
+    try:
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no complaint at exit either
     return 0
 
 

@@ -22,6 +22,7 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 _CLOSE = {"{": "}", "<": ">"}
+MAX_DEPTH = 32  # a Triton config nests 4 deep (ensemble_scheduling { step [ { input_map {} } ] }); the parser recurses
 
 
 class PbtxtError(ValueError):
@@ -81,6 +82,7 @@ class _Parser:
     def __init__(self, tokens: list[str]) -> None:
         self.t = tokens
         self.i = 0
+        self.depth = 0
 
     def peek(self) -> str | None:
         return self.t[self.i] if self.i < len(self.t) else None
@@ -93,6 +95,15 @@ class _Parser:
         return tok
 
     def message(self, close: str | None) -> Message:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise PbtxtError(f"messages nested deeper than {MAX_DEPTH} levels")
+        try:
+            return self._fields(close)
+        finally:
+            self.depth -= 1
+
+    def _fields(self, close: str | None) -> Message:
         msg = Message()
         while True:
             tok = self.peek()

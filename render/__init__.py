@@ -134,13 +134,25 @@ def main(argv: Sequence[str], prog: str = "python -m render") -> int:
         sys.stderr.write(f"error: {exc}\n")
         return 2
     root = Path(args.out)
+    if root.exists() and not root.is_dir():
+        sys.stderr.write(f"error: --out {root}: not a folder\n")
+        return 2
+    try:
+        return _write(root, files, args.check)
+    except (OSError, UnicodeDecodeError) as exc:  # a folder we cannot read or write: say where, no traceback
+        where = getattr(exc, "filename", None) or root
+        sys.stderr.write(f"error: --out {root}: cannot write {where}: {getattr(exc, 'strerror', None) or exc}\n")
+        return 2
+
+
+def _write(root: Path, files: dict[str, str], check: bool) -> int:
     differ = [
         rel
         for rel, text in files.items()
         if not (root / rel).is_file() or (root / rel).read_text(encoding="utf-8") != text
     ]
     stale = stale_files(root, files)
-    if args.check:
+    if check:
         for rel in differ:
             sys.stdout.write(f"differs: {rel}\n")
         for p in stale:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import sys
 
+from telemetry import logs
+
 from . import cost
 from . import main as render
 
 
 def main(argv: list[str]) -> int:
+    logs.catch_unexpected("render")  # no raw traceback on stderr, whatever fails (docs/reliability.md)
     return cost.main(argv[1:]) if argv[:1] == ["cost"] else render(argv)
 
 

@@ -316,10 +316,14 @@ def test_model_sync_metrics_are_counted_as_its_recorder_writes_them() -> None:
 
 
 def test_tracing_adds_the_relays_distributions_per_model_version_and_its_own_counts() -> None:
-    """Five Traced* distributions per model version plus their service-wide set, and the relay's four counts."""
+    """Five Traced* distributions per model version plus their service-wide set, and the relay's eight counts
+    (spans received, exported, dropped, of unknown models, over the limit; requests invalid, refused; slow-request
+    lines over the limit)."""
     opts = Options(catalog=CATALOG)
     d = cost.Deployment(models=7, versions=2, gpus=1, tasks=3)
     added = cost.metric_count(CATALOG, replace(d, tracing=True)) - cost.metric_count(CATALOG, d)
-    assert added == 5 * (7 * 2 + 1) + 4
+    relay_counts = [m.name for m in CATALOG.metrics if m.source == "traces" and m.scope == "task"]
+    assert len(relay_counts) == 8 and "TraceRequestsRefused" in relay_counts and "SpansUnknownModel" in relay_counts
+    assert added == 5 * (7 * 2 + 1) + 8
     assert cost.estimate(replace(d, tracing=True), opts).metrics > cost.estimate(d, opts).metrics
     assert cost.metric_count(CATALOG, replace(d, otlp=True)) - cost.metric_count(CATALOG, d) == 2

@@ -56,16 +56,7 @@ CASES = [
     ("render", ("cost",), "python -m render cost"),
     ("modelsync", (), "python -m modelsync"),
     ("modelsync.health", (), "python -m modelsync.health"),
-    pytest.param(
-        "modelsync.manifest",
-        (),
-        "python -m modelsync.manifest",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="issue 31: modelsync.manifest's --help (usage with exit 2) is fixed on the branch that owns "
-            "modelsync/manifest.py; remove this mark when it lands",
-        ),
-    ),
+    ("modelsync.manifest", (), "python -m modelsync.manifest"),
     ("triton_side/health.py", (), "health.py"),  # the Triton container's probe, run as a script there
     ("triton_side/startup_check.py", (), "startup_check.py"),
 ]

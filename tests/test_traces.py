@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from exporter.series import model_key
-from exporter.traces.receiver import MAX_BODY_BYTES, BadRequest, parse
+from exporter.traces.receiver import BadRequest, Limits, parse
 from exporter.traces.relay import TraceRelay
 from exporter.traces.source import DROPPED, RECEIVED, TraceSource
 from exporter.traces.spans import SpanProcessor, phases_of
@@ -162,7 +162,7 @@ def test_receiver_answers_bad_input_with_4xx_and_keeps_serving() -> None:
         (b"{}", "text/plain", "", 415),
         (b"{}", "application/json", "br", 415),
         (b"not gzip", "application/json", "gzip", 400),
-        (gzip.compress(b"\0" * (MAX_BODY_BYTES + 10)), "application/x-protobuf", "gzip", 413),  # a gzip bomb
+        (gzip.compress(b"\0" * (Limits().body_bytes + 10)), "application/x-protobuf", "gzip", 413),  # a gzip bomb
     ):
         with pytest.raises(BadRequest) as info:
             parse(body, ctype, enc)
@@ -200,8 +200,9 @@ def test_relay_over_http_counts_what_it_refuses_and_survives_garbage() -> None:
         got = source.collect(1.0)
         assert got.samples.samples[RECEIVED][""] == 45
         dropped = {got.samples.labels[k].get("reason"): v for k, v in got.samples.samples[DROPPED].items()}
-        assert dropped == {"queue_full": 18}
-        assert relay.receiver.stats.invalid >= 2
+        assert dropped == {"queue_full": 18, "error": 0}
+        assert relay.counts().requests_invalid["not_otlp"] == 1 and relay.counts().requests_invalid["path"] == 1
+        assert relay.counts().requests_invalid["not_http"] == 1
         props = got.models[model_key("add", "1")]["slowest_traces"]
         assert len(props) == 3 and all(len(p["trace_id"]) == 32 and p["ms"] > 0 for p in props)
     finally:
@@ -308,17 +309,18 @@ def test_a_span_flood_is_bounded_answered_and_counted_and_the_relay_keeps_workin
         dropped = {got.samples.labels[k].get("reason"): v for k, v in got.samples.samples[DROPPED].items()}
         ok = statuses.count(200)
         assert received == 9 * ok  # every request answered 200 was counted, every span of it
-        assert relay.stats.processed + relay.stats.queued_dropped == received
-        assert dropped["queue_full"] == relay.stats.queued_dropped
+        assert dropped["queue_full"] == relay.counts().spans_dropped["queue_full"]
         assert post(relay.receiver.port, body)[0] == 200  # still serving
         assert relay.drain(5)
+        after = relay.counts()
+        processed = after.spans_received - after.spans_dropped["queue_full"]
         # What the worker processed went to the forwarder. With the endpoint down, once it is closed every
         # span is counted as lost, by reason: pushed out of its 100-span buffer, or never delivered.
         forwarder.close(0.5)
         counts = forwarder.counters()
-        assert forwarder.exporter.stats().accepted == relay.stats.processed and counts["exported"] == 0
+        assert forwarder.exporter.stats().accepted == processed and counts["exported"] == 0
         assert counts["buffer_full"] > 0
-        assert sum(v for k, v in counts.items() if k != "exported") == relay.stats.processed
+        assert sum(v for k, v in counts.items() if k != "exported") == processed
     finally:
         relay.close(2.0)
 

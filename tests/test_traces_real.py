@@ -32,9 +32,9 @@ def wait_for_spans(pipe, at_least: int, timeout: float = 20.0) -> None:
     """Triton's batch span processor exports every 5 s."""
     relay = next(s for s in pipe.sources if s.name == "traces").relay
     deadline = time.monotonic() + timeout
-    while relay.receiver.stats.spans < at_least and time.monotonic() < deadline:
+    while relay.counts().spans_received < at_least and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert relay.receiver.stats.spans >= at_least, relay.receiver.stats
+    assert relay.counts().spans_received >= at_least, relay.counts()
     assert relay.drain(5)
 
 
@@ -122,6 +122,6 @@ def test_the_trace_rate_is_applied_at_runtime_and_again_after_a_triton_restart(t
         server.infer_add(9)  # every third request traced: 3 requests, 3 spans each
         wait_for_spans(pipe, 9)
         time.sleep(6)  # one more export period: nothing beyond those
-        assert next(s for s in pipe.sources if s.name == "traces").relay.receiver.stats.spans == 9
+        assert next(s for s in pipe.sources if s.name == "traces").relay.counts().spans_received == 9
     finally:
         pipe.close()

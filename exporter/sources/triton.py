@@ -77,6 +77,7 @@ class TritonIndexSource:
         self.max_bytes = max_bytes
         self.session = session or make_session()
         self._last: tuple[bytes, list[VersionState]] | None = None  # the index rarely changes
+        self._listed: frozenset[tuple[str, str]] | None = None
         # READY versions' configurations and the server's version, read only when they can have changed
         self.configs = ModelConfigs(triton_url, self.session, connect_timeout, max_bytes)
 
@@ -88,12 +89,19 @@ class TritonIndexSource:
                 raise SourceError(f"{self.shown}: answered HTTP {resp.status}")
             if self._last is None or self._last[0] != resp.body:
                 self._last = (resp.body, parse_index(resp.body, self.shown))
+                self._listed = frozenset((v.model, v.version) for v in self._last[1] if v.version)
         except SourceError:
             self.configs.forget()  # a failed read may hide a restart
             raise
         index = list(self._last[1])
         configs = self.configs.refresh(index, timeout - (time.monotonic() - start))  # within this call's timeout
         return Collected(index=index, configs=configs, server_version=self.configs.server_version)
+
+    def listed(self) -> frozenset[tuple[str, str]] | None:
+        """(model, version) of every version the last index read lists; None before one was read.
+
+        The trace relay measures only these (anyone in the task can post spans naming other models)."""
+        return self._listed
 
     def close(self) -> None:
         self.session.close()

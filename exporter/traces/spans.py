@@ -18,13 +18,18 @@ server call with inner work, and reads the phases of each model request:
 A compute span ends before its model span, so it arrives in the same
 export batch or an earlier one; unmatched compute spans wait in a bounded
 table for a short while.
+
+:func:`check` holds a request to what X-Ray and Triton allow before the relay
+takes it: ids of their exact lengths and not all zero (a 16-byte trace id, an
+8-byte span id), a model name no longer than a model directory's name can be
+(255 bytes), a version no longer than an int64.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -33,9 +38,23 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 TRITON_SCOPE = "triton-server"
 ROOT_SPAN = "InferRequest"
 COMPUTE_SPAN = "compute"
+MODEL_NAME = "triton.model_name"
+MODEL_VERSION = "triton.model_version"
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output", "request")
 PENDING_LIMIT = 10_000  # compute spans waiting for their model span
 PENDING_SECONDS = 30.0
+MAX_MODEL_NAME_BYTES = 255  # a model is a directory of the repository: its name is one file name (NAME_MAX)
+MAX_VERSION_CHARS = 19  # a version is a directory named by a positive int64
+TRACE_ID_BYTES, SPAN_ID_BYTES = 16, 8
+MAX_REQUEST_ID_CHARS = 128  # a client's own "id": kept whole in the span, clipped in our log lines
+
+
+class SpanRefused(ValueError):
+    """A request holds a span the relay does not take; ``reason`` is the counter's: bad_id or over_limit."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -55,12 +74,53 @@ def _events(span: Span) -> dict[str, int]:
 
 
 def _attr(span: Span, key: str) -> str:
+    """A string or integer attribute as text; any other kind of value (a list, bytes, a map) reads as absent."""
     for kv in span.attributes:
         if kv.key == key:
-            v = kv.value
-            which = v.WhichOneof("value")
-            return str(getattr(v, which)) if which else ""
+            which = kv.value.WhichOneof("value")
+            if which == "string_value":
+                return kv.value.string_value
+            if which == "int_value":
+                return str(kv.value.int_value)
+            return ""
     return ""
+
+
+def _check_id(value: bytes, size: int, what: str, where: str, optional: bool = False) -> None:
+    if optional and not value:
+        return
+    if len(value) != size:
+        raise SpanRefused("bad_id", f"{where}: {what} of {len(value)} bytes; it must be {size}")
+    if not value.strip(b"\0"):
+        raise SpanRefused("bad_id", f"{where}: {what} all zero")
+
+
+def check(resource_spans: Iterable[ResourceSpans]) -> None:
+    """SpanRefused when a span's ids or a Triton model span's attributes are not what X-Ray and Triton allow."""
+    for i, rs in enumerate(resource_spans):
+        for j, ss in enumerate(rs.scope_spans):
+            triton = ss.scope.name == TRITON_SCOPE
+            for k, span in enumerate(ss.spans):
+                where = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
+                _check_id(span.trace_id, TRACE_ID_BYTES, "trace id", where)
+                _check_id(span.span_id, SPAN_ID_BYTES, "span id", where)
+                _check_id(span.parent_span_id, SPAN_ID_BYTES, "parent span id", where, optional=True)
+                for n, link in enumerate(span.links):
+                    _check_id(link.trace_id, TRACE_ID_BYTES, "trace id", f"{where}.links[{n}]")
+                    _check_id(link.span_id, SPAN_ID_BYTES, "span id", f"{where}.links[{n}]")
+                if not triton:
+                    continue
+                model = _attr(span, MODEL_NAME)
+                if len(model.encode("utf-8", "surrogatepass")) > MAX_MODEL_NAME_BYTES:
+                    raise SpanRefused(
+                        "over_limit",
+                        f"{where}: {MODEL_NAME} of {len(model.encode('utf-8', 'surrogatepass'))} bytes; "
+                        f"a Triton model name is at most {MAX_MODEL_NAME_BYTES}",
+                    )
+                if len(_attr(span, MODEL_VERSION)) > MAX_VERSION_CHARS:
+                    raise SpanRefused(
+                        "over_limit", f"{where}: {MODEL_VERSION} longer than {MAX_VERSION_CHARS} characters"
+                    )
 
 
 def _ms(later: int | None, earlier: int | None) -> float | None:
@@ -124,7 +184,7 @@ class SpanProcessor:
                     if span.name != ROOT_SPAN:
                         span.kind = Span.SPAN_KIND_INTERNAL
                 for span in ss.spans:
-                    model = _attr(span, "triton.model_name")
+                    model = _attr(span, MODEL_NAME)
                     if not model:
                         continue
                     compute = computes.pop(span.span_id, None)
@@ -133,11 +193,11 @@ class SpanProcessor:
                         compute = waiting[1] if waiting else None
                     yield ModelRequest(
                         model,
-                        _attr(span, "triton.model_version"),
+                        _attr(span, MODEL_VERSION),
                         span.trace_id.hex(),
                         span.span_id.hex(),
                         phases_of(span, compute),
-                        _attr(span, "triton.request_id"),
+                        _attr(span, "triton.request_id")[:MAX_REQUEST_ID_CHARS],
                     )
                 for parent, compute in computes.items():  # model span still to come
                     self.pending[parent] = (now, compute)
