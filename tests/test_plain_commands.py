@@ -215,7 +215,7 @@ def test_a_relay_listening_beyond_loopback_is_warned_about_once_at_start(host: s
     )
     assert settings.traces_to is not None
     with Capture.on("exporter.traces", logging.WARNING) as capture:
-        _trace_source(settings, settings.traces_to, None).close()
+        _trace_source(settings, settings.traces_to, None, lambda: None).close()
     lines = [orjson.loads(JsonFormatter().format(r)) for r in capture.records]
     if not warned:
         assert lines == []
