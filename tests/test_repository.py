@@ -43,6 +43,7 @@ FENCE = re.compile(r"^(```|~~~)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^()\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"")
+HTML_LINK = re.compile(r"<(?:a|img)\s[^>]*?\b(?:href|src)=\"([^\"]+)\"")
 INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:|^//")
 
@@ -89,7 +90,8 @@ def broken_links(pages: list[Path], root: Path) -> list[str]:
     cache: dict[Path, set[str]] = {}
     for page in pages:
         for number, line in enumerate(prose_lines(page.read_text(encoding="utf-8")), 1):
-            for target in LINK.findall(INLINE_CODE.sub("", line)):
+            prose = INLINE_CODE.sub("", line)
+            for target in LINK.findall(prose) + HTML_LINK.findall(prose):
                 if SCHEME.match(target):
                     continue  # a URL: not ours to resolve offline
                 where, _, anchor = target.partition("#")
@@ -138,7 +140,7 @@ def test_the_link_check_catches_what_it_is_for(tmp_path: Path):
         "[ok](docs/a.md#here) ![ok](img.png) [ok](https://example.com/x.md#y) [ok](#title) `[code](gone.md)`\n"
         "# Title\n"
         "[bad](docs/b.md) [bad](docs/a.md#cost-2) [bad](#nowhere) [bad](docs/a.md#not-a-heading-no)\n"
-        "[bad](../outside.md)\n"
+        '[bad](../outside.md) <a href="img.png"><img src="docs/gone.png" width="9"></a>\n'
     )
     found = broken_links([tmp_path / "README.md", tmp_path / "docs" / "a.md"], tmp_path)
     assert [f.split(": ", 1)[1] for f in found] == [
@@ -147,6 +149,7 @@ def test_the_link_check_catches_what_it_is_for(tmp_path: Path):
         "#nowhere (no such heading in README.md)",
         "docs/a.md#not-a-heading-no (no such heading in docs/a.md)",
         "../outside.md (outside the repository)",
+        "docs/gone.png (no such file)",
     ]
 
 
