@@ -1,10 +1,10 @@
-"""The trace relay: Triton's OpenTelemetry spans in on localhost, ECS context added, forwarded, measured.
+"""The trace relay: Triton's OpenTelemetry spans in on localhost, the ECS task's resource (telemetry/otlp/resource.py) added, forwarded, measured.
 
     receiver.py   OTLP/HTTP on 127.0.0.1:4318 (JSON as Triton sends it, protobuf): a bounded boundary
     spans.py      ids and attribute bounds checked, span kinds (SERVER root, INTERNAL inside), phases
-    context.py    ECS resource attributes from the task metadata
     window.py     phase histograms and the slowest requests between two scrapes (listed models only)
     relay.py      receiver -> bounded queue -> worker -> forwarder
+    forward.py    the OTLP exporter towards X-Ray (telemetry/otlp), with its counts
     sampling.py   Triton's trace rate applied at runtime
     source.py     the relay as a pipeline source (series, per-model properties, slow-request log lines)
 
