@@ -1,4 +1,4 @@
-"""The trace relay: Triton's OpenTelemetry spans in on localhost, the ECS task's resource (telemetry/otlp/resource.py) added, forwarded, measured.
+"""The trace relay: Triton's OpenTelemetry spans in on localhost, the ECS task's resource added, forwarded, measured.
 
     receiver.py   OTLP/HTTP on 127.0.0.1:4318 (JSON as Triton sends it, protobuf): a bounded boundary
     spans.py      ids and attribute bounds checked, span kinds (SERVER root, INTERNAL inside), phases
