@@ -1,9 +1,11 @@
 """The FireLens log pipeline (fluentbit/), interpreted from the real config files.
 
-Log text comes from a real Triton started in the test (both ``--log-format``
-values, a failed load, an unload, the Python stub's traceback, a model named
-``m@x.v2+b``, a 20 KB error line that Docker would split) and from a fixture of
-the bare pre-24.05 form. See tests/support/fluentbit_sim.py for what is modelled.
+Log text comes from a real Triton started once per ``--log-format`` value (a
+failed load, an unload, the Python stub's traceback, a model named ``m@x.v2+b``,
+a 20 KB error line that Docker would split, model instances named every way
+Triton names them, each failing a request; verbose in the default layout) and
+from fixtures of the bare pre-24.05 form and of instance lines only a GPU or an
+older release prints. See tests/support/fluentbit_sim.py for what is modelled.
 """
 
 from __future__ import annotations
@@ -503,7 +505,7 @@ def triton_lines(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     _instance_models(repo)
     verbose = ["--log-verbose=1"] if log_format == "default" else []
     server = TritonServer(repo, workdir=work, log_format=log_format, extra_args=verbose)
-    server.start()
+    server.start(timeout=180)  # eleven Python stubs start on a loaded machine
     try:
         _fail_every_instance(server)
         assert server.unload("add") == 200
@@ -620,3 +622,10 @@ def test_the_dashboards_error_tables_read_the_pipelines_fields(triton_lines: lis
     assert not {m for m, _ in shown} & {i for names in INSTANCE_MODELS.values() for i in names}
     loads = logsinsights.run(query["Failed model loads (errors group)"], events)
     assert {r["model"] for r in loads.rows} == {"broken", "huge"}
+    # docs/logs.md's query: failed requests per model and instance
+    docs = (ROOT / "docs" / "logs.md").read_text()
+    per_instance = docs.split("failed requests per model and instance")[1].split("```")[1].strip()
+    counted = logsinsights.run(per_instance, events)
+    assert {(r.get("model"), r["model_instance"]) for r in counted.rows} == {
+        (None if i in ("cpu_pool_0", "nogroup_0") else m, i) for m, names in INSTANCE_MODELS.items() for i in names
+    }
