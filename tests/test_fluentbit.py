@@ -1,9 +1,11 @@
 """The FireLens log pipeline (fluentbit/), interpreted from the real config files.
 
-Log text comes from a real Triton started in the test (both ``--log-format``
-values, a failed load, an unload, the Python stub's traceback, a model named
-``m@x.v2+b``, a 20 KB error line that Docker would split) and from a fixture of
-the bare pre-24.05 form. See tests/support/fluentbit_sim.py for what is modelled.
+Log text comes from a real Triton started once per ``--log-format`` value (a
+failed load, an unload, the Python stub's traceback, a model named ``m@x.v2+b``,
+a 20 KB error line that Docker would split, model instances named every way
+Triton names them, each failing a request; verbose in the default layout) and
+from fixtures of the bare pre-24.05 form and of instance lines only a GPU or an
+older release prints. See tests/support/fluentbit_sim.py for what is modelled.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import struct
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from demo.preview import logsinsights
+from demo.preview.logsinsights import LogEvent
 from demo.triton import TritonServer, copy_models
 from tests.support.fluentbit_sim import (
     ConfigError,
@@ -63,7 +68,7 @@ def test_config_loads_every_match_is_reached_and_no_rewrite_cycle() -> None:
     assert [s.name for s in p.inputs] == ["tcp"]  # no forward input: ECS owns it
     assert p.filters[0].name == "multiline" and p.filters[0].get("mode") == "partial_message"
     named = {n for f in p.filters if f.name == "parser" for n in f.all("Parser")}
-    assert named <= set(p.parsers) and len(named) == 9
+    assert named <= set(p.parsers) and len(named) == 12
 
 
 def test_dockerfile_bakes_both_files_where_the_config_and_docs_point() -> None:
@@ -77,7 +82,7 @@ def test_dockerfile_bakes_both_files_where_the_config_and_docs_point() -> None:
 
 def test_every_regex_compiles_under_onigmo_rules() -> None:
     parsers, mls = load_parsers(FB / "parsers.conf")
-    assert len(parsers) == 9 and set(mls) == {"triton_multiline"}
+    assert len(parsers) == 12 and set(mls) == {"triton_multiline"}
     for p in parsers.values():
         assert p.regex.groupindex, p.name  # named captures survived translation
     for rule in pipeline().filters:
@@ -251,6 +256,126 @@ def test_bare_pre_2405_fixture() -> None:
     assert_nothing_lost(lines, events)
 
 
+# --- model instances ------------------------------------------------------------------------
+# Lines that name an instance ("<group>_<index>"): a default name ("<model>_<g>_<i>") routes to its model's
+# group with `model_instance`; any other stays in the server group with `model_instance` only. A model
+# whose own name ends in "_<n>_<n>" keeps its whole name wherever a message names the model itself.
+
+INSTANCE_GOLDEN = [
+    # line, groups, model, model_instance
+    (INF + '"TRITONBACKEND_ModelInstanceInitialize: fails_0_0 (CPU device 0)"', ["model/fails"], "fails", "fails_0_0"),
+    (
+        "E1202 14:12:22.184811 20820 pb_stub.cc:714] \"Failed to process the request(s) for model 'fails_0_0', "
+        "message: RuntimeError: sample model always fails on X <= 0 (got -1)"
+        '\\n\\nAt:\\n  /m/fails/1/model.py(20): execute\\n"',
+        ["errors", "model/fails"],
+        "fails",
+        "fails_0_0",
+    ),
+    (
+        ERR + "\"Failed to process the request(s) for model 'twice_0_1', message: x\"",
+        ["errors", "model/twice"],
+        "twice",
+        "twice_0_1",
+    ),
+    # the group index counts every group, named or not: the second group of `named` is named_1
+    (
+        ERR + "\"Failed to process the request(s) for model 'named_1_0', message: x\"",
+        ["errors", "model/named"],
+        "named",
+        "named_1_0",
+    ),
+    # a custom group name, and a config without instance_group ("<model>_<i>"): not tied to a model by the text
+    (
+        ERR + "\"Failed to process the request(s) for model 'cpu_pool_0', message: x\"",
+        ["errors", "server"],
+        None,
+        "cpu_pool_0",
+    ),
+    (INF + '"TRITONBACKEND_ModelInstanceInitialize: nogroup_0 (CPU device 0)"', ["server"], None, "nogroup_0"),
+    # a model named x_0_0: the model's own messages keep the whole name; its instance is x_0_0_0_0
+    (INF + '"loading: x_0_0:1"', ["model/x_0_0"], "x_0_0", None),
+    (INF + "\"successfully loaded 'x_0_0'\"", ["model/x_0_0"], "x_0_0", None),
+    (ERR + "\"failed to load 'x_0_0' version 1: Internal: boom\"", ["errors", "model/x_0_0"], "x_0_0", None),
+    (INF + '"TRITONBACKEND_ModelInitialize: x_0_0 (version 1)"', ["model/x_0_0"], "x_0_0", None),
+    (
+        INF + "\"Model 'x_0_0' version 1 is not ready: Model 'x_0_0_0_0' is not ready (user-defined check failed).\"",
+        ["model/x_0_0"],
+        "x_0_0",
+        None,
+    ),
+    (
+        ERR + "\"Failed to process the request(s) for model 'x_0_0_0_0', message: x\"",
+        ["errors", "model/x_0_0"],
+        "x_0_0",
+        "x_0_0_0_0",
+    ),
+    (INF + '"model x_0_0, instance x_0_0_0_0, executing 1 requests"', ["model/x_0_0"], "x_0_0", "x_0_0_0_0"),
+    (
+        INF + "\"model 'x_0_0' instance x_0_0_0_0 is running warmup sample 'w' for iteration 1\"",
+        ["model/x_0_0"],
+        "x_0_0",
+        "x_0_0_0_0",
+    ),
+    # verbose: the custom group's model is printed next to it
+    (INF + '"model named, instance cpu_pool_0, executing 1 requests"', ["model/named"], "named", "cpu_pool_0"),
+    # odd model names keep their group rules
+    (
+        INF + '"TRITONBACKEND_ModelInstanceInitialize: m@x.v2+b_0_0 (CPU device 0)"',
+        ["model/m.x.v2.b"],
+        "m@x.v2+b",
+        "m@x.v2+b_0_0",
+    ),
+    (
+        ERR + "\"Failed to process the request(s) for model 'it's_0_0', message: x\"",
+        ["errors", "model/it.s"],
+        "it's",
+        "it's_0_0",
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "groups", "model", "instance"), INSTANCE_GOLDEN)
+def test_instance_lines_route_to_their_model(
+    line: str, groups: list[str], model: str | None, instance: str | None
+) -> None:
+    events = run_lines([line])
+    assert sorted(e.group for e in events) == [f"{PREFIX}/{g}" for g in groups]
+    for e in events:
+        assert e.record.get("model") == model
+        assert e.record.get("model_instance") == instance
+
+
+def test_instance_fixture_gpu_and_older_forms() -> None:
+    """Forms a CPU-only Triton 2.51 does not print: GPU instances (onnxruntime's initialize line, the
+    --model-load-gpu-limit refusal, a CUDA stream error), the stub's own error and a model's log of it, the
+    bare pre-24.06 decoupled error (logged at INFO, traceback on raw lines), and a custom GPU group."""
+    lines = (FIXTURES / "triton_instances.log").read_text().splitlines()
+    events = run_lines(lines)
+    got = {(e.group.removeprefix(PREFIX + "/"), e.record.get("model"), e.record.get("model_instance")) for e in events}
+    assert got == {
+        ("errors", "ranker_2_1", "ranker_2_1_0_0"),
+        ("errors", "resnet", None),
+        ("errors", "resnet", "resnet_0_0"),
+        ("errors", "resnet", "resnet_0_1"),
+        ("model/ranker_2_1", "ranker_2_1", None),
+        ("model/ranker_2_1", "ranker_2_1", "ranker_2_1_0_0"),
+        ("model/resnet", "resnet", None),
+        ("model/resnet", "resnet", "resnet_0_0"),
+        ("model/resnet", "resnet", "resnet_0_1"),
+        ("model/stream", "stream", "stream_0_0"),
+        ("server", None, "a100_pool_0"),
+    }
+    by_message = {e.record["message"].split(" ")[0]: e for e in events if e.group == f"{PREFIX}/model/resnet"}
+    assert by_message["~BackendModelInstance:"].record["level"] == "ERROR"
+    (stream,) = [e for e in events if e.group == f"{PREFIX}/model/stream"]
+    assert stream.record["level"] == "INFO"
+    assert stream.record["message"].endswith("stream broke\n\nAt:\n  /models/stream/1/model.py(30): execute")
+    stub = [e for e in events if e.record.get("source") == "model.py:42"]
+    assert [e.group for e in stub] == [f"{PREFIX}/model/ranker_2_1"]
+    assert_nothing_lost(lines, events)
+
+
 PREFIX_RE = re.compile(r"^(?:[IWEF]\d{4} [\d:.]+ +\d+ |\d{4}-\d\d-\d\dT[\d:]+Z [IWEF] \d+ )\S+\]")
 
 
@@ -313,10 +438,63 @@ def test_exporter_tcp_sink_lines_reach_the_metrics_group_raw() -> None:
 # --- real Triton ------------------------------------------------------------------------
 
 
-def _capture(tmp_path: Path, log_format: str) -> list[str]:
-    """Start a real Triton with a failing, an unloadable and an odd-named model; return its lines."""
-    work = tmp_path / log_format
-    repo = copy_models(["add", "broken"], work / "models")
+INSTANCE_MODELS = {
+    # model: the instance names Triton gives it (see _instance_models)
+    "fails": {"fails_0_0"},
+    "twice": {"twice_0_0", "twice_0_1"},
+    "named": {"cpu_pool_0", "named_1_0"},
+    "nogroup": {"nogroup_0"},
+    "ends_1_2": {"ends_1_2_0_0"},
+}
+
+
+def _instance_models(repo: Path) -> None:
+    """Copies of the sample model ``fails`` whose instances are named every way Triton names them: the
+    default group name (``<model>_<g>``, so ``fails_0_0``), two instances of one group, a custom group
+    name next to an unnamed second group (``cpu_pool_0``, ``named_1_0``), no instance_group at all (Triton
+    adds one named after the model: ``nogroup_0``), and a model whose own name ends in ``_<n>_<n>`` (with a
+    warm-up sample, whose verbose line names the model and the instance)."""
+    warmup = (
+        '\nmodel_warmup [{ name: "w" batch_size: 1'
+        ' inputs { key: "X" value { data_type: TYPE_FP32 dims: [ 1 ] input_data_file: "one" } } }]\n'
+    )
+    groups = {
+        "twice": "instance_group [{ kind: KIND_CPU count: 2 }]",
+        "named": 'instance_group [{ name: "cpu_pool" kind: KIND_CPU }, { kind: KIND_CPU }]',
+        "nogroup": "",
+        "ends_1_2": "instance_group [{ kind: KIND_CPU }]" + warmup,
+    }
+    default = "instance_group [{ kind: KIND_CPU }]"
+    for name, group in groups.items():
+        shutil.copytree(repo / "fails", repo / name)
+        cfg = repo / name / "config.pbtxt"
+        text = cfg.read_text()
+        assert default in text
+        cfg.write_text(text.replace('name: "fails"', f'name: "{name}"').replace(default, group))
+    (repo / "ends_1_2" / "warmup").mkdir()
+    (repo / "ends_1_2" / "warmup" / "one").write_bytes(struct.pack("<f", 1.0))  # fails answers X > 0
+
+
+def _fail_every_instance(server: TritonServer) -> None:
+    """Make every instance of the failing models log its execute error (the error names the instance)."""
+    for model, instances in INSTANCE_MODELS.items():
+        seen: set[str] = set()
+        for _ in range(40):  # the scheduler picks the instance: ask until each one has answered
+            status, body = server.infer(model, [{"name": "X", "datatype": "FP32", "shape": [1], "data": [-1.0]}])
+            assert status == 500, body
+            seen |= {i for i in instances if f"for model '{i}'" in str(body)}
+            if seen == instances:
+                break
+        assert seen == instances, (model, seen)
+
+
+@pytest.fixture(scope="module", params=["default", "ISO8601"])
+def triton_lines(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """One real Triton per layout: a failing, an unloadable and an odd-named model, the instance models,
+    a failed request on every instance, an unload. The default layout runs with --log-verbose=1."""
+    log_format = request.param
+    work = tmp_path_factory.mktemp(log_format)
+    repo = copy_models(["add", "broken", "fails"], work / "models")
     odd = repo / "m@x.v2+b"
     shutil.copytree(repo / "add", odd)
     (odd / "config.pbtxt").write_text((odd / "config.pbtxt").read_text().replace('name: "add"', 'name: "m@x.v2+b"'))
@@ -324,9 +502,12 @@ def _capture(tmp_path: Path, log_format: str) -> list[str]:
     shutil.copytree(repo / "broken", huge)
     (huge / "config.pbtxt").write_text((huge / "config.pbtxt").read_text().replace('name: "broken"', 'name: "huge"'))
     (huge / "1" / "model.py").write_text('raise RuntimeError("h" * 20000)\n')
-    server = TritonServer(repo, workdir=work, log_format=log_format)
-    server.start()
+    _instance_models(repo)
+    verbose = ["--log-verbose=1"] if log_format == "default" else []
+    server = TritonServer(repo, workdir=work, log_format=log_format, extra_args=verbose)
+    server.start(timeout=180)  # eleven Python stubs start on a loaded machine
     try:
+        _fail_every_instance(server)
         assert server.unload("add") == 200
     finally:
         server.stop()
@@ -336,9 +517,9 @@ def _capture(tmp_path: Path, log_format: str) -> list[str]:
 
 
 @pytest.mark.triton
-@pytest.mark.parametrize("log_format", ["default", "ISO8601"])
-def test_real_triton_logs_route_as_structured_records(tmp_path: Path, log_format: str) -> None:
-    lines = _capture(tmp_path, log_format)
+def test_real_triton_logs_route_as_structured_records(triton_lines: list[str]) -> None:
+    lines = triton_lines
+    log_format = "ISO8601" if any(re.match(r"\d{4}-\d\d-\d\dT", line) for line in lines) else "default"
     assert any(len(line.encode()) > 16 * 1024 for line in lines)  # Docker would split this one
     events = run_lines(lines)
     groups = by_group(events)
@@ -380,3 +561,71 @@ def test_real_triton_logs_route_as_structured_records(tmp_path: Path, log_format
     prefixed = re.compile(r"[IWEF]\d{4} \d\d:|\d{4}-\d\d-\d\dT")
     assert not [e for e in events if prefixed.match(e.record.get("log", ""))]  # every Triton entry was parsed
     assert_nothing_lost(lines, events)
+
+
+@pytest.mark.triton
+def test_real_triton_instance_lines_route_to_their_model(triton_lines: list[str]) -> None:
+    """Every line a real Triton prints about an instance lands with its model (default instance names) or in
+    the server group with `model_instance` (a custom group, a config without instance_group); no model group
+    is made from an instance name, and ends_1_2 is never cut to `ends`."""
+    events = run_lines(triton_lines)
+    models = {"add", "broken", "huge", "m@x.v2+b", *INSTANCE_MODELS}
+    assert {e.record["model"] for e in events if "model" in e.record} <= models
+    assert {e.group for e in events if "/model/" in e.group} == {
+        f"{PREFIX}/model/{g}" for g in ("add", "broken", "huge", "m.x.v2.b", *INSTANCE_MODELS)
+    }
+    custom = {"cpu_pool_0", "nogroup_0"}
+    instances = {i: m for m, names in INSTANCE_MODELS.items() for i in names}
+    seen: dict[str, set[tuple[str, str]]] = {}
+    for e in events:
+        if "model_instance" not in e.record:
+            continue
+        inst, rec = e.record["model_instance"], e.record
+        seen.setdefault(inst, set()).add((e.group.removeprefix(PREFIX + "/"), rec["message"].split(" ")[0]))
+        verbose_pair = rec["message"].startswith("model ")  # the verbose lines that print the model as well
+        if inst in custom and not verbose_pair:
+            assert "model" not in rec and e.group in (f"{PREFIX}/server", f"{PREFIX}/errors"), rec
+        elif inst in instances:
+            assert rec["model"] == instances[inst], rec
+            assert e.group in (f"{PREFIX}/model/{instances[inst]}", f"{PREFIX}/errors"), rec
+    for inst, model in instances.items():
+        home = "server" if inst in custom else f"model/{model}"
+        assert {(home, "TRITONBACKEND_ModelInstanceInitialize:"), (home, "Failed"), ("errors", "Failed")} <= seen[inst]
+    errors = [e for e in events if e.group == f"{PREFIX}/errors" and e.record["message"].startswith("Failed to")]
+    assert {(e.record.get("model"), e.record["model_instance"]) for e in errors} == {
+        (None if i in custom else m, i) for i, m in instances.items()
+    }
+    ends = [e for e in events if e.group == f"{PREFIX}/model/ends_1_2"]
+    assert {e.record["model"] for e in ends} == {"ends_1_2"}
+    assert {"loading: ends_1_2:1", "successfully loaded 'ends_1_2'"} <= {e.record["message"] for e in ends}
+    if any("executing 1 requests" in line for line in triton_lines):  # the default layout runs verbose
+        pairs = {
+            (e.record["model"], e.record["model_instance"])
+            for e in events
+            if "model_instance" in e.record and e.record["message"].startswith("model ")
+        }
+        assert {("named", "cpu_pool_0"), ("nogroup", "nogroup_0"), ("ends_1_2", "ends_1_2_0_0")} <= pairs
+
+
+@pytest.mark.triton
+def test_the_dashboards_error_tables_read_the_pipelines_fields(triton_lines: list[str]) -> None:
+    """The log widgets of dashboards/triton.json, run (demo/preview's Logs Insights) over the errors group the
+    pipeline makes of a real Triton's lines: the execute errors show the model and the instance, and the
+    failed-loads table counts only real loads of real models."""
+    events = [LogEvent(e.time, e.message, e.stream) for e in run_lines(triton_lines) if e.group == f"{PREFIX}/errors"]
+    body = json.loads((ROOT / "dashboards" / "triton.json").read_text())
+    query = {w["properties"]["title"]: w["properties"]["query"] for w in body["widgets"] if w["type"] == "log"}
+    recent = logsinsights.run(query["Recent errors and warnings (errors group)"], events)
+    assert recent.columns[:4] == ["@timestamp", "level", "model", "model_instance"]
+    shown = {(r.get("model"), r.get("model_instance")) for r in recent.rows if r["message"].startswith("Failed to")}
+    assert ("fails", "fails_0_0") in shown and (None, "cpu_pool_0") in shown
+    assert not {m for m, _ in shown} & {i for names in INSTANCE_MODELS.values() for i in names}
+    loads = logsinsights.run(query["Failed model loads (errors group)"], events)
+    assert {r["model"] for r in loads.rows} == {"broken", "huge"}
+    # docs/logs.md's query: failed requests per model and instance
+    docs = (ROOT / "docs" / "logs.md").read_text()
+    per_instance = docs.split("failed requests per model and instance")[1].split("```")[1].strip()
+    counted = logsinsights.run(per_instance, events)
+    assert {(r.get("model"), r["model_instance"]) for r in counted.rows} == {
+        (None if i in ("cpu_pool_0", "nogroup_0") else m, i) for m, names in INSTANCE_MODELS.items() for i in names
+    }

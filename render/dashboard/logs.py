@@ -45,7 +45,8 @@ def widgets(opts: Options) -> list[Placed]:
                 opts,
                 "Recent errors and warnings (errors group)",
                 [errors],
-                "fields @timestamp, level, model, version, message, @logStream\n| sort @timestamp desc\n| limit 100",
+                "fields @timestamp, level, model, model_instance, version, message, @logStream"
+                "\n| sort @timestamp desc\n| limit 100",
             ),
             24,
         ),
