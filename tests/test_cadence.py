@@ -174,6 +174,35 @@ def test_the_minutes_numbers_are_those_of_a_pipeline_without_fast_metrics() -> N
     assert values(docs[12], "RequestSuccess", model="a") == [600.0]
 
 
+IDLE = """# TYPE nv_inference_request_success counter
+nv_inference_request_success{model="a",version="1"} 120
+nv_inference_request_success{model="b",version="1"} 40
+# TYPE nv_inference_queue_duration_us counter
+nv_inference_queue_duration_us{model="a",version="1"} 9000
+nv_inference_queue_duration_us{model="b",version="1"} 4000
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{model="a",version="1"} 0
+nv_inference_pending_request_count{model="b",version="1"} 0
+"""
+
+
+def test_an_idle_task_reports_its_backlog_at_zero_every_fast_cycle_and_no_queue_time() -> None:
+    """The scale-in sum (docs/scaling.md) has a datapoint on an idle service because the backlog is always
+    there: Triton's gauge reads 0 for every loaded model, and 0 is emitted, not left out, every 10 s; the
+    queue time, with no request completed, is absent."""
+    clock = Clock()
+    p = Pipeline(
+        Settings(nvml="off"), CATALOG, [TextSource(IDLE), IndexSource(INDEX)], clock=clock, wall=lambda: NOW + clock.t
+    )
+    for tick in range(13):
+        clock.t = 10.0 * tick
+        docs = documents(p.cycle(due={10.0} | ({60.0} if tick % 6 == 0 else set())))
+        assert values(docs, "TaskPendingRequests") == [0.0], tick
+        assert values(docs, "TaskQueueLatencyMax") == [], tick
+        (task,) = [d for d in docs if "TaskPendingRequests" in d]
+        assert resolutions(task)["TaskPendingRequests"] == 1
+
+
 def test_the_cardinality_cap_holds_between_full_cycles() -> None:
     p, clock, *_ = pipeline(Settings(nvml="off", max_models=1))
     p.cycle(due={60.0, 10.0})

@@ -157,3 +157,48 @@ def test_the_rendered_scaling_alarms_are_read_as_cloudwatch_reads_them() -> None
         store.add(("Triton", "GpuUtilization", frozenset()), T0 + 60 * i + 1, 8.0, T0 + 60 * i + 3, False)
     into.run(store, T0, T0 + 1200)
     assert into.state == ALARM and into.first(ALARM) == T0 + 900  # 15 minutes of every signal low
+
+
+def scale_in() -> Alarm:
+    return Alarm.from_api(json.loads((ROOT / "alarms/cli/scaling/alarm-scale-in.json").read_text()))
+
+
+def test_the_scale_in_sum_takes_an_absent_term_as_zero_as_the_user_guide_says() -> None:
+    """An idle CPU-only service without TensorRT-LLM: every task reports its backlog (0) every 10 s, and nothing
+    else (no GPU utilization, no queue time while no request completes, no waiting requests or KV cache).
+    "Missing values in a time series are treated as 0": the sum has a datapoint every minute, 0, and the
+    service scales in after 15 minutes; the expression does not depend on FILL."""
+    into = scale_in()
+    assert "FILL" not in (into.expression or "")
+    assert {q.metric for q in into.queries} >= {"GpuUtilization", "TaskQueueLatencyMax", "TaskRequestsWaiting"}
+    store = Store()
+    for task in range(2):
+        for i in range(120):  # 20 minutes of 10-second fast cycles
+            t = T0 + 10 * i + 3 + task
+            store.add(("Triton", "TaskPendingRequests", frozenset()), t, 0.0, t + 5, high_resolution=True)
+    assert into.value(store, T0, T0 + 120) == 0.0
+    into.run(store, T0, T0 + 1200)
+    assert into.state == ALARM and into.first(ALARM) == T0 + 900
+
+
+def test_the_scale_in_sum_has_no_datapoint_while_no_task_reports_anything() -> None:
+    """Silence (the exporter stopped, or the service is down): no term has a value, so no datapoint, and
+    notBreaching keeps the alarm out of ALARM however long it lasts."""
+    into = scale_in()
+    store = Store()
+    store.add(("Triton", "ExporterHeartbeat", frozenset()), T0 + 1, 1.0, T0 + 3, high_resolution=False)
+    into.run(store, T0, T0 + 3600)
+    assert into.value(store, T0, T0 + 120) is None
+    assert into.first(ALARM) is None and into.state == OK
+
+
+def test_a_busy_term_keeps_the_sum_up_while_the_others_are_absent() -> None:
+    """Absent terms add 0, never hide a present one: a backlog at the scale-out threshold alone holds the sum
+    at 1 (not below it), so no scale-in."""
+    into = scale_in()
+    store = Store()
+    for i in range(120):
+        t = T0 + 10 * i + 3
+        store.add(("Triton", "TaskPendingRequests", frozenset()), t, 10.0, t + 5, high_resolution=True)
+    into.run(store, T0, T0 + 1200)
+    assert into.value(store, T0, T0 + 120) == 1.0 and into.first(ALARM) is None

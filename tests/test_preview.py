@@ -22,7 +22,7 @@ import pytest
 from catalog import build, modelsync_catalog
 from demo.preview import collect, dashboard, logsinsights, rollout
 from demo.preview.__main__ import ALARMS, DASHBOARD, rules, scope_of
-from demo.preview.alarms import evaluate_alarm, load_alarms
+from demo.preview.alarms import alarm_props, evaluate_alarm, load_alarms
 from demo.preview.emf import EmfError, Store, Unsupported, percentile, statistic
 from demo.preview.logsinsights import LogEvent
 from demo.preview.metricmath import Clock, Data, evaluate, parse
@@ -373,12 +373,86 @@ def test_alarm_states_from_the_shipped_definitions() -> None:
         evaluate_alarm("triton-exporter-heartbeat-missing", alarms["triton-exporter-heartbeat-missing"], data).state
         == "OK"
     )
-    gpu = evaluate_alarm("triton-gpu-utilization-high", alarms["triton-gpu-utilization-high"], data)
+    gpu = evaluate_alarm("triton-gpu-memory-high", alarms["triton-gpu-memory-high"], data)
     assert gpu.state == "OK" and gpu.no_data  # notBreaching: no data is not an alarm, and the box says so
     quiet = data_of(*[doc(T0 + k * W, [[]], {}, ModelLoadSuccessRate=100) for k in range(6)])
     beat = evaluate_alarm("triton-exporter-heartbeat-missing", alarms["triton-exporter-heartbeat-missing"], quiet)
     assert beat.state == "ALARM"  # missing heartbeats are breaching
     assert evaluate_alarm("triton-nope", None, data).state == "NOT_FOUND"
+
+
+def task_windows(n: int, **metrics: float) -> list[dict[str, Any]]:
+    """``n`` windows of the task's service-wide values (no dimension), one document each."""
+    return [doc(T0 + k * W, [[]], {}, **metrics) for k in range(n)]
+
+
+def test_the_scale_in_alarm_reads_its_metric_stat_terms() -> None:
+    """The shipped scale-in alarm: a sum over MetricStat queries. An idle CPU-only service (backlog 0, and no
+    GPU, queue time or TensorRT-LLM values: each absent term is 0, as CloudWatch's arithmetic takes it) is
+    below 1 for 15 periods: ALARM (scale in). A backlog at the threshold holds the sum at 1: OK. Nothing
+    reported: no datapoint, notBreaching: OK, and the box says there was no data."""
+    alarms = load_alarms(ALARMS)
+    scale_in = alarms["triton-scale-in"]
+    assert any("MetricStat" in q for q in scale_in["Metrics"])
+    idle = evaluate_alarm("triton-scale-in", scale_in, data_of(*task_windows(16, TaskPendingRequests=0)))
+    assert (idle.state, idle.detail) == ("ALARM", "e1 0 < 1")
+    busy = data_of(*task_windows(16, TaskPendingRequests=10, GpuUtilization=0))
+    assert evaluate_alarm("triton-scale-in", scale_in, busy).state == "OK"
+    gpu = data_of(*task_windows(16, TaskPendingRequests=0, GpuUtilization=20))  # 0/10 + 20/40
+    assert evaluate_alarm("triton-scale-in", scale_in, gpu).detail == "e1 0.5 < 1"
+    silent = evaluate_alarm("triton-scale-in", scale_in, data_of(*task_windows(16, ExporterHeartbeat=1)))
+    assert silent.state == "OK" and silent.no_data
+    assert dashboard.widget_metrics(alarm_props(scale_in))[:2] == ["TaskPendingRequests", "TaskQueueLatencyMax"]
+
+
+@pytest.mark.parametrize(
+    ("query", "what"),
+    [
+        ({"Id": "m", "MetricStat": {"Metric": {"Namespace": "Triton", "MetricName": "X"}, "Period": 60}}, "Stat"),
+        (
+            {
+                "Id": "m",
+                "MetricStat": {"Metric": {"Namespace": "Triton", "MetricName": "X"}, "Period": 60, "Stat": "Sum"},
+                "Unit": "Count",
+            },
+            "Unit",
+        ),
+        (
+            {
+                "Id": "m",
+                "MetricStat": {
+                    "Metric": {"Namespace": "Triton", "MetricName": "X"},
+                    "Period": 60,
+                    "Stat": "Sum",
+                    "Unit": "Count",
+                },
+            },
+            "MetricStat Unit",
+        ),
+        ({"Id": "m", "Expression": "m1", "AccountId": "1"}, "AccountId"),
+        ({"Id": "m", "Label": "nothing to read"}, "no query"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_alarm_queries_the_preview_does_not_read_are_refused(query: dict[str, Any], what: str) -> None:
+    definition = {"AlarmName": "a", "Metrics": [query], "ComparisonOperator": "GreaterThanThreshold"}
+    with pytest.raises(Unsupported):
+        alarm_props(definition)
+
+
+def test_metric_math_between_two_series_takes_a_missing_value_as_zero() -> None:
+    """The User Guide's "Basic arithmetic functions": a value one series lacks at a period is 0 where the other
+    has one; a period neither has stays empty; a division by zero drops the period."""
+    data = data_of(doc(T0, [[]], {}, A=4, B=2), doc(T0 + W, [[]], {}, A=6), doc(T0 + 3 * W, [[]], {}, B=3))
+    rows = [
+        ["Triton", "A", {"id": "a", "stat": "Sum", "visible": False}],
+        ["Triton", "B", {"id": "b", "stat": "Sum", "visible": False}],
+        [{"expression": "a + b", "id": "s", "label": "sum"}],
+        [{"expression": "b / a", "id": "r", "label": "ratio"}],
+    ]
+    lines = evaluate(widget(*rows), data)
+    assert points(lines, "sum") == [6.0, 6.0, 3.0]  # periods 0, 1, 3; period 2 has no value in either
+    assert points(lines, "ratio") == [0.5, 0.0]  # period 3: 3 / 0 is dropped
 
 
 # --- the committed dashboard, whole ---------------------------------------------------------------------

@@ -58,23 +58,51 @@ def load_alarms(folder: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+EXPRESSION_QUERY = {"Id", "Expression", "Label", "Period", "ReturnData"}
+METRIC_STAT_QUERY = {"Id", "MetricStat", "Label", "ReturnData"}
+METRIC_STAT = {"Metric", "Period", "Stat"}
+METRIC = {"Namespace", "MetricName", "Dimensions"}
+
+
 def alarm_props(definition: dict[str, Any]) -> dict[str, Any]:
-    """The alarm's metrics as a metric widget's properties (rows, period), for :mod:`.metricmath`."""
+    """The alarm's metrics as a metric widget's properties (rows, period), for :mod:`.metricmath`.
+
+    A ``Metrics`` query is an expression row (``Expression``) or a metric row (``MetricStat``: namespace,
+    name, dimensions, statistic and period, as the scale-in alarm reads each term); anything else in a query
+    (``Unit``, ``AccountId``, a query-level ``Period`` on a MetricStat) is refused."""
     if "Metrics" in definition:
-        rows = []
+        name = definition["AlarmName"]
+        rows: list[list[Any]] = []
+        periods = []
         for m in definition["Metrics"]:
-            if "Expression" not in m:
-                raise Unsupported(f"alarm {definition['AlarmName']}: a MetricStat query (the preview reads Expression)")
-            opts = {"expression": m["Expression"], "id": m["Id"], "visible": m.get("ReturnData", True)}
-            if "Period" in m:
-                opts["period"] = m["Period"]
-            rows.append([opts])
-        periods = [m["Period"] for m in definition["Metrics"] if "Period" in m]
+            if "Expression" in m:
+                if set(m) - EXPRESSION_QUERY:
+                    raise Unsupported(f"alarm {name}: query {m.get('Id')}: {sorted(set(m) - EXPRESSION_QUERY)}")
+                opts = {"expression": m["Expression"], "id": m["Id"], "visible": m.get("ReturnData", True)}
+                if "Period" in m:
+                    opts["period"] = m["Period"]
+                    periods.append(m["Period"])
+                rows.append([opts])
+            elif "MetricStat" in m:
+                rows.append(_metric_stat_row(name, m))
+                periods.append(m["MetricStat"]["Period"])
+            else:
+                raise Unsupported(f"alarm {name}: query {m.get('Id')} has neither Expression nor MetricStat")
         return {"metrics": rows, "period": max(periods, default=60)}
     stat = definition.get("Statistic") or definition.get("ExtendedStatistic")
     dims = [x for d in definition.get("Dimensions", []) for x in (d["Name"], d["Value"])]
     row = [definition["Namespace"], definition["MetricName"], *dims, {"stat": stat, "period": definition["Period"]}]
     return {"metrics": [row], "period": definition["Period"]}
+
+
+def _metric_stat_row(alarm: str, query: dict[str, Any]) -> list[Any]:
+    stat, metric = query["MetricStat"], query["MetricStat"].get("Metric", {})
+    extra = (set(query) - METRIC_STAT_QUERY) | (set(stat) - METRIC_STAT) | (set(metric) - METRIC)
+    if extra or set(stat) != METRIC_STAT or not {"Namespace", "MetricName"} <= set(metric):
+        raise Unsupported(f"alarm {alarm}: query {query.get('Id')}: a MetricStat the preview does not read {query}")
+    dims = [x for d in metric.get("Dimensions", []) for x in (d["Name"], d["Value"])]
+    opts = {"id": query["Id"], "stat": stat["Stat"], "period": stat["Period"], "visible": query.get("ReturnData", True)}
+    return [metric["Namespace"], metric["MetricName"], *dims, opts]
 
 
 def evaluate_alarm(name: str, definition: dict[str, Any] | None, data: Data, prefix: str = "triton-") -> AlarmState:

@@ -11,7 +11,9 @@ Implemented, because dashboards/triton.json uses them, and nothing else:
     and ``LIMIT`` (the alarms' form) one series per group; no WHERE;
   - ``INSIGHT_RULE_METRIC('rule', 'UniqueContributors')``: a Contributor Insights rule (JSON
     log format, ``$.key`` keys, ``IsPresent`` filters) over the log events of its groups;
-  - metric math over those and row ids: ``+ - * /``, parentheses, numbers, ``PERIOD(id)``.
+  - metric math over those and row ids: ``+ - * /``, parentheses, numbers, ``PERIOD(id)``; between two
+    series a value one of them lacks at a period is 0, and a division by zero drops the period, as the
+    CloudWatch User Guide's "Basic arithmetic functions" say.
 
 Anything else raises :class:`~demo.preview.emf.Unsupported`: a new kind of widget must be taught
 here, never drawn empty. Statistics are :func:`~demo.preview.emf.statistic`'s.
@@ -481,10 +483,17 @@ def _arg(call: Call, n: int) -> str | float:
 
 
 def _pointwise(op: Callable[[float, float], float | None], a: Series, b: Series | float) -> Series:
+    """``a op b`` at each period: between two series at every period either has a value, the other's missing
+    value taken as 0 (the User Guide's "Basic arithmetic functions": "Missing values in a time series are
+    treated as 0"); a division by zero drops the period."""
     out = Series(a.label)
-    for t, x in a.points.items():
-        y = b.points.get(t) if isinstance(b, Series) else b
-        if y is not None and (v := op(x, y)) is not None:
+    if isinstance(b, float):
+        pairs = [(t, x, b) for t, x in a.points.items()]
+    else:
+        times = sorted(a.points.keys() | b.points.keys())
+        pairs = [(t, a.points.get(t, 0.0), b.points.get(t, 0.0)) for t in times]
+    for t, x, y in pairs:
+        if (v := op(x, y)) is not None:
             out.points[t] = v
     return out
 

@@ -109,9 +109,11 @@ class Term:
 class MathAlarm:
     """An alarm on a sum of normalised signals, ``m1 / T1 + m2 / T2 + ...``, each on its service-wide set.
 
-    CloudWatch's metric math treats a missing value in arithmetic as 0 (a signal no task reports, such as the
-    queue time of an idle model, adds nothing) and drops a datapoint that divides by zero; when no term has
-    data the expression has none, and ``missing`` decides (notBreaching: no data, no action).
+    CloudWatch's metric math treats a missing value in arithmetic as 0 and drops a datapoint that divides by
+    zero (User Guide, "Using metric math", "Basic arithmetic functions"): a signal no task reports, such as
+    the queue time of an idle model, adds nothing; when no term has data the expression has none, and
+    ``missing`` decides (notBreaching: no data, no action). No term is wrapped in ``FILL``: a filled term has
+    data at every timestamp, so silence from every task would read as an idle service (docs/scaling.md).
     """
 
     suffix: str

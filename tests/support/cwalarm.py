@@ -20,8 +20,10 @@ User Guide, "Using Amazon CloudWatch alarms" and "Publish custom metrics"; "Usin
   ``missing`` and ``ignore`` AWS's tables give OK when a real datapoint is not breaching and the state cannot
   reach ALARM, else INSUFFICIENT_DATA (``missing``) or the current state (``ignore``), which is what is
   implemented. ALARM when at least ``DatapointsToAlarm`` of the N evaluated datapoints breach, else OK.
-- Metric math (the scale-in's sum): arithmetic treats a missing value as 0 when another input has a value at
-  that period; a datapoint that divides by zero is dropped; no input with a value: no datapoint.
+- Metric math (the scale-in's sum), from "Metric math syntax and functions", "Basic arithmetic functions":
+  "Missing values in a time series are treated as 0. If the value of a data point causes a function to
+  attempt to divide by zero, the data point is dropped." So a missing input counts as 0 when another input
+  has a value at that period; no input with a value: no datapoint (there is no timestamp to compute at).
 
 Not modelled: percentile low-sample handling (``EvaluateLowSampleCountPercentile``), anomaly detection,
 Metrics Insights queries, and the two AWS tables' one disagreeing row (a later revision of the first table
