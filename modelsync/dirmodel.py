@@ -90,7 +90,7 @@ def plan(manifest: Manifest, installed: Installed | None) -> Plan:
 
 
 class DirectoryFetcher:
-    """One directory model's download into the store (the reconcile's ``_fetch`` for a manifest)."""
+    """One directory model's download into the store (models.py's fetch for a manifest; zipmodel.py's for a zip)."""
 
     def __init__(
         self,
