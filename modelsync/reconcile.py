@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 
 from .archive import Limits
 from .bundle import BundleConflict, Bundles
-from .errors import DownloadError, Result, SyncError, UnsafeArchive
+from .errors import DownloadError, MissingHash, Result, SyncError, UnsafeArchive
 from .fsio import FileSystem
 from .health import Status
 from .install import Installer, Served
 from .metrics import Attempt, ModelState, Recorder
 from .models import Models
+from .rollout import Plan, Rollouts
 from .s3 import S3, Archive
 from .settings import Settings
 from .store import Store, model_name_problem
@@ -92,6 +93,17 @@ class Outcome:
     def unexpected(cls, name: str, exc: Exception, serving: str) -> Outcome:
         return cls(name, False, f"unexpected error: {type(exc).__name__}: {exc}", failed=True, serving=serving,
                    transient=True)  # fmt: skip
+
+    @classmethod
+    def held(cls, name: str, current: Served | None, plan: Plan) -> Outcome:
+        """A rollout keeps this host on what it serves (the stable artifact while a canary bakes, or a rejected
+        artifact's predecessor): in sync with what the fleet should serve here, unless the state could not
+        be read (retried) or nothing is served yet."""
+        if current is None or plan.transient:
+            return cls(name, False, plan.reason, failed=True, serving=current.sha256 if current else "",
+                       transient=plan.transient)  # fmt: skip
+        return cls(name, True, plan.reason, serving=current.sha256, expected=current.sha256,
+                   version_id=current.version_id)  # fmt: skip
 
     @classmethod
     def kept(cls, name: str, serving: str) -> Outcome:
@@ -164,6 +176,7 @@ class Syncer:
         self.triton_up = True  # asked once per pass
         self.models = Models(settings, s3, store, triton, fs, log, self.limits, wall)  # zips and directories
         self.bundles = Bundles(settings, s3, store, triton, fs, log, self.limits)  # zips of several models
+        self.rollouts: Rollouts | None = None  # --canary-fraction: what to install is the rollout's to say
 
     @property
     def before_first_sync(self) -> bool:
@@ -192,12 +205,14 @@ class Syncer:
         for key, why in sorted(listing.ignored.items()):
             self.log.debug("ignored s3 key %s: %s", key, why)
         for model, archive in sorted(listing.archives.items()):
-            report.outcomes[model] = self._one(model, archive, wait_for_tag=False)
+            report.outcomes[model] = self._one(model, archive)
         for name in [*self.store.managed_models(), *self.bundles.names()]:
             if name not in listing.archives:
                 report.outcomes[name] = self._one(name, None)
         for outcome in report.outcomes.values():
             self._state_event(outcome)
+        if self.rollouts is not None and self.triton_up:
+            self.rollouts.observe(sorted(m for m, o in report.outcomes.items() if o.serving and not o.gone))
         if report.ok and all(o.in_sync for m, o in report.outcomes.items() if m in listing.archives):
             self.last_success = self.wall()
         self._after_pass(report, len(listing.archives))
@@ -222,7 +237,8 @@ class Syncer:
             self.log.error("cannot write the status file: %s", exc)
 
     def reconcile_models(self, models: Iterable[str], wait_for_tag: bool = True) -> dict[str, Outcome]:
-        """Reconcile only these models (an event named them); the listing of their key decides."""
+        """Reconcile only these models (an event or a rollout in flight named them); the listing of their key
+        decides, and a rollout's state is read afresh."""
         out: dict[str, Outcome] = {}
         self.triton_up = self.triton.live()
         for model in models:
@@ -233,17 +249,19 @@ class Syncer:
                 continue
             if archive is None and self._installed(model) is None:
                 continue
-            out[model] = self._one(model, archive, wait_for_tag)
+            out[model] = self._one(model, archive, wait_for_tag, fresh=True)
             self._state_event(out[model])
         return out
 
     # --- one name ---------------------------------------------------------------------------
 
-    def _one(self, name: str, archive: Archive | None, wait_for_tag: bool = False) -> Outcome:
+    def _one(self, name: str, archive: Archive | None, wait_for_tag: bool = False, fresh: bool = False) -> Outcome:
         """Reconcile one name with the object S3 lists for it (None: it left S3). A bug or an unexpected OS
         error in one name must not stop the others."""
         try:
-            return self._reconcile(name, archive, wait_for_tag) if archive is not None else self._removed(name)
+            if archive is None:
+                return self._removed(name)
+            return self._reconcile(name, archive, wait_for_tag, fresh)
         except Exception as exc:
             self.log.exception("sync of %s failed unexpectedly", name)
             return Outcome.unexpected(name, exc, self._serving(name))
@@ -279,19 +297,26 @@ class Syncer:
             raise BundleConflict(f"{archive.key} holds model {name}, which already belongs to bundle {owner}")
         return self.models
 
-    def _reconcile(self, name: str, archive: Archive, wait_for_tag: bool) -> Outcome:
+    def _reconcile(self, name: str, listed: Archive, wait_for_tag: bool, fresh: bool = False) -> Outcome:
         try:
-            installer = self._installer(name, archive)
+            installer = self._installer(name, listed)
         except _Unread as unread:
-            return self._failed(name, archive, Attempt(name, Result.OK, key=archive.key, etag=archive.etag),
+            return self._failed(name, listed, Attempt(name, Result.OK, key=listed.key, etag=listed.etag),
                                 unread.error)  # fmt: skip
         except SyncError as exc:  # known from the listing alone
-            return self._fail_once(name, archive, exc)
+            return self._fail_once(name, listed, exc)
         current = installer.current(name)
+        plan: Plan | None = None
+        archive = listed  # what to install: S3's object, unless a rollout says otherwise
+        if self.rollouts is not None:
+            plan = self.rollouts.plan(name, listed, current, fresh)
+            if plan.install is None:
+                return Outcome.held(name, current, plan)
+            archive = plan.install
         serving = self._serving(name)
         staging_start = not self.triton_up and self.before_first_sync
         if current is not None and current.etag == archive.etag:
-            return self._loaded(installer, current, staging_start)
+            return self._settled(plan, self._loaded(installer, current, staging_start), current, False)
         memo = self.failed.get(name)
         if memo is not None and memo.etag == archive.etag and not self._memo_outdated(memo, archive):
             return Outcome.refused(name, memo.reason, serving, memo.expected)
@@ -308,14 +333,47 @@ class Syncer:
                 name, archive, attempt, lambda a: self._expected_hash(a, wait_for_tag), not staging_start
             )
         except SyncError as exc:
+            if plan is not None and self.rollouts is not None:
+                self.rollouts.failed(name, plan, archive, exc)
             return self._failed(name, archive, attempt, exc)
         now = installer.current(name)
         assert now is not None
         if not changed:  # the same content under a new object: nothing was installed
-            return self._loaded(installer, now, staging_start)
+            return self._settled(plan, self._loaded(installer, now, staging_start), now, False)
         self.failed.pop(name, None)
         self._record(attempt)
-        return Outcome.not_started(now) if staging_start else Outcome.synced(now, Result.OK)
+        if staging_start:
+            return self._settled(plan, Outcome.not_started(now), now, True)
+        return self._settled(plan, Outcome.synced(now, Result.OK), now, True)
+
+    def _settled(self, plan: Plan | None, outcome: Outcome, served: Served, installed: bool) -> Outcome:
+        """Tell the rollout what this host now serves (a canary's window starts, a rollback is logged)."""
+        if plan is not None and self.rollouts is not None and (outcome.in_sync or installed):
+            self.rollouts.settled(served.name, plan, served, installed)
+            if plan.reason and outcome.in_sync and not outcome.reason:
+                outcome.reason = plan.reason
+        return outcome
+
+    def identify(self, archive: Archive) -> tuple[str, str]:
+        """(the sha256 the object must hold, its version id), from a HEAD (and the tag, waited for); a rollout
+        names artifacts by it. Raises MissingHash when there is none and --allow-unverified is off."""
+        head = self.s3.head(archive)
+        sha, _ = self._expected_hash(head, wait_for_tag=True)
+        if not sha and not self.settings.allow_unverified:
+            raise MissingHash(
+                f"s3://{self.s3.bucket}/{archive.key} has no sha256 user metadata or tag "
+                "(upload with --metadata sha256=<hex>, or run with --allow-unverified)"
+            )
+        return sha or f"unverified-{head.etag.strip(chr(34))}", head.version_id
+
+    def entry_models(self, name: str) -> list[str]:
+        """The Triton models whose requests judge ``name`` in a rollout: a bundle's ensembles (its entry
+        points; all its models when it has none), else the model itself."""
+        state = self.bundles.state(name)
+        if state is None:
+            return [name]
+        ensembles = sorted(m for m, p in state.parts.items() if p.ensemble)
+        return ensembles or sorted(state.parts)
 
     def _loaded(self, installer: Installer, current: Served, staging_start: bool) -> Outcome:
         """Installed from the object S3 holds: confirm Triton serves it, load it again when it does not."""
@@ -424,7 +482,7 @@ class Syncer:
             return
         in_sync = sum(1 for o in report.outcomes.values() if o.in_sync and not o.gone)
         out = sum(1 for o in report.outcomes.values() if not o.in_sync)
-        self.recorder.host_state(in_sync, out, since)
+        self.recorder.host_state(in_sync, out, since, self.rollouts.in_flight() if self.rollouts else None)
 
 
 class _Unread(Exception):

@@ -24,7 +24,7 @@ from exporter.sources import Collected, ModelConfig, VersionState
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.promtext import Parser
 from modelsync.errors import Result
-from modelsync.metrics import METRICS, PHASES, Attempt, ModelState, Recorder
+from modelsync.metrics import METRICS, PHASES, ROLLOUT_METRICS, Attempt, ModelState, Recorder
 from render import alarms, dashboard, render
 from render.base.options import Options
 from telemetry.sinks import StreamSink
@@ -106,7 +106,9 @@ def run_modelsync(namespace: str = "Triton") -> list[bytes]:
             )
         )
     rec.model_state(ModelState("add", True, serving="a" * 64, expected="a" * 64))
-    rec.host_state(1, 0, 5.0)
+    rec.host_state(1, 0, 5.0, 1)
+    for metric in ROLLOUT_METRICS:  # one rollout decision each, as rollout.py writes them
+        rec.rollout("add", {metric: 1.0}, {"verdict": "promoted", "artifact": "b" * 64, "evidence": {"canary": {}}})
     return buf.getvalue().splitlines()
 
 
