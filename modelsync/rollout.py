@@ -133,6 +133,7 @@ class Rollouts:
         # A canary's window starts this long after its new artifact is READY: the first requests of a freshly
         # loaded model (lazy initialisation, a cold cache) are not what it will serve.
         self.settle = self.progress
+        self.warm = max(1, min(10, settings.bake_min_requests // 10))  # ... nor are its first few requests
         self.stale = stale_after(settings.bake_seconds)
         self.conditions = Conditions(log)
         self._lock = threading.Lock()
@@ -170,7 +171,7 @@ class Rollouts:
                 self._canary_serving(name, served)
             if plan.left and installed:
                 self._rolled_back(name, plan, served)
-        except SyncError as exc:
+        except (SyncError, ScrapeError) as exc:
             self.log.warning("rollout of %s: %s; tried again at the next reconcile", name, exc,
                              extra={"fields": {"model": name}})  # fmt: skip
 
@@ -294,19 +295,23 @@ class Rollouts:
             return False
         self.conditions.set("rollout-metrics", None)
         me.seen = now
-        if me.since is None:  # settled: the canary's window starts now
-            me.since, me.start, me.window = now, snap, Window()
+        if me.since is None:  # settled, and warm once it served its first requests: the window starts now
+            if window(me.start, snap).requests >= self.warm:
+                me.since, me.start, me.window = now, snap, Window()
             return True
         me.window = window(me.start, snap)
         return True
 
     def _judge(self, name: str, new: State, now: float) -> Judgement | None:
+        """Once every live canary has baked (from its window's start; from its READY while no request has
+        warmed it up): the verdict. A canary still cold by then has no window: that is no evidence, WAIT."""
         r = new.rollout
         assert r is not None
         canaries = r.live(CANARY)
-        if not canaries or any(p.since is None for p in canaries):
+        if not canaries or any(p.ready is None for p in canaries):
             return None
-        baked = now - max(p.since or 0.0 for p in canaries)  # the youngest canary's bake
+        starts = [p.since if p.since is not None else (p.ready or 0.0) + self.settle for p in canaries]
+        baked = now - max(starts)  # the youngest canary's bake
         if baked < self.thresholds.bake_seconds:
             return None
         canary = _total(p.window for p in canaries)
@@ -508,7 +513,8 @@ class Rollouts:
             new = state.copy()
             assert new.rollout is not None
             now = self.ledger.now()
-            new.rollout.participants[self.host] = replace(me, ready=now, seen=now)
+            start = scrape(self.session, self.settings.triton_metrics_url, set(self._entries(name)))
+            new.rollout.participants[self.host] = replace(me, ready=now, seen=now, start=start)
             try:
                 self._write(new, etag)
             except Conflict:
