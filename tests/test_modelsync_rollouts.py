@@ -133,6 +133,7 @@ def test_an_artifact_failing_every_request_is_rejected_and_never_leaves_the_cana
     assert decision["evidence"]["thresholds"]["max_failure_increase"] == 0.01
     back = wait_for(lambda: [d for d in canary.decisions(model) if d["verdict"] == "rolled back"], timeout=10)
     assert len(back) == 1 and back[0]["artifact"] == decision["artifact"], canary.decisions(model)
+
     def emf() -> list[dict[str, Any]]:
         return [d for d in map(json.loads, canary.emf.read_text().splitlines()) if d.get("model") == model]
 
