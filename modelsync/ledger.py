@@ -21,6 +21,8 @@ host whose clock is off neither bakes too short nor declares the others dead.
 from __future__ import annotations
 
 import json
+import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -35,6 +37,7 @@ from .s3 import Archive
 STATE_DIR = ".modelsync/rollouts/"
 MAX_STATE = 1024 * 1024  # bytes of one state object read at most
 MAX_VERDICTS = 50  # past verdicts kept per model (the oldest go)
+CLOCK_LATENCY = 0.25  # seconds an answer may take to reach us after S3 stamped its Date
 CANARY, CONTROL = "canary", "control"
 PROMOTED, REJECTED, SUPERSEDED = "promoted", "rejected", "superseded"
 
@@ -264,18 +267,33 @@ class Ledger:
         self.bucket = bucket
         self.prefix = prefix
         self.clock = clock
-        self._offset = 0.0  # S3's clock minus ours, from the Date header of its last answer
+        # S3's clock minus ours lies in [lo, hi]: each answer's Date (whole seconds) narrows it down.
+        self._lo, self._hi = -math.inf, math.inf
+        self._last = -math.inf
+        self._clock_lock = threading.Lock()
 
     def now(self) -> float:
-        """Unix time on S3's clock, as of its last answer (one-second resolution, rounded to the middle)."""
-        return self.clock() + self._offset
+        """Unix time on S3's clock: ours plus the offset its answers' Date headers allow, never going back."""
+        with self._clock_lock:
+            offset = (self._lo + self._hi) / 2 if math.isfinite(self._lo + self._hi) else 0.0
+            self._last = max(self._last, self.clock() + offset)
+            return self._last
 
     def _note_clock(self, resp: Any) -> None:
+        """A Date of D seconds was stamped at some instant of [D, D + 1) by S3's clock, before we read it: the
+        offset is at least D - (our time now) and at most D + 1 - (our time now) + a little latency. The
+        bounds of successive answers are intersected; bounds that do not meet mean a clock jumped: start over."""
         try:
-            date = resp["ResponseMetadata"]["HTTPHeaders"]["date"]
-            self._offset = parsedate_to_datetime(date).timestamp() + 0.5 - self.clock()
+            date = parsedate_to_datetime(resp["ResponseMetadata"]["HTTPHeaders"]["date"]).timestamp()
         except (KeyError, TypeError, ValueError, IndexError):
-            pass
+            return
+        local = self.clock()
+        lo, hi = date - local, date + 1.0 - local + CLOCK_LATENCY
+        with self._clock_lock:
+            if max(lo, self._lo) > min(hi, self._hi):
+                self._lo, self._hi = lo, hi
+            else:
+                self._lo, self._hi = max(lo, self._lo), min(hi, self._hi)
 
     def key(self, model: str) -> str:
         return state_key(self.prefix, model)
