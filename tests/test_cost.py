@@ -164,16 +164,16 @@ def test_metric_tiers() -> None:
 
 def test_alarms_bill_insights_alarms_per_model() -> None:
     e = cost.estimate(cost.Deployment(200, gpus=8), OPTS)
-    assert e.alarms == 11  # 9 exporter alarms, model sync's failure and version-skew alarms
-    # 7 classic alarms (the TTFT one included: billed without data too) + 2 GROUP BY model alarms x 200 models
-    # + the skew alarm's two INSIGHT_RULE_METRIC; the KV-cache GROUP BY alarm analyzes nothing without
-    # TensorRT-LLM models.
-    assert e.alarm_metrics == 7 + 2 * 200 + 2
+    assert e.alarms == 13  # 9 exporter alarms; model sync's failure, version-skew and two rollout alarms
+    # 9 classic alarms (the TTFT one included: billed without data too; the two of rollouts) + 2 GROUP BY
+    # model alarms x 200 models + the skew alarm's two INSIGHT_RULE_METRIC; the KV-cache GROUP BY alarm
+    # analyzes nothing without TensorRT-LLM models.
+    assert e.alarm_metrics == 9 + 2 * 200 + 2
     # ...plus the skew alarm's two rules: $0.50 each and $0.02 per million events (2 rules x 200 models x
     # 1 task x 12 reconciles an hour x 730 hours).
-    assert e.alarms_usd == pytest.approx(0.1 * (7 + 400 + 2) + 2 * 0.5 + 2 * 200 * 12 * 730 / 1e6 * 0.02)
+    assert e.alarms_usd == pytest.approx(0.1 * (9 + 400 + 2) + 2 * 0.5 + 2 * 200 * 12 * 730 / 1e6 * 0.02)
     trt = cost.estimate(cost.Deployment(200, gpus=8, llm_models=20, llm_backend="tensorrt_llm"), OPTS)
-    assert trt.alarm_metrics == 7 + 2 * 200 + 20 + 2
+    assert trt.alarm_metrics == 9 + 2 * 200 + 20 + 2
 
 
 def test_docs_show_the_current_cost_table() -> None:
@@ -204,7 +204,9 @@ def test_model_sync_metrics_are_counted_as_its_recorder_writes_them() -> None:
     assert abs(cost.modelsync_bytes(OPTS.modelsync, replace(d, model_name_length=len("model_0"))) - real) < 0.1 * real
     with_sync, without = cost.estimate(d, OPTS), cost.estimate(replace(d, modelsync=False), OPTS)
     assert with_sync.metrics - without.metrics == with_sync.sync_metrics == 1 + 7 + 3
-    assert with_sync.alarms - without.alarms == 2  # the sync-failure and version-skew alarms
+    assert with_sync.alarms - without.alarms == 4  # sync failures, version skew, a rollout rejected or waiting
+    rolling = cost.estimate(replace(d, rollouts=True), OPTS)
+    assert rolling.sync_metrics - with_sync.sync_metrics == 1  # RolloutsInFlight, on the host event
     assert with_sync.gb_per_month > without.gb_per_month
 
 

@@ -228,7 +228,7 @@ def test_log_widgets_use_the_fluent_bit_group_names() -> None:
     # Fluent Bit's groups: errors, and exporter (the trace relay's slow-request lines); and the modelsync
     # daemon's own awslogs group (deploy/stack.yaml).
     triton = [q for q in queries if not q.startswith((f"SOURCE '{prefix}/modelsync'", f"SOURCE '{prefix}/exporter'"))]
-    assert len(triton) == len(queries) - 3 and all(q.startswith(f"SOURCE '{prefix}/errors'") for q in triton)
+    assert len(triton) == len(queries) - 4 and all(q.startswith(f"SOURCE '{prefix}/errors'") for q in triton)
     assert "log_group_name      ${TRITON_LOG_GROUP_PREFIX}/exporter" in conf
 
 
@@ -251,7 +251,7 @@ def _alarms(files: dict[str, str]) -> dict[str, dict[str, Any]]:
 def test_cli_files_pass_botocore_validation(which: str, request: pytest.FixtureRequest) -> None:
     files = request.getfixturevalue(which)
     alarms = _alarms(files)
-    assert len(alarms) == (11 if which == "default_files" else 20)
+    assert len(alarms) == (13 if which == "default_files" else 22)
     for body in alarms.values():
         _validate(CLOUDWATCH, "PutMetricAlarm", body)
     rules = {rel: json.loads(t) for rel, t in files.items() if "/insight-rule-" in rel}
