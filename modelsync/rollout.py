@@ -71,6 +71,7 @@ from .settings import Settings
 CAS_TRIES = 5  # compare-and-swap rounds before a decision is left to the next reconcile
 MIN_BEFORE = 10.0  # seconds of the previous artifact's counters needed for a same-host baseline
 WAIT_LOG_EVERY = 300.0  # a rollout waiting for evidence says so again this often
+MAX_LOST = 20  # lost participants kept in the state (the oldest go)
 
 
 def progress_every(bake: float) -> float:
@@ -134,6 +135,8 @@ class Rollouts:
         # loaded model (lazy initialisation, a cold cache) are not what it will serve.
         self.settle = self.progress
         self.warm = max(1, min(10, settings.bake_min_requests // 10))  # ... nor are its first few requests
+        # A canary still installing after this long (a disk that stays full, S3 refusing) lets its slot go.
+        self.install_deadline = max(900.0, 2 * settings.bake_seconds)
         self.stale = stale_after(settings.bake_seconds)
         self.conditions = Conditions(log)
         self._lock = threading.Lock()
@@ -256,8 +259,13 @@ class Rollouts:
             baking = baking and me is not None and me.since is not None
             lost = [p for p in r.participants.values() if not p.lost and p.host != self.host
                     and now - p.seen > self.stale]  # fmt: skip
+            if me is not None and not me.lost and me.ready is None and now - me.claimed > self.install_deadline:
+                lost.append(me)  # a canary that cannot install it: its slot goes to another host
             for p in lost:
                 p.lost = changed = True
+            gone = sorted((p for p in r.participants.values() if p.lost), key=lambda p: p.seen)
+            for p in gone[: max(0, len(gone) - MAX_LOST)]:  # the state stays small whatever happens
+                del r.participants[p.host]
             judged = self._judge(name, new, now) if me is not None and me.role == CANARY and not me.lost else None
             if judged is not None and judged.verdict in (PROMOTE, REJECT):
                 verdict = PROMOTED if judged.verdict == PROMOTE else REJECTED
@@ -276,8 +284,12 @@ class Rollouts:
                 self._decision(name, "baking", r, f"canary {self.host} serves {short(r.artifact.sha256)}; the verdict "
                                f"comes after {self.thresholds.bake_seconds:g} s", {}, {})  # fmt: skip
             for p in lost:
-                self._decision(name, "participant lost", r, f"{p.role} {p.host} silent for {now - p.seen:.0f} s "
-                               f"(over {self.stale:.0f} s): its slot is free", {}, {}, logging.WARNING)  # fmt: skip
+                why = (
+                    f"canary {p.host} could not install it within {self.install_deadline:.0f} s"
+                    if p is me
+                    else f"{p.role} {p.host} silent for {now - p.seen:.0f} s (over {self.stale:.0f} s)"
+                )
+                self._decision(name, "participant lost", r, f"{why}: its slot is free", {}, {}, logging.WARNING)
             if judged is not None:
                 self._after_judgement(name, r, judged, now)
             return

@@ -438,3 +438,18 @@ def test_the_cli_names_what_is_wrong_and_steers_what_is_right(moto, metrics) -> 
     state = a.ledger.read("add")[0]
     assert state is not None and state.stable is not None and state.stable.sha256 == "b" * 64
     assert a.plan("add", listed(put["ETag"]), V1, fresh=True).install is not None  # every host installs it now
+
+
+def test_a_canary_that_cannot_install_in_time_lets_its_slot_go(moto, metrics) -> None:  # noqa: F811
+    bucket = new_bucket(moto)
+    a, records, _ = coordinator(moto, bucket, "a", metrics.url)
+    b, _, _ = coordinator(moto, bucket, "b", metrics.url, live=lambda: 1)
+    a.plan("add", listed('"e1"'), V1)
+    assert a.plan("add", listed('"e2"'), V1, fresh=True).role == CANARY  # ... and its install keeps failing
+    a.install_deadline = 0.0
+    time.sleep(1.1)  # S3's clock has whole seconds
+    a.tick()
+    state = a.ledger.read("add")[0]
+    assert state is not None and state.rollout is not None and state.rollout.participants["a"].lost
+    assert any("could not install it within" in m for m in records.messages(logging.WARNING))
+    assert b.plan("add", listed('"e2"'), V1, fresh=True).role == CANARY  # the slot is free for another host
