@@ -529,7 +529,12 @@ def test_a_rollout_in_the_task_rejects_a_failing_build_on_its_own_tritons_metric
             return [v["verdict"] for v in doc["verdicts"]]
 
         wait_until(lambda: "rejected" in verdicts(), 120, "the failing build rejected")
-        wait_until(lambda: infer_add(task, 0.0) == 1.0, 60, "add v1 served again")
+        def answer() -> float:
+            body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [0.0]}]})
+            status, raw = http_post(f"http://{task.ip()}:8000/v2/models/add/infer", body.encode())
+            return float(json.loads(raw)["outputs"][0]["data"][0]) if status == 200 else float("nan")
+
+        wait_until(lambda: answer() == 1.0, 60, "add v1 served again")
     finally:
         stop = True
         thread.join(10)
