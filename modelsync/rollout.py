@@ -162,8 +162,10 @@ class Rollouts:
             except Conflict:
                 continue
             except SyncError as exc:
-                return self._keep(current, f"the rollout state cannot be used: {exc}", transient=True)
-        return self._keep(current, "the rollout state kept changing under this host; tried again next time", True)
+                return Plan(None, reason=f"the rollout state cannot be used: {exc}", transient=True)
+        return Plan(
+            None, reason="the rollout state kept changing under this host; tried again next time", transient=True
+        )
 
     def settled(self, name: str, plan: Plan, served: Served, installed: bool) -> None:
         """The reconcile carried ``plan`` out and Triton serves ``served`` (``installed``: it switched now)."""
@@ -450,13 +452,10 @@ class Rollouts:
         if current is not None and current.sha256 == stable.sha256:
             return Plan(None, role=role, reason=f"{reason}: serving the stable artifact {short(stable.sha256)}")
         if not stable.version_id:
-            return self._keep(current, f"{reason}, and the stable artifact {short(stable.sha256)} has no S3 version "
-                              "id (an unversioned bucket): it cannot be fetched")  # fmt: skip
+            return Plan(None, reason=f"{reason}, and the stable artifact {short(stable.sha256)} has no S3 version id "
+                        "(an unversioned bucket): it cannot be fetched")  # fmt: skip
         return Plan(stable.archive(name), role=role, reason=f"{reason}: installing the stable artifact "
                     f"{short(stable.sha256)}", left=current.sha256 if current else "")  # fmt: skip
-
-    def _keep(self, current: Served | None, reason: str, transient: bool = False) -> Plan:
-        return Plan(None, reason=reason, transient=transient)
 
     def _without_versions(self, name: str, listed: Archive) -> Plan:
         if name not in self._unversioned:
