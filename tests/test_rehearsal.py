@@ -529,6 +529,7 @@ def test_a_rollout_in_the_task_rejects_a_failing_build_on_its_own_tritons_metric
             return [v["verdict"] for v in doc["verdicts"]]
 
         wait_until(lambda: "rejected" in verdicts(), 120, "the failing build rejected")
+
         def answer() -> float:
             body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [0.0]}]})
             status, raw = http_post(f"http://{task.ip()}:8000/v2/models/add/infer", body.encode())
