@@ -453,3 +453,21 @@ def test_a_canary_that_cannot_install_in_time_lets_its_slot_go(moto, metrics) ->
     assert state is not None and state.rollout is not None and state.rollout.participants["a"].lost
     assert any("could not install it within" in m for m in records.messages(logging.WARNING))
     assert b.plan("add", listed('"e2"'), V1, fresh=True).role == CANARY  # the slot is free for another host
+
+
+def test_a_canary_whose_triton_stops_answering_goes_silent_and_loses_its_slot(moto, metrics) -> None:  # noqa: F811
+    bucket, (a,), _ = baked(moto, metrics, ["a"], bake=30.0)
+    b, _, _ = coordinator(moto, bucket, "b", metrics.url, bake=30.0)
+    b.plan("add", listed('"e2"'), V1, fresh=True)  # b follows the rollout (a control)
+    seen = a.ledger.read("add")[0].rollout.participants["a"].seen  # type: ignore[union-attr]
+    metrics.server.shutdown()  # a's Triton is gone: a cannot read its counters ...
+    metrics.server.server_close()
+    a.tick()
+    state = a.ledger.read("add")[0]
+    assert state is not None and state.rollout is not None and state.rollout.participants["a"].seen == seen
+    b.stale = 1.0  # ... so it refreshes nothing, and another daemon finds it silent
+    time.sleep(2.1)
+    b.tick()
+    state = b.ledger.read("add")[0]
+    assert state is not None and state.rollout is not None and state.rollout.participants["a"].lost
+    assert state.verdicts == []  # nothing promoted on its word
