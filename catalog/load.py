@@ -87,8 +87,9 @@ METRIC_KEYS = {
     "override",
 }
 DIMENSION_KEYS = {"help", "values"}
-MODELSYNC_EVENTS = ("attempt", "model", "host")
-"""The events model sync writes (modelsync/metrics.py): one per attempt, per model and reconcile, per reconcile."""
+MODELSYNC_EVENTS = ("attempt", "model", "host", "rollout")
+"""The events model sync writes (modelsync/metrics.py): one per attempt, per model and reconcile, per reconcile,
+per rollout decision."""
 INPUT_KEYS = {"family", "sample", "split", "select", "scale", "cumulative", "decoupled"}
 SUFFIXES = ("_bucket", "_sum", "_count")
 

@@ -2,6 +2,7 @@
 
     python -m modelsync [settings]     the daemon: reconcile at start, every --interval, and on SQS events
     python -m modelsync --once [...]   one reconcile; exit 0 when every model in S3 is installed and READY
+    python -m modelsync rollout status|promote|reject ...   the operator's view of safe rollouts (rolloutcli.py)
 
 Exit codes: 0 done (or in sync with --once), 1 something could not be
 applied (--once) or the store is held by another daemon, 2 invalid settings.
@@ -26,8 +27,10 @@ from .events import EventFilter, Pending, QueuePoller
 from .fanout import Fanout, build_fanout
 from .fsio import FileSystem, LocalFileSystem
 from .health import HEARTBEAT_EVERY, Status
+from .ledger import Ledger
 from .metrics import Recorder
 from .reconcile import Report, Syncer
+from .rollout import Rollouts
 from .s3 import S3, make_client
 from .settings import ConfigError, Settings, load
 from .store import Store, StoreError
@@ -105,6 +108,17 @@ def build(
             sqs_client,
             sns_client,
         )
+    if settings.canary_fraction > 0:
+        syncer.rollouts = Rollouts(
+            settings,
+            Ledger(s3_conn, settings.bucket, settings.prefix),
+            recorder,
+            logging.getLogger(f"{LOGGER}.rollout"),
+            syncer.identify,
+            syncer.entry_models,
+            fanout.live_hosts if fanout is not None else lambda: None,
+            participate=not settings.once,
+        )
     return App(settings, store, syncer, sink, poller, pending, fanout)
 
 
@@ -160,12 +174,34 @@ def heartbeat(app: App, stop: threading.Event, log: logging.Logger) -> threading
     return thread
 
 
+def rollout_ticks(app: App, stop: threading.Event, log: logging.Logger) -> threading.Thread | None:
+    """With safe rollouts: every few seconds, this host's evidence and verdicts (rollout.py), on a thread of its
+    own so that a long install of another model never silences a canary; the models it names are reconciled
+    by the loop."""
+    rollouts = app.syncer.rollouts
+    if rollouts is None:
+        return None
+
+    def run() -> None:
+        while not stop.wait(rollouts.progress):
+            try:
+                for model in rollouts.tick():
+                    app.pending.nudge(model)
+            except Exception:  # a bug in one tick must not end the rollouts
+                log.exception("rollout tick failed; continuing")
+
+    thread = threading.Thread(target=run, name="rollouts", daemon=True)
+    thread.start()
+    return thread
+
+
 def run_daemon(app: App, stop: threading.Event, log: logging.Logger) -> None:
     """Reconcile at start and every interval (fixed rate), and the models SQS events name in between; until
     the first sync is complete, every few seconds."""
     interval = app.settings.interval
     app.syncer.recover()
     heartbeat(app, stop, log)
+    rollout_ticks(app, stop, log)
     if app.poller is not None:
         app.poller.start()
     if app.fanout is not None:
@@ -182,6 +218,7 @@ def run_daemon(app: App, stop: threading.Event, log: logging.Logger) -> None:
                 "store": str(app.settings.store_root),
                 "queue": app.settings.queue_url,
                 "interval_s": interval,
+                "canary_fraction": app.settings.canary_fraction,
             }
         },
     )
@@ -212,6 +249,10 @@ def run_daemon(app: App, stop: threading.Event, log: logging.Logger) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     logs.catch_unexpected(LOGGER)  # no raw traceback on stderr, whatever fails (docs/reliability.md)
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["rollout"]:
+        from .rolloutcli import main as rollout_main
+
+        return rollout_main(argv[1:])
     try:
         settings = load(argv, os.environ)
     except ConfigError as exc:

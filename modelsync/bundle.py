@@ -1,7 +1,8 @@
-"""Bundles: one zip of several models (an ensemble and its steps) that switch together.
+"""Bundles: one zip of several models (an ensemble and its steps) that switch together; the install
+protocol of modelsync/install.py for them.
 
 A zip ``<prefix><bundle>.zip`` whose top level is exactly one directory named
-like the key is one model (reconcile.py, as before). Any other set of
+like the key is one model (models.py). Any other set of
 top-level directories makes it a bundle: each directory is a model, checked
 like a model archive (archive.py) and holding exactly one version directory.
 
@@ -66,6 +67,7 @@ from . import pbtxt
 from .archive import Limits, Plan, check_no_overlap, extract, inspect
 from .errors import DiskFull, DownloadError, LoadFailed, RolledBack, SyncError, UnsafeArchive
 from .fsio import FileSystem, LocalFileSystem, fsync_dir, raise_disk_full, write_durably
+from .install import ExpectedHash, Served
 from .metrics import Attempt
 from .pinning import free_check, pin, record_of, verify_hash
 from .s3 import S3, Archive
@@ -225,7 +227,7 @@ class Bundles:
         as one model, and one that turns out to hold several is refused by the model path after its
         download; a bundle's key that now holds one model is refused by the bundle path. Only a key never
         installed is peeked at, so an update costs no request more than its download."""
-        current = self.current(name)
+        current = self.state(name)
         if current is not None and current.etag == archive.etag:
             return sorted(current.parts)
         if current is None and single_installed:
@@ -238,7 +240,7 @@ class Bundles:
             return sorted(current.parts) if current is not None else None  # bundle path refuses the change
         return sorted(top_level(names))
 
-    def current(self, name: str) -> BundleState | None:
+    def state(self, name: str) -> BundleState | None:
         data = _read_json(self.home / name / "state.json")
         if not data or not isinstance(data.get("generation"), int) or data["generation"] < 1:
             return None
@@ -252,17 +254,28 @@ class Bundles:
     def names(self) -> list[str]:
         if not self.home.is_dir():
             return []
-        return sorted(p.name for p in self.home.iterdir() if self.current(p.name) is not None)
+        return sorted(p.name for p in self.home.iterdir() if self.state(p.name) is not None)
 
     def owner(self, model: str, besides: str = "") -> str | None:
         """The installed bundle that holds ``model`` (other than ``besides``), if any."""
         for name in self.names():
-            if name != besides and model in (self.current(name) or _EMPTY).parts:
+            if name != besides and model in (self.state(name) or _EMPTY).parts:
                 return name
         return None
 
-    def ready(self, state: BundleState) -> bool:
-        return all(self._version_ready(m, state.generation) for m in state.parts)
+    # --- the install protocol (modelsync/install.py) -------------------------------------------
+
+    removal = "removed bundle %s: no longer in S3, its models unloaded and deleted"
+
+    def current(self, name: str) -> Served | None:
+        state = self.state(name)
+        if state is None:
+            return None
+        return Served(name, state.sha256, state.etag, state.version_id, str(state.record.get("key", "")))
+
+    def ready(self, current: Served) -> bool:
+        state = self.state(current.name)
+        return state is not None and all(self._version_ready(m, state.generation) for m in state.parts)
 
     # --- installing ---------------------------------------------------------------------------
 
@@ -271,13 +284,13 @@ class Bundles:
         name: str,
         listed: Archive,
         attempt: Attempt,
-        expected_hash: Callable[[Archive], tuple[str, str]],
+        expected_hash: ExpectedHash,
         load: bool,
     ) -> bool:
         """Download, verify and extract every part, then switch them together; False when the object is new
         but its content is what is installed (nothing switched). Raises a SyncError; after a failed switch,
         RolledBack (the old generation serves) or LoadFailed (nothing of the bundle was there before)."""
-        current = self.current(name)
+        current = self.state(name)
         with attempt.phase("download"):
             archive, expected, source = pin(self.s3, listed, self.settings, attempt, expected_hash)
             if current is not None and expected and expected == current.sha256:
@@ -349,7 +362,7 @@ class Bundles:
         infos = zf.infolist()
         top = sorted(top_level([i.filename for i in infos]))
         if not is_bundle([i.filename for i in infos], name):  # a bundle's key now holds a single model
-            held = ", ".join(sorted((self.current(name) or _EMPTY).parts))
+            held = ", ".join(sorted((self.state(name) or _EMPTY).parts))
             raise UnsafeArchive(
                 f"{name}.zip holds one model but is installed as the bundle of {held}: delete the key (and let "
                 "--delete-removed remove the bundle) before a single model takes its name"
@@ -403,7 +416,7 @@ class Bundles:
         return plans, parts
 
     def _check_conflicts(self, name: str, parts: dict[str, Part]) -> None:
-        current = self.current(name)
+        current = self.state(name)
         mine = set(current.parts) if current else set()
         for model in sorted(parts):
             other = self.owner(model, besides=name)
@@ -531,16 +544,19 @@ class Bundles:
         if old is not None:
             self._write_json(self.home / name / "state.json", {**old.record, "high": g})
 
-    def ensure_loaded(self, state: BundleState) -> None:
+    def ensure_loaded(self, current: Served) -> None:
         """After a Triton restart or a failed load: load every model of the bundle that is not READY at its
         generation, steps first."""
+        state = self.state(current.name)
+        if state is None:
+            raise LoadFailed(f"bundle {current.name} is no longer installed")
         for m in state.order():
             if not self._version_ready(m, state.generation):
                 self._load(m, state.generation)
 
     def remove(self, name: str) -> None:
         """Unload every model of the bundle (ensembles first) and delete them; raises on a refused unload."""
-        state = self.current(name)
+        state = self.state(name)
         if state is None:
             return
         for m in reversed(state.order()):
@@ -563,7 +579,7 @@ class Bundles:
             if pending is None:
                 continue
             name = bundle_dir.name
-            state = self.current(name)
+            state = self.state(name)
             g = int(pending.get("generation") or 0)
             for m in pending.get("models") or []:
                 if state is not None and m in state.parts:

@@ -77,8 +77,10 @@ def reusable_files(installed: Installed | None) -> dict[str, Path]:
     return out
 
 
-def plan(manifest: Manifest, installed: Installed | None) -> Plan:
-    have = reusable_files(installed)
+def plan(manifest: Manifest, installed: Installed | None, previous: Installed | None = None) -> Plan:
+    """``previous``: the directory the installed one replaced (still in the store): a rollback to it (a rejected
+    rollout, modelsync/rollout.py) links every file from there, even those since overwritten in S3."""
+    have = {**reusable_files(previous), **reusable_files(installed)}
     fetch, link = [], []
     for f in manifest.files:
         source = have.get(f.sha256)
@@ -90,7 +92,7 @@ def plan(manifest: Manifest, installed: Installed | None) -> Plan:
 
 
 class DirectoryFetcher:
-    """One directory model's download into the store (the reconcile's ``_fetch`` for a manifest)."""
+    """One directory model's download into the store (models.py's fetch for a manifest; zipmodel.py's for a zip)."""
 
     def __init__(
         self,
@@ -132,7 +134,7 @@ class DirectoryFetcher:
                 if installed is not None and sha == installed.sha256:
                     return None
                 manifest = parse((staging / NAME).read_bytes(), self.limits)
-                todo = plan(manifest, installed)
+                todo = plan(manifest, installed, self.store.previous_installed(model))
             with attempt.phase("download"):
                 folder = listed.key[: -len(NAME)]
                 need = todo.disk_bytes(manifest, self.fs.block_size(self.store.staging))

@@ -9,7 +9,9 @@ reconcile lists S3 and decides). What this module does with them:
 - drops duplicates and events older than one already seen for the same key
   (S3's ``sequencer``: hex strings, compared after right-padding the shorter
   with zeros; events without one are ordered by event time);
-- keeps only the newest pending event per model.
+- keeps only the newest pending event per model;
+- maps a rollout state object (``<prefix>.modelsync/rollouts/<model>.json``, ledger.py) to its model: a
+  verdict written there reaches every daemon like an upload.
 
 An EventBridge key is used as given and also URL-decoded when that differs:
 reconciling a name that does not exist costs one listing and does nothing.
@@ -27,6 +29,7 @@ from urllib.parse import unquote_plus
 
 from telemetry.logs import Conditions
 
+from .ledger import model_of_state
 from .s3 import model_of
 
 MAX_SEEN = 100_000
@@ -121,7 +124,7 @@ class EventFilter:
 
     def accept(self, ev: ObjectEvent) -> str | None:
         """The model to reconcile for this event, or None (duplicate, stale, not ours)."""
-        model = model_of(ev.key, self.prefix)
+        model = model_of(ev.key, self.prefix) or model_of_state(ev.key, self.prefix)  # an upload, or a rollout
         if ev.bucket != self.bucket or model is None:
             self.foreign += 1
             return None
@@ -160,6 +163,13 @@ class Pending:
             out = dict(self._models)
             self._models.clear()
             return out
+
+    def nudge(self, model: str) -> None:
+        """Reconcile ``model`` soon although no event named it (a rollout in flight, modelsync/rollout.py)."""
+        with self._cond:
+            if model not in self._models:
+                self._models[model] = ObjectEvent("", "", False)
+            self._cond.notify()
 
     def wake(self) -> None:
         with self._cond:

@@ -591,6 +591,29 @@ class Fanout:
         )
         return report
 
+    def live_hosts(self) -> int | None:
+        """How many daemons read a queue of this fleet now (this one included): queues of our name form whose
+        last sign of life is within the lease. None when SQS cannot be asked. A rollout sizes its canary
+        share with it; a daemon killed moments ago still counts until its queue's lease runs out."""
+        report = SweepReport()
+        listed = self._list_queues(report)
+        if listed is None:
+            return None
+        now = self.now()
+        live = 0
+        for url in listed:
+            if url == self.queue_url or _queue_name(url) == self.queue_name:
+                live += 1
+                continue
+            try:
+                idle = self._idle_seconds(url, now)
+            except Exception:
+                continue  # deleted meanwhile, or unreadable: not a host to count on
+            live += idle is None or idle <= self.lease
+        if not self.queue_url:
+            live += 1  # this daemon, whose queue is still being made
+        return live
+
     def _list_queues(self, report: SweepReport) -> list[str] | None:
         """Queue URLs of our name form (ListQueues with the prefix, every page); None when the listing failed."""
         urls: list[str] = []

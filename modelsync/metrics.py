@@ -9,14 +9,16 @@ metric breaks the render instead of leaving an empty widget. The result
 names of :class:`modelsync.errors.Result` are checked against the pack when
 this module is imported.
 
-Three kinds of event, each one EMF document:
+Four kinds of event, each one EMF document:
 
 - ``attempt``: one per sync attempt of one model (dimensions ``model`` and
   ``result``), with the phase durations it reached;
 - ``model``: one per model per reconcile, ``ModelInSync`` 0/1, carrying the
   ``ModelArtifact`` property (the sha256 Triton serves from this host) so
   Logs Insights can count distinct builds of a model across hosts;
-- ``host``: one per reconcile, the host's totals.
+- ``host``: one per reconcile, the host's totals (``RolloutsInFlight`` with safe rollouts on);
+- ``rollout``: one per decision of a safe rollout (dimension ``model``), from the host that made it, with
+  the verdict, the artifacts and the evidence as properties (modelsync/rollout.py).
 
 Every dimension set starts with the empty one: a service-wide series per
 metric (what the alarm reads); the host is a property, never a dimension
@@ -36,7 +38,8 @@ from telemetry.sinks import Sink
 
 from .errors import Result
 
-ATTEMPT, MODEL, HOST = "attempt", "model", "host"
+ATTEMPT, MODEL, HOST, ROLLOUT = "attempt", "model", "host", "rollout"
+ROLLOUT_METRICS = ("RolloutsStarted", "RolloutsPromoted", "RolloutsRejected", "RolloutRollbacks", "RolloutEvidenceWait")
 PHASES = ("download", "verify", "extract", "swap", "load")
 KEYS = EVENT_KEYS[Scope.MODELSYNC]  # model, result: what an event may carry as dimensions
 
@@ -52,7 +55,8 @@ def check_pack(pack: Catalog) -> None:
     wanted = {
         *(f"Sync{p.title()}Time" for p in PHASES),
         "SyncAttempts", "SyncFailures", "SyncUploadToReady", "SyncBytesDownloaded",
-        "ModelInSync", "ModelsInSync", "ModelsOutOfSync", "SecondsSinceLastSuccess",
+        "ModelInSync", "ModelsInSync", "ModelsOutOfSync", "SecondsSinceLastSuccess", "RolloutsInFlight",
+        *ROLLOUT_METRICS,
     }  # fmt: skip
     missing = sorted(wanted - {m.name for m in pack.metrics})
     if missing:
@@ -154,12 +158,29 @@ class Recorder:
         self._send(Event(Scope.MODELSYNC, dims, {"ModelInSync": 1.0 if s.in_sync else 0.0}, props))
 
     def host_state(
-        self, in_sync: int | None, out_of_sync: int | None, since_success: float | None, **props: object
+        self,
+        in_sync: int | None,
+        out_of_sync: int | None,
+        since_success: float | None,
+        in_flight: int | None = None,
+        **props: object,
     ) -> None:
-        """Counts are None when S3 could not be listed: no number rather than a wrong one."""
+        """Counts are None when S3 could not be listed: no number rather than a wrong one. ``in_flight``: the
+        rollouts this host knows of (None: safe rollouts are off)."""
         values: dict[str, float] = {}
         if in_sync is not None and out_of_sync is not None:
             values = {"ModelsInSync": float(in_sync), "ModelsOutOfSync": float(out_of_sync)}
         if since_success is not None:
             values["SecondsSinceLastSuccess"] = round(max(0.0, since_success), 3)
+        if in_flight is not None:
+            values["RolloutsInFlight"] = float(in_flight)
         self._send(Event(Scope.MODELSYNC, {}, values, {"host": self.host, **props}))
+
+    def rollout(self, model: str, values: dict[str, float], props: dict[str, object]) -> None:
+        """One decision of a rollout (``values``: some of :data:`ROLLOUT_METRICS`); ``props`` carry the verdict,
+        the artifacts and the evidence."""
+        unknown = set(values) - set(ROLLOUT_METRICS)
+        if unknown:
+            raise ValueError(f"not rollout metrics: {sorted(unknown)}")
+        dims = dimensions_for(("model",), {"model": model}, props)
+        self._send(Event(Scope.MODELSYNC, dims, values, {"host": self.host, **props}))

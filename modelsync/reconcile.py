@@ -1,71 +1,55 @@
-"""The reconcile: compare S3 with the store and Triton, and bring each model in sync.
+"""The reconcile: compare S3 with the store and Triton, and bring each model or bundle in sync.
 
-A model is in sync when its link points at the directory extracted from the
-archive S3 holds now (same ETag, or the same sha256 under a new ETag) and
-Triton reports it READY. Otherwise one attempt runs, in phases:
+A name (a model, or a bundle of models) is in sync when what is installed under it came from the object S3
+holds now (same ETag, or the same sha256 under a new ETag) and Triton serves it. Otherwise one attempt runs
+through the install protocol (modelsync/install.py), the same for every kind of artifact: a model's zip
+(zipmodel.py) or directory (dirmodel.py), both installed by models.py, or a bundle (bundle.py). The phases
+of an attempt (download, verify, extract, swap, load) are the installers'; what is decided here is written
+once for all of them:
 
-    download  HEAD (version id, expected sha256), free-space check, GET pinned, streamed and hashed
-    verify    sha256 and length, then the archive's central directory (archive.py)
-    extract   into staging, fsync'd, renamed into <store>/<model>/<sha256>
-    swap      the link flipped atomically
-    load      Triton load call, READY confirmed; on failure the link flips back
+- which installer a listed object belongs to (:meth:`Syncer._installer`: a key keeps its kind);
+- a failure caused by the archive itself is remembered (:class:`Memo`) and not retried until the object
+  changes; one caused by the surroundings (S3, disk, Triton down) is retried at the next reconcile;
+- before the repository's first complete sync, and while Triton does not answer (in the Triton task,
+  Triton starts only once this daemon is healthy), an attempt stops after the swap: Triton loads the links
+  at its start (``--load-model=*``). After the first sync, an install waits for Triton to answer before it
+  downloads anything, so a link never flips under a Triton that is starting or down;
+- what is installed but not READY is loaded again; what left S3 is kept, or removed (--delete-removed).
 
-Before the repository's first complete sync, and while Triton does not
-answer (in the Triton task, Triton starts only once this daemon is healthy),
-an attempt stops after the swap: Triton loads the links at its start
-(``--load-model=*``). After the first sync, an install waits for Triton to
-answer before it downloads anything, so a link never flips under a Triton
-that is starting or down.
-
-A model is an archive (``<prefix><model>.zip``) or a directory with a
-manifest (``<prefix><model>/manifest.json``): ``_fetch`` hands the latter to
-dirmodel.py, which downloads only the files that changed; the rest is the same.
-
-Several repositories may share one store (the Triton tasks of one
-instance): an archive another repository already extracted is linked
-instead of downloaded again (``Store.claim`` and ``Store.reusable``).
-
-Any failure leaves the link where it was (or puts it back) and Triton
-serving what the disk says. A failure caused by the archive itself is
-remembered and not retried until the object changes; one caused by the
-surroundings (S3, disk, Triton down) is retried at the next reconcile.
+Any failure leaves the installed artifact serving (or puts it back), and Triton serving what the disk says.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import time
-import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import partial
-from pathlib import Path
 
-from .archive import Limits, extract, inspect
-from .bundle import BundleConflict, Bundles, BundleState, is_bundle, top_level
-from .dirmodel import DirectoryFetcher
-from .errors import (
-    DownloadError,
-    Result,
-    RolledBack,
-    SyncError,
-    UnsafeArchive,
-)
+from .archive import Limits
+from .bundle import BundleConflict, Bundles
+from .errors import DownloadError, MissingHash, Result, SyncError, UnsafeArchive
 from .fsio import FileSystem
 from .health import Status
+from .install import Installer, Served
 from .metrics import Attempt, ModelState, Recorder
-from .pinning import free_check, pin, record_of, verify_hash
+from .models import Models
+from .rollout import Plan, Rollouts
 from .s3 import S3, Archive
 from .settings import Settings
-from .store import Installed, Store, model_name_problem
+from .store import Store, model_name_problem
 from .triton import Triton
 
 TAG_POLL = 1.0
+NOT_STARTED = "installed; Triton is not running yet and loads it at its start"
+KEPT = "no longer in S3; kept (run with --delete-removed to unload and delete it)"
+REMOVED = "removed: no longer in S3, unloaded and deleted"
 
 
 @dataclass
 class Outcome:
+    """One name at the end of a reconcile. Built only through the named constructors below."""
+
     model: str
     in_sync: bool
     reason: str = ""
@@ -76,6 +60,63 @@ class Outcome:
     version_id: str = ""
     gone: bool = False  # removed from S3 and deleted here (--delete-removed): no longer a model of this host
     transient: bool = False  # failed for a reason outside the archive: retried, and the first sync is not complete
+
+    @classmethod
+    def synced(cls, served: Served, result: str = "") -> Outcome:
+        """Installed from the object S3 holds and READY (``result``: the attempt that made it so, if any)."""
+        return cls(served.name, True, result=result, serving=served.sha256, expected=served.sha256,
+                   version_id=served.version_id)  # fmt: skip
+
+    @classmethod
+    def not_started(cls, served: Served) -> Outcome:
+        """Installed before Triton's first start: in sync only once Triton loaded it."""
+        return cls(served.name, False, NOT_STARTED, serving=served.sha256, expected=served.sha256,
+                   version_id=served.version_id)  # fmt: skip
+
+    @classmethod
+    def failure(cls, name: str, exc: SyncError, serving: str, expected: str = "", version_id: str = "") -> Outcome:
+        """An attempt (or Triton's readiness) failed; ``serving`` is what stays installed."""
+        return cls(name, False, str(exc), result=exc.result, failed=True, serving=serving, expected=expected,
+                   version_id=version_id, transient=exc.transient)  # fmt: skip
+
+    @classmethod
+    def refused(cls, name: str, reason: str, serving: str, expected: str = "") -> Outcome:
+        """Not attempted: the listing alone, or a remembered failure of this very object, refuses it."""
+        return cls(name, False, reason, failed=True, serving=serving, expected=expected)
+
+    @classmethod
+    def deferred(cls, name: str, reason: str, serving: str) -> Outcome:
+        """Not attempted now for a reason outside the archive (Triton down, a bug): retried next pass."""
+        return cls(name, False, reason, result=Result.LOAD_FAILED, failed=True, serving=serving, transient=True)
+
+    @classmethod
+    def unexpected(cls, name: str, exc: Exception, serving: str) -> Outcome:
+        return cls(name, False, f"unexpected error: {type(exc).__name__}: {exc}", failed=True, serving=serving,
+                   transient=True)  # fmt: skip
+
+    @classmethod
+    def held(cls, name: str, current: Served | None, plan: Plan) -> Outcome:
+        """A rollout keeps this host on what it serves (the stable artifact while a canary bakes, or a rejected
+        artifact's predecessor): in sync with what the fleet should serve here, unless the state could not
+        be read (retried) or nothing is served yet."""
+        if current is None or plan.transient:
+            return cls(name, False, plan.reason, failed=True, serving=current.sha256 if current else "",
+                       transient=plan.transient)  # fmt: skip
+        return cls(name, True, plan.reason, serving=current.sha256, expected=current.sha256,
+                   version_id=current.version_id)  # fmt: skip
+
+    @classmethod
+    def kept(cls, name: str, serving: str) -> Outcome:
+        """Gone from S3, kept installed (no --delete-removed)."""
+        return cls(name, False, KEPT, serving=serving)
+
+    @classmethod
+    def unload_failed(cls, name: str, exc: SyncError, serving: str) -> Outcome:
+        return cls(name, False, f"no longer in S3; unload failed: {exc}", failed=True, serving=serving, transient=True)
+
+    @classmethod
+    def removed(cls, name: str) -> Outcome:
+        return cls(name, True, REMOVED, gone=True)
 
 
 @dataclass
@@ -133,7 +174,9 @@ class Syncer:
         # Written by the daemon (health.py reads it); its first_sync survives restarts of the daemon.
         self.status = status or Status(first_sync=wall())
         self.triton_up = True  # asked once per pass
+        self.models = Models(settings, s3, store, triton, fs, log, self.limits, wall)  # zips and directories
         self.bundles = Bundles(settings, s3, store, triton, fs, log, self.limits)  # zips of several models
+        self.rollouts: Rollouts | None = None  # --canary-fraction: what to install is the rollout's to say
 
     @property
     def before_first_sync(self) -> bool:
@@ -148,7 +191,7 @@ class Syncer:
         return done
 
     def reconcile_all(self) -> Report:
-        """One full pass: every archive under the prefix, every installed model."""
+        """One full pass: every archive under the prefix, every installed model and bundle."""
         report = Report()
         self.triton_up = self.triton.live()
         try:
@@ -162,15 +205,14 @@ class Syncer:
         for key, why in sorted(listing.ignored.items()):
             self.log.debug("ignored s3 key %s: %s", key, why)
         for model, archive in sorted(listing.archives.items()):
-            report.outcomes[model] = self._guarded(model, partial(self._reconcile, model, archive, False))
-        for model in self.store.managed_models():
-            if model not in listing.archives:
-                report.outcomes[model] = self._guarded(model, partial(self._removed, model))
-        for name in self.bundles.names():
+            report.outcomes[model] = self._one(model, archive)
+        for name in [*self.store.managed_models(), *self.bundles.names()]:
             if name not in listing.archives:
-                report.outcomes[name] = self._guarded(name, partial(self._bundle_removed, name))
+                report.outcomes[name] = self._one(name, None)
         for outcome in report.outcomes.values():
             self._state_event(outcome)
+        if self.rollouts is not None and self.triton_up:
+            self.rollouts.observe(sorted(m for m, o in report.outcomes.items() if o.serving and not o.gone))
         if report.ok and all(o.in_sync for m, o in report.outcomes.items() if m in listing.archives):
             self.last_success = self.wall()
         self._after_pass(report, len(listing.archives))
@@ -195,7 +237,8 @@ class Syncer:
             self.log.error("cannot write the status file: %s", exc)
 
     def reconcile_models(self, models: Iterable[str], wait_for_tag: bool = True) -> dict[str, Outcome]:
-        """Reconcile only these models (an event named them); the listing of their key decides."""
+        """Reconcile only these models (an event or a rollout in flight named them); the listing of their key
+        decides, and a rollout's state is read afresh."""
         out: dict[str, Outcome] = {}
         self.triton_up = self.triton.live()
         for model in models:
@@ -204,161 +247,169 @@ class Syncer:
             except DownloadError as exc:
                 self.log.error("%s", exc)
                 continue
-            if archive is not None:
-                out[model] = self._guarded(model, partial(self._reconcile, model, archive, wait_for_tag))
-            elif self.store.current(model) is not None:
-                out[model] = self._guarded(model, partial(self._removed, model))
-            elif self.bundles.current(model) is not None:
-                out[model] = self._guarded(model, partial(self._bundle_removed, model))
-            else:
+            if archive is None and self._installed(model) is None:
                 continue
+            out[model] = self._one(model, archive, wait_for_tag, fresh=True)
             self._state_event(out[model])
         return out
 
-    # --- one model --------------------------------------------------------------------------
+    # --- one name ---------------------------------------------------------------------------
 
-    def _guarded(self, model: str, work: Callable[[], Outcome]) -> Outcome:
-        """A bug or an unexpected OS error in one model must not stop the others."""
+    def _one(self, name: str, archive: Archive | None, wait_for_tag: bool = False, fresh: bool = False) -> Outcome:
+        """Reconcile one name with the object S3 lists for it (None: it left S3). A bug or an unexpected OS
+        error in one name must not stop the others."""
         try:
-            return work()
+            if archive is None:
+                return self._removed(name)
+            return self._reconcile(name, archive, wait_for_tag, fresh)
         except Exception as exc:
-            self.log.exception("sync of %s failed unexpectedly", model)
-            current = self.store.current(model)
-            return Outcome(
-                model,
-                False,
-                f"unexpected error: {type(exc).__name__}: {exc}",
-                failed=True,
-                serving=current.sha256 if current else "",
-                transient=True,
-            )
+            self.log.exception("sync of %s failed unexpectedly", name)
+            return Outcome.unexpected(name, exc, self._serving(name))
 
-    def _staged(self, model: str, installed: Installed) -> Outcome:
-        """Installed before Triton's first start: in sync only once Triton loaded it."""
-        return Outcome(
-            model,
-            False,
-            "installed; Triton is not running yet and loads it at its start",
-            serving=installed.sha256,
-            expected=installed.sha256,
-            version_id=str(installed.record.get("version_id") or ""),
-        )
+    def _installed(self, name: str) -> tuple[Installer, Served] | None:
+        """The installer holding ``name`` and what it serves, if anything is installed under it."""
+        for installer in (self.models, self.bundles):
+            current = installer.current(name)
+            if current is not None:
+                return installer, current
+        return None
 
-    def _reconcile(self, model: str, archive: Archive, wait_for_tag: bool) -> Outcome:
-        problem = model_name_problem(model) or archive.conflict
+    def _serving(self, name: str) -> str:
+        found = self._installed(name)
+        return found[1].sha256 if found else ""
+
+    def _installer(self, name: str, archive: Archive) -> Installer:
+        """Which kind the listed object is. A key keeps its kind once installed (Bundles.parts); a model
+        already in a bundle cannot come from another archive. Raises SyncError when it cannot be told."""
+        problem = model_name_problem(name) or archive.conflict
         if problem:
-            return self._fail_once(model, archive, UnsafeArchive(problem))
-        installed = self.store.current(model)
-        serving = installed.sha256 if installed else ""
-        try:  # a zip of several models is a bundle (bundle.py): its models switch together
-            parts = (
-                None  # a manifest is no zip: nothing to peek at, unless a bundle has this name (refused there)
-                if archive.directory and self.bundles.current(model) is None
-                else self.bundles.parts(model, archive, installed is not None)
-            )
-        except SyncError as exc:  # the zip's directory could not be read: an attempt that failed to download
-            return self._failed(model, archive, Attempt(model, Result.OK, key=archive.key, etag=archive.etag), exc)
-        if parts is not None:
-            return self._reconcile_bundle(model, archive, wait_for_tag)
-        owner = self.bundles.owner(model)
+            raise UnsafeArchive(problem)
+        single = self.store.current(name) is not None
+        # A manifest is no zip: nothing to peek at, unless a bundle has this name (refused there).
+        if not (archive.directory and self.bundles.state(name) is None):
+            try:
+                if self.bundles.parts(name, archive, single) is not None:
+                    return self.bundles
+            except SyncError as exc:  # the zip's directory could not be read: an attempt that failed to download
+                raise _Unread(exc) from exc
+        owner = self.bundles.owner(name)
         if owner is not None:
-            return self._fail_once(model, archive, BundleConflict(f"{archive.key} holds model {model}, which "
-                                                                  f"already belongs to bundle {owner}"))  # fmt: skip
+            raise BundleConflict(f"{archive.key} holds model {name}, which already belongs to bundle {owner}")
+        return self.models
+
+    def _reconcile(self, name: str, listed: Archive, wait_for_tag: bool, fresh: bool = False) -> Outcome:
+        try:
+            installer = self._installer(name, listed)
+        except _Unread as unread:
+            return self._failed(name, listed, Attempt(name, Result.OK, key=listed.key, etag=listed.etag),
+                                unread.error)  # fmt: skip
+        except SyncError as exc:  # known from the listing alone
+            return self._fail_once(name, listed, exc)
+        current = installer.current(name)
+        plan: Plan | None = None
+        archive = listed  # what to install: S3's object, unless a rollout says otherwise
+        if self.rollouts is not None:
+            plan = self.rollouts.plan(name, listed, current, fresh)
+            if plan.install is None:
+                return Outcome.held(name, current, plan)
+            archive = plan.install
+        serving = self._serving(name)
         staging_start = not self.triton_up and self.before_first_sync
-        if installed is not None and installed.record.get("etag") == archive.etag:
-            return self._staged(model, installed) if staging_start else self._ensure_loaded(model, installed, archive)
-        memo = self.failed.get(model)
+        if current is not None and current.etag == archive.etag:
+            return self._settled(plan, self._loaded(installer, current, staging_start), current, False)
+        memo = self.failed.get(name)
         if memo is not None and memo.etag == archive.etag and not self._memo_outdated(memo, archive):
-            return Outcome(model, False, memo.reason, failed=True, serving=serving, expected=memo.expected)
+            return Outcome.refused(name, memo.reason, serving, memo.expected)
         if not self.triton_up and not staging_start:
             reason = (
                 f"Triton at {self.triton.url} does not answer: not installing {archive.key} until it does "
                 "(retried at the next reconcile)"
             )
-            self.log.warning("%s: %s", model, reason)
-            return Outcome(model, False, reason, result=Result.LOAD_FAILED, failed=True, serving=serving,
-                           transient=True)  # fmt: skip
-        attempt = Attempt(model, Result.OK, key=archive.key, etag=archive.etag, serving=serving)
-        try:
-            same = self._install(model, archive, installed, attempt, wait_for_tag, load=not staging_start)
-        except SyncError as exc:
-            return self._failed(model, archive, attempt, exc)
-        if same is not None:  # the same archive content under a new object: nothing to install
-            return self._staged(model, same) if staging_start else self._ensure_loaded(model, same, archive)
-        self.failed.pop(model, None)
-        self._record(attempt)
-        if staging_start:
-            current = self.store.current(model)
-            assert current is not None
-            return self._staged(model, current)
-        return Outcome(
-            model,
-            True,
-            result=Result.OK,
-            serving=attempt.serving,
-            expected=attempt.sha256,
-            version_id=attempt.version_id,
-        )
-
-    def _reconcile_bundle(self, name: str, archive: Archive, wait_for_tag: bool) -> Outcome:
-        """A bundle: one attempt, one outcome and one memo under the bundle's name (bundle.py does the work)."""
-        current = self.bundles.current(name)
-        single = self.store.current(name)
-        serving = current.sha256 if current else (single.sha256 if single else "")
-        staging_start = not self.triton_up and self.before_first_sync
-        if current is not None and current.etag == archive.etag:
-            return self._bundle_loaded(name, current, staging_start)
-        memo = self.failed.get(name)
-        if memo is not None and memo.etag == archive.etag and not self._memo_outdated(memo, archive):
-            return Outcome(name, False, memo.reason, failed=True, serving=serving, expected=memo.expected)
-        if not self.triton_up and not staging_start:
-            reason = f"Triton at {self.triton.url} does not answer: not installing {archive.key} until it does"
-            return Outcome(name, False, reason, result=Result.LOAD_FAILED, failed=True, serving=serving,
-                           transient=True)  # fmt: skip
+            self.log.warning("%s: %s", name, reason)
+            return Outcome.deferred(name, reason, serving)
         attempt = Attempt(name, Result.OK, key=archive.key, etag=archive.etag, serving=serving)
         try:
-            changed = self.bundles.install(
-                name, archive, attempt, partial(self._expected_hash, wait_for_tag=wait_for_tag), not staging_start
+            changed = installer.install(
+                name, archive, attempt, lambda a: self._expected_hash(a, wait_for_tag), not staging_start
             )
         except SyncError as exc:
-            now = self.bundles.current(name)
-            attempt.result, attempt.reason = exc.result, str(exc)
-            attempt.serving = now.sha256 if now else serving
-            self._record(attempt)
-            if not exc.transient:
-                self.failed[name] = Memo(archive.etag, attempt.sha256, exc.result, str(exc))
-            return Outcome(name, False, str(exc), result=exc.result, failed=True, serving=attempt.serving,
-                           expected=attempt.sha256, version_id=attempt.version_id, transient=exc.transient)  # fmt: skip
-        installed = self.bundles.current(name)
-        assert installed is not None
-        if not changed:
-            return self._bundle_loaded(name, installed, staging_start)
+            if plan is not None and self.rollouts is not None:
+                self.rollouts.failed(name, plan, archive, exc)
+            return self._failed(name, archive, attempt, exc)
+        now = installer.current(name)
+        assert now is not None
+        if not changed:  # the same content under a new object: nothing was installed
+            return self._settled(plan, self._loaded(installer, now, staging_start), now, False)
         self.failed.pop(name, None)
         self._record(attempt)
         if staging_start:
-            return self._bundle_loaded(name, installed, staging_start)
-        return Outcome(name, True, result=Result.OK, serving=installed.sha256, expected=installed.sha256,
-                       version_id=installed.version_id)  # fmt: skip
+            return self._settled(plan, Outcome.not_started(now), now, True)
+        return self._settled(plan, Outcome.synced(now, Result.OK), now, True)
 
-    def _bundle_loaded(self, name: str, state: BundleState, staging_start: bool) -> Outcome:
-        sha, version = state.sha256, state.version_id
+    def _settled(self, plan: Plan | None, outcome: Outcome, served: Served, installed: bool) -> Outcome:
+        """Tell the rollout what this host now serves (a canary's window starts, a rollback is logged)."""
+        if plan is not None and self.rollouts is not None and (outcome.in_sync or installed):
+            self.rollouts.settled(served.name, plan, served, installed)
+            if plan.reason and outcome.in_sync and not outcome.reason:
+                outcome.reason = plan.reason
+        return outcome
+
+    def identify(self, archive: Archive) -> tuple[str, str]:
+        """(the sha256 the object must hold, its version id), from a HEAD (and the tag, waited for); a rollout
+        names artifacts by it. Raises MissingHash when there is none and --allow-unverified is off."""
+        head = self.s3.head(archive)
+        sha, _ = self._expected_hash(head, wait_for_tag=True)
+        if not sha and not self.settings.allow_unverified:
+            raise MissingHash(
+                f"s3://{self.s3.bucket}/{archive.key} has no sha256 user metadata or tag "
+                "(upload with --metadata sha256=<hex>, or run with --allow-unverified)"
+            )
+        return sha or f"unverified-{head.etag.strip(chr(34))}", head.version_id
+
+    def entry_models(self, name: str) -> list[str]:
+        """The Triton models whose requests judge ``name`` in a rollout: a bundle's ensembles (its entry
+        points; all its models when it has none), else the model itself."""
+        state = self.bundles.state(name)
+        if state is None:
+            return [name]
+        ensembles = sorted(m for m, p in state.parts.items() if p.ensemble)
+        return ensembles or sorted(state.parts)
+
+    def _loaded(self, installer: Installer, current: Served, staging_start: bool) -> Outcome:
+        """Installed from the object S3 holds: confirm Triton serves it, load it again when it does not."""
         if staging_start:
-            return Outcome(name, False, "installed; Triton is not running yet and loads it at its start",
-                           serving=sha, expected=sha, version_id=version)  # fmt: skip
-        if self.bundles.ready(state):
-            return Outcome(name, True, serving=sha, expected=sha, version_id=version)
-        attempt = Attempt(name, Result.OK, key=str(state.record.get("key", "")), etag=state.etag, serving=sha,
-                          sha256=sha, version_id=version)  # fmt: skip
+            return Outcome.not_started(current)
+        sha, version = current.sha256, current.version_id
+        try:
+            if installer.ready(current):
+                return Outcome.synced(current)
+        except SyncError as exc:  # Triton down or restarting: nothing to attempt now, retried next pass
+            return Outcome.failure(current.name, exc, sha, sha, version)
+        attempt = Attempt(current.name, Result.OK, key=current.key, etag=current.etag, serving=sha, sha256=sha,
+                          version_id=version)  # fmt: skip
         try:
             with attempt.phase("load"):
-                self.bundles.ensure_loaded(state)
-        except SyncError as exc:
+                installer.ensure_loaded(current)
+        except SyncError as exc:  # nothing was switched: the disk already holds what Triton should serve
             attempt.result, attempt.reason = exc.result, str(exc)
             self._record(attempt)
-            return Outcome(name, False, str(exc), result=exc.result, failed=True, serving=sha, expected=sha,
-                           version_id=version, transient=exc.transient)  # fmt: skip
+            return Outcome.failure(current.name, exc, sha, sha, version)
         self._record(attempt)
-        return Outcome(name, True, result=Result.OK, serving=sha, expected=sha, version_id=version)
+        return Outcome.synced(current, Result.OK)
+
+    def _removed(self, name: str) -> Outcome:
+        found = self._installed(name)
+        if found is None:
+            return Outcome.removed(name)
+        installer, current = found
+        if not self.settings.delete_removed:
+            return Outcome.kept(name, current.sha256)
+        try:
+            installer.remove(name)
+        except SyncError as exc:
+            return Outcome.unload_failed(name, exc, current.sha256)
+        self.log.info(installer.removal, name)
+        return Outcome.removed(name)
 
     def _memo_outdated(self, memo: Memo, archive: Archive) -> bool:
         """A hash mismatch against a tag is retried when the tag changes (metadata cannot change)."""
@@ -369,75 +420,6 @@ class Syncer:
         except DownloadError:
             return False
         return (head.sha256 or self.s3.tag_hash(head)) != memo.expected
-
-    def _ensure_loaded(self, model: str, installed: Installed, archive: Archive) -> Outcome:
-        version = str(installed.record.get("version_id") or "")
-
-        def failed(exc: SyncError) -> Outcome:
-            return Outcome(model, False, str(exc), result=exc.result, failed=True, serving=installed.sha256,
-                           expected=installed.sha256, version_id=version, transient=exc.transient)  # fmt: skip
-
-        try:
-            ready = self.triton.ready(model)
-        except SyncError as exc:  # Triton down or restarting: nothing to attempt now, retried next pass
-            return failed(exc)
-        if ready:
-            return Outcome(model, True, serving=installed.sha256, expected=installed.sha256, version_id=version)
-        attempt = Attempt(
-            model,
-            Result.OK,
-            key=archive.key,
-            etag=archive.etag,
-            serving=installed.sha256,
-            sha256=installed.sha256,
-            version_id=version,
-        )
-        try:
-            with attempt.phase("load"):
-                self.triton.load(model)
-        except SyncError as exc:  # nothing was flipped: the disk already holds what Triton should serve
-            attempt.result, attempt.reason = exc.result, str(exc)
-            self._record(attempt)
-            return failed(exc)
-        self._record(attempt)
-        return Outcome(
-            model, True, result=Result.OK, serving=installed.sha256, expected=installed.sha256, version_id=version
-        )
-
-    def _bundle_removed(self, name: str) -> Outcome:
-        state = self.bundles.current(name)
-        serving = state.sha256 if state else ""
-        if not self.settings.delete_removed:
-            return Outcome(name, False, "no longer in S3; kept (run with --delete-removed to unload and delete it)",
-                           serving=serving)  # fmt: skip
-        try:
-            self.bundles.remove(name)
-        except SyncError as exc:
-            return Outcome(name, False, f"no longer in S3; unload failed: {exc}", failed=True, serving=serving,
-                           transient=True)  # fmt: skip
-        self.log.info("removed bundle %s: no longer in S3, its models unloaded and deleted", name)
-        return Outcome(name, True, "removed: no longer in S3, unloaded and deleted", gone=True)
-
-    def _removed(self, model: str) -> Outcome:
-        current = self.store.current(model)
-        serving = current.sha256 if current else ""
-        if not self.settings.delete_removed:
-            return Outcome(
-                model,
-                False,
-                "no longer in S3; kept (run with --delete-removed to unload and delete it)",
-                serving=serving,
-            )
-        try:
-            self.triton.unload(model)
-        except SyncError as exc:
-            return Outcome(model, False, f"no longer in S3; unload failed: {exc}", failed=True, serving=serving,
-                           transient=True)  # fmt: skip
-        self.store.remove_model(model)
-        self.log.info("removed %s: no longer in S3, unloaded and deleted", model)
-        return Outcome(model, True, "removed: no longer in S3, unloaded and deleted", gone=True)
-
-    # --- the attempt ------------------------------------------------------------------------
 
     def _expected_hash(self, archive: Archive, wait_for_tag: bool) -> tuple[str, str]:
         if archive.sha256:
@@ -451,170 +433,25 @@ class Syncer:
                 return "", ""
             self.sleep(TAG_POLL)
 
-    def _free_check(self, need: int, what: str) -> None:
-        free_check(self.fs, self.store.staging, self.store.root, self.settings, need, what)
-
-    def _install(
-        self,
-        model: str,
-        listed: Archive,
-        installed: Installed | None,
-        attempt: Attempt,
-        wait_for_tag: bool,
-        load: bool = True,
-    ) -> Installed | None:
-        """Download, verify, extract (or link what another repository of the store extracted), swap, load.
-        Returns the installed record when nothing had to change."""
-        with attempt.phase("download"):
-            archive, expected, source = pin(
-                self.s3, listed, self.settings, attempt, partial(self._expected_hash, wait_for_tag=wait_for_tag)
-            )
-            if installed is not None and expected and expected == installed.sha256:
-                return self._same_content(installed, archive)
-        with self.store.claim(expected):  # one download per archive and store, whoever needs it first
-            final = self.store.reusable(model, expected, installed) if expected else None
-            if final is not None:
-                attempt.reused = True
-                self.log.info("%s: linking %s, already in the store (extracted by %s)", model, final.name,
-                              final.record.get("host", "another task"))  # fmt: skip
-                if final.record.get("etag") != archive.etag:
-                    final = self.store.update_record(final, self._record_of(model, final.sha256, archive, source))
-                path = final.path
-            else:
-                same, path = self._fetch(model, archive, installed, attempt, expected, source)
-                if same is not None:
-                    return same
-        sha = attempt.sha256
-        with attempt.phase("swap"):
-            try:
-                self.store.flip(model, path)
-            except (SyncError, OSError):
-                self.store.discard(model, path)  # never linked: nothing may keep it
-                raise
-        attempt.serving = sha
-        if load:
-            try:
-                with attempt.phase("load"):
-                    self.triton.load(model)
-            except SyncError as exc:
-                self._roll_back(model, path, installed, exc)
-            attempt.upload_to_ready = self.wall() - archive.last_modified.timestamp()
-        for removed in self.store.prune(model, keep_previous=self.settings.keep_previous):
-            self.log.info("pruned %s/%s from the store", model, removed)
-        return None
-
-    def _fetch(
-        self, model: str, archive: Archive, installed: Installed | None, attempt: Attempt, expected: str, source: str
-    ) -> tuple[Installed | None, Path]:
-        """Download, verify and extract into the store; (the installed record, ...) when the bytes turn out to
-        be what is installed already (an unverified archive)."""
-        if archive.directory:  # <prefix><model>/manifest.json: the files straight into staging (dirmodel.py)
-            fetcher = DirectoryFetcher(self.s3, self.store, self.fs, self.limits, self._free_check)
-            record = partial(self._record_of, model, archive=archive, source=source)
-            final = fetcher.fetch(model, archive, installed, attempt, expected, source, lambda sha: record(sha=sha))
-            if final is None:  # an unverified manifest, byte for byte the installed one
-                assert installed is not None
-                return self._same_content(installed, archive), installed.path
-            return None, final
-        download: Path | None = None
-        extracted: Path | None = None
-        zf: zipfile.ZipFile | None = None
-        try:
-            with attempt.phase("download"):
-                self._free_check(archive.size, f"downloading {archive.key}")
-                download = self.store.staging_file(model)
-                sha, count = self.s3.download(archive, download, self.fs)
-                attempt.bytes_downloaded = count
-            with attempt.phase("verify"):
-                verify_hash(sha, expected, source, attempt)
-                if installed is not None and sha == installed.sha256:  # unverified, and the same bytes
-                    return self._same_content(installed, archive), installed.path
-                try:
-                    zf = zipfile.ZipFile(download)
-                except (zipfile.BadZipFile, OSError) as exc:
-                    raise UnsafeArchive(f"not a zip archive: {exc}") from exc
-                if is_bundle(zf.namelist(), model):  # a single model's key keeps its kind (Bundles.parts)
-                    top = ", ".join(sorted(top_level(zf.namelist()))[:5])
-                    raise UnsafeArchive(
-                        f"the archive's top level is {top}, not one {model}/ directory, and {model} is installed "
-                        f"from {archive.key} as one model: a bundle goes under another name (or remove "
-                        f"{archive.key} first, with --delete-removed, then upload it again)"
-                    )
-                plan = inspect(zf, count, model, self.limits)
-            with attempt.phase("extract"):
-                self._free_check(plan.disk_bytes(self.fs.block_size(self.store.staging)), f"extracting {model}")
-                extracted = self.store.staging_dir(model)
-                extract(zf, plan, extracted, self.fs)
-                zf.close()
-                zf = None
-                download.unlink()
-                download = None
-                final = self.store.commit(model, sha, extracted, self._record_of(model, sha, archive, source))
-                extracted = None
-            return None, final
-        finally:
-            if zf is not None:
-                zf.close()
-            if download is not None:
-                download.unlink(missing_ok=True)
-            if extracted is not None:
-                shutil.rmtree(extracted, ignore_errors=True)
-
-    def _record_of(self, model: str, sha: str, archive: Archive, source: str) -> dict[str, object]:
-        return {"model": model, **record_of(sha, archive, source, self.settings.host)}
-
-    def _same_content(self, installed: Installed, archive: Archive) -> Installed:
-        record = {
-            **installed.record,
-            "etag": archive.etag,
-            "version_id": archive.version_id,
-            "key": archive.key,
-            "last_modified": archive.last_modified.isoformat(),
-        }
-        self.log.info("%s: new object, same sha256 %s: nothing to install", installed.model, installed.sha256)
-        return self.store.update_record(installed, record)
-
-    def _roll_back(self, model: str, path: Path, installed: Installed | None, exc: SyncError) -> None:
-        """The load failed: put the link back, so the disk matches what Triton serves, and drop the new dir."""
-        self.store.flip(model, installed.path if installed else None)
-        self.store.discard(model, path)
-        if installed is None:
-            raise exc
-        raise RolledBack(
-            f"{exc}; rolled back: {model} links to {installed.sha256} again, which Triton keeps serving",
-            transient=exc.transient,
-        ) from exc
-
     # --- bookkeeping ------------------------------------------------------------------------
 
-    def _failed(self, model: str, archive: Archive, attempt: Attempt, exc: SyncError) -> Outcome:
+    def _failed(self, name: str, archive: Archive, attempt: Attempt, exc: SyncError) -> Outcome:
         attempt.result, attempt.reason = exc.result, str(exc)
-        current = self.store.current(model)
-        attempt.serving = current.sha256 if current else ""
+        attempt.serving = self._serving(name)
         self._record(attempt)
         if not exc.transient:
-            self.failed[model] = Memo(archive.etag, attempt.sha256, exc.result, str(exc))
-        return Outcome(
-            model,
-            False,
-            str(exc),
-            result=exc.result,
-            failed=True,
-            serving=attempt.serving,
-            expected=attempt.sha256,
-            version_id=attempt.version_id,
-            transient=exc.transient,
-        )
+            self.failed[name] = Memo(archive.etag, attempt.sha256, exc.result, str(exc))
+        return Outcome.failure(name, exc, attempt.serving, attempt.sha256, attempt.version_id)
 
-    def _fail_once(self, model: str, archive: Archive, exc: SyncError) -> Outcome:
+    def _fail_once(self, name: str, archive: Archive, exc: SyncError) -> Outcome:
         """A failure known from the listing alone (a bad name): one attempt event per object, not per pass."""
-        memo = self.failed.get(model)
+        memo = self.failed.get(name)
         if memo is None or memo.etag != archive.etag:
-            attempt = Attempt(model, exc.result, str(exc), key=archive.key, etag=archive.etag)
+            attempt = Attempt(name, exc.result, str(exc), key=archive.key, etag=archive.etag)
             self._record(attempt)
-            self.failed[model] = Memo(archive.etag, "", exc.result, str(exc))
-        current = self.store.current(model)  # a conflict may appear after the model was installed: still served
-        return Outcome(model, False, str(exc), failed=True, serving=current.sha256 if current else "")
+            self.failed[name] = Memo(archive.etag, "", exc.result, str(exc))
+        current = self.store.current(name)  # a conflict may appear after the model was installed: still served
+        return Outcome.refused(name, str(exc), current.sha256 if current else "")
 
     def _record(self, attempt: Attempt) -> None:
         self.attempts += 1
@@ -645,4 +482,12 @@ class Syncer:
             return
         in_sync = sum(1 for o in report.outcomes.values() if o.in_sync and not o.gone)
         out = sum(1 for o in report.outcomes.values() if not o.in_sync)
-        self.recorder.host_state(in_sync, out, since)
+        self.recorder.host_state(in_sync, out, since, self.rollouts.in_flight() if self.rollouts else None)
+
+
+class _Unread(Exception):
+    """The zip's directory could not be read to tell its kind (reported as a failed download)."""
+
+    def __init__(self, error: SyncError) -> None:
+        super().__init__(str(error))
+        self.error = error

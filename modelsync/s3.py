@@ -161,18 +161,23 @@ class S3:
         return out
 
     def head(self, archive: Archive) -> Archive:
-        """The listed object's version id and metadata hash; fails if it changed since the listing."""
+        """The listed object's version id and metadata hash; fails if it changed since the listing. An archive
+        that names its version (a rollout's pinned artifact, modelsync/ledger.py) is that version, current
+        or not."""
+        pinned = {"VersionId": archive.version_id} if archive.version_id else {}
         try:
-            resp = self.client.head_object(Bucket=self.bucket, Key=archive.key, IfMatch=archive.etag)
+            resp = self.client.head_object(Bucket=self.bucket, Key=archive.key, IfMatch=archive.etag, **pinned)
         except Exception as exc:
             raise DownloadError(
                 f"HEAD s3://{self.bucket}/{archive.key}: {_error(exc)} (replaced or deleted since the listing?)"
             ) from exc
         sha = valid_hash((resp.get("Metadata") or {}).get("sha256"))
+        modified = resp.get("LastModified")
         return replace(
             archive,
             version_id=resp.get("VersionId") or "",
             size=int(resp["ContentLength"]),
+            last_modified=modified if pinned and isinstance(modified, datetime) else archive.last_modified,
             sha256=sha,
             hash_source="metadata" if sha else "",
         )

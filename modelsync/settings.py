@@ -28,6 +28,7 @@ from telemetry.settings import (
     environment_variables,
     http_url,
     non_negative,
+    number,
     parse,
     positive,
     positive_int,
@@ -76,6 +77,13 @@ class Settings:
     host: str = ""
     log_level: str = "info"
     once: bool = False
+    # Safe rollouts (modelsync/rollout.py): off while canary_fraction is 0.
+    canary_fraction: float = 0.0
+    bake_seconds: float = 600.0
+    bake_min_requests: int = 100
+    max_failure_increase: float = 0.01
+    max_latency_ratio: float = 1.5
+    triton_metrics_url: str = "http://localhost:8002/metrics"
 
     @property
     def store_root(self) -> Path:
@@ -123,6 +131,27 @@ def _connections(text: str) -> int:
 
 def _queue_url(text: str) -> str:
     return http_url(text) if text else ""
+
+
+def _fraction(text: str) -> float:
+    value = number(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("must be between 0 (off) and 1")
+    return value
+
+
+def _ratio_increase(text: str) -> float:
+    value = number(text)
+    if not 0.0 <= value < 1.0:
+        raise ValueError("must be at least 0 and below 1 (an absolute increase of the failure ratio)")
+    return value
+
+
+def _latency_ratio(text: str) -> float:
+    value = number(text)
+    if not value >= 1.0:
+        raise ValueError("must be at least 1 (the new artifact's latency over the previous one's)")
+    return value
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -293,6 +322,51 @@ OPTIONS: tuple[Option, ...] = (
         shown="",
     ),
     Option(
+        "canary_fraction",
+        "--canary-fraction",
+        ("MODELSYNC_CANARY_FRACTION",),
+        _fraction,
+        "safe rollouts: a new artifact of a model the fleet serves goes first to ceil(F x live hosts) hosts (at "
+        "least one), and to the others only once promoted on evidence from the canaries' own Triton; 0: off, "
+        "every host at once (needs --topic-arn: live hosts are counted by their fan-out queues)",
+    ),
+    Option(
+        "bake_seconds",
+        "--bake-seconds",
+        ("MODELSYNC_BAKE_SECONDS",),
+        positive,
+        "how long the canaries serve a new artifact before the verdict",
+    ),
+    Option(
+        "bake_min_requests",
+        "--bake-min-requests",
+        ("MODELSYNC_BAKE_MIN_REQUESTS",),
+        positive_int,
+        "fewer requests than this on the canaries during the bake is no evidence: the rollout keeps baking",
+    ),
+    Option(
+        "max_failure_increase",
+        "--max-failure-increase",
+        ("MODELSYNC_MAX_FAILURE_INCREASE",),
+        _ratio_increase,
+        "reject when the canaries' failure ratio exceeds the baseline's by more than this (absolute)",
+    ),
+    Option(
+        "max_latency_ratio",
+        "--max-latency-ratio",
+        ("MODELSYNC_MAX_LATENCY_RATIO",),
+        _latency_ratio,
+        "reject when the canaries' average latency (and p95, with Triton's summary latencies and a bake of 60 s "
+        "or more) exceeds the baseline's by this factor",
+    ),
+    Option(
+        "triton_metrics_url",
+        "--triton-metrics-url",
+        ("TRITON_METRICS_URL",),
+        http_url,
+        "Triton's Prometheus endpoint, the canaries' evidence (only read with --canary-fraction)",
+    ),
+    Option(
         "log_level",
         "--log-level",
         ("MODELSYNC_LOG_LEVEL",),
@@ -354,6 +428,11 @@ def load(
         raise ConfigError(
             "--queue-url (MODELSYNC_QUEUE_URL) and --topic-arn (MODELSYNC_TOPIC_ARN) are both set: with a topic "
             "each daemon reads a queue of its own, with a shared queue each event reaches one host only; set one"
+        )
+    if settings.canary_fraction > 0 and not settings.topic_arn:
+        raise ConfigError(
+            "--canary-fraction (MODELSYNC_CANARY_FRACTION) needs --topic-arn (MODELSYNC_TOPIC_ARN): the live hosts "
+            "are counted by their fan-out queues, and a verdict reaches every host through the topic"
         )
     if settings.max_extracted_bytes < 1 or settings.max_archive_bytes < 1:
         raise ConfigError("archive limits must be positive")

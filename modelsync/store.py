@@ -220,6 +220,14 @@ class Store:
         """The directory the current one replaced in this repository (kept for a while), if any."""
         return self._previous.get(model)
 
+    def previous_installed(self, model: str) -> Installed | None:
+        """The previous directory, when it is still in the store and complete."""
+        name = self._previous.get(model)
+        path = self.root / model / name if name else None
+        if path is None or not _DIR.fullmatch(path.name) or not path.is_dir():
+            return None
+        return _installed(model, path)
+
     def managed_models(self) -> list[str]:
         return sorted(self._linked())
 

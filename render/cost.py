@@ -83,6 +83,7 @@ class Deployment:
     model_name_length: int = 16
     breakdown_zeros: str = "omit"  # as the sidecar's --breakdown-zeros
     modelsync: bool = True  # model sync deployed (ModelSyncBucketName): its metrics, events, alarms and rules
+    rollouts: bool = False  # model sync's safe rollouts on (CanaryFraction > 0): RolloutsInFlight every reconcile
     otlp: bool = False  # an otlp+ output beside EMF: the exporter's OtlpPoints* metrics
     tracing: bool = False  # the trace relay (--traces-to): the Traced* distributions and the relay's own counts
     max_models: int = 500  # the sidecar's --max-models: model versions it emits per task, the others dropped
@@ -197,6 +198,7 @@ def metric_count(catalog: Catalog, d: Deployment, high_resolution: bool | None =
 
 
 SYNC_EVERY_RECONCILE = ("model", "host")  # model sync's events written at every reconcile of every task
+ROLLOUTS_ONLY = frozenset({"RolloutsInFlight"})  # in the host event only with safe rollouts on
 RECONCILE = SKEW_PERIOD  # seconds between reconciles in the shipped deploy (MODELSYNC_INTERVAL 300)
 
 
@@ -206,7 +208,9 @@ def modelsync_metrics(pack: Catalog, d: Deployment) -> list[Metric]:
     Attempt metrics exist only in the hours a model is synced (an upload): like a breakdown whose total is
     zero, they are billed in (nearly) no hour and are left out.
     """
-    return [m for m in pack.metrics if m.event in SYNC_EVERY_RECONCILE] if d.modelsync else []
+    if not d.modelsync:
+        return []
+    return [m for m in pack.metrics if m.event in SYNC_EVERY_RECONCILE and (d.rollouts or m.name not in ROLLOUTS_ONLY)]
 
 
 def modelsync_metric_count(pack: Catalog, d: Deployment) -> int:
@@ -575,7 +579,9 @@ ASSUMPTIONS = (
     "their own event per model version at each scrape between full cycles (only those values, no properties).",
     "Model sync is in use (--no-modelsync: not): its ModelInSync per model and service-wide and its three host "
     "totals are written at every reconcile (every 5 minutes) and billed all month, with those events' bytes; "
-    "its attempt metrics exist only in the hours a model is synced and are not counted.",
+    "its attempt metrics exist only in the hours a model is synced and are not counted; nor are the rollout "
+    "decisions' (RolloutsPromoted, ...: only in the hours of a rollout); with safe rollouts on (--rollouts) "
+    "its RolloutsInFlight is.",
     "Not included: log storage after ingestion, Logs Insights queries of the dashboard ($0.005/GB scanned), "
     "GetMetricData calls, the other log groups (Triton's own logs), data transfer.",
 )
@@ -655,6 +661,7 @@ def main(argv: Sequence[str], prog: str = "python -m render cost") -> int:
     p.add_argument("--no-summaries", action="store_true", help="Triton without summary_latencies")
     p.add_argument("--histograms", action="store_true", help="Triton with histogram_latencies")
     p.add_argument("--no-modelsync", action="store_true", help="model sync not deployed: no metrics of it")
+    p.add_argument("--rollouts", action="store_true", help="model sync's safe rollouts on (CanaryFraction > 0)")
     p.add_argument("--markdown", action="store_true", help="print the docs table for the small and large cases")
     p.add_argument("--gpm", action="store_true", help="Hopper or newer GPUs: the GPM activity metrics (docs/gpu.md)")
     p.add_argument(
@@ -702,6 +709,7 @@ def main(argv: Sequence[str], prog: str = "python -m render cost") -> int:
         summaries=not args.no_summaries,
         histograms=args.histograms,
         modelsync=not args.no_modelsync,
+        rollouts=args.rollouts and not args.no_modelsync,
         otlp=args.otlp or args.otlp_price_per_gb is not None,
         tracing=args.tracing,
         gpm=args.gpm,

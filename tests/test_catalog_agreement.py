@@ -24,7 +24,7 @@ from exporter.sources import Collected, ModelConfig, VersionState
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.promtext import Parser
 from modelsync.errors import Result
-from modelsync.metrics import METRICS, PHASES, Attempt, ModelState, Recorder
+from modelsync.metrics import METRICS, PHASES, ROLLOUT_METRICS, Attempt, ModelState, Recorder
 from render import alarms, dashboard, render
 from render.base.options import Options
 from telemetry.sinks import StreamSink
@@ -107,7 +107,9 @@ def run_modelsync(namespace: str = "Triton") -> list[bytes]:
             )
         )
     rec.model_state(ModelState("add", True, serving="a" * 64, expected="a" * 64))
-    rec.host_state(1, 0, 5.0)
+    rec.host_state(1, 0, 5.0, 1)
+    for metric in ROLLOUT_METRICS:  # one rollout decision each, as rollout.py writes them
+        rec.rollout("add", {metric: 1.0}, {"verdict": "promoted", "artifact": "b" * 64, "evidence": {"canary": {}}})
     return buf.getvalue().splitlines()
 
 
@@ -183,7 +185,7 @@ def _reads_insight_rules(alarm: dict) -> bool:
 
 def test_committed_alarms_read_only_emitted_metrics(emitted_refs) -> None:
     files = _committed_alarm_files()
-    assert len(files) == 14  # 8 of the exporter, 4 scaling (docs/scaling.md), 2 of model sync
+    assert len(files) == 16  # 8 of the exporter, 4 scaling (docs/scaling.md), 4 of model sync (2 of them rollouts)
     for alarm in files:
         refs = alarm_refs(alarm)
         if _reads_insight_rules(alarm):
@@ -212,7 +214,7 @@ def test_template_alarms_read_only_emitted_metrics(emitted_refs) -> None:
                 metric["Namespace"] = metric["Namespace"]["Fn::Sub"]
         assert [r for r in alarm_refs(props) if r not in emitted_refs] == []
         seen += 1
-    assert seen == 14
+    assert seen == 16
 
 
 # --- Contributor Insights: the version-skew rules over the events modelsync really writes ---------

@@ -220,12 +220,13 @@ def test_metric_tiers() -> None:
 
 def test_alarms_bill_insights_alarms_per_model() -> None:
     e = cost.estimate(cost.Deployment(200, gpus=8), OPTS)
-    assert e.alarms == 14  # 8 exporter alarms, 4 scaling alarms, model sync's failure and version-skew alarms
-    # Standard: 6 classic alarms (GPU health and the TTFT one and model sync's included: billed without data too), the
+    assert e.alarms == 16  # 8 exporter alarms, 4 scaling; model sync's failure, version-skew and two rollout ones
+    # Standard: 8 classic alarms (GPU health, the TTFT one, model sync's and the two of rollouts included: billed
+    # without data too), the
     # scale-in's metric math over 5 metrics, 2 GROUP BY model alarms x 200 models, the skew alarm's two
     # INSIGHT_RULE_METRIC; the KV-cache GROUP BY alarm analyzes nothing without TensorRT-LLM models. High
     # resolution: the three scale-out alarms (10 s periods; the TensorRT-LLM one is billed without data too).
-    standard, high = 6 + 5 + 2 * 200 + 2, 3
+    standard, high = 8 + 5 + 2 * 200 + 2, 3
     assert (e.alarm_metrics, e.high_res_alarm_metrics) == (standard + high, high)
     # ...plus the skew alarm's two rules: $0.50 each and $0.02 per million events (2 rules x 200 models x
     # 1 task x 12 reconciles an hour x 730 hours).
@@ -315,7 +316,9 @@ def test_model_sync_metrics_are_counted_as_its_recorder_writes_them() -> None:
     assert abs(cost.modelsync_bytes(OPTS.modelsync, replace(d, model_name_length=len("model_0"))) - real) < 0.1 * real
     with_sync, without = cost.estimate(d, OPTS), cost.estimate(replace(d, modelsync=False), OPTS)
     assert with_sync.metrics - without.metrics == with_sync.sync_metrics == 1 + 7 + 3
-    assert with_sync.alarms - without.alarms == 2  # the sync-failure and version-skew alarms
+    assert with_sync.alarms - without.alarms == 4  # sync failures, version skew, a rollout rejected or waiting
+    rolling = cost.estimate(replace(d, rollouts=True), OPTS)
+    assert rolling.sync_metrics - with_sync.sync_metrics == 1  # RolloutsInFlight, on the host event
     assert with_sync.gb_per_month > without.gb_per_month
 
 

@@ -534,6 +534,13 @@ EMITTED = [
     ("ModelsInSync", "Count", "host", (_ALL,)),
     ("ModelsOutOfSync", "Count", "host", (_ALL,)),
     ("SecondsSinceLastSuccess", "Seconds", "host", (_ALL,)),
+    # safe rollouts (modelsync/rollout.py)
+    ("RolloutsStarted", "Count", "rollout", (_ALL, _M)),
+    ("RolloutsPromoted", "Count", "rollout", (_ALL, _M)),
+    ("RolloutsRejected", "Count", "rollout", (_ALL, _M)),
+    ("RolloutRollbacks", "Count", "rollout", (_ALL, _M)),
+    ("RolloutEvidenceWait", "Seconds", "rollout", (_ALL, _M)),
+    ("RolloutsInFlight", "Count", "host", (_ALL,)),
 ]
 
 

@@ -23,13 +23,16 @@ What runs:
   gives the volumes ECS creates as root to the daemon's user, the daemon installs the
   bucket's model and turns HEALTHY, Triton starts only then and serves it, an upload
   announced on the topic is served within seconds, and at the task's stop the daemon's own
-  queue is gone.
+  queue is gone;
+* the same task with safe rollouts on (CanaryFraction): a build that fails every request is
+  rejected on the evidence of the task's own Triton and the previous build serves again.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -52,7 +55,7 @@ from tests.support.ecs_local import (
     run_task,
     start_order,
 )
-from tests.support.msync import Moto, make_zip, model_files, sha, upload
+from tests.support.msync import Moto, make_zip, model_files, rollout_files, sha, upload
 from tests.support.rehearsal import MODELS, TASK_GATEWAY, Rehearsal
 from tests.support.rehearsal import rehearsal as rehearsal
 from tests.test_deploy import SAMPLE, TASK_DEF, substitute
@@ -462,6 +465,86 @@ def test_the_json_task_definition_with_model_sync_runs_the_same(
         task.wait_for("triton-server", health="healthy", timeout=180)
         assert [e.split()[1] for e in task.events if e.startswith("started")] == SYNC_ORDER
         assert infer_add(task) == 2.0
+
+
+@pytest.fixture(scope="module")
+def rolling(
+    rehearsal: Rehearsal, task_moto: Moto, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Task, Moto, str, str]]:
+    """The stack's Triton task with model sync and safe rollouts on (CanaryFraction 1: this one task is the
+    canary share), a 10 s bake; the bucket holds add.zip (v1: adds 1)."""
+    bucket = "rehearsal-rollout"
+    s3 = task_moto.client("s3")
+    s3.create_bucket(Bucket=bucket)
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    topic = task_moto.client("sns").create_topic(Name="rehearsal-rollout")["TopicArn"]
+    upload(task_moto, bucket, "triton/add.zip", make_zip(rollout_files("add", 1)))
+    td = stack_task_definition(
+        ModelSyncBucketName=bucket, ModelSyncPrefix="triton/", CanaryFraction="1", BakeSeconds="10",
+        BakeMinRequests="20",
+    )  # fmt: skip
+    opts = rehearsal.options(
+        tmp_path_factory.mktemp("rolling"),
+        fake_gpu=NO_GPU,
+        environment={"modelsync": aws_for(task_moto) | {"MODELSYNC_TOPIC_ARN": topic}},
+    )
+    with run_task(rehearsal.docker, td, opts) as task:
+        task.wait_for("triton-server", health="healthy", timeout=180)
+        yield task, task_moto, topic, bucket
+
+
+def test_a_rollout_in_the_task_rejects_a_failing_build_on_its_own_tritons_metrics_and_rolls_back(
+    rolling: tuple[Task, Moto, str, str],
+) -> None:
+    """The daemon in its container reads this task's Triton at localhost:8002 (TRITON_METRICS_URL), keeps the
+    rollout's state in the bucket by conditional writes, rejects a build that fails every request after the
+    bake and installs the previous one again, pinned to its S3 version."""
+    task, moto, topic, bucket = rolling
+    assert infer_add(task) == 2.0
+    daemon = env_dict(task.containers["modelsync"])
+    assert (daemon["MODELSYNC_CANARY_FRACTION"], daemon["MODELSYNC_BAKE_SECONDS"]) == ("1", "10")
+    assert daemon["TRITON_METRICS_URL"] == "http://localhost:8002/metrics"
+    assert task.connect("modelsync", daemon["TRITON_METRICS_URL"])["ok"]
+    failed, stop = [0], False
+
+    def traffic() -> None:
+        body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [0.0]}]})
+        while not stop:
+            status, _ = http_post(f"http://{task.ip()}:8000/v2/models/add/infer", body.encode())
+            failed[0] += status != 200
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=traffic, daemon=True)
+    thread.start()
+    try:
+        upload(moto, bucket, "triton/add.zip", make_zip(rollout_files("add", 3, "fail")))
+        _announce(moto, topic, bucket, "triton/add.zip")
+        state_key = "triton/.modelsync/rollouts/add.json"
+
+        def verdicts() -> list[str]:
+            try:
+                doc = json.loads(moto.client("s3").get_object(Bucket=bucket, Key=state_key)["Body"].read())
+            except Exception:
+                return []
+            return [v["verdict"] for v in doc["verdicts"]]
+
+        wait_until(lambda: "rejected" in verdicts(), 120, "the failing build rejected")
+
+        def answer() -> float:
+            body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [0.0]}]})
+            status, raw = http_post(f"http://{task.ip()}:8000/v2/models/add/infer", body.encode())
+            return float(json.loads(raw)["outputs"][0]["data"][0]) if status == 200 else float("nan")
+
+        wait_until(lambda: answer() == 1.0, 60, "add v1 served again")
+    finally:
+        stop = True
+        thread.join(10)
+    assert failed[0] > 0  # the canary served it during the bake: what the bake is for
+    lines = [json.loads(line) for line in task.logs("modelsync").splitlines() if line.startswith('{"ts"')]
+    said = [d["verdict"] for d in lines if d.get("model") == "add" and "verdict" in d]
+    assert "rejected" in said and "rolled back" in said, said
+    emf = [json.loads(line) for line in task.logs("modelsync").splitlines() if line.startswith('{"_aws"')]
+    assert any(d.get("RolloutsRejected") == 1.0 for d in emf) and all(validate(json.dumps(d)) == [] for d in emf)
 
 
 # --- the harness itself, on small task definitions (what the redesign uses) ---------------------

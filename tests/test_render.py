@@ -255,7 +255,7 @@ def _alarms(files: dict[str, str]) -> dict[str, dict[str, Any]]:
 def test_cli_files_pass_botocore_validation(which: str, request: pytest.FixtureRequest) -> None:
     files = request.getfixturevalue(which)
     alarms = _alarms(files)
-    assert len(alarms) == (14 if which == "default_files" else 23)
+    assert len(alarms) == (16 if which == "default_files" else 25)
     for body in alarms.values():
         _validate(CLOUDWATCH, "PutMetricAlarm", body)
     rules = {rel: json.loads(t) for rel, t in files.items() if "/insight-rule-" in rel}

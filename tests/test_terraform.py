@@ -130,6 +130,16 @@ SCENARIOS = {
         "ServiceName": "inference",
         "LogRetentionDays": "90",
     },
+    # Model sync with safe rollouts: their five parameters, and the task role's write to the rollout state.
+    "modelsync-rollouts": {
+        "ModelSyncBucketName": "example-models",
+        "ModelSyncPrefix": "triton/",
+        "CanaryFraction": "0.25",
+        "BakeSeconds": "300",
+        "BakeMinRequests": "500",
+        "MaxFailureIncrease": "0.005",
+        "MaxLatencyRatio": "2",
+    },
     # Tracing with its defaults, and with its rate, the service name, the log prefix and model sync changed.
     "tracing": {"Tracing": "true"},
     "tracing-renamed": {
@@ -1290,10 +1300,10 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
         )
         assert ("ReplaceThisInstance" in sids) == (scenario != "gpu-drain")
     if scenario == "defaults":
-        # Every alarm but model sync's two (no bucket: no sync-failure or version-skew alarm, no rules).
+        # Every alarm but model sync's four (no bucket: no sync-failure, version-skew or rollout alarm, no rules).
         specs = alarm_specs(Options(catalog=CATALOG))
         assert len(of_type(plan, "aws_cloudwatch_metric_alarm")) == len([s for s in specs if "_condition" not in s])
-        assert len(specs) - len([s for s in specs if "_condition" not in s]) == 2
+        assert len(specs) - len([s for s in specs if "_condition" not in s]) == 4
         assert not of_type(plan, "aws_cloudwatch_contributor_insight_rule")
         assert len(of_type(plan, "aws_appautoscaling_policy")) == len(SCALING_ACTIONS)  # the LLM one included
         assert not [a for a in plan if ".modelsync" in a]  # no bucket: none of the model sync
@@ -1301,6 +1311,9 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
         assert len([a for a in plan if "modelsync[0]" in a]) == len(MODELSYNC_RESOURCES) + 2  # + target, role policy
         assert len(of_type(plan, "aws_cloudwatch_contributor_insight_rule")) == 2
         assert "aws_cloudwatch_metric_alarm.model_version_skew[0]" in plan
+        assert "aws_cloudwatch_metric_alarm.model_rollout_rejected[0]" in plan
+        sids = [st["Sid"] for st in json.loads(plan["aws_iam_role_policy.task_modelsync[0]"]["policy"])["Statement"]]
+        assert ("RolloutState" in sids) == (scenario == "modelsync-rollouts")
         volumes = plan["aws_ecs_task_definition.this"]["volume"]  # the store and the task's repository replace it
         assert volumes == [
             {"name": "model-store", "host_path": params.get("ModelSyncHostPath", "/opt/triton-models")},

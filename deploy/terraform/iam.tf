@@ -114,15 +114,16 @@ resource "aws_iam_role_policy" "task_model_bucket" {
 
 # modelsync (a container of the task): read the archives under the prefix (GET by version id, HEAD,
 # the sha256 tag), list the prefix; its own queue, subscribed to the topic, created at its start and
-# deleted at its stop, and the queues of daemons that died (their names share the prefix); nothing
-# else: no write to S3, no other queue, no other topic.
+# deleted at its stop, and the queues of daemons that died (their names share the prefix); with
+# canary_fraction, write the rollouts' state objects (<prefix>.modelsync/rollouts/); nothing else: no
+# other write to S3, no other queue, no other topic.
 resource "aws_iam_role_policy" "task_modelsync" {
   count = local.model_sync ? 1 : 0
   name  = "modelsync"
   role  = aws_iam_role.task.id
   policy = jsonencode({
     Version = "2012-10-17"
-    Statement = [
+    Statement = concat([
       {
         Sid       = "ListThePrefix"
         Effect    = "Allow"
@@ -163,7 +164,13 @@ resource "aws_iam_role_policy" "task_modelsync" {
         Action   = ["sns:ListSubscriptionsByTopic", "sns:Unsubscribe"]
         Resource = [aws_sns_topic.modelsync[0].arn, "${aws_sns_topic.modelsync[0].arn}:*"]
       },
-    ]
+      ], local.rollouts ? [{
+        # Safe rollouts: each model's state, changed only by conditional writes (If-Match/If-None-Match).
+        Sid      = "RolloutState"
+        Effect   = "Allow"
+        Action   = "s3:PutObject"
+        Resource = "arn:${local.partition}:s3:::${var.model_sync_bucket_name}/${var.model_sync_prefix}.modelsync/rollouts/*"
+    }] : [])
   })
 }
 

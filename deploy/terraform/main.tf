@@ -43,6 +43,11 @@ locals {
       ModelSyncPrefix      = var.model_sync_prefix
       ModelSyncTopicArn    = ""
       ModelSyncQueuePrefix = local.queue_prefix
+      CanaryFraction       = var.canary_fraction
+      BakeSeconds          = var.bake_seconds
+      BakeMinRequests      = var.bake_min_requests
+      MaxFailureIncrease   = var.max_failure_increase
+      MaxLatencyRatio      = var.max_latency_ratio
     } : name => trimsuffix(trimprefix(jsonencode(value), "\""), "\"")
   }
   task_definition = jsondecode(templatefile(

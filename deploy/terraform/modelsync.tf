@@ -11,6 +11,8 @@ locals {
   # The daemons' own queues are <queue_prefix><12 hex>: a prefix of fixed length (SQS names stop at 80)
   # that no other deployment shares (the task role's scope). The stack uses its stack id the same way.
   queue_prefix = "modelsync-${substr(sha1("${local.account_id}/${local.region}/${local.family}"), 0, 16)}-"
+  # Safe rollouts: the daemons write each model's state under <prefix>.modelsync/rollouts/ (iam.tf).
+  rollouts = local.model_sync && var.canary_fraction != "0"
 }
 
 resource "aws_cloudwatch_log_group" "modelsync" {

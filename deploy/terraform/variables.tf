@@ -183,6 +183,58 @@ variable "model_sync_host_path" {
   }
 }
 
+# Safe rollouts (docs/modelsync.md, "Safe rollouts"): the stack's CanaryFraction, BakeSeconds, ...
+
+variable "canary_fraction" {
+  type        = string
+  description = "Share of the Triton tasks that serve a new model artifact first (ceil(F x tasks), at least one), judged against the tasks on the previous artifact before the others install it; 0: every task at once"
+  default     = "0"
+  validation {
+    condition     = can(regex("^(0(\\.[0-9]{1,4})?|1(\\.0{1,4})?)$", var.canary_fraction))
+    error_message = "The canary_fraction must be a number from 0 to 1 (at most 4 decimals)."
+  }
+}
+
+variable "bake_seconds" {
+  type        = number
+  description = "Seconds the canaries serve a new artifact before the verdict"
+  default     = 600
+  validation {
+    condition     = var.bake_seconds >= 10 && var.bake_seconds <= 86400
+    error_message = "The bake_seconds must be between 10 and 86400."
+  }
+}
+
+variable "bake_min_requests" {
+  type        = number
+  description = "Fewer requests than this on the canaries during the bake is no evidence (the rollout waits)"
+  default     = 100
+  validation {
+    condition     = var.bake_min_requests >= 1
+    error_message = "The bake_min_requests must be at least 1."
+  }
+}
+
+variable "max_failure_increase" {
+  type        = string
+  description = "Reject when the canaries' failure ratio exceeds the previous artifact's by more than this"
+  default     = "0.01"
+  validation {
+    condition     = can(regex("^0(\\.[0-9]{1,6})?$", var.max_failure_increase))
+    error_message = "The max_failure_increase must be a number from 0 to below 1."
+  }
+}
+
+variable "max_latency_ratio" {
+  type        = string
+  description = "Reject when the canaries' average (and p95) latency exceeds the previous artifact's by this factor"
+  default     = "1.5"
+  validation {
+    condition     = can(regex("^([1-9][0-9]{0,2})(\\.[0-9]{1,3})?$", var.max_latency_ratio))
+    error_message = "The max_latency_ratio must be a number of at least 1."
+  }
+}
+
 # --- tracing (optional; docs/tracing.md, "Deploy"; tracing.tf) -----------------------------
 
 variable "tracing" {

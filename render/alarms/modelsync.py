@@ -1,6 +1,6 @@
 """Model sync's alarms and Contributor Insights rules, from model sync's pack of the catalog.
 
-Both alarms exist only where model sync is deployed (the ``ModelSync``
+Every alarm here exists only where model sync is deployed (the ``ModelSync``
 parameter). Every metric goes through :func:`~render.base.emitted`
 against ``opts.modelsync``, the pack the daemon encodes its events from;
 tests/test_catalog_agreement.py checks the rendered files against what the
@@ -47,6 +47,38 @@ SYNC_FAILURES = MetricAlarm(
 )
 
 
+# Safe rollouts (--canary-fraction): written only when rollouts happen, so missing data is not breaching.
+ROLLOUT_PERIOD = 300
+WAIT_ALARM_SECONDS = 1800.0  # half an hour past the bake without --bake-min-requests on the canaries
+
+ROLLOUT_REJECTED = MetricAlarm(
+    suffix="model-rollout-rejected",
+    description="A safe rollout rejected a new model artifact in the last 5 minutes: its canaries failed more "
+    "requests or answered slower than the hosts on the previous artifact (or could not load it). The canaries "
+    "went back to the previous artifact and no other host installed it; it stays rejected until a different "
+    "upload or `python -m modelsync rollout promote`. The dashboard's 'Rollout decisions' widget shows the "
+    "evidence.",
+    metric="RolloutsRejected",
+    stat="Sum",
+    period=ROLLOUT_PERIOD,
+    points=1,
+    threshold=0.0,
+    condition=CONDITION,
+)
+ROLLOUT_WAITING = MetricAlarm(
+    suffix="model-rollout-waiting",
+    description="A safe rollout has waited over 30 minutes past its bake for --bake-min-requests requests on "
+    "its canaries: silence never promotes, so the new artifact serves only there. Send traffic, or decide with "
+    "`python -m modelsync rollout promote|reject MODEL`; `rollout status` shows the evidence so far.",
+    metric="RolloutEvidenceWait",
+    stat="Maximum",
+    period=ROLLOUT_PERIOD,
+    points=1,
+    threshold=WAIT_ALARM_SECONDS,
+    condition=CONDITION,
+)
+
+
 def skew_expressions(prefix: str) -> tuple[str, str]:
     """The two INSIGHT_RULE_METRIC expressions (rule names under ``prefix``)."""
     return (
@@ -80,7 +112,8 @@ def insight_rule_specs(opts: Options) -> list[Spec]:
 
 
 def alarm_specs(opts: Options) -> list[Spec | None]:
-    """The sync-failure alarm (any failed attempt on any task in 5 minutes) and the version-skew alarm."""
+    """The sync-failure alarm (any failed attempt on any task in 5 minutes), the version-skew alarm, and the
+    two of safe rollouts (a rejection; a rollout waiting too long for evidence)."""
     artifacts, models = skew_expressions("${AlarmNamePrefix}")
     skew: Spec = {
         "_file": "model-version-skew",
@@ -109,4 +142,9 @@ def alarm_specs(opts: Options) -> list[Spec | None]:
         "ComparisonOperator": "GreaterThanThreshold",
         "TreatMissingData": "notBreaching",
     }
-    return [SYNC_FAILURES.spec(opts.modelsync), skew]
+    return [
+        SYNC_FAILURES.spec(opts.modelsync),
+        skew,
+        ROLLOUT_REJECTED.spec(opts.modelsync),
+        ROLLOUT_WAITING.spec(opts.modelsync),
+    ]

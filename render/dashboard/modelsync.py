@@ -1,4 +1,5 @@
-"""Model sync: attempts by result, failures, phase durations, upload to READY, bytes, version skew, failures.
+"""Model sync: attempts by result, failures, phase durations, upload to READY, bytes, version skew, failures,
+and safe rollouts (decisions per model, rollouts in flight, evidence waits, a timeline of every decision).
 
 Every metric comes from model sync's pack of the catalog (``opts.modelsync``) through the one reference
 checker; the phase-duration graph draws every ``Sync<Phase>Time`` metric the pack defines. :data:`GRAPHS`
@@ -10,14 +11,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..alarms.modelsync import SKEW_PERIOD, skew_expressions
+from ..alarms.modelsync import SKEW_PERIOD, WAIT_ALARM_SECONDS, skew_expressions
 from ..base.options import Options, modelsync_log_group
 from ..base.widgets import Placed, Section, emitted, expr, graph, logs, row, search
 
 TEXT = (
     "**Model sync**: S3 archives installed on every host by modelsync: attempts by result, failures per "
     "model, phase durations, time from upload to READY, and hosts serving different builds of one model "
-    "(Logs Insights over the modelsync log group)."
+    "(Logs Insights over the modelsync log group). With safe rollouts (--canary-fraction): each rollout's "
+    "decisions per model, the rollouts in flight, and a timeline of every decision with its evidence."
 )
 PHASE = re.compile(r"Sync([A-Z][a-z]+)Time")
 
@@ -121,7 +123,52 @@ def widgets(opts: Options) -> list[Placed]:
         Placed(skew, 12),
         Placed(served, 12),
         Placed(recent, 12),
+        *rollout_widgets(opts),
     ]
+
+
+ROLLOUT_GRAPHS: tuple[tuple[str, str, tuple[str, ...], str, str, list[dict[str, Any]] | None], ...] = (
+    ("Rollouts promoted per model", "RolloutsPromoted", ("model",), "Sum", "promotions", None),
+    (
+        "Rollouts rejected per model",
+        "RolloutsRejected",
+        ("model",),
+        "Sum",
+        "rejections",
+        [{"value": 0, "label": "alarm: any rejection in 5 min"}],
+    ),
+)
+
+
+def rollout_widgets(opts: Options) -> list[Placed]:
+    """Safe rollouts: promotions and rejections per model, what is in flight and waiting, and every decision
+    with its evidence, model by model (Logs Insights over the decision log lines: the timeline)."""
+    pack = opts.modelsync
+    flight = graph(
+        opts,
+        "Rollouts in flight (max over hosts) and evidence wait past the bake (s, worst)",
+        [
+            row(opts, "RolloutsInFlight", {"stat": "Maximum", "label": "in flight"}, pack),
+            row(
+                opts,
+                "RolloutEvidenceWait",
+                {"stat": "Maximum", "label": "s waiting for --bake-min-requests", "yAxis": "right"},
+                pack,
+            ),
+        ],
+        annotations=[{"value": WAIT_ALARM_SECONDS, "label": "alarm: waiting 30 min", "yAxis": "right"}],
+    )
+    decisions = logs(
+        opts,
+        "Rollout timeline per model: every decision with its evidence (newest first)",
+        [modelsync_log_group(opts)],
+        "fields @timestamp, model, verdict, host, artifact, previous, reason,"
+        " evidence.canary.requests as canary_requests, evidence.canary.failure_ratio as canary_failures,"
+        " evidence.canary.avg_ms as canary_ms, evidence.baseline.avg_ms as baseline_ms"
+        "\n| filter ispresent(verdict)"
+        "\n| sort model asc, @timestamp desc\n| limit 200",
+    )
+    return [*_searches(opts, ROLLOUT_GRAPHS), Placed(flight), Placed(decisions, 24)]
 
 
 SECTION = Section(TEXT, widgets)

@@ -9,6 +9,7 @@ before the flip) and :class:`TruncatingProxy` (an S3 body cut short).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import http.client
@@ -16,7 +17,10 @@ import io
 import itertools
 import json
 import os
+import signal
 import stat
+import subprocess
+import sys
 import threading
 import time
 import zipfile
@@ -462,3 +466,316 @@ class TruncatingProxy:
         self.release()
         self.server.shutdown()
         self.server.server_close()
+
+
+# --- a fleet: several hosts, each a real Triton with its daemon, on one bucket and topic -------------------
+
+ROLLOUT_PY = """import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            {body}
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", (x + {add}).astype(np.float32))]))
+        return out
+"""
+BODIES = {
+    "ok": "pass",
+    "fail": 'raise RuntimeError("this build fails every request")',  # Triton counts it: failure, reason BACKEND
+    "slow": "time.sleep(0.05)",  # 20x and more the python backend's few milliseconds
+}
+
+
+def rollout_files(name: str, add: float, behaviour: str = "ok") -> dict[str, bytes]:
+    """A model answering x + ``add`` (the answer names the artifact that served it), well or badly."""
+    return {
+        f"{name}/config.pbtxt": CONFIG.format(name=name).encode(),
+        f"{name}/1/model.py": ROLLOUT_PY.format(add=add, body=BODIES[behaviour]).encode(),
+    }
+
+
+def s3_event(bucket: str, key: str, version_id: str = "") -> str:
+    """An S3 ObjectCreated notification as S3 publishes it to a topic."""
+    return json.dumps(
+        {
+            "Records": [
+                {
+                    "eventVersion": "2.1",
+                    "eventSource": "aws:s3",
+                    "eventTime": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()),
+                    "eventName": "ObjectCreated:Put",
+                    "s3": {
+                        "bucket": {"name": bucket, "arn": f"arn:aws:s3:::{bucket}"},
+                        "object": {"key": key, "versionId": version_id, "sequencer": f"{time.time_ns():X}"},
+                    },
+                }
+            ]
+        }
+    )
+
+
+class Traffic(threading.Thread):
+    """Requests to one model of one host, one after another with ``gap`` seconds between: (time, status, answer).
+
+    The answer (x + add) names the artifact that served the request; a failed request has no answer (NaN)."""
+
+    def __init__(self, triton: TritonServer, model: str, gap: float = 0.02) -> None:
+        super().__init__(daemon=True, name=f"traffic-{model}")
+        self.triton = triton
+        self.model = model
+        self.gap = gap
+        self.results: list[tuple[float, int, float]] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                status, body = self.triton.infer(
+                    self.model, [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [0.0]}]
+                )
+                answer = float(body["outputs"][0]["data"][0]) if status == 200 else float("nan")
+            except (OSError, ValueError, KeyError, TypeError):
+                status, answer = 0, float("nan")
+            self.results.append((time.monotonic(), status, answer))
+            self._halt.wait(self.gap)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+    def failures(self) -> int:
+        return sum(1 for _, status, _ in self.results if status != 200)
+
+    def answers(self) -> set[float]:
+        return {a for _, status, a in self.results if status == 200}
+
+
+@dataclass
+class Host:
+    name: str
+    root: Path
+    triton: TritonServer
+    proc: Any = None  # the daemon (subprocess.Popen), None when not running
+    traffic: dict[str, Traffic] = field(default_factory=dict)
+
+    @property
+    def log(self) -> Path:
+        return self.root / "modelsync.log"
+
+    @property
+    def emf(self) -> Path:
+        return self.root / "emf.log"
+
+    def answer(self, model: str) -> float:
+        try:
+            status, body = self.triton.infer(
+                model, [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [0.0]}]
+            )
+        except OSError:
+            return float("nan")
+        return float(body["outputs"][0]["data"][0]) if status == 200 else float("nan")
+
+    def lines(self) -> list[dict[str, Any]]:
+        """The daemon's JSON log lines (every run of it: the file is appended to)."""
+        if not self.log.exists():
+            return []
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
+
+    def decisions(self, model: str) -> list[dict[str, Any]]:
+        """This host's rollout decisions for ``model`` (one JSON line each: verdict, evidence)."""
+        return [d for d in self.lines() if d.get("model") == model and "verdict" in d]
+
+
+class Fleet:
+    """Hosts with a real Triton and a ``python -m modelsync`` each, on one bucket and one SNS topic, with safe
+    rollouts on. Uploads are announced on the topic as S3 would (after the PUT); the bucket's own
+    notifications carry the rollout state's writes (under ``.modelsync/``) to the same topic."""
+
+    def __init__(self, moto: Moto, root: Path, hosts: int, **flags: Any) -> None:
+        self.moto = moto
+        self.root = root
+        self.bucket = new_bucket(moto)
+        self.topic = moto.client("sns").create_topic(Name=unique("rollout-events-"))["TopicArn"]
+        self.queue_prefix = unique("ro-")
+        moto.client("s3").put_bucket_notification_configuration(
+            Bucket=self.bucket,
+            NotificationConfiguration={
+                "TopicConfigurations": [
+                    {
+                        "TopicArn": self.topic,
+                        "Events": ["s3:ObjectCreated:*"],
+                        "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": ".modelsync/"}]}},
+                    }
+                ]
+            },
+        )
+        self.flags = {
+            "canary-fraction": "0.25",
+            "bake-seconds": "5",
+            "bake-min-requests": "20",
+            # The harmful builds of the tests are 20x slower or fail; 3 keeps a loaded 2-core machine's noise
+            # (a canary's few seconds against a control's) from rejecting a good one.
+            "max-latency-ratio": "3",
+            "interval": "300",
+            **{k.replace("_", "-"): str(v) for k, v in flags.items()},
+        }
+        self.hosts: list[Host] = []
+        for _i in range(hosts):
+            self.add_host(start=False)
+
+    def add_host(self, start: bool = True) -> Host:
+        name = f"host-{len(self.hosts)}"
+        hroot = self.root / name
+        (hroot / "repo").mkdir(parents=True)
+        (hroot / "triton").mkdir()
+        triton = TritonServer(hroot / "repo", workdir=hroot / "triton")
+        triton.start()
+        host = Host(name, hroot, triton)
+        self.hosts.append(host)
+        if start:
+            self.start(host)
+        return host
+
+    def start(self, host: Host) -> None:
+        args = [
+            sys.executable, "-m", "modelsync",
+            "--bucket", self.bucket,
+            "--repository", str(host.triton.model_repository),
+            "--store", str(host.root / "store"),
+            "--triton-url", host.triton.url,
+            "--triton-metrics-url", host.triton.metrics_url,
+            "--output", f"file:{host.emf}",
+            "--min-free-bytes", "0",
+            "--hash-tag-wait", "0",
+            "--load-timeout", "60",
+            "--host-id", host.name,
+            "--topic-arn", self.topic,
+            "--queue-name-prefix", self.queue_prefix,
+            *(a for k, v in self.flags.items() for a in (f"--{k}", v)),
+        ]  # fmt: skip
+        root = Path(__file__).resolve().parent.parent.parent
+        with open(host.log, "ab") as err:
+            host.proc = subprocess.Popen(args, cwd=root, env=self.moto.env(), stdout=subprocess.DEVNULL, stderr=err)
+
+    def start_all(self) -> None:
+        for host in self.hosts:
+            if host.proc is None:
+                self.start(host)
+        wait_for(lambda: len(self.queues()) >= len(self.hosts), timeout=90, step=0.3)
+
+    def queues(self) -> list[str]:
+        return self.moto.client("sqs").list_queues(QueueNamePrefix=self.queue_prefix).get("QueueUrls", [])
+
+    def kill(self, host: Host) -> None:
+        """SIGKILL: nothing of the daemon runs again (its queue and rollout entries stay behind)."""
+        if host.proc is not None:
+            host.proc.kill()
+            host.proc.wait(10)
+            host.proc = None
+
+    def stop(self, host: Host) -> None:
+        if host.proc is not None:
+            host.proc.send_signal(signal.SIGTERM)
+            try:
+                host.proc.wait(30)
+            except Exception:
+                host.proc.kill()
+                host.proc.wait(10)
+            host.proc = None
+
+    def upload(self, model: str, files: dict[str, bytes]) -> dict[str, Any]:
+        """PUT ``<model>.zip`` with its sha256, then the notification S3 sends the topic."""
+        put = upload(self.moto, self.bucket, f"{model}.zip", make_zip(files))
+        self.moto.client("sns").publish(
+            TopicArn=self.topic, Message=s3_event(self.bucket, f"{model}.zip", put.get("VersionId", ""))
+        )
+        return put
+
+    def upload_directory(self, model: str, files: dict[str, bytes]) -> dict[str, Any]:
+        """A directory model's files, its manifest last, then the manifest's notification."""
+        put = upload_directory(self.moto, self.bucket, model, files)
+        key = f"{model}/manifest.json"
+        self.moto.client("sns").publish(
+            TopicArn=self.topic, Message=s3_event(self.bucket, key, put.get("VersionId", ""))
+        )
+        return put
+
+    def answers(self, model: str) -> list[float]:
+        return [h.answer(model) for h in self.hosts]
+
+    def traffic(self, model: str, gap: float = 0.02) -> None:
+        for h in self.hosts:
+            t = Traffic(h.triton, model, gap)
+            h.traffic[model] = t
+            t.start()
+
+    def stop_traffic(self, model: str) -> dict[str, Traffic]:
+        out = {}
+        for h in self.hosts:
+            t = h.traffic.pop(model, None)
+            if t is not None:
+                t.stop()
+                out[h.name] = t
+        return out
+
+    def state(self, model: str) -> dict[str, Any] | None:
+        try:
+            body = self.moto.client("s3").get_object(Bucket=self.bucket, Key=f".modelsync/rollouts/{model}.json")
+        except Exception:
+            return None
+        return json.loads(body["Body"].read())
+
+    def close(self) -> None:
+        for h in self.hosts:
+            for t in h.traffic.values():
+                t.stop()
+            self.stop(h)
+        for h in self.hosts:
+            h.triton.stop()
+
+
+def rollout_bundle(name: str, add: float, behaviour: str = "ok") -> dict[str, bytes]:
+    """A bundle: ensemble ``name`` running ``<name>-pre`` (adds ``add``) then ``<name>-post`` (adds 10 x ``add``,
+    behaving as ``behaviour``); the answer to 0 is 11 x ``add`` when both steps are of one upload."""
+    pre, post = f"{name}-pre", f"{name}-post"
+    files = {**rollout_files(pre, add), **rollout_files(post, 10 * add, behaviour)}
+    files[f"{name}/config.pbtxt"] = ROLLOUT_ENSEMBLE.format(name=name, pre=pre, post=post).encode()
+    files[f"{name}/1/"] = b""
+    return files
+
+
+ROLLOUT_ENSEMBLE = """name: "{name}"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "{pre}" model_version: -1
+     input_map {{ key: "INPUT0" value: "INPUT0" }} output_map {{ key: "OUTPUT0" value: "t1" }} }},
+  {{ model_name: "{post}" model_version: -1
+     input_map {{ key: "INPUT0" value: "t1" }} output_map {{ key: "OUTPUT0" value: "OUTPUT0" }} }}
+] }}
+"""
+
+
+def upload_directory(moto: Moto, bucket: str, model: str, files: dict[str, bytes]) -> dict[str, Any]:
+    """A directory model: each file under ``<model>/``, then ``<model>/manifest.json`` with its sha256 last."""
+    s3 = moto.client("s3")
+    entries = []
+    for name, data in sorted(files.items()):
+        rel = name.split("/", 1)[1]
+        s3.put_object(Bucket=bucket, Key=f"{model}/{rel}", Body=data)
+        entries.append({"path": rel, "size": len(data), "sha256": sha(data)})
+    manifest = json.dumps({"files": entries}).encode()
+    return upload(moto, bucket, f"{model}/manifest.json", manifest)

@@ -1,0 +1,359 @@
+"""The rollout ledger: one JSON object per model in the bucket, changed only by compare-and-swap.
+
+    s3://<bucket>/<prefix>.modelsync/rollouts/<model>.json
+
+Why the bucket: it is the one thing every daemon (and the operator's CLI) already reaches, it is durable,
+and S3's conditional writes make it a compare-and-swap: ``PutObject`` with ``If-None-Match: *`` creates the
+object only if it does not exist, with ``If-Match: <ETag>`` replaces it only if nobody changed it since it
+was read (412 PreconditionFailed otherwise; 409 ConditionalRequestConflict while a conflicting write is in
+flight). Every change is read, modified, written with the ETag read, and on a conflict read again: two
+daemons deciding at once cannot both win. No other service, lock or server.
+
+The key is under the model prefix on purpose: its writes are object events like an upload's, so the
+bucket's event rule and the SNS fan-out carry a verdict to every daemon within seconds
+(events.py maps the key to its model). It cannot be taken for a model: a model name never starts with
+``.`` and the key does not end in ``.zip`` or ``/manifest.json``.
+
+Every time in the document is on S3's clock (the ``Date`` header of its answers), never a host's, so a
+host whose clock is off neither bakes too short nor declares the others dead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from .errors import DownloadError
+from .evidence import Snapshot, Window, snapshot_from_json, snapshot_to_json
+from .s3 import Archive
+
+STATE_DIR = ".modelsync/rollouts/"
+MAX_STATE = 1024 * 1024  # bytes of one state object read at most
+MAX_VERDICTS = 50  # past verdicts kept per model (the oldest go)
+CLOCK_LATENCY = 0.25  # seconds an answer may take to reach us after S3 stamped its Date
+CANARY, CONTROL = "canary", "control"
+PROMOTED, REJECTED, SUPERSEDED = "promoted", "rejected", "superseded"
+
+
+class LedgerError(DownloadError):
+    """The state could not be read or written (S3 unreachable, refused, or the object is not ours)."""
+
+
+class Conflict(Exception):
+    """Another writer changed the state since it was read (412/409): read it again."""
+
+
+def state_key(prefix: str, model: str) -> str:
+    return f"{prefix}{STATE_DIR}{model}.json"
+
+
+def model_of_state(key: str, prefix: str) -> str | None:
+    """``<prefix>.modelsync/rollouts/<model>.json`` -> model; None for any other key."""
+    head = prefix + STATE_DIR
+    if not key.startswith(head) or not key.endswith(".json"):
+        return None
+    name = key[len(head) : -len(".json")]
+    return name if name and "/" not in name else None
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One uploaded artifact of a model: its content (sha256) and the S3 object version that holds it."""
+
+    sha256: str
+    key: str
+    etag: str
+    version_id: str
+
+    def archive(self, model: str) -> Archive:
+        """The object pinned to its version (size and time are completed by the HEAD of the install)."""
+        return Archive(model, self.key, self.etag, 0, datetime.fromtimestamp(0, UTC), version_id=self.version_id)
+
+    def to_json(self) -> dict[str, str]:
+        return {"sha256": self.sha256, "key": self.key, "etag": self.etag, "version_id": self.version_id}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Artifact:
+        if not isinstance(raw, dict) or not isinstance(raw.get("sha256"), str) or not raw["sha256"]:
+            raise ValueError(f"not an artifact: {raw!r}"[:200])
+        return cls(raw["sha256"], str(raw.get("key", "")), str(raw.get("etag", "")), str(raw.get("version_id", "")))
+
+
+@dataclass
+class Participant:
+    """A host's part in a rollout: a canary (serves the new artifact) or a control (stays on the previous one
+    and measures it over the same window: the baseline)."""
+
+    host: str
+    role: str
+    claimed: float
+    seen: float  # its daemon's last sign of life (S3 time): a participant silent for long is lost
+    since: float | None = None  # the window's start (S3 time); a canary's: a settling time after READY
+    start: Snapshot = field(default_factory=dict)  # the counters at the window's start
+    window: Window | None = None  # the evidence so far
+    before: Window | None = None  # a canary's previous artifact on its own host, before the switch
+    lost: bool = False
+    ready: float | None = None  # a canary's new artifact READY (S3 time)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "role": self.role,
+            "claimed": self.claimed,
+            "seen": self.seen,
+            "since": self.since,
+            "start": snapshot_to_json(self.start),
+            "lost": self.lost,
+            "ready": self.ready,
+        }
+        if self.window is not None:
+            out["window"] = self.window.to_json()
+        if self.before is not None:
+            out["before"] = self.before.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, host: str, raw: Any) -> Participant:
+        if not isinstance(raw, dict) or raw.get("role") not in (CANARY, CONTROL):
+            raise ValueError(f"not a participant: {raw!r}"[:200])
+        since, ready = raw.get("since"), raw.get("ready")
+        return cls(
+            host,
+            raw["role"],
+            float(raw.get("claimed", 0)),
+            float(raw.get("seen", 0)),
+            float(since) if isinstance(since, int | float) else None,
+            snapshot_from_json(raw.get("start") or {}),
+            Window.from_json(raw["window"]) if raw.get("window") else None,
+            Window.from_json(raw["before"]) if raw.get("before") else None,
+            bool(raw.get("lost")),
+            float(ready) if isinstance(ready, int | float) else None,
+        )
+
+
+@dataclass
+class Rollout:
+    artifact: Artifact
+    previous: Artifact
+    started: float
+    started_by: str
+    wanted: int  # canaries wanted: ceil(--canary-fraction x live hosts), at least 1
+    live_hosts: int
+    participants: dict[str, Participant] = field(default_factory=dict)
+    waiting_since: float | None = None  # the bake ended without enough requests (S3 time)
+
+    def live(self, role: str) -> list[Participant]:
+        return [p for p in self.participants.values() if p.role == role and not p.lost]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "artifact": self.artifact.to_json(),
+            "previous": self.previous.to_json(),
+            "started": self.started,
+            "started_by": self.started_by,
+            "wanted": self.wanted,
+            "live_hosts": self.live_hosts,
+            "participants": {h: p.to_json() for h, p in sorted(self.participants.items())},
+            "waiting_since": self.waiting_since,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Rollout:
+        if not isinstance(raw, dict):
+            raise ValueError("not a rollout")
+        waiting = raw.get("waiting_since")
+        return cls(
+            Artifact.from_json(raw.get("artifact")),
+            Artifact.from_json(raw.get("previous")),
+            float(raw.get("started", 0)),
+            str(raw.get("started_by", "")),
+            max(1, int(raw.get("wanted", 1))),
+            int(raw.get("live_hosts", 0)),
+            {str(h): Participant.from_json(str(h), p) for h, p in (raw.get("participants") or {}).items()},
+            float(waiting) if isinstance(waiting, int | float) else None,
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    sha256: str
+    verdict: str  # promoted | rejected | superseded
+    at: float
+    by: str  # the host that decided, or "operator"
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "verdict": self.verdict, "at": self.at, "by": self.by, "reason": self.reason,
+                "evidence": self.evidence}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Verdict:
+        if not isinstance(raw, dict) or raw.get("verdict") not in (PROMOTED, REJECTED, SUPERSEDED):
+            raise ValueError(f"not a verdict: {raw!r}"[:200])
+        evidence = raw.get("evidence")
+        return cls(str(raw.get("sha256", "")), raw["verdict"], float(raw.get("at", 0)), str(raw.get("by", "")),
+                   str(raw.get("reason", "")), evidence if isinstance(evidence, dict) else {})  # fmt: skip
+
+
+@dataclass
+class State:
+    """One model's rollout state: the artifact the fleet serves (stable), the rollout in flight, past verdicts."""
+
+    model: str
+    stable: Artifact | None = None
+    rollout: Rollout | None = None
+    verdicts: list[Verdict] = field(default_factory=list)  # oldest first
+
+    def decided(self, sha: str) -> Verdict | None:
+        """The latest promotion or rejection of this artifact (a supersession decides nothing about it)."""
+        return next((v for v in reversed(self.verdicts) if v.sha256 == sha and v.verdict != SUPERSEDED), None)
+
+    def rejected(self, sha: str) -> Verdict | None:
+        v = self.decided(sha)
+        return v if v is not None and v.verdict == REJECTED else None
+
+    def add(self, verdict: Verdict) -> None:
+        self.verdicts = [*self.verdicts, verdict][-MAX_VERDICTS:]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "model": self.model,
+            "stable": self.stable.to_json() if self.stable else None,
+            "rollout": self.rollout.to_json() if self.rollout else None,
+            "verdicts": [v.to_json() for v in self.verdicts],
+        }
+
+    @classmethod
+    def from_json(cls, model: str, raw: Any) -> State:
+        if not isinstance(raw, dict) or raw.get("format") != 1 or raw.get("model") != model:
+            raise ValueError("not a rollout state of this model (format 1)")
+        return cls(
+            model,
+            Artifact.from_json(raw["stable"]) if raw.get("stable") else None,
+            Rollout.from_json(raw["rollout"]) if raw.get("rollout") else None,
+            [Verdict.from_json(v) for v in raw.get("verdicts") or []][-MAX_VERDICTS:],
+        )
+
+    def copy(self) -> State:
+        """A deep enough copy to modify and write (participants and verdicts are new containers)."""
+        rollout = None
+        if self.rollout is not None:
+            rollout = replace(self.rollout, participants={h: replace(p) for h, p in self.rollout.participants.items()})
+        return State(self.model, self.stable, rollout, list(self.verdicts))
+
+
+def _code(exc: Exception) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", "")) or str(
+            response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
+        )
+    return ""
+
+
+class Ledger:
+    """Reads and writes the state objects of one bucket prefix; keeps S3's clock."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str, clock: Callable[[], float] = time.time) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix
+        self.clock = clock
+        # S3's clock minus ours lies in [lo, hi]: each answer's Date (whole seconds) narrows it down.
+        self._lo, self._hi = -math.inf, math.inf
+        self._last = -math.inf
+        self._clock_lock = threading.Lock()
+
+    def now(self) -> float:
+        """Unix time on S3's clock: ours plus the offset its answers' Date headers allow, never going back."""
+        with self._clock_lock:
+            offset = (self._lo + self._hi) / 2 if math.isfinite(self._lo + self._hi) else 0.0
+            self._last = max(self._last, self.clock() + offset)
+            return self._last
+
+    def _note_clock(self, resp: Any) -> None:
+        """A Date of D seconds was stamped at some instant of [D, D + 1) by S3's clock, before we read it: the
+        offset is at least D - (our time now) and at most D + 1 - (our time now) + a little latency. The
+        bounds of successive answers are intersected; bounds that do not meet mean a clock jumped: start over."""
+        try:
+            date = parsedate_to_datetime(resp["ResponseMetadata"]["HTTPHeaders"]["date"]).timestamp()
+        except (KeyError, TypeError, ValueError, IndexError):
+            return
+        local = self.clock()
+        lo, hi = date - local, date + 1.0 - local + CLOCK_LATENCY
+        with self._clock_lock:
+            if max(lo, self._lo) > min(hi, self._hi):
+                self._lo, self._hi = lo, hi
+            else:
+                self._lo, self._hi = max(lo, self._lo), min(hi, self._hi)
+
+    def key(self, model: str) -> str:
+        return state_key(self.prefix, model)
+
+    def read(self, model: str) -> tuple[State | None, str]:
+        """(the state, its ETag), or (None, "") when there is none; raises LedgerError."""
+        key = self.key(model)
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=key)
+            self._note_clock(resp)
+            if int(resp.get("ContentLength") or 0) > MAX_STATE:
+                raise LedgerError(f"s3://{self.bucket}/{key} is larger than {MAX_STATE} bytes: not a rollout state")
+            body = resp["Body"].read(MAX_STATE + 1)
+        except LedgerError:
+            raise
+        except Exception as exc:
+            if _code(exc) in ("NoSuchKey", "404"):
+                self._note_clock(getattr(exc, "response", {}))
+                return None, ""
+            raise LedgerError(
+                f"cannot read s3://{self.bucket}/{key}: {_code(exc) or type(exc).__name__}: {exc}"
+            ) from exc
+        try:
+            state = State.from_json(model, json.loads(body))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise LedgerError(
+                f"s3://{self.bucket}/{key} is not a valid rollout state ({exc}): fix or delete it, or run "
+                f"python -m modelsync rollout promote|reject {model} to rewrite it"
+            ) from exc
+        return state, str(resp.get("ETag", ""))
+
+    def write(self, state: State, etag: str) -> str:
+        """Replace the state read with ``etag`` ("" : create it only if absent); the new ETag. Raises Conflict
+        when another writer came first, LedgerError when S3 refused or failed."""
+        key = self.key(state.model)
+        body = json.dumps(state.to_json(), separators=(",", ":"), sort_keys=True).encode()
+        condition = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
+        try:
+            resp = self.client.put_object(
+                Bucket=self.bucket, Key=key, Body=body, ContentType="application/json", **condition
+            )
+        except Exception as exc:
+            code = _code(exc)
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                self._note_clock(getattr(exc, "response", {}))
+                raise Conflict(key) from None
+            raise LedgerError(f"cannot write s3://{self.bucket}/{key}: {code or type(exc).__name__}: {exc}") from exc
+        self._note_clock(resp)
+        return str(resp.get("ETag", ""))
+
+    def models(self) -> list[str]:
+        """Every model with a state object; raises LedgerError."""
+        head = self.prefix + STATE_DIR
+        out: list[str] = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=head):
+                for obj in page.get("Contents", []):
+                    model = model_of_state(obj["Key"], self.prefix)
+                    if model is not None:
+                        out.append(model)
+        except Exception as exc:
+            raise LedgerError(f"cannot list s3://{self.bucket}/{head}: {_code(exc) or type(exc).__name__}") from exc
+        return sorted(out)

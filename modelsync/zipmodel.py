@@ -1,0 +1,98 @@
+"""Fetch a single model's zip (``<prefix><model>.zip``) into the store: download, verify, extract, commit.
+
+The counterpart of dirmodel.py for an archive; install.py picks one of the two by the listed key. Phases:
+``download`` (free-space check for the archive, pinned and hashed GETs into staging), ``verify`` (sha256,
+then the zip's central directory: archive.py), ``extract`` (free-space check in whole blocks, every file
+fsync'd, the directory renamed into ``<store>/<model>/<sha256>``). Any failure leaves nothing in staging.
+"""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .archive import Limits, extract, inspect
+from .bundle import is_bundle, top_level
+from .errors import UnsafeArchive
+from .fsio import FileSystem
+from .metrics import Attempt
+from .pinning import verify_hash
+from .s3 import S3, Archive
+from .store import Installed, Store
+
+
+class ZipFetcher:
+    """One model archive's download and extraction into the store (install.py's fetch for a zip)."""
+
+    def __init__(
+        self,
+        s3: S3,
+        store: Store,
+        fs: FileSystem,
+        limits: Limits,
+        free_check: Callable[[int, str], None],
+    ) -> None:
+        self.s3 = s3
+        self.store = store
+        self.fs = fs
+        self.limits = limits
+        self.free_check = free_check
+
+    def fetch(
+        self,
+        model: str,
+        archive: Archive,
+        installed: Installed | None,
+        attempt: Attempt,
+        expected: str,
+        source: str,
+        record: Callable[[str], dict[str, Any]],
+    ) -> Path | None:
+        """The committed store directory; None when the downloaded bytes are the installed archive's (an
+        unverified archive uploaded again)."""
+        download: Path | None = None
+        extracted: Path | None = None
+        zf: zipfile.ZipFile | None = None
+        try:
+            with attempt.phase("download"):
+                self.free_check(archive.size, f"downloading {archive.key}")
+                download = self.store.staging_file(model)
+                sha, count = self.s3.download(archive, download, self.fs)
+                attempt.bytes_downloaded = count
+            with attempt.phase("verify"):
+                verify_hash(sha, expected, source, attempt)
+                if installed is not None and sha == installed.sha256:  # unverified, and the same bytes
+                    return None
+                try:
+                    zf = zipfile.ZipFile(download)
+                except (zipfile.BadZipFile, OSError) as exc:
+                    raise UnsafeArchive(f"not a zip archive: {exc}") from exc
+                if is_bundle(zf.namelist(), model):  # a single model's key keeps its kind (Bundles.parts)
+                    top = ", ".join(sorted(top_level(zf.namelist()))[:5])
+                    raise UnsafeArchive(
+                        f"the archive's top level is {top}, not one {model}/ directory, and {model} is installed "
+                        f"from {archive.key} as one model: a bundle goes under another name (or remove "
+                        f"{archive.key} first, with --delete-removed, then upload it again)"
+                    )
+                plan = inspect(zf, count, model, self.limits)
+            with attempt.phase("extract"):
+                self.free_check(plan.disk_bytes(self.fs.block_size(self.store.staging)), f"extracting {model}")
+                extracted = self.store.staging_dir(model)
+                extract(zf, plan, extracted, self.fs)
+                zf.close()
+                zf = None
+                download.unlink()
+                download = None
+                final = self.store.commit(model, sha, extracted, record(sha))
+                extracted = None
+            return final
+        finally:
+            if zf is not None:
+                zf.close()
+            if download is not None:
+                download.unlink(missing_ok=True)
+            if extracted is not None:
+                shutil.rmtree(extracted, ignore_errors=True)
