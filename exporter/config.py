@@ -61,6 +61,7 @@ class Settings:
     trace_rate: int = 0  # 0: leave Triton's trace rate as its flags set it
     traces_log_groups: tuple[str, ...] = ()  # aws.log.group.names on every span's resource
     traces_container: str = "triton-server"
+    otlp_semconv: str = "off"  # genai: the OTLP outputs also send OpenTelemetry's GenAI server metrics
     once: bool = False
 
     @property
@@ -248,6 +249,14 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "Triton's container name, container.name on every span",
     ),
+    Option(
+        "otlp_semconv",
+        "--otlp-semconv",
+        ("EXPORTER_OTLP_SEMCONV",),
+        choice("off", "genai"),
+        "genai: each OTLP output also sends OpenTelemetry's GenAI server metrics (gen_ai.server.time_to_first_token, "
+        ".time_per_output_token, .request.duration) of every generative model (docs/otlp.md); needs an otlp+ --output",
+    ),
     *catalog_cli.OPTIONS,
     Option(
         "breakdown_zeros",
@@ -290,6 +299,11 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
         settings = replace(settings, timeout=min(5.0, settings.interval / 2))
     if len(set(settings.outputs)) != len(settings.outputs):
         raise ConfigError(f"--output: {', '.join(map(str, settings.outputs))}: an output is given twice")
+    if settings.otlp_semconv != "off" and not settings.otlp_outputs:
+        raise ConfigError(
+            f"--otlp-semconv {settings.otlp_semconv}: it changes what the OTLP outputs send, and none is given "
+            "(--output otlp+...)"
+        )
     if settings.timeout >= settings.interval:
         raise ConfigError(
             f"--timeout ({settings.timeout:g}s) must be shorter than --interval "
