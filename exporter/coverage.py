@@ -203,9 +203,9 @@ def _genai_reason(
 ) -> str | None:
     """Why a model version gets no point of one GenAI metric; None when it gets them."""
     declared = config.parameter(semconv.OPERATION_PARAMETER)
-    kind = (
-        f"a {config.backend or config.platform or 'model'} model that is {'' if config.decoupled else 'not '}decoupled"
-    )
+    what = config.backend or config.platform or "Triton"
+    article = "an" if what[0].lower() in "aeiou" else "a"
+    kind = f"{article} {what} model that is {'' if config.decoupled else 'not '}decoupled"
     if semconv.operation(declared, config.decoupled, config.backend) is None:
         if declared is not None and declared.strip():
             return f"the model's configuration sets {semconv.OPERATION_PARAMETER} to {declared.strip()!r}"

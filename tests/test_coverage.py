@@ -320,3 +320,12 @@ def test_every_metric_that_selects_a_split_value_is_named_when_only_that_value_i
     assert metric in why and f'{family.name} has no {label}="{value}" for this model' in why[metric]
     complete = Coverage(CATALOG).update({key: config}, "2.66.0", scrape(others | {value}), labels)[key]
     assert metric not in {g.metric for g in complete.gaps}
+
+
+def test_a_since_clause_about_one_value_does_not_stand_for_the_whole_family():
+    """nv_trt_llm_request_metrics' since names v0.18 (Triton 25.04) for request_type waiting only: a model whose
+    backend prints none of the family on Triton 25.02 is not told that Triton is too old for RequestsActive."""
+    trt = ModelConfig(decoupled=True, backend="tensorrtllm")
+    why = reasons(trt, CORE, (25, 2))
+    assert "too old" not in why["RequestsActive"] and "too old" not in why["RequestsWaiting"]
+    assert why["RequestsActive"] == "Triton prints no nv_trt_llm_request_metrics for this model"

@@ -199,7 +199,7 @@ def test_the_coverage_says_why_a_model_gets_none(signed_otlp_endpoint: OtlpEndpo
         for c in result.coverage.values()
     }
     assert why["vllm_model"] == {}
-    reason = "not a generative model: a onnxruntime model that is not decoupled (a gen_ai.operation.name parameter"
+    reason = "not a generative model: an onnxruntime model that is not decoupled (a gen_ai.operation.name parameter"
     assert set(why["classify"]) == {TTFT, TPOT, DURATION} and all(
         r.startswith(reason) for r in why["classify"].values()
     )
