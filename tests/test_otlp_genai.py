@@ -298,3 +298,14 @@ def test_the_mapping_is_read_from_the_catalog() -> None:
 )
 def test_operation_name(declared, decoupled, backend, expected) -> None:
     assert genai.operation(declared, decoupled, backend) == expected
+
+
+def test_the_docs_name_the_spec_version_the_metrics_and_the_attributes() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "otlp.md").read_text()
+    version = genai.SPEC.split()[3]
+    assert version.startswith("v1.") and f"**{version}**" in text
+    for name in (*(m.name for m in genai.METRICS), genai.OPERATION_PARAMETER, genai.VERSION_ATTRIBUTE):
+        assert f"`{name}`" in text, name
+    assert f"`{genai.PROVIDER}`" in text and f"`{genai.OPERATION}`" in text and "--otlp-semconv genai" in text
