@@ -296,8 +296,9 @@ class _GenAi:
         self.families = frozenset(s.input.sample for p in self.plan for s in p.sources)
         self._keys: dict[tuple[str, str], str] = {}  # (source series key, operation) -> the GenAI series key
         self._attrs: dict[str, dict[str, str]] = {}  # GenAI series key -> its attributes
-        self._bounds: dict[tuple[tuple[float, ...], Fraction], list[float]] = {}
-        self._operations: dict[ModelConfig, str | None] = {}
+        self._bounds: dict[tuple[tuple[float, ...], tuple[int, int]], list[float]] = {}
+        # id of a configuration -> (it, its operation): held, so the id stays its own (no dataclass hash a point)
+        self._operations: dict[int, tuple[ModelConfig, str | None]] = {}
         for p in self.plan:
             if not p.sources:
                 log.warning(
@@ -307,12 +308,14 @@ class _GenAi:
                 )
 
     def operation(self, config: ModelConfig) -> str | None:
-        op = self._operations.get(config, "")
-        if op == "":
-            if len(self._operations) > 10_000:
-                self._operations.clear()
-            declared = config.parameter(semconv.OPERATION_PARAMETER)
-            op = self._operations[config] = semconv.operation(declared, config.decoupled, config.backend)
+        got = self._operations.get(id(config))
+        if got is not None and got[0] is config:
+            return got[1]
+        if len(self._operations) > 10_000:
+            self._operations.clear()
+        declared = config.parameter(semconv.OPERATION_PARAMETER)
+        op = semconv.operation(declared, config.decoupled, config.backend)
+        self._operations[id(config)] = (config, op)
         return op
 
     def encode(
@@ -330,6 +333,9 @@ class _GenAi:
             for source in planned.sources:
                 found: set[str] = set()
                 want = source.input.decoupled
+                factor = source.factor
+                exact = factor == 1  # already seconds (vLLM's): bounds and sum as they are
+                scale = (factor.numerator, factor.denominator)  # hashed in C, unlike a Fraction
                 for h in histograms.get(source.input.sample, ()):
                     ls = groups[h.key]
                     ent = ls.entity_key
@@ -340,12 +346,13 @@ class _GenAi:
                     if op is None:
                         continue
                     found.add(ent)
-                    total = None if h.sum is None else semconv.seconds(h.sum, source.factor)
-                    points.append(
-                        HistogramPoint(
-                            self._key(h.key, ls, op), self._seconds(h.bounds, source.factor), h.cumulative, total
-                        )
-                    )
+                    key = self._keys.get((h.key, op)) or self._key(h.key, ls, op)
+                    if exact:
+                        points.append(HistogramPoint(key, h.bounds, h.cumulative, h.sum))
+                        continue
+                    total = None if h.sum is None else semconv.seconds(h.sum, factor)
+                    bounds = self._bounds.get((tuple(h.bounds), scale)) or self._seconds(h.bounds, factor, scale)
+                    points.append(HistogramPoint(key, bounds, h.cumulative, total))
                 taken |= found
             bad += encoder.histogram(
                 planned.metric.name, points, self._attrs.__getitem__, planned.metric.description, semconv.UNIT
@@ -371,13 +378,11 @@ class _GenAi:
             self._attrs[got] = attrs
         return got
 
-    def _seconds(self, bounds: Sequence[float], factor: Fraction) -> list[float]:
-        key = (tuple(bounds), factor)
-        got = self._bounds.get(key)
-        if got is None:
-            if len(self._bounds) > 1_000:
-                self._bounds.clear()
-            got = self._bounds[key] = [semconv.bound_seconds(b, factor) for b in bounds]
+    def _seconds(self, bounds: Sequence[float], factor: Fraction, scale: tuple[int, int]) -> list[float]:
+        """The bounds in seconds, converted once per distinct set of bounds."""
+        if len(self._bounds) > 1_000:
+            self._bounds.clear()
+        got = self._bounds[(tuple(bounds), scale)] = [semconv.bound_seconds(b, factor) for b in bounds]
         return got
 
 

@@ -103,9 +103,12 @@ def run(
         for _ in range(cycles):
             result = pipe.cycle()
             clock[0] += 60.0
-        wait_for(lambda: len(endpoint.accepted()) >= cycles)
     finally:
-        pipe.close(outputs_timeout=2.0)
+        pipe.close(
+            outputs_timeout=60.0
+        )  # returns once the sender has delivered everything (cycles may share a request)
+    stats = exporter.stats()
+    assert stats.sent == stats.accepted > 0 and not any(stats.dropped_by_reason().values()), stats
     named: dict[str, list[Metric]] = {}
     for r in endpoint.accepted():
         for rm in r.request.resource_metrics:

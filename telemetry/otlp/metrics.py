@@ -35,7 +35,7 @@ import itertools
 import math
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .signals import varint
 
@@ -68,9 +68,10 @@ def attributes(tag: int, labels: Mapping[str, str]) -> bytes:
     return b"".join(_field(tag, key_value(k, labels[k])) for k in sorted(labels))
 
 
-@dataclass(frozen=True)
-class HistogramPoint:
-    """One histogram series: upper bounds (``+Inf`` left out), cumulative counts (one more than bounds), sum."""
+class HistogramPoint(NamedTuple):
+    """One histogram series: upper bounds (``+Inf`` left out), cumulative counts (one more than bounds), sum.
+
+    A named tuple: thousands are made a cycle, and a tuple is made faster than a frozen dataclass."""
 
     key: str
     bounds: Sequence[float]
