@@ -292,7 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.otlp_outputs:
         from .otlp_output import OtlpMetricsOutput
 
-        outputs.append(OtlpMetricsOutput(catalog, settings.otlp_outputs, settings.traces_container))
+        genai = settings.otlp_semconv == "genai"
+        outputs.append(OtlpMetricsOutput(catalog, settings.otlp_outputs, settings.traces_container, genai=genai))
     pipeline = Pipeline(settings, catalog, sources, outputs=outputs)
     if settings.once:
         try:

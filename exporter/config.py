@@ -65,6 +65,7 @@ class Settings:
     trace_rate: int = 0  # 0: leave Triton's trace rate as its flags set it
     traces_log_groups: tuple[str, ...] = ()  # aws.log.group.names on every span's resource
     traces_container: str = "triton-server"
+    otlp_semconv: str = "off"  # genai: the OTLP outputs also send OpenTelemetry's GenAI server metrics
     once: bool = False
 
     @property
@@ -281,6 +282,14 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "Triton's container name, container.name on every span",
     ),
+    Option(
+        "otlp_semconv",
+        "--otlp-semconv",
+        ("EXPORTER_OTLP_SEMCONV",),
+        choice("off", "genai"),
+        "genai: each OTLP output also sends OpenTelemetry's GenAI server metrics (gen_ai.server.time_to_first_token, "
+        ".time_per_output_token, .request.duration) of every generative model (docs/otlp.md); needs an otlp+ --output",
+    ),
     *catalog_cli.OPTIONS,
     Option(
         "breakdown_zeros",
@@ -327,6 +336,11 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
         raise ConfigError(
             "--gpu-fault-action drain needs the NVML source (--nvml auto or on) and the ECS task metadata endpoint "
             "(ECS_CONTAINER_METADATA_URI_V4, set by ECS, or --ecs-metadata-url) to find this instance"
+        )
+    if settings.otlp_semconv != "off" and not settings.otlp_outputs:
+        raise ConfigError(
+            f"--otlp-semconv {settings.otlp_semconv}: it changes what the OTLP outputs send, and none is given "
+            "(--output otlp+...)"
         )
     if settings.timeout >= settings.interval:
         raise ConfigError(

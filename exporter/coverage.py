@@ -13,7 +13,14 @@ gives nothing for, each with the reason, from what the exporter knows:
   ``Family.triton_release``: the first-response histogram is 24.11 for a
   decoupled model and 26.01 for the others);
 - the family's ``requires``: a ``--metrics-config`` flag that is off
-  (``counter_latencies``, ``summary_latencies``, ``histogram_latencies``).
+  (``counter_latencies``, ``summary_latencies``, ``histogram_latencies``);
+- a family that is there without the value of its split label a metric
+  selects (``request_type="waiting"`` of TensorRT-LLM backends before v0.18):
+  a missing input too, with the release that publishes that value when the
+  family's ``since`` names it (``... for request_type waiting``);
+- with ``--otlp-semconv genai``, OpenTelemetry's GenAI server metrics
+  (:mod:`catalog.genai`): a model that is not generative, or none of whose
+  sources applies or is published.
 
 Every family-specific fact comes from the catalog; this module knows Triton's
 flags and its version numbering only.
@@ -28,9 +35,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from catalog import HISTOGRAM_KINDS, Catalog, Family, Input, Metric, Scope
+from catalog import genai as semconv
 from telemetry.logs import get
 
 from .series import LabelSet, Series
@@ -41,6 +49,8 @@ log = get("coverage")
 TRITON_FLAGS = ("counter_latencies", "summary_latencies", "histogram_latencies")  # --metrics-config flags
 ANCHOR = ((2, 51), (24, 10))  # server version 2.51 is release 24.10 (seen); one release a month
 LLM_BACKENDS = {"vllm": "vllm", "tensorrt_llm": "tensorrtllm"}  # a family's requires -> the config's backend
+BACKEND_NAMES = {"vllm": "vLLM models", "tensorrt_llm": "TensorRT-LLM models"}
+_FOR_VALUE = re.compile(r"\s+for\s+(\S+)\s+(\S+)\s*$")  # a since clause about one value: "... for request_type waiting"
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,27 @@ def _sample(metric: Metric, inp: Input) -> str:
     return f"{inp.sample}_bucket" if metric.kind in HISTOGRAM_KINDS else inp.sample
 
 
+def token(sample: str, where: tuple[str, str] | None) -> str:
+    """What ``present`` holds for an input: its sample name, or ``name{label="value"}`` for one split value."""
+    return sample if where is None else f'{sample}{{{where[0]}="{where[1]}"}}'
+
+
+def _token(metric: Metric, inp: Input) -> str:
+    return token(_sample(metric, inp), inp.where)
+
+
+def _since(family: Family) -> tuple[Family, dict[tuple[str, str], str]]:
+    """The family with the ``since`` clauses about the whole family only, and those about one split value."""
+    whole, values = [], {}
+    for clause in family.since.split(";"):
+        m = _FOR_VALUE.search(clause)
+        if m is None:
+            whole.append(clause.strip())
+        else:
+            values[(m.group(1), m.group(2))] = clause[: m.start()].strip()
+    return replace(family, since="; ".join(c for c in whole if c)), values
+
+
 def _concerns(family: Family, inp: Input, config: ModelConfig) -> bool:
     """Whether the input is one this model could give at all."""
     if family.source != "triton":
@@ -115,7 +146,9 @@ def _concerns(family: Family, inp: Input, config: ModelConfig) -> bool:
     return inp.decoupled is None or inp.decoupled is config.decoupled
 
 
-def _reason(family: Family, inp: Input, config: ModelConfig, release: tuple[int, int] | None) -> str:
+def _reason(
+    family: Family, inp: Input, config: ModelConfig, release: tuple[int, int] | None, family_present: bool = False
+) -> str:
     if config.llm_api and family.requires == "tensorrt_llm":
         return (
             "TensorRT-LLM's LLM-API (PyTorch) backend publishes none of nv_trt_llm_* or nv_llm_* (its per-request "
@@ -123,6 +156,15 @@ def _reason(family: Family, inp: Input, config: ModelConfig, release: tuple[int,
         )
     if family.requires == "vllm" and (config.parameter("REPORT_CUSTOM_METRICS") or "").lower() != "true":
         return "the vLLM backend publishes its metrics only with REPORT_CUSTOM_METRICS=true in the model's parameters"
+    family, by_value = _since(family)
+    if family_present and inp.where is not None:  # the family is there, the value the metric selects is not
+        label, value = inp.where
+        missing = f'{family.name} has no {label}="{value}" for this model'
+        if inp.where in by_value:
+            return f"{missing}: it is published from {by_value[inp.where]}"
+        if label == "quantile":
+            return f"{missing} (--metrics-config summary_quantiles= leaves it out)"
+        return missing
     needs = family.triton_release(config.decoupled)
     if needs is not None and release is not None and release < needs:
         kind = ""
@@ -142,28 +184,95 @@ def _reason(family: Family, inp: Input, config: ModelConfig, release: tuple[int,
     return f"Triton prints no {family.name} for this model"
 
 
-def gaps(catalog: Catalog, config: ModelConfig, present: set[str], release: tuple[int, int] | None) -> tuple[Gap, ...]:
-    """The selected model metrics that read /metrics, concern this model, and have none of their samples."""
+def gaps(
+    catalog: Catalog,
+    config: ModelConfig,
+    present: set[str],
+    release: tuple[int, int] | None,
+    genai: Iterable[semconv.Planned] = (),
+) -> tuple[Gap, ...]:
+    """The selected model metrics that read /metrics, concern this model, and miss all of their inputs (a
+    family without the split value an input selects is missing too), or all of their denominators; with
+    ``genai`` (:func:`catalog.genai.plan`), the GenAI metrics this model gets none of."""
     out = []
     for m in catalog.metrics:
         if m.scope is not Scope.MODEL or not m.inputs:
             continue
-        concerned = [
-            (catalog.families[i.family], i) for i in m.inputs if _concerns(catalog.families[i.family], i, config)
-        ]
-        if not concerned or any(_sample(m, i) in present for _, i in concerned):
-            continue
-        family, inp = concerned[0]
-        out.append(Gap(m.name, _reason(family, inp, config, release)))
+        for inputs in (m.inputs, m.denominators):  # a ratio needs both
+            concerned = [
+                (catalog.families[i.family], i) for i in inputs if _concerns(catalog.families[i.family], i, config)
+            ]
+            if concerned and not any(_token(m, i) in present for _, i in concerned):
+                family, inp = concerned[0]
+                out.append(Gap(m.name, _reason(family, inp, config, release, _sample(m, inp) in present)))
+                break
+    for planned in genai:
+        reason = _genai_reason(catalog, planned, config, present, release)
+        if reason is not None:
+            out.append(Gap(planned.metric.name, reason))
     return tuple(out)
+
+
+def _genai_reason(
+    catalog: Catalog,
+    planned: semconv.Planned,
+    config: ModelConfig,
+    present: set[str],
+    release: tuple[int, int] | None,
+) -> str | None:
+    """Why a model version gets no point of one GenAI metric; None when it gets them."""
+    declared = config.parameter(semconv.OPERATION_PARAMETER)
+    what = config.backend or config.platform or "Triton"
+    article = "an" if what[0].lower() in "aeiou" else "a"
+    kind = f"{article} {what} model that is {'' if config.decoupled else 'not '}decoupled"
+    if semconv.operation(declared, config.decoupled, config.backend) is None:
+        if declared is not None and declared.strip():
+            return f"the model's configuration sets {semconv.OPERATION_PARAMETER} to {declared.strip()!r}"
+        return (
+            f"not a generative model: {kind} (a {semconv.OPERATION_PARAMETER} parameter in its configuration "
+            "makes it one)"
+        )
+    if not planned.sources:
+        return f"none of {', '.join(planned.metric.sources)} is selected (--metrics)"
+    concerned = []
+    for source in planned.sources:
+        family = catalog.families[source.input.family]
+        if _concerns(family, source.input, config):
+            concerned.append((family, source.input))
+    if not concerned:
+        read = " or ".join(
+            f"{s.input.family} ({_for_whom(catalog.families[s.input.family], s.input)})" for s in planned.sources
+        )
+        return f"nothing measures it for {kind}: it is read from {read}"
+    if any(token(f"{inp.sample}_bucket", inp.where) in present for _, inp in concerned):
+        return None
+    family, inp = concerned[0]
+    return _reason(family, inp, config, release, f"{inp.sample}_bucket" in present)
+
+
+def _for_whom(family: Family, inp: Input) -> str:
+    """Which models an input is for, in words: "vLLM models", "decoupled models", "every model"."""
+    who = BACKEND_NAMES.get(family.requires, "")
+    if inp.decoupled is not None:
+        kind = "decoupled models" if inp.decoupled else "models that are not decoupled"
+        who = f"{who}, {kind}" if who else kind
+    return who or "every model"
 
 
 class Coverage:
     """What each model version cannot produce, recomputed only when a version or Triton's version changes."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, genai: bool = False) -> None:
         self.catalog = catalog
+        self.genai = semconv.plan(catalog) if genai else ()
         self.known: dict[str, tuple[ModelConfig, str, ModelCoverage]] = {}  # entity key -> (config, version, result)
+        # sample -> the split values model metrics select of it ((label, value)): present per model version too
+        self.values: dict[str, set[tuple[str, str]]] = {}
+        for m in catalog.metrics:
+            if m.scope is Scope.MODEL:
+                for i in (*m.inputs, *m.denominators):
+                    if i.where is not None:
+                        self.values.setdefault(_sample(m, i), set()).add(i.where)
 
     def update(
         self,
@@ -182,7 +291,7 @@ class Coverage:
         ]
         if new:
             release = release_of(server_version)
-            names, masks = _present(samples, labels, set(new))
+            names, masks = _present(samples, labels, set(new), self.values)
             memo: dict[tuple[ModelConfig, int], tuple[Gap, ...]] = {}  # most versions look alike: one answer each
             for key in new:
                 ls = labels.get(key)
@@ -191,7 +300,7 @@ class Coverage:
                 found = memo.get((configs[key], mask))
                 if found is None:
                     present = {n for i, n in enumerate(names) if mask >> i & 1}
-                    found = memo[(configs[key], mask)] = gaps(self.catalog, configs[key], present, release)
+                    found = memo[(configs[key], mask)] = gaps(self.catalog, configs[key], present, release, self.genai)
                 result = ModelCoverage(model, version, found)
                 self.known[key] = (configs[key], server_version, result)
                 if result.gaps:
@@ -202,18 +311,31 @@ class Coverage:
 
 
 def _present(
-    samples: Mapping[str, Series], labels: Mapping[str, LabelSet], keys: set[str]
+    samples: Mapping[str, Series],
+    labels: Mapping[str, LabelSet],
+    keys: set[str],
+    values: Mapping[str, set[tuple[str, str]]],
 ) -> tuple[list[str], dict[str, int]]:
-    """The scrape's sample names, and per given entity a bit mask of those it has (one pass, small ints: at
-    1000 models a set per model would cost megabytes of peak memory)."""
-    names = list(samples)
+    """The scrape's sample names and the selected split values (:func:`token`), and per given entity a bit
+    mask of those it has (one pass, small ints: at 1000 models a set per model would cost megabytes of peak
+    memory)."""
+    names: list[str] = []
     out: dict[str, int] = {}
-    for i, name in enumerate(names):
-        bit = 1 << i
-        for key in samples[name]:
+    for name, series in samples.items():
+        bit = 1 << len(names)
+        names.append(name)
+        wanted = []
+        for where in sorted(values.get(name, ())):
+            wanted.append((where, 1 << len(names)))
+            names.append(token(name, where))
+        for key in series:
             ls = labels.get(key)
             if ls is not None and (ent := ls.entity_key) in keys:
-                out[ent] = out.get(ent, 0) | bit
+                mask = bit
+                for (label, value), vbit in wanted:
+                    if ls.labels.get(label) == value:
+                        mask |= vbit
+                out[ent] = out.get(ent, 0) | mask
     return names, out
 
 

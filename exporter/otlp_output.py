@@ -18,7 +18,12 @@ does the maths at query time and runbooks written against Triton's
   histograms on Triton's ``le`` bounds; gauges: gauges; summaries (not
   among the endpoint's types): their quantiles as a gauge of the family's
   name keeping the ``quantile`` label, their ``_sum``/``_count`` as
-  cumulative sums, which is how ``/metrics`` spells them.
+  cumulative sums, which is how ``/metrics`` spells them;
+- with ``--otlp-semconv genai``, also OpenTelemetry's GenAI server metrics
+  (``gen_ai.server.time_to_first_token``, ``gen_ai.server.time_per_output_token``,
+  ``gen_ai.server.request.duration``, :mod:`catalog.genai`): the same
+  histograms per generative model version, in seconds, under the spec's
+  names and attributes.
 
 Each cycle the scrape is encoded once (:mod:`telemetry.otlp.metrics`) and
 queued on every OTLP output's exporter (:mod:`telemetry.otlp.exporter`):
@@ -33,12 +38,14 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from catalog import Catalog, Scope
+from catalog import genai as semconv
 from catalog.otlp import DECOUPLED, SCOPE_NAME, plan
 from catalog.otlp import snake as snake  # the tests' name for it
 from telemetry.logs import Conditions, get
@@ -80,6 +87,7 @@ class OtlpMetricsOutput:
         container: str = "",
         exporters: Sequence[OtlpHttpExporter[Metric]] | None = None,
         options: ExportOptions = OPTIONS,
+        genai: bool = False,
     ) -> None:
         self.plan = plan(catalog)
         self.container = container
@@ -101,6 +109,7 @@ class OtlpMetricsOutput:
         self._own_labels: dict[str, LabelSet] = {}
         self.inconsistent = 0
         self.last_encode_ms = 0.0
+        self.genai = _GenAi(catalog) if genai else None
 
     # --- each cycle --------------------------------------------------------------------------
 
@@ -119,6 +128,8 @@ class OtlpMetricsOutput:
         labels = scrape.labels
         label_map = _Labels(labels)
         samples = scrape.samples
+        genai = self.genai
+        histograms: dict[str, list[HistogramPoint]] = {}  # the GenAI sources' points, by family
         for fam in self.plan.families:
             name = fam.name
             kind = fam.type
@@ -126,7 +137,9 @@ class OtlpMetricsOutput:
                 buckets = samples.get(f"{name}_bucket")
                 if buckets:
                     configs = scrape.configs if name in self.plan.by_kind else None
-                    self._histogram(name, fam.help, buckets, samples.get(f"{name}_sum", {}), labels, configs)
+                    points = self._histogram(name, fam.help, buckets, samples.get(f"{name}_sum", {}), labels, configs)
+                    if genai is not None and name in genai.families:
+                        histograms[name] = points
                 else:  # read for its _sum/_count alone: sent as what /metrics calls them
                     for suffix in ("_sum", "_count"):
                         if f"{name}{suffix}" in samples:
@@ -142,6 +155,8 @@ class OtlpMetricsOutput:
                 for suffix in ("_sum", "_count"):
                     if f"{name}{suffix}" in samples:
                         enc.counter(f"{name}{suffix}", samples[f"{name}{suffix}"], label_map)
+        if genai is not None:
+            self.inconsistent += genai.encode(enc, histograms, self._groups, scrape.configs)
         self._own(scrape)
         items = enc.finish()
         self.last_encode_ms = (time.perf_counter() - started) * 1000.0
@@ -155,8 +170,9 @@ class OtlpMetricsOutput:
         sums: Series,
         labels: Mapping[str, LabelSet],
         configs: Mapping[str, ModelConfig] | None,
-    ) -> None:
-        """One family's histogram points. With ``configs`` (a by_kind family) each point also carries
+    ) -> list[HistogramPoint]:
+        """One family's histogram points, each series on its own bounds (two models' buckets may differ: a
+        model config sets its own). With ``configs`` (a by_kind family) each point also carries
         ``decoupled="true"|"false"`` from its model's configuration, so a PromQL query can take time to first
         token from decoupled models only; a version whose configuration is not read yet is sent without it."""
         known = self._histograms
@@ -181,6 +197,7 @@ class OtlpMetricsOutput:
         self.inconsistent += self.encoder.histogram(name, points, lambda k: self._groups[k].labels, help)
         if len(known) > 100_000:  # series churn must not grow it for ever
             known.clear()
+        return points
 
     def _bucket_of(self, ls: LabelSet, kind: str) -> tuple[str, float]:
         pairs = tuple(sorted((k, v) for k, v in ls.labels.items() if k != "le"))
@@ -261,6 +278,112 @@ class OtlpMetricsOutput:
         deadline = time.monotonic() + timeout
         for exporter in self.exporters:
             exporter.close(max(0.0, deadline - time.monotonic()))
+
+
+class _GenAi:
+    """OpenTelemetry's GenAI server metrics (:mod:`catalog.genai`) from the histograms the output just built.
+
+    Per model version whose configuration is read and that is generative (:func:`catalog.genai.operation`),
+    the first source histogram it has (the catalog's order, as EMF's distributions), its bounds and sum
+    converted to seconds exactly and its counts unchanged; attributes ``gen_ai.operation.name``,
+    ``gen_ai.provider.name``, ``gen_ai.request.model`` (the model), ``triton.model.version``, and the
+    series' other labels but ``decoupled``. A model none of whose sources has a series gets no point: never
+    zeros (the coverage line says why).
+    """
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.plan = semconv.plan(catalog)
+        self.families = frozenset(s.input.sample for p in self.plan for s in p.sources)
+        self._keys: dict[tuple[str, str], str] = {}  # (source series key, operation) -> the GenAI series key
+        self._attrs: dict[str, dict[str, str]] = {}  # GenAI series key -> its attributes
+        self._bounds: dict[tuple[tuple[float, ...], tuple[int, int]], list[float]] = {}
+        # id of a configuration -> (it, its operation): held, so the id stays its own (no dataclass hash a point)
+        self._operations: dict[int, tuple[ModelConfig, str | None]] = {}
+        for p in self.plan:
+            if not p.sources:
+                log.warning(
+                    "--otlp-semconv genai: %s is not sent: none of %s is selected (--metrics)",
+                    p.metric.name,
+                    ", ".join(p.metric.sources),
+                )
+
+    def operation(self, config: ModelConfig) -> str | None:
+        got = self._operations.get(id(config))
+        if got is not None and got[0] is config:
+            return got[1]
+        if len(self._operations) > 10_000:
+            self._operations.clear()
+        declared = config.parameter(semconv.OPERATION_PARAMETER)
+        op = semconv.operation(declared, config.decoupled, config.backend)
+        self._operations[id(config)] = (config, op)
+        return op
+
+    def encode(
+        self,
+        encoder: MetricsEncoder,
+        histograms: Mapping[str, Sequence[HistogramPoint]],
+        groups: Mapping[str, LabelSet],
+        configs: Mapping[str, ModelConfig],
+    ) -> int:
+        """Every GenAI metric's points into ``encoder``; returns how many were left out as inconsistent."""
+        bad = 0
+        for planned in self.plan:
+            taken: set[str] = set()  # entities a source already gave: the first present wins
+            points: list[HistogramPoint] = []
+            for source in planned.sources:
+                found: set[str] = set()
+                want = source.input.decoupled
+                factor = source.factor
+                exact = factor == 1  # already seconds (vLLM's): bounds and sum as they are
+                scale = (factor.numerator, factor.denominator)  # hashed in C, unlike a Fraction
+                for h in histograms.get(source.input.sample, ()):
+                    ls = groups[h.key]
+                    ent = ls.entity_key
+                    config = configs.get(ent)
+                    if ent in taken or config is None or (want is not None and config.decoupled is not want):
+                        continue
+                    op = self.operation(config)
+                    if op is None:
+                        continue
+                    found.add(ent)
+                    key = self._keys.get((h.key, op)) or self._key(h.key, ls, op)
+                    if exact:
+                        points.append(HistogramPoint(key, h.bounds, h.cumulative, h.sum))
+                        continue
+                    total = None if h.sum is None else semconv.seconds(h.sum, factor)
+                    bounds = self._bounds.get((tuple(h.bounds), scale)) or self._seconds(h.bounds, factor, scale)
+                    points.append(HistogramPoint(key, bounds, h.cumulative, total))
+                taken |= found
+            bad += encoder.histogram(
+                planned.metric.name, points, self._attrs.__getitem__, planned.metric.description, semconv.UNIT
+            )
+        if len(self._keys) > 20_000:  # series churn must not grow them for ever
+            self._keys.clear()
+            self._attrs.clear()
+        return bad
+
+    def _key(self, key: str, ls: LabelSet, op: str) -> str:
+        got = self._keys.get((key, op))
+        if got is None:
+            got = self._keys[(key, op)] = f"{op}\x1d{key}"
+            attrs = {k: v for k, v in ls.labels.items() if k not in ("model", "version", DECOUPLED)}
+            attrs.update(
+                {
+                    "gen_ai.operation.name": op,
+                    "gen_ai.provider.name": semconv.PROVIDER,
+                    "gen_ai.request.model": ls.labels.get("model", ""),
+                    semconv.VERSION_ATTRIBUTE: ls.labels.get("version", ""),
+                }
+            )
+            self._attrs[got] = attrs
+        return got
+
+    def _seconds(self, bounds: Sequence[float], factor: Fraction, scale: tuple[int, int]) -> list[float]:
+        """The bounds in seconds, converted once per distinct set of bounds."""
+        if len(self._bounds) > 1_000:
+            self._bounds.clear()
+        got = self._bounds[(tuple(bounds), scale)] = [semconv.bound_seconds(b, factor) for b in bounds]
+        return got
 
 
 class _Labels:

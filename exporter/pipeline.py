@@ -228,7 +228,7 @@ class Pipeline:
         self.gpu_index = GpuIndex()
         # (model, version) -> its dimensions and the originals of values made safe: the same every cycle
         self._model_dims: dict[tuple[str, str], tuple[dict[str, str], dict[str, object]]] = {}
-        self.coverage = Coverage(catalog)
+        self.coverage = Coverage(catalog, genai=settings.otlp_semconv == "genai" and bool(settings.otlp_outputs))
         self.gpu_samples = sorted(gpu_samples(catalog))  # sorted: the gpu dimension must not depend on set order
 
     def baselines(self) -> int:

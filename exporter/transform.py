@@ -369,28 +369,41 @@ class Transform:
     def _histograms(
         self, metric: Metric, deltas: Mapping[ColumnKey, Column]
     ) -> Iterable[tuple[Input, str, _Buckets, list[float]]]:
-        """(input, entity, layout, cumulative bucket deltas) for every entity, inputs in order."""
+        """(input, entity, layout, cumulative bucket deltas) for every entity, inputs in order.
+
+        Each entity's histogram is read on its own bounds: a model config may set its own buckets, so two
+        models of one family can have different ``le`` values, and neither may cost the other its histogram.
+        """
         for inp in metric.inputs:
             sample = f"{inp.sample}_bucket"
             cols = {key[1][1]: col for key, col in deltas.items() if key[0] == sample and key[1] is not None}
             if not cols:
                 continue
-            layout = self._layout(tuple(cols), inp.scale)
-            if layout is None:
-                continue
-            ordered = [cols[le] for le in layout.les]
-            first = ordered[0]
-            order = list(first)
             wanted = self._decoupled_filter(inp)
-            if all(len(c) == len(first) and list(c) == order for c in ordered[1:]):
-                # Every entity has every bucket, in one key order (the normal case): transpose in C.
+            columns = list(cols.values())
+            first = columns[0]
+            order = list(first)
+            if all(len(c) == len(first) and list(c) == order for c in columns[1:]):
+                # Every entity has every bucket, in one key order (the normal case): one layout, transposed in C.
+                layout = self._layout(tuple(cols), inp.scale)
+                if layout is None:
+                    continue
+                ordered = [cols[le] for le in layout.les]
                 for ent, row in zip(order, zip(*(c.values() for c in ordered), strict=True), strict=True):
                     if wanted is None or wanted(ent):
                         yield inp, ent, layout, list(row)
                 continue
-            ents = dict.fromkeys(k for c in ordered for k in c)
-            for ent in ents:
-                if all(ent in c for c in ordered) and (wanted is None or wanted(ent)):  # a missing bucket: no guess
+            # Bounds that differ between entities: group the entities by the bounds they have, a layout each.
+            groups: dict[tuple[str, ...], list[str]] = {}
+            for ent in dict.fromkeys(k for c in columns for k in c):
+                if wanted is None or wanted(ent):
+                    groups.setdefault(tuple(le for le, c in cols.items() if ent in c), []).append(ent)
+            for les, ents in groups.items():
+                layout = self._layout(les, inp.scale)
+                if layout is None:
+                    continue  # no +Inf bucket (a torn scrape): no count, nothing guessed
+                ordered = [cols[le] for le in layout.les]
+                for ent in ents:
                     yield inp, ent, layout, [c[ent] for c in ordered]
 
     def _decoupled_filter(self, inp: Input) -> Callable[[str], bool] | None:

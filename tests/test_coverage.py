@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from catalog import Catalog, Family, build
+from catalog import Catalog, Family, Scope, build
 from catalog.load import read
 from exporter.coverage import Coverage, gaps, release_of
 from exporter.series import LabelSet, model_key
@@ -207,3 +207,125 @@ def test_a_backend_family_missing_where_the_backend_is_on_names_the_backend_rele
     assert why[e2e] == (
         "no vllm:e2e_request_latency_seconds from this model's backend: it is published from vLLM backend r24.09"
     )
+
+
+# --- a family that is there without the value a metric selects is a missing input too ----------------
+
+
+def _trt_before_v018(step: int) -> str:
+    """An upstream-shaped TensorRT-LLM body as backends before v0.18 print it: no request_type="waiting", no
+    kv_cache_block_type="fraction" (both came with v0.18, Triton 25.04)."""
+    from demo.payloads import llm_metrics, triton_metrics
+
+    body = triton_metrics(["tensorrt_llm"], step) + llm_metrics(["tensorrt_llm"], step, "tensorrt_llm")
+    lines = [ln for ln in body.splitlines() if 'request_type="waiting"' not in ln and '"fraction"' not in ln]
+    assert len(lines) == len(body.splitlines()) - 2
+    return "\n".join(lines) + "\n"
+
+
+def test_tensorrt_llm_before_v018_is_said_to_miss_requests_waiting_and_kv_cache_utilization():
+    """The regression: RequestsWaiting and KvCacheUtilization showed "-" in --once's table, but the coverage
+    line (and its log line) did not name them: their families were there, the values they select were not."""
+    from exporter.config import Settings
+    from exporter.pipeline import Pipeline
+    from exporter.summary import render_summary
+
+    from .support.helpers import IndexSource, TextSource
+
+    config = b'{"backend": "tensorrtllm", "model_transaction_policy": {"decoupled": true}}'
+    sources = [
+        TextSource(_trt_before_v018(1), _trt_before_v018(2)),
+        IndexSource(
+            b'[{"name": "tensorrt_llm", "version": "1", "state": "READY"}]',
+            {"tensorrt_llm/1": config},
+            server_version="2.55.0",  # 25.02
+        ),
+    ]
+    clock = [0.0]
+    with Capture.on("exporter.coverage") as capture:
+        pipe = Pipeline(Settings(nvml="off", timeout=1.0), CATALOG, sources, clock=lambda: clock[0])
+        pipe.cycle()
+        clock[0] += 60.0
+        result = pipe.cycle()
+    (line,) = capture.messages()
+    why = {g.metric: g.reason for g in result.coverage[model_key("tensorrt_llm", "1")].gaps}
+    assert why["RequestsWaiting"] == (
+        'nv_trt_llm_request_metrics has no request_type="waiting" for this model: '
+        "it is published from TensorRT-LLM backend v0.18 (Triton 25.04)"
+    )
+    assert why["KvCacheUtilization"] == (
+        'nv_trt_llm_kv_cache_block_metrics has no kv_cache_block_type="fraction" for this model: '
+        "it is published from TensorRT-LLM backend v0.18 (Triton 25.04)"
+    )
+    assert "RequestsWaiting (" in line and "KvCacheUtilization (" in line
+    assert not {"RequestsActive", "KvCacheBlocksUsed", "RequestsMax"} & set(why)  # their values are there
+    text = render_summary(result)
+    assert line in text  # --once's "not produced, and why"
+    row = next(r for r in text.split("LLM serving")[1].splitlines() if r.startswith("tensorrt_llm"))
+    assert row.split()[-1] == str(len(why))  # the table's count is the line's
+
+
+def _selecting() -> list[tuple[str, str, tuple[str, str]]]:
+    """(metric, sample, (label, value)) for every model metric of the catalog that selects one split value of a
+    /metrics family, its inputs and denominators alike."""
+    out = []
+    for m in CATALOG.metrics:
+        if m.scope is not Scope.MODEL:
+            continue
+        for i in (*m.inputs, *m.denominators):
+            if i.where is not None and CATALOG.families[i.family].source == "triton":
+                out.append((m.name, i.sample, i.where))
+    return out
+
+
+def _concerned_config(family: Family) -> ModelConfig:
+    if family.requires == "tensorrt_llm":
+        return ModelConfig(decoupled=True, backend="tensorrtllm")
+    if family.requires == "vllm":
+        return ModelConfig(decoupled=True, backend="vllm", parameters=(("REPORT_CUSTOM_METRICS", "true"),))
+    return ModelConfig(decoupled=False, backend="python", response_cache=family.requires == "response_cache")
+
+
+def test_the_split_values_are_derived_from_the_catalog():
+    cases = _selecting()
+    assert {
+        ("RequestsWaiting", ("request_type", "waiting")),
+        ("KvCacheUtilization", ("kv_cache_block_type", "fraction")),
+    } <= {(m, w) for m, _, w in cases}
+    assert {w[0] for _, _, w in cases} >= {"reason", "quantile", "request_type", "kv_cache_block_type"}
+
+
+@pytest.mark.parametrize(("metric", "sample", "where"), _selecting(), ids=lambda v: v if isinstance(v, str) else None)
+def test_every_metric_that_selects_a_split_value_is_named_when_only_that_value_is_missing(metric, sample, where):
+    """Through Coverage.update (the scrape's bit masks): the family is there with every other value the catalog
+    selects of it, and a value no metric reads, but not this one: the metric is named, with the value."""
+    family = next(CATALOG.families[i.family] for m in CATALOG.metrics for i in m.all_inputs() if i.sample == sample)
+    config = _concerned_config(family)
+    label, value = where
+    others = {w[1] for _, s, w in _selecting() if s == sample and w[0] == label} - {value}
+    key = model_key("m", "1")
+    labels = {key: LabelSet.of(model="m", version="1")}
+
+    def scrape(values: set[str]) -> dict[str, dict[str, float]]:
+        samples: dict[str, dict[str, float]] = {n: {key: 1.0} for n in CORE}
+        samples[sample] = {}
+        for v in (*values, "not_read_by_any_metric"):
+            ls = LabelSet.of(model="m", version="1", **{label: v})
+            labels[ls.key] = ls
+            samples[sample][ls.key] = 1.0
+        return samples
+
+    missing = Coverage(CATALOG).update({key: config}, "2.66.0", scrape(others), labels)[key]
+    why = {g.metric: g.reason for g in missing.gaps}
+    assert metric in why and f'{family.name} has no {label}="{value}" for this model' in why[metric]
+    complete = Coverage(CATALOG).update({key: config}, "2.66.0", scrape(others | {value}), labels)[key]
+    assert metric not in {g.metric for g in complete.gaps}
+
+
+def test_a_since_clause_about_one_value_does_not_stand_for_the_whole_family():
+    """nv_trt_llm_request_metrics' since names v0.18 (Triton 25.04) for request_type waiting only: a model whose
+    backend prints none of the family on Triton 25.02 is not told that Triton is too old for RequestsActive."""
+    trt = ModelConfig(decoupled=True, backend="tensorrtllm")
+    why = reasons(trt, CORE, (25, 2))
+    assert "too old" not in why["RequestsActive"] and "too old" not in why["RequestsWaiting"]
+    assert why["RequestsActive"] == "Triton prints no nv_trt_llm_request_metrics for this model"

@@ -350,3 +350,95 @@ def test_vllm_time_to_first_token_does_not_depend_on_the_configuration():
     result = window(before, after, labels, decoupled={})  # configuration unknown (or not decoupled)
     assert result.distributions["TimeToFirstToken"][key("v")]["Count"] == 2
     assert "RequestLatency" not in result.distributions
+
+
+# --- each series on its own bounds (a model config may set its own buckets) --------------------------
+
+CUSTOM = (10.0, 25.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 750.0, 1000.0, 10000.0)  # docs/llm.md's kind
+DEFAULT = (100.0, 500.0, 2000.0, 5000.0)  # Triton's
+
+
+def counts(bounds: tuple[float, ...], observations: list[float]) -> dict[float, float]:
+    return {b: float(sum(1 for o in observations if o <= b)) for b in (*bounds, INF)}
+
+
+def test_models_with_different_bounds_each_keep_their_distribution():
+    """One model's config sets its own first-response buckets, the other keeps Triton's: neither loses its
+    TimeToFirstToken (decoupled) or RequestLatency (not decoupled); each is read on its own bounds."""
+    obs = [40.0, 40.0, 120.0, 700.0]
+    before, labels = histogram(
+        TRITON_FIRST,
+        {m: (counts(b, []), 0.0) for m, b in (("custom", CUSTOM), ("default", DEFAULT), ("plain", CUSTOM))}
+        | {"plain2": (counts(DEFAULT, []), 0.0)},
+    )
+    after, _ = histogram(
+        TRITON_FIRST,
+        {m: (counts(b, obs), 900.0) for m, b in (("custom", CUSTOM), ("default", DEFAULT), ("plain", CUSTOM))}
+        | {"plain2": (counts(DEFAULT, obs), 900.0)},
+    )
+    flags = {"custom": True, "default": True, "plain": False, "plain2": False}
+    result = window(before, after, labels, decoupled=flags)
+    ttft, latency = result.distributions["TimeToFirstToken"], result.distributions["RequestLatency"]
+    assert set(ttft) == {key("custom"), key("default")} and set(latency) == {key("plain"), key("plain2")}
+    own = {"Values": [37.5, 125.0, 625.0], "Counts": [2.0, 1.0, 1.0], "Min": 25.0, "Max": 750.0}
+    triton = {"Values": [50.0, 300.0, 1250.0], "Counts": [2.0, 1.0, 1.0], "Min": 0.0, "Max": 2000.0}
+    for dist, want in ((ttft[key("custom")], own), (ttft[key("default")], triton)):
+        assert {k: dist[k] for k in want} == want and (dist["Count"], dist["Sum"]) == (4.0, 900.0)
+    assert latency[key("plain")]["Values"] == own["Values"] and latency[key("plain2")]["Values"] == triton["Values"]
+    assert result.inconsistent_histograms == 0
+
+
+def test_per_task_percentiles_read_each_models_own_bounds():
+    """The same for a percentile: vLLM's histogram where one model was given other bounds."""
+    fine = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+    before, labels = histogram(TTFT, {"a": (counts(BUCKETS[:-1], []), 0.0), "b": (counts(fine, []), 0.0)})
+    obs = [0.015] * 10
+    after, _ = histogram(TTFT, {"a": (counts(BUCKETS[:-1], obs), 0.15), "b": (counts(fine, obs), 0.15)})
+    values = window(before, after, labels).values["TimeToFirstTokenP95"]
+    assert values[key("a")] == pytest.approx(19.5) and values[key("b")] == pytest.approx(19.5)
+
+
+def test_a_torn_histogram_is_left_out_without_costing_the_others_theirs():
+    """A series without its +Inf bucket in the window is not guessed at; models on other bounds keep theirs."""
+    before, labels = histogram(TRITON_FIRST, {"torn": (counts(CUSTOM, []), 0.0), "ok": (counts(DEFAULT, []), 0.0)})
+    after, _ = histogram(TRITON_FIRST, {"torn": (counts(CUSTOM, [40.0]), 40.0), "ok": (counts(DEFAULT, [40.0]), 40.0)})
+    inf = LabelSet.of(model="torn", version="1", le="+Inf").key
+    del after[f"{TRITON_FIRST}_bucket"][inf]
+    del before[f"{TRITON_FIRST}_bucket"][inf]
+    assert set(window(before, after, labels).distributions["TimeToFirstToken"]) == {key("ok")}
+
+
+def test_once_shows_time_to_first_token_of_models_on_their_own_and_on_tritons_buckets():
+    """Through the pipeline and --once's table: a model on docs/llm.md's buckets beside one on Triton's default
+    buckets; both show their TTFT p95 and their EMF distribution (the second showed "-" before)."""
+    from demo.payloads import triton_metrics
+    from exporter.config import Settings
+    from exporter.pipeline import Pipeline
+    from exporter.summary import render_summary
+
+    from .support.helpers import IndexSource, TextSource, documents, model_doc
+    from .support.histograms import first_response
+
+    models = ("tuned", "stock")
+    bounds = {"tuned": CUSTOM, "stock": DEFAULT}
+
+    def body(obs: list[float]) -> str:
+        return triton_metrics(list(models), step=len(obs) + 1) + first_response({m: (bounds[m], obs) for m in models})
+
+    index = orjson.dumps([{"name": m, "version": "1", "state": "READY"} for m in models])
+    decoupled = b'{"backend": "python", "model_transaction_policy": {"decoupled": true}}'
+    sources = [
+        TextSource(body([]), body([40.0, 40.0, 120.0, 700.0])),
+        IndexSource(index, {f"{m}/1": decoupled for m in models}, server_version="2.52.0"),
+    ]
+    clock = [0.0]
+    pipe = Pipeline(Settings(nvml="off", timeout=1.0), CATALOG, sources, clock=lambda: clock[0])
+    pipe.cycle()
+    clock[0] += 60.0
+    result = pipe.cycle()
+    docs = documents(result)
+    assert model_doc(docs, "tuned")["TimeToFirstToken"]["Values"] == [37.5, 125.0, 625.0]
+    assert model_doc(docs, "stock")["TimeToFirstToken"]["Values"] == [50.0, 300.0, 1250.0]
+    table = render_summary(result).split("LLM serving")[1]
+    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.startswith(models)}
+    assert (rows["tuned"][2], rows["stock"][2]) == ("625.0", "1250.0")  # TTFT p95 ms, nearest rank

@@ -35,7 +35,7 @@ import itertools
 import math
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .signals import varint
 
@@ -68,9 +68,10 @@ def attributes(tag: int, labels: Mapping[str, str]) -> bytes:
     return b"".join(_field(tag, key_value(k, labels[k])) for k in sorted(labels))
 
 
-@dataclass(frozen=True)
-class HistogramPoint:
-    """One histogram series: upper bounds (``+Inf`` left out), cumulative counts (one more than bounds), sum."""
+class HistogramPoint(NamedTuple):
+    """One histogram series: upper bounds (``+Inf`` left out), cumulative counts (one more than bounds), sum.
+
+    A named tuple: thousands are made a cycle, and a tuple is made faster than a frozen dataclass."""
 
     key: str
     bounds: Sequence[float]
@@ -214,6 +215,7 @@ class MetricsEncoder:
         series: Iterable[HistogramPoint],
         labels: Callable[[str], Mapping[str, str]],
         help: str = "",
+        unit: str = "",
     ) -> int:
         """Cumulative explicit-bucket histograms; returns how many were left out as inconsistent.
 
@@ -250,18 +252,20 @@ class MetricsEncoder:
             if h.bounds:
                 body.append(_field(0x3A, struct.pack(f"<{len(h.bounds)}d", *h.bounds)))
             points.append(_field(0x0A, b"".join(body)))
-        self._metric(name, help, 0x4A, points, HISTOGRAM_TAIL)
+        self._metric(name, help, 0x4A, points, HISTOGRAM_TAIL, unit)
         return bad
 
     # --- Metric messages ------------------------------------------------------------------------
 
-    def _metric(self, name: str, help: str, tag: int, points: list[bytes], tail: bytes) -> None:
+    def _metric(self, name: str, help: str, tag: int, points: list[bytes], tail: bytes, unit: str = "") -> None:
         """Metric messages of ``points`` (serialized data points) under the field ``tag`` (gauge, sum,
-        histogram), split to stay within the limits."""
+        histogram), split to stay within the limits; ``unit`` in UCUM (``s``), or none."""
         if not points:
             return
         self.points += len(points)
         head = _field(0x0A, name.encode()) + (_field(0x12, help.encode()) if help else b"")
+        if unit:
+            head += _field(0x1A, unit.encode())
         limit = self.max_metric_bytes - len(head) - 16
         start = 0
         while start < len(points):
