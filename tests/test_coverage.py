@@ -260,7 +260,10 @@ def test_tensorrt_llm_before_v018_is_said_to_miss_requests_waiting_and_kv_cache_
     assert "RequestsWaiting (" in line and "KvCacheUtilization (" in line
     assert not {"RequestsActive", "KvCacheBlocksUsed", "RequestsMax"} & set(why)  # their values are there
     text = render_summary(result)
-    assert line in text  # --once's "not produced, and why"
+    # --once's "not produced, and why": each reason once, then the metrics it keeps from the model
+    for metric in ("RequestsWaiting", "KvCacheUtilization"):
+        shown = text[text.index("  " + why[metric] + "\n") :].splitlines()[1]
+        assert metric in shown and shown.endswith(": tensorrt_llm/1")
     row = next(r for r in text.split("LLM serving")[1].splitlines() if r.startswith("tensorrt_llm"))
     assert row.split()[-1] == str(len(why))  # the table's count is the line's
 

@@ -215,10 +215,16 @@ def test_the_coverage_says_why_a_model_gets_none(signed_otlp_endpoint: OtlpEndpo
     }
     assert set(why["tensorrt_llm"]) == {TPOT, DURATION} and set(why["trt_plain"]) == {TTFT, TPOT}
     assert "(decoupled models)" in why["trt_plain"][TTFT]
-    # the log line and --once say it, in the same line as the catalog's metrics
+    # the log line says it, in the same line as the catalog's metrics; --once says each reason once, then the
+    # metrics it keeps and the model versions they are kept from
     line = next(m for m in capture.messages() if m.startswith("model 'classify' "))
     assert f"{TTFT}, {TPOT}, {DURATION} (not a generative model" in line
-    assert line in render_summary(result)
+    summary = render_summary(result)
+    section = summary[summary.index("  " + why["classify"][TTFT] + "\n") :]
+    assert (
+        section.splitlines()[1].startswith(f"    {TTFT}, {TPOT}, {DURATION}")
+        and "classify/1" in section.splitlines()[1]
+    )
 
 
 def test_a_source_that_is_there_but_off_gives_its_reason(signed_otlp_endpoint: OtlpEndpoint) -> None:
