@@ -29,7 +29,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from catalog import Catalog, CatalogError, Kind, Metric, Scope, cli
 from catalog import genai as semconv
-from catalog.otlp import DECOUPLED, SCOPE_NAME, plan
+from catalog.otlp import DECOUPLED, SCOPE_NAME, SEMCONVS, plan
 from telemetry import DISTRIBUTION, distribution_version
 from telemetry.emf import Encoder, Event
 from telemetry.otlp.metrics import HistogramPoint, MetricsEncoder
@@ -481,7 +481,7 @@ def otlp_cycle(d: Deployment, opts: Options) -> list[tuple[bytes, int]]:
     on its source's bounds with the spec's attributes (:func:`_genai`).
     """
     catalog = opts.catalog
-    d = replace(d, otlp=True)  # an OTLP output is what is priced: the exporter's counts of it are among its series
+    d = replace(d.emitted(), otlp=True)  # an OTLP output is what is priced: the exporter counts it too
     emitted = emitted_metrics(catalog, d)
     selected = Catalog(catalog.defined, catalog.families, [m.name for m in emitted], catalog.files)
     sent = plan(selected)
@@ -729,10 +729,10 @@ OPTIONS: tuple[Option, ...] = (
         "otlp_semconv",
         "--otlp-semconv",
         (),
-        choice("off", "genai"),
+        choice(*SEMCONVS),
         "as the sidecar's setting (OtlpSemconv): genai prices the GenAI server metrics of the LLM models too "
         "(implies --otlp)",
-        metavar="off|genai",
+        metavar="|".join(SEMCONVS),
     ),
     *cli.OPTIONS,
 )

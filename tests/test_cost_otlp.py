@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
@@ -210,3 +211,19 @@ def test_the_command_takes_the_sidecars_setting(capsys) -> None:
     assert "GenAI" not in capsys.readouterr().out  # off by default, as in the sidecar
     assert cost.main(["--models", "4", "--otlp-semconv", "semconv"]) == 2
     assert "--otlp-semconv='semconv': must be one of off, genai" in capsys.readouterr().err
+
+
+def test_docs_quote_the_current_figures() -> None:
+    """docs/otlp.md's OTLP figures are what the estimate says today."""
+    text = " ".join((Path(__file__).resolve().parent.parent / "docs" / "otlp.md").read_text().split())
+    core = cost.otlp_estimate(cost.Deployment(models=1000, max_models=1000), OPTS)
+    assert (
+        f"{core.points_per_cycle:,} points a cycle, {core.points_per_month / 1e6:,.0f} M points and "
+        f"{core.gb_per_month:,.0f} GB a month at {core.billed_bytes_per_point:.0f} B billed a point "
+        f"({core.request_bytes_per_point:.0f} B in the requests)"
+    ) in text
+    llm = cost.otlp_estimate(cost.Deployment(models=200, llm_models=20, otlp_semconv="genai"), OPTS)
+    assert (
+        f"200 models of which 20 vLLM: {llm.genai_points_per_cycle} GenAI points a cycle, "
+        f"{llm.genai_gb_per_month:.2f} of {llm.gb_per_month:,.2f} GB a month"
+    ) in text
