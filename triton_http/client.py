@@ -246,5 +246,6 @@ def _short(exc: BaseException) -> str:
     if "timed out" in text.lower():
         return "timed out"
     if isinstance(exc, http.client.HTTPException) and not isinstance(exc, http.client.IncompleteRead):
-        return f"{type(exc).__name__}: {text}"[:200] if text else type(exc).__name__
+        shown = text if text.isprintable() else repr(text)  # a bad status line is whatever the port sent
+        return f"{type(exc).__name__}: {shown}"[:200] if text else type(exc).__name__
     return (text.splitlines()[0] if text else type(exc).__name__)[:200]
