@@ -142,12 +142,6 @@ def served_by(catalog: Catalog, metric: Metric, d: Deployment) -> tuple[bool, bo
     return llm, plain
 
 
-def is_llm_only(catalog: Catalog, metric: Metric, d: Deployment) -> bool:
-    """Only the deployment's LLM models emit the metric (its inputs come from an LLM backend, or decoupled models)."""
-    llm, plain = served_by(catalog, metric, d)
-    return llm and not plain
-
-
 def emitted_metrics(catalog: Catalog, d: Deployment) -> list[Metric]:
     """The selected metrics this deployment emits, and that CloudWatch bills every hour."""
     features = d.features()
@@ -382,7 +376,6 @@ class Estimate:
     logs_usd: float
     dashboard_usd: float
     sync_metrics: int = 0  # of ``metrics``, model sync's
-    sync_bytes_per_reconcile: int = 0  # all tasks
     high_res_metrics: int = 0  # of ``metrics``, high resolution (the scaling signals: same price per metric)
     high_res_alarm_metrics: int = 0  # of ``alarm_metrics``, billed at the high-resolution price
     fast_bytes_per_cycle: int = 0  # all tasks, per interval: the fast metrics' scrapes between full cycles
@@ -432,7 +425,6 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
         gb * LOG_INGESTION_PER_GB,
         DASHBOARD_MONTH,
         sync_count,
-        sync_bytes,
         metric_count(catalog, d, high_resolution=True),
         high_alarm_metrics,
         fast,
