@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric as OtlpMetric
@@ -36,7 +36,7 @@ from telemetry.otlp.metrics import HistogramPoint, MetricsEncoder
 from telemetry.otlp.resource import ecs_resource
 from telemetry.settings import ConfigError, HelpFormatter, Option, add_options, choice, integer, parse, positive
 
-from .alarms import alarm_specs, insight_rule_specs
+from .alarms import Spec, alarm_specs, insight_rule_specs
 from .alarms.modelsync import CONDITION, SKEW_PERIOD
 from .base.options import Options
 
@@ -143,12 +143,6 @@ def served_by(catalog: Catalog, metric: Metric, d: Deployment) -> tuple[bool, bo
         llm = llm or r in LLM_BACKENDS or i.decoupled is not False
         plain = plain or (r not in LLM_BACKENDS and i.decoupled is not True)
     return llm, plain
-
-
-def is_llm_only(catalog: Catalog, metric: Metric, d: Deployment) -> bool:
-    """Only the deployment's LLM models emit the metric (its inputs come from an LLM backend, or decoupled models)."""
-    llm, plain = served_by(catalog, metric, d)
-    return llm and not plain
 
 
 def emitted_metrics(catalog: Catalog, d: Deployment) -> list[Metric]:
@@ -345,24 +339,24 @@ def fast_bytes(catalog: Catalog, d: Deployment, namespace: str = "Triton") -> in
     return round(total)
 
 
-def alarm_metric_counts(catalog: Catalog, d: Deployment, specs: Sequence[dict[str, object]]) -> tuple[int, int]:
+def alarm_metric_counts(catalog: Catalog, d: Deployment, specs: Sequence[Spec]) -> tuple[int, int]:
     """(standard, high-resolution) alarm metrics the alarms bill: a classic alarm one (with data or not), a
     metric-math alarm one per metric it reads, an INSIGHT_RULE_METRIC one per rule, a Metrics Insights
     GROUP BY model alarm one per model emitting its metric; high resolution when its period is 10 or 30 s."""
     emitted = {m.name: m for m in emitted_metrics(catalog, d)}
     standard = high = 0
     for s in specs:
-        queries = cast(list[dict[str, Any]], s.get("Metrics", []))
-        periods = [cast(int, s["Period"])] if "Period" in s else []
+        queries: list[dict[str, Any]] = s.body.get("Metrics", [])
+        periods = [int(s.body["Period"])] if "Period" in s.body else []
         periods += [q.get("Period") or q.get("MetricStat", {}).get("Period", 60) for q in queries]
-        if "MetricName" in s:
+        if "MetricName" in s.body:
             n = 1
-        elif "_terms" in s:
-            n = len(cast(list[str], s["_terms"]))
-        elif "_rules" in s:
-            n = len(cast(list[str], s["_rules"]))
-        elif s["_metric"] in emitted:
-            n = _models_emitting(catalog, emitted[str(s["_metric"])], d)
+        elif s.terms:
+            n = len(s.terms)
+        elif s.rules:
+            n = len(s.rules)
+        elif s.metric in emitted:
+            n = _models_emitting(catalog, emitted[s.metric], d)
         else:
             n = 0
         if min(periods, default=60) < 60:
@@ -385,7 +379,6 @@ class Estimate:
     logs_usd: float
     dashboard_usd: float
     sync_metrics: int = 0  # of ``metrics``, model sync's
-    sync_bytes_per_reconcile: int = 0  # all tasks
     high_res_metrics: int = 0  # of ``metrics``, high resolution (the scaling signals: same price per metric)
     high_res_alarm_metrics: int = 0  # of ``alarm_metrics``, billed at the high-resolution price
     fast_bytes_per_cycle: int = 0  # all tasks, per interval: the fast metrics' scrapes between full cycles
@@ -401,7 +394,7 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
     synced, d = d, d.emitted()
     catalog = opts.catalog
     # Model sync's alarms and rules exist only where it is deployed (the ModelSync parameter).
-    specs = [s for s in alarm_specs(opts) if d.modelsync or s.get("_condition") != CONDITION]
+    specs = [s for s in alarm_specs(opts) if d.modelsync or s.condition != CONDITION]
     standard_alarm_metrics, high_alarm_metrics = alarm_metric_counts(catalog, d, specs)
     plain, llm = event_bytes(catalog, d, opts.namespace), event_bytes(catalog, d, opts.namespace, llm=True)
     llm_models = min(d.llm_models, d.models)
@@ -420,7 +413,7 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
     sync_count = modelsync_metric_count(opts.modelsync, synced)
     count = metric_count(catalog, d) + sync_count
     # The version-skew rules match one model-sync event per model per task per reconcile (every SKEW_PERIOD).
-    rules = [r for r in insight_rule_specs(opts) if d.modelsync or r.get("_condition") != CONDITION]
+    rules = [r for r in insight_rule_specs(opts) if d.modelsync or r.condition != CONDITION]
     matched = len(rules) * d.tasks * synced.models * HOURS_PER_MONTH * 3600 / SKEW_PERIOD
     rules_usd = len(rules) * INSIGHT_RULE_MONTH + matched / 1e6 * INSIGHT_EVENTS_PER_MILLION
     return Estimate(
@@ -435,7 +428,6 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
         gb * LOG_INGESTION_PER_GB,
         DASHBOARD_MONTH,
         sync_count,
-        sync_bytes,
         metric_count(catalog, d, high_resolution=True),
         high_alarm_metrics,
         fast,

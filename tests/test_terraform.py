@@ -1310,8 +1310,8 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
     if scenario == "defaults":
         # Every alarm but model sync's four (no bucket: no sync-failure, version-skew or rollout alarm, no rules).
         specs = alarm_specs(Options(catalog=CATALOG))
-        assert len(of_type(plan, "aws_cloudwatch_metric_alarm")) == len([s for s in specs if "_condition" not in s])
-        assert len(specs) - len([s for s in specs if "_condition" not in s]) == 4
+        assert len(of_type(plan, "aws_cloudwatch_metric_alarm")) == len([s for s in specs if not s.condition])
+        assert len(specs) - len([s for s in specs if not s.condition]) == 4
         assert not of_type(plan, "aws_cloudwatch_contributor_insight_rule")
         assert len(of_type(plan, "aws_appautoscaling_policy")) == len(SCALING_ACTIONS)  # the LLM one included
         assert not [a for a in plan if ".modelsync" in a]  # no bucket: none of the model sync
