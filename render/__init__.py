@@ -5,7 +5,7 @@
 
 It reads the catalog and the output layer only, never the sidecar.
 
-The output is committed; tests/test_render.py renders again with the
+The output is committed; tests/unit/render/test_render.py renders again with the
 defaults and fails when the committed files differ, so a catalog change
 that breaks a widget or an alarm shows up in review, not in production.
 """

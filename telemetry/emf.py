@@ -26,7 +26,7 @@ import orjson
 
 # CloudWatch's units, as the aws-embedded-metrics library's Unit enum lists them. Importing that
 # library costs ~23 MB of RSS (its package __init__ pulls in its whole logger stack), so the list is
-# kept here and tests/test_emf.py proves it equals the library's enum, which stays the reference.
+# kept here and tests/unit/telemetry/test_emf.py proves it equals the library's enum, which stays the reference.
 CLOUDWATCH_UNITS = (
     "Seconds", "Microseconds", "Milliseconds", "Bytes", "Kilobytes", "Megabytes", "Gigabytes", "Terabytes",
     "Bits", "Kilobits", "Megabits", "Gigabits", "Terabits", "Percent", "Count", "Bytes/Second",
