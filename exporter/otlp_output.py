@@ -46,7 +46,6 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from catalog import Catalog, Scope
 from catalog import genai as semconv
 from catalog.otlp import DECOUPLED, SCOPE_NAME, plan
-from catalog.otlp import snake as snake  # the tests' name for it
 from telemetry.logs import Conditions, get
 from telemetry.otlp.endpoint import Endpoint
 from telemetry.otlp.exporter import ExportOptions, OtlpHttpExporter

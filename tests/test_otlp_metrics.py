@@ -19,9 +19,10 @@ import pytest
 from botocore.credentials import Credentials
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, Metric
 
+from catalog.otlp import snake
 from demo.llm import VLLM, vllm, wait_counted
 from exporter.config import ConfigError, Settings, load
-from exporter.otlp_output import OtlpMetricsOutput, snake
+from exporter.otlp_output import OtlpMetricsOutput
 from exporter.pipeline import Pipeline
 from telemetry.otlp.endpoint import parse_endpoint
 from telemetry.otlp.exporter import ExportOptions, OtlpHttpExporter
