@@ -1,7 +1,7 @@
 """The deploy artifacts' generator: dashboards, alarms, scaling, their Terraform and docs from the catalog.
 
-    python -m render [...]        write them (``python -m render`` is an alias)
-    python -m render cost [...]   what they and the sidecar cost (``python -m render cost``)
+    python -m render [...]        write them (``python -m exporter render`` is an alias)
+    python -m render cost [...]   what they and the sidecar cost (``python -m exporter cost`` is an alias)
 
 It reads the catalog and the output layer only, never the sidecar.
 

@@ -40,7 +40,7 @@ MAX_METRICS_PER_DIRECTIVE = 100
 MAX_DIMENSIONS_PER_SET = 30
 MAX_DIMENSION_VALUE_LENGTH = 1024
 MAX_NAMESPACE_LENGTH = 255
-MAX_EVENT_BYTES = 256 * 1024  # PutLogEvents allows 1 MB now; 256 KB is safe on every agent and region
+MAX_EVENT_BYTES = 256 * 1024  # PutLogEvents takes 1 MB; 256 KB (the older limit) is safe on every agent and region
 # --- our own bounds
 MAX_PROPERTY_LENGTH = 4096  # a load-failure reason can be a long traceback
 HASH_CHARS = 8

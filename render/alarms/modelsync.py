@@ -1,7 +1,7 @@
 """Model sync's alarms and Contributor Insights rules, from model sync's pack of the catalog.
 
 Every alarm here exists only where model sync is deployed (the ``ModelSync``
-parameter). Every metric goes through :func:`~render.base.emitted`
+parameter). Every metric goes through :func:`~render.base.widgets.emitted`
 against ``opts.modelsync``, the pack the daemon encodes its events from;
 tests/unit/render/test_catalog_agreement.py checks the rendered files against what the
 recorder really emits.

@@ -440,7 +440,7 @@ def test_cloudwatch_message_is_the_record_as_json_or_the_log_key_raw(tmp_path: P
     assert run(p, ("raw", {"n": 1})) == []  # no log_key in the record: "Could not find log_key", not sent
 
 
-# --- what the C sources say, where the simulator used to differ -------------------------------------
+# --- details of the C sources a simulator easily gets wrong: matching, parsers, refusals --------------
 
 
 @pytest.mark.parametrize(

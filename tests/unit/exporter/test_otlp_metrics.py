@@ -17,8 +17,9 @@ import pytest
 from botocore.credentials import Credentials
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, Metric
 
+from catalog.otlp import snake
 from exporter.config import ConfigError, Settings, load
-from exporter.otlp_output import OtlpMetricsOutput, snake
+from exporter.otlp_output import OtlpMetricsOutput
 from exporter.pipeline import Pipeline
 from telemetry.otlp.endpoint import parse_endpoint
 from telemetry.otlp.exporter import ExportOptions, OtlpHttpExporter
@@ -198,6 +199,48 @@ def test_histograms_keep_the_bounds_and_become_per_bucket_counts() -> None:
     assert bad == 1 and m.histogram.aggregation_temporality == 2
     assert list(p.explicit_bounds) == [100, 500, 2000] and list(p.bucket_counts) == [1, 1, 1, 1]
     assert (p.count, p.sum, attrs(p)) == (4, 1200.0, {"model": "m"})
+
+
+def test_histogram_points_left_out_of_a_torn_scrape_are_logged_and_the_recovery_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A torn scrape (bucket counts going down) or a series without its +Inf bucket is left out, never guessed;
+    as for EMF's distributions, the exporter's log says how many points, once per change, and when it clears."""
+
+    def text(counts: tuple[int, int, int], inf: bool) -> str:
+        lines = ["# TYPE nv_inference_first_response_histogram_ms histogram"]
+        for model in ("torn", "whole"):
+            bounds = ("100", "500", "+Inf") if model == "whole" or inf else ("100", "500")
+            for le, n in zip(bounds, counts if model == "torn" else (1, 2, 3), strict=False):
+                lines.append(
+                    f'nv_inference_first_response_histogram_ms_bucket{{model="{model}",version="1",le="{le}"}} {n}'
+                )
+            lines.append(f'nv_inference_first_response_histogram_ms_sum{{model="{model}",version="1"}} 9')
+        return "\n".join(lines) + "\n"
+
+    rec = Recording()
+    index = orjson.dumps([{"name": m, "version": "1", "state": "READY"} for m in ("torn", "whole")])
+    texts = (text((3, 2, 4), True), text((1, 2, 3), False), text((1, 2, 3), True))
+    pipe = Pipeline(
+        Settings(nvml="off", timeout=1.0),
+        CATALOG,
+        [TextSource(*texts, selects=False), IndexSource(index)],
+        outputs=[rec],
+    )
+    caplog.set_level("INFO", logger="exporter.otlp_metrics")
+    try:
+        seen = []
+        for _ in texts:
+            rec.items.clear()
+            pipe.cycle()
+            (m,) = [m for m in decode(rec.items) if m.name == "nv_inference_first_response_histogram_ms"]
+            seen.append(sorted(attrs(p)["model"] for p in m.histogram.data_points))
+            seen.append([r.getMessage() for r in caplog.records if r.name == "exporter.otlp_metrics"])
+            caplog.clear()
+    finally:
+        pipe.close(outputs_timeout=1.0)
+    left_out = "OTLP: leaving out 1 histogram points whose bucket counts go down or lack +Inf"
+    assert seen == [["whole"], [left_out], ["whole"], [], ["torn", "whole"], ["inconsistent histograms: recovered"]]
 
 
 def test_the_first_response_histogram_says_whether_its_model_is_decoupled() -> None:

@@ -327,7 +327,7 @@ def test_a_span_flood_is_bounded_answered_and_counted_and_the_relay_keeps_workin
 def test_the_phase_histograms_also_go_out_as_otlp_histograms() -> None:
     """The OTLP metrics output sends every family a selected metric reads: the relay's phase histograms too,
     under their own names, as explicit-bucket histograms with the relay's bounds."""
-    from exporter.otlp_output import plan
+    from catalog.otlp import plan
     from exporter.traces.spans import PHASES
     from tests.support.helpers import CATALOG
 

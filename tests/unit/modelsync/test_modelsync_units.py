@@ -19,9 +19,10 @@ from modelsync.errors import Result, UnsafeArchive
 from modelsync.events import EventFilter, MalformedMessage, ObjectEvent, newer, parse
 from modelsync.fsio import LocalFileSystem
 from modelsync.metrics import METRICS, PACK, Attempt, ModelState, Recorder, check_pack
-from modelsync.settings import ENV_VARS, OPTIONS, ConfigError, load, parse_size
+from modelsync.settings import ENV_VARS, OPTIONS, ConfigError, load
 from modelsync.store import Store, StoreError, model_name_problem
 from telemetry.emf_validate import validate
+from telemetry.settings import size
 from telemetry.sinks import StreamSink
 from tests.support.msync import make_zip, model_files
 
@@ -103,9 +104,9 @@ def test_help_lists_every_flag_and_variable(capsys) -> None:
 
 
 def test_sizes() -> None:
-    assert [parse_size(t) for t in ("1", "2K", "3MiB", "1g", "1T")] == [1, 2048, 3 * 1024**2, 1024**3, 1024**4]
+    assert [size(t) for t in ("1", "2K", "3MiB", "1g", "1T")] == [1, 2048, 3 * 1024**2, 1024**3, 1024**4]
     with pytest.raises(ValueError):
-        parse_size("-1")
+        size("-1")
 
 
 def test_one_line_reason() -> None:
