@@ -108,10 +108,18 @@ _OUTSIDE = {"triton", "triton_factory", "moto"}
 _SELF_CONTAINED = ("tests/unit/", "tests/support/tests/")
 
 
+# Under pytest-xdist (scripts/test.sh: ``-n 4 --dist loadgroup``) a module's tests stay on one worker, so its
+# module-scoped fixtures (a Triton, a checkov scan, a built image) are made once; the tests that drive the
+# container engine share one worker, as they share one engine.
+_ENGINE = ("tests/deploy/test_rehearsal.py", "tests/deploy/test_triton_side_debian.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     misplaced = []
     for item in items:
         path = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("container-engine" if path in _ENGINE else path))
         if not path.startswith(_SELF_CONTAINED):
             continue
         needs = sorted(_OUTSIDE & set(getattr(item, "fixturenames", ())))

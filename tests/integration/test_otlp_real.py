@@ -102,8 +102,9 @@ def test_the_daemon_sends_the_genai_metrics_from_a_real_triton(triton_factory, t
 
 @pytest.mark.triton
 def test_daemon_with_two_outputs_sends_emf_and_otlp_from_a_real_triton(
-    triton_factory, cloudwatch: OtlpEndpoint, tmp_path: Path
+    triton_factory, signed_otlp_endpoint: OtlpEndpoint, tmp_path: Path
 ) -> None:
+    cloudwatch = signed_otlp_endpoint  # a local HTTPS stand-in for CloudWatch's OTLP endpoint that checks SigV4
     server = triton_factory(models=["add", VLLM])
     server.infer_add(3)
     for ttft in (25, 65, 120):
