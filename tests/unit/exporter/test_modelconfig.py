@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import threading
-import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import orjson
 import pytest
 
+from exporter.sources import triton as triton_source
 from exporter.sources.modelconfig import parse_config
 from exporter.sources.triton import TritonIndexSource
+from triton_http import Response, TimedOut
 
 
 def test_parse_config_reads_decoupled_backend_parameters_and_cache():
@@ -41,43 +37,55 @@ def test_alike_configurations_are_one_object():
     assert parse_config(b'{"name": "c", "backend": "onnxruntime"}') is not a
 
 
-@pytest.fixture
-def slow_triton() -> Iterator[str]:
-    """An index that answers in 0.9 s, configurations that never answer in time."""
+class ScriptedTriton:
+    """Triton's HTTP answers on a clock of its own: the index takes ``index_s``, the server's metadata no time, a
+    configuration read never answers (it costs the whole timeout it was given). No sleeping, so no scheduling
+    noise."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            time.sleep(0.9)
-            self._send(json.dumps([{"name": "m", "version": "1", "state": "READY"}]).encode())
+    connect_timeout = 0.5
+    max_bytes = 1 << 20
 
-        def do_GET(self):
-            time.sleep(3)
-            self._send(b"{}")
+    def __init__(self, index_s: float) -> None:
+        self.now = 100.0
+        self.index_s = index_s
+        self.timeouts: list[tuple[str, float]] = []
 
-        def _send(self, body: bytes) -> None:
-            try:
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-            except OSError:
-                pass
+    def clock(self) -> float:
+        return self.now
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    def request(self, method: str, url: str, timeout: float, json: object = None, max_bytes: int | None = None):
+        self.timeouts.append((url.rsplit("/v2", 1)[1] or "/", timeout))
+        if method == "POST":
+            self.now += self.index_s
+            body = orjson.dumps([{"name": "m", "version": "1", "state": "READY"}])
+            return Response(200, "application/json", body)
+        if url.endswith("/v2"):
+            return Response(200, "application/json", b'{"name": "triton", "version": "2.51.0"}')
+        self.now += timeout
+        raise TimedOut(url, f"no answer within {timeout:.2f} s")
 
 
-def test_configuration_reads_stay_within_the_sources_timeout(slow_triton):
-    source = TritonIndexSource(slow_triton, 0.5, 1 << 20)
-    start = time.monotonic()
+def test_configuration_reads_stay_within_the_sources_timeout(monkeypatch) -> None:
+    """The configurations get what is left of the source's timeout after the index (half of it), not a timeout
+    of their own: an index that takes 0.9 s of 1 s leaves them 0.05 s."""
+    triton = ScriptedTriton(index_s=0.9)
+    monkeypatch.setattr(triton_source.time, "monotonic", triton.clock)
+    source = TritonIndexSource("http://triton:8000", 0.5, 1 << 20, http=triton)  # type: ignore[arg-type]
+    source.configs.clock = triton.clock
+    start = triton.now
     got = source.collect(1.0)
-    took = time.monotonic() - start
     assert got.index is not None and got.configs == {}  # the index is delivered; configurations wait
-    assert took < 1.12, took  # not the index's 0.9 s plus half the timeout again
+    assert triton.now - start <= 1.0  # not the index's 0.9 s plus half the timeout again (1.4 s)
+    assert [path for path, _ in triton.timeouts] == ["/repository/index", "/", "/models/m/versions/1/config"]
+    assert triton.timeouts[-1][1] == pytest.approx(0.05)
+
+
+def test_configurations_are_read_while_the_source_has_time(monkeypatch) -> None:
+    """With a fast index the configuration read gets half of what is left."""
+    triton = ScriptedTriton(index_s=0.1)
+    monkeypatch.setattr(triton_source.time, "monotonic", triton.clock)
+    source = TritonIndexSource("http://triton:8000", 0.5, 1 << 20, http=triton)  # type: ignore[arg-type]
+    source.configs.clock = triton.clock
+    source.collect(1.0)
+    assert [path for path, _ in triton.timeouts] == ["/repository/index", "/", "/models/m/versions/1/config"]
+    assert triton.timeouts[-1][1] == pytest.approx(0.45)  # half of the 0.9 s left
