@@ -122,7 +122,7 @@ def widgets(opts: Options) -> list[Placed]:
         *_searches(opts, LATER_GRAPHS),
         Placed(skew, 12),
         Placed(served, 12),
-        Placed(recent, 12),
+        Placed(recent, 24),  # a row of its own: the rollout graphs after it fill the next row, three of 8
         *rollout_widgets(opts),
     ]
 
