@@ -361,6 +361,16 @@ def test_routing_puts_tritons_errors_in_the_errors_group_and_model_sync_in_its_o
     assert "/ecs/triton/exporter" in groups
 
 
+def test_the_rollout_timeline_shows_each_decision_once_not_again_as_its_emf_event() -> None:
+    """Model sync's stdout (EMF) and stderr (JSON log) share its group; a decision with a metric is in both."""
+    query = dashboard_query("Rollout timeline per model: every decision with its evidence (newest first)")
+    decision = {"model": "m", "verdict": "promoted", "host": "h", "artifact": "b" * 64, "reason": "healthy"}
+    line = {"level": "INFO", "logger": "modelsync.rollout", "msg": "rollout of m: promoted: healthy", **decision}
+    emf = {"_aws": {"Timestamp": int(T0 * 1000), "CloudWatchMetrics": []}, "RolloutsPromoted": 1.0, **decision}
+    result = logsinsights.run(query, [LogEvent(T0, json.dumps(line)), LogEvent(T0, json.dumps(emf))])
+    assert [(r["model"], r["verdict"], r["host"]) for r in result.rows] == [("m", "promoted", "h")]
+
+
 # --- alarms --------------------------------------------------------------------------------------------
 
 
@@ -518,6 +528,8 @@ def test_the_committed_dashboard_draws_with_data_and_says_why_without(tmp_path: 
     assert sum(t.startswith("no data") for t in said) >= len(graphs)
     logs = [w for w in body["widgets"] if w["type"] == "log"]
     assert sum(t == "no log lines of the demo run match this query" for t in said) == len(logs)
+    # each says what it looks for: the timeline, its decision lines in model sync's group
+    assert '/ecs/triton/modelsync: filter logger = "modelsync.rollout" and ispresent(verdict)' in said
     plt.close(empty)
 
 

@@ -68,7 +68,8 @@ def draw_run(events: Path, out: Path, body_path: Path = DASHBOARD) -> Path:
         f"drawn from a demo run on {started:%Y-%m-%d} (times UTC)",
         f"A real local Triton (no GPU) with the demo's sample models and traffic; the exporter's loop for "
         f"{meta.get('windows')} windows of {window:g} s, each standing for one {Clock(0, window).base:g} s "
-        "period of the dashboard; model sync on moto's S3 (an update, then a refused archive); logs routed "
+        "period of the dashboard; model sync on moto's S3 with safe rollouts (an update through a canary bake to "
+        "its verdict, then a refused archive); logs routed "
         "by the shipped Fluent Bit configuration. Regenerate: bash scripts/preview.sh",
     ]
     body = json.loads(body_path.read_text())
