@@ -36,6 +36,7 @@ WORKDIR /src
 COPY requirements.lock pyproject.toml setup.py README.md LICENSE ./
 COPY telemetry/ ./telemetry/
 COPY catalog/ ./catalog/
+COPY triton_http/ ./triton_http/
 COPY exporter/ ./exporter/
 COPY triton_side/ ./triton_side/
 COPY modelsync/ ./modelsync/

@@ -17,8 +17,9 @@ histograms, which become CloudWatch distributions).
 Then it prints the parser's two paths on the 1000-model core body (the C
 scanner, and the pure-Python regex it falls back to without a compiler), and
 the sidecar's start-up: the import time of
-``python -m exporter`` next to a bare interpreter, and whether requests was
-imported before the first scrape needs it.
+``python -m exporter`` next to a bare interpreter, then with the sources built
+(what ``--once`` does before its first scrape), and whether requests was
+imported by either (the sources call Triton through triton_http, on http.client).
 
 Then the two encodings of one 1000-model core cycle side by side, in one process: EMF (the encoder's
 documents from the cycle's events) and OTLP (exporter/otlp_output.py: the scrape as serialized OTLP
@@ -279,17 +280,26 @@ def _startup(rounds: int) -> None:
     bare = best("pass")
     main = best("import exporter.__main__")
     requests = best("import requests")
-    loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, exporter.__main__; print('requests' in sys.modules)"],
-        check=True,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    sources = (
+        "from exporter.__main__ import build_catalog, build_sources\n"
+        "from exporter.config import load\n"
+        "settings = load(['--nvml', 'off'])\n"
+        "build_sources(settings, build_catalog(settings))\n"
+    )
+    built = best(sources)
+
+    def requests_loaded(code: str) -> str:
+        probe = f"{code}\nimport sys; print('requests' in sys.modules)"
+        return subprocess.run(
+            [sys.executable, "-c", probe], check=True, cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+
     print(
         f"\nstart-up (best of {max(5, rounds * 3)} fresh processes): python -c pass {bare:.0f} ms; "
         f"import exporter.__main__ {main:.0f} ms (+{main - bare:.0f}); import requests alone {requests:.0f} ms "
-        f"(+{requests - bare:.0f}); requests imported at start-up: {loaded}"
+        f"(+{requests - bare:.0f}); requests imported at start-up: {requests_loaded('import exporter.__main__')}"
+        f"\n  with the sources built (what --once does before its first scrape) {built:.0f} ms "
+        f"(+{built - bare:.0f}); requests imported by then: {requests_loaded(sources)}"
     )
 
 

@@ -11,12 +11,14 @@ from that metric's unit and the input's scale. A user catalog that moves a famil
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from .model import Input, Kind
+from .otlp import DECOUPLED
 
 if TYPE_CHECKING:
     from . import Catalog
@@ -105,6 +107,22 @@ def operation(declared: str | None, decoupled: bool, backend: str) -> str | None
         value = declared.strip()
         return None if value.lower() == NONE else value
     return OPERATION if decoupled or backend in LLM_BACKENDS else None
+
+
+def attributes(labels: Mapping[str, str], operation: str) -> dict[str, str]:
+    """A GenAI point's attributes from its source series' labels: the spec's three, the model version, and the
+    series' other labels (``decoupled`` left out: the operation says it). The OTLP output sends these; ``cost``
+    prices them."""
+    out = {k: v for k, v in labels.items() if k not in ("model", "version", DECOUPLED)}
+    out.update(
+        {
+            "gen_ai.operation.name": operation,
+            "gen_ai.provider.name": PROVIDER,
+            "gen_ai.request.model": labels.get("model", ""),
+            VERSION_ATTRIBUTE: labels.get("version", ""),
+        }
+    )
+    return out
 
 
 def seconds(value: float, factor: Fraction) -> float:

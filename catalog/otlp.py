@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 SELF_PREFIX = "triton_exporter_"
 DECOUPLED = "decoupled"
 SCOPE_NAME = "triton-exporter"  # the instrumentation scope of every OTLP metric the exporter sends
+# --otlp-semconv's values (the sidecar, ``cost``, the deploy forms' OtlpSemconv): conventions sent beside the scrape
+SEMCONVS = ("off", "genai")
 
 
 @dataclass(frozen=True)

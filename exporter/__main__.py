@@ -56,25 +56,22 @@ def build_catalog(settings: Settings) -> Catalog:
 
 
 def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
-    # Imported here, not at the top: requests alone is about half of the start-up import time,
-    # and commands like catalog or validate never need it.
+    # Imported here, not at the top: the HTTP client (http.client and the email parser under it) and the
+    # /metrics reader are start-up time that commands like catalog or validate never need.
     from .sources.ecs import EcsMetadataSource
-    from .sources.http import make_session
     from .sources.promtext import Parser
     from .sources.triton import TritonIndexSource, TritonMetricsSource
 
     # The OTLP output sends every series of the families it reads (all five quantiles of a summary); EMF alone
     # needs only the label values the catalog selects, and the parser skips the rest.
     selects = {} if settings.otlp_outputs else catalog.sample_selects()
-    # One session per source: the pipeline reads sources concurrently.
-    index = TritonIndexSource(settings.triton_url, settings.connect_timeout, settings.max_body_bytes, make_session())
+    index = TritonIndexSource(settings.triton_url, settings.connect_timeout, settings.max_body_bytes)
     sources: list[Source] = [
         TritonMetricsSource(
             settings.metrics_url,
             Parser(catalog.wanted_samples(), selects=selects),
             settings.connect_timeout,
             settings.max_body_bytes,
-            make_session(),
         ),
         index,
     ]
@@ -98,7 +95,6 @@ def _trace_source(
     SourceRequired when its port cannot be had (exit 2)."""
     from telemetry.otlp.resource import ecs_resource
 
-    from .sources.http import make_session
     from .traces.forward import SpanForwarder
     from .traces.relay import TraceRelay
     from .traces.sampling import TraceRate
@@ -126,7 +122,7 @@ def _trace_source(
         ) from None
     relay.forwarder = SpanForwarder(endpoint)
     relay.start()
-    rate = TraceRate(settings.triton_url, settings.trace_rate, make_session()) if settings.trace_rate else None
+    rate = TraceRate(settings.triton_url, settings.trace_rate) if settings.trace_rate else None
     return TraceSource(relay, rate)
 
 

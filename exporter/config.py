@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from catalog import cli as catalog_cli
+from catalog.otlp import SEMCONVS
 from telemetry.otlp.endpoint import Endpoint, parse_endpoint
 from telemetry.settings import (
     ConfigError,
@@ -286,7 +287,7 @@ OPTIONS: tuple[Option, ...] = (
         "otlp_semconv",
         "--otlp-semconv",
         ("EXPORTER_OTLP_SEMCONV",),
-        choice("off", "genai"),
+        choice(*SEMCONVS),
         "genai: each OTLP output also sends OpenTelemetry's GenAI server metrics (gen_ai.server.time_to_first_token, "
         ".time_per_output_token, .request.duration) of every generative model (docs/otlp.md); needs an otlp+ --output",
     ),

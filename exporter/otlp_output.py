@@ -285,10 +285,10 @@ class _GenAi:
 
     Per model version whose configuration is read and that is generative (:func:`catalog.genai.operation`),
     the first source histogram it has (the catalog's order, as EMF's distributions), its bounds and sum
-    converted to seconds exactly and its counts unchanged; attributes ``gen_ai.operation.name``,
-    ``gen_ai.provider.name``, ``gen_ai.request.model`` (the model), ``triton.model.version``, and the
-    series' other labels but ``decoupled``. A model none of whose sources has a series gets no point: never
-    zeros (the coverage line says why).
+    converted to seconds exactly and its counts unchanged; attributes (:func:`catalog.genai.attributes`)
+    ``gen_ai.operation.name``, ``gen_ai.provider.name``, ``gen_ai.request.model`` (the model),
+    ``triton.model.version``, and the series' other labels but ``decoupled``. A model none of whose sources
+    has a series gets no point: never zeros (the coverage line says why).
     """
 
     def __init__(self, catalog: Catalog) -> None:
@@ -366,16 +366,7 @@ class _GenAi:
         got = self._keys.get((key, op))
         if got is None:
             got = self._keys[(key, op)] = f"{op}\x1d{key}"
-            attrs = {k: v for k, v in ls.labels.items() if k not in ("model", "version", DECOUPLED)}
-            attrs.update(
-                {
-                    "gen_ai.operation.name": op,
-                    "gen_ai.provider.name": semconv.PROVIDER,
-                    "gen_ai.request.model": ls.labels.get("model", ""),
-                    semconv.VERSION_ATTRIBUTE: ls.labels.get("version", ""),
-                }
-            )
-            self._attrs[got] = attrs
+            self._attrs[got] = semconv.attributes(ls.labels, op)
         return got
 
     def _seconds(self, bounds: Sequence[float], factor: Fraction, scale: tuple[int, int]) -> list[float]:

@@ -420,7 +420,8 @@ class Pipeline:
             _merge_results(result, values)
             elapsed = window.elapsed if elapsed is None else elapsed
         entities = self._events(result, exp.labels, {}, self._gpus, self._triton_gpus, {}, {})
-        events = [doc for e in entities for doc in self.encoder.encode(e, timestamp_ms)]
+        # Not reported: these events carry no properties, so only an absurd dimension set could cut one down.
+        events, _ = self.encoder.encode_all(entities, timestamp_ms)
         return CycleResult(
             events=events,
             entities=entities,
@@ -434,20 +435,17 @@ class Pipeline:
 
     def _encode(self, entities: list[Event], timestamp_ms: int) -> list[bytes]:
         """Every event's EMF lines; the task event last, so it can count this cycle's oversize events."""
-        before = self.encoder.oversize
         task = [e for e in entities if e.scope is Scope.TASK]
-        events = [doc for e in entities if e.scope is not Scope.TASK for doc in self.encoder.encode(e, timestamp_ms)]
+        events, oversize = self.encoder.encode_all((e for e in entities if e.scope is not Scope.TASK), timestamp_ms)
         for e in task:
             if "EventsOversize" not in e.values:
                 events += self.encoder.encode(e, timestamp_ms)
                 continue
-            e.values["EventsOversize"] = float(self.encoder.oversize - before)
-            mark = self.encoder.oversize
-            docs = self.encoder.encode(e, timestamp_ms)
-            if self.encoder.oversize > mark:  # the task event itself had to be cut down: count it too
+            e.values["EventsOversize"] = float(oversize)
+            docs, cut = self.encoder.encode_counted(e, timestamp_ms)
+            if cut:  # the task event itself had to be cut down: its own count includes it
                 e.values["EventsOversize"] += 1
                 docs = self.encoder.encode(e, timestamp_ms)
-                self.encoder.oversize -= 1  # the same event, encoded twice
             events += docs
         return events
 

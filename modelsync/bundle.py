@@ -73,7 +73,7 @@ from .pinning import free_check, pin, record_of, verify_hash
 from .s3 import S3, Archive
 from .settings import Settings
 from .store import Store, model_name_problem
-from .triton import CONNECT_TIMEOUT, SHORT_TIMEOUT, Triton
+from .triton import Triton
 
 BUNDLES = ".bundles"
 TAIL = 64 * 1024  # bytes read from the end of a zip to find its central directory (the comment is at most 64 KiB)
@@ -694,12 +694,10 @@ class Bundles:
             raise LoadFailed(f"Triton loaded {model} but its version {g} is not READY")
 
     def _version_ready(self, model: str, g: int) -> bool:
-        url = f"{self.triton.url}/v2/models/{model}/versions/{g}/ready"
         try:
-            r = self.triton.session.get(url, timeout=(CONNECT_TIMEOUT, SHORT_TIMEOUT))
-        except Exception:
+            return self.triton.ready(model, str(g))
+        except SyncError:
             return False
-        return r.status_code == 200
 
     def _retag(self, state: BundleState, archive: Archive) -> None:
         self.log.info("%s: new object, same sha256 %s: nothing to install", state.name, state.sha256)

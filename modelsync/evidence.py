@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import requests
+from triton_http import Client, RequestFailed
 
 SUCCESS = "nv_inference_request_success"
 FAILURE = "nv_inference_request_failure"
@@ -34,7 +34,8 @@ DURATION = "nv_inference_request_duration_us"
 SUMMARY = "nv_inference_request_summary_us"
 FAMILIES = (SUCCESS, FAILURE, DURATION, SUMMARY)
 MAX_BODY = 64 * 1024 * 1024  # bytes of /metrics read at most (a thousand models take a few MB)
-TIMEOUT = (2.0, 10.0)
+CONNECT_TIMEOUT = 2.0
+TIMEOUT = 10.0  # one scrape, body included
 P95_MIN_BAKE = 60.0  # Triton's summary covers the last 60 s: shorter bakes would mix the two versions
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$")
@@ -115,20 +116,20 @@ def parse(text: str, models: set[str]) -> Snapshot:
     }
 
 
-def scrape(session: requests.Session, url: str, models: set[str]) -> Snapshot:
-    """One GET of /metrics, read up to :data:`MAX_BODY` bytes; raises ScrapeError."""
+def client() -> Client:
+    """The client scrapes go through: at most :data:`MAX_BODY` bytes within :data:`TIMEOUT` seconds."""
+    return Client(CONNECT_TIMEOUT, MAX_BODY)
+
+
+def scrape(http: Client, url: str, models: set[str]) -> Snapshot:
+    """One GET of /metrics; raises ScrapeError."""
     try:
-        with session.get(url, timeout=TIMEOUT, stream=True, allow_redirects=False) as r:
-            if r.status_code != 200:
-                raise ScrapeError(f"GET {url} answered {r.status_code}")
-            body = bytearray()
-            for chunk in r.iter_content(1 << 16):
-                body += chunk
-                if len(body) > MAX_BODY:
-                    raise ScrapeError(f"GET {url}: more than {MAX_BODY} bytes")
-    except requests.RequestException as exc:
-        raise ScrapeError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
-    return parse(body.decode("utf-8", "replace"), models)
+        r = http.get(url, TIMEOUT)
+    except RequestFailed as exc:
+        raise ScrapeError(f"GET {exc}") from None
+    if r.status != 200:
+        raise ScrapeError(f"GET {url} answered {r.status}")
+    return parse(r.body.decode("utf-8", "replace"), models)
 
 
 # --- windows ---------------------------------------------------------------------------------------------

@@ -63,9 +63,6 @@ class Manifest:
     dirs: tuple[PurePosixPath, ...]  # every directory the files need, parents first
     total_bytes: int
 
-    def by_path(self) -> dict[str, str]:
-        return {f.path.as_posix(): f.sha256 for f in self.files}
-
 
 def blocks(size: int, block: int) -> int:
     """Bytes a file of ``size`` takes on disk, in whole blocks (an empty file counted as one)."""

@@ -38,7 +38,6 @@ from telemetry.sinks import Sink
 
 from .errors import Result
 
-ATTEMPT, MODEL, HOST, ROLLOUT = "attempt", "model", "host", "rollout"
 ROLLOUT_METRICS = ("RolloutsStarted", "RolloutsPromoted", "RolloutsRejected", "RolloutRollbacks", "RolloutEvidenceWait")
 PHASES = ("download", "verify", "extract", "swap", "load")
 KEYS = EVENT_KEYS[Scope.MODELSYNC]  # model, result: what an event may carry as dimensions

@@ -43,12 +43,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import requests
-
 from telemetry.logs import Conditions
+from triton_http import Client
 
 from .errors import SyncError
-from .evidence import PROMOTE, REJECT, Judgement, ScrapeError, Snapshot, Thresholds, Window, judge, scrape, window
+from .evidence import (
+    PROMOTE,
+    REJECT,
+    Judgement,
+    ScrapeError,
+    Snapshot,
+    Thresholds,
+    Window,
+    client,
+    judge,
+    scrape,
+    window,
+)
 from .install import Served
 from .ledger import (
     CANARY,
@@ -112,7 +123,7 @@ class Rollouts:
         identify: Callable[[Archive], tuple[str, str]],
         entry_models: Callable[[str], list[str]],
         live_hosts: Callable[[], int | None],
-        session: requests.Session | None = None,
+        http: Client | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         participate: bool = True,
     ) -> None:
@@ -124,7 +135,7 @@ class Rollouts:
         self.identify = identify  # object -> (sha256 it holds, its version id): a HEAD
         self.entry_models = entry_models  # name -> the Triton models whose requests judge it
         self.live_hosts = live_hosts
-        self.session = session or requests.Session()
+        self.http = http or client()
         self.monotonic = monotonic
         self.participate = participate  # False (--once): follows the state, never starts or joins a rollout
         self.thresholds = Thresholds(
@@ -210,7 +221,7 @@ class Rollouts:
         if not models:
             return
         try:
-            snap = scrape(self.session, self.settings.triton_metrics_url, set(models))
+            snap = scrape(self.http, self.settings.triton_metrics_url, set(models))
         except ScrapeError as exc:
             self.conditions.set("rollout-metrics", f"rollouts: cannot read Triton's metrics: {exc}")
             return
@@ -303,7 +314,7 @@ class Rollouts:
             me.seen = now
             return True
         try:
-            snap = scrape(self.session, self.settings.triton_metrics_url, set(self._entries(name)))
+            snap = scrape(self.http, self.settings.triton_metrics_url, set(self._entries(name)))
         except ScrapeError as exc:
             self.conditions.set("rollout-metrics", f"rollouts: cannot read Triton's metrics: {exc}", model=name)
             return False
@@ -435,7 +446,7 @@ class Rollouts:
                 return Plan(listed, role=CANARY, reason=f"canary of the rollout of {short(sha)}")
             if len(r.live(CONTROL)) < r.wanted:
                 try:
-                    start = scrape(self.session, self.settings.triton_metrics_url, set(self._entries(name)))
+                    start = scrape(self.http, self.settings.triton_metrics_url, set(self._entries(name)))
                 except ScrapeError:
                     start = None
                 if start is not None:
@@ -485,7 +496,7 @@ class Rollouts:
         if seen is None or self.monotonic() - seen[0] < MIN_BEFORE:
             return None
         try:
-            now = scrape(self.session, self.settings.triton_metrics_url, set(self._entries(name)))
+            now = scrape(self.http, self.settings.triton_metrics_url, set(self._entries(name)))
         except ScrapeError:
             return None
         return window(seen[1], now)
@@ -524,7 +535,7 @@ class Rollouts:
             new = state.copy()
             assert new.rollout is not None
             now = self.ledger.now()
-            start = scrape(self.session, self.settings.triton_metrics_url, set(self._entries(name)))
+            start = scrape(self.http, self.settings.triton_metrics_url, set(self._entries(name)))
             new.rollout.participants[self.host] = replace(me, ready=now, seen=now, start=start)
             try:
                 self._write(new, etag)

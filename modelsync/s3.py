@@ -49,13 +49,7 @@ class Archive:
     last_modified: datetime
     version_id: str = ""
     sha256: str = ""  # the expected hash, lower-case hex; "" when the object carries none
-    hash_source: str = ""  # "metadata" | "tag" | ""
     conflict: str = ""  # why this model cannot be installed from the listing alone (a zip and a manifest)
-
-    @property
-    def identity(self) -> str:
-        """What changes when the object is replaced: its version id, else its ETag."""
-        return self.version_id or self.etag
 
     @property
     def directory(self) -> bool:
@@ -179,7 +173,6 @@ class S3:
             size=int(resp["ContentLength"]),
             last_modified=modified if pinned and isinstance(modified, datetime) else archive.last_modified,
             sha256=sha,
-            hash_source="metadata" if sha else "",
         )
 
     def tag_hash(self, archive: Archive) -> str:

@@ -18,59 +18,54 @@ from __future__ import annotations
 import threading
 import time
 
-import requests
+from triton_http import Client, RequestFailed, Response
 
 from .errors import LoadFailed, TritonUnavailable
 
 CONNECT_TIMEOUT = 2.0
 SHORT_TIMEOUT = 10.0
+MAX_BODY = 64 * 1024 * 1024  # an answer's bytes at most: the index of thousands of models takes a few MB
 
 
 class Triton:
-    def __init__(self, url: str, load_timeout: float, session: requests.Session | None = None) -> None:
+    def __init__(self, url: str, load_timeout: float, http: Client | None = None) -> None:
         self.url = url.rstrip("/")
         self.load_timeout = load_timeout
-        self.session = session or requests.Session()
+        self.http = http or Client(CONNECT_TIMEOUT, MAX_BODY)
         self._lock = threading.Lock()
 
-    def _post(self, path: str, timeout: float, body: object | None = None) -> requests.Response:
+    def _call(self, method: str, path: str, timeout: float) -> Response:
         try:
-            return self.session.post(
-                self.url + path,
-                json=body if body is not None else {},
-                timeout=(CONNECT_TIMEOUT, timeout),
-                allow_redirects=False,
-            )
-        except requests.RequestException as exc:
-            raise TritonUnavailable(f"Triton at {self.url} unreachable: {type(exc).__name__}: {exc}") from exc
+            return self.http.request(method, self.url + path, timeout, {} if method == "POST" else None)
+        except RequestFailed as exc:
+            raise TritonUnavailable(f"Triton at {self.url} unreachable: {exc.reason}") from None
 
     def live(self) -> bool:
         try:
-            r = self.session.get(self.url + "/v2/health/live", timeout=(CONNECT_TIMEOUT, SHORT_TIMEOUT))
-        except requests.RequestException:
+            return self._call("GET", "/v2/health/live", SHORT_TIMEOUT).status == 200
+        except TritonUnavailable:
             return False
-        return r.status_code == 200
 
-    def ready(self, model: str) -> bool:
-        """True when Triton would answer inference for ``model`` now."""
-        try:
-            r = self.session.get(f"{self.url}/v2/models/{model}/ready", timeout=(CONNECT_TIMEOUT, SHORT_TIMEOUT))
-        except requests.RequestException as exc:
-            raise TritonUnavailable(f"Triton at {self.url} unreachable: {type(exc).__name__}: {exc}") from exc
-        return r.status_code == 200
+    def ready(self, model: str, version: str = "") -> bool:
+        """True when Triton would answer inference for ``model`` (that ``version`` of it, if given) now."""
+        path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/ready"
+        return self._call("GET", path, SHORT_TIMEOUT).status == 200
 
     def index(self) -> list[dict[str, object]]:
-        r = self._post("/v2/repository/index", SHORT_TIMEOUT)
-        if r.status_code != 200:
-            raise TritonUnavailable(f"POST /v2/repository/index answered {r.status_code}")
-        body = r.json()
-        return body if isinstance(body, list) else []
+        r = self._call("POST", "/v2/repository/index", SHORT_TIMEOUT)
+        if r.status != 200:
+            raise TritonUnavailable(f"POST /v2/repository/index answered {r.status}")
+        try:
+            body = r.json()
+        except ValueError:
+            raise TritonUnavailable(f"POST /v2/repository/index answered non-JSON ({r.body[:60]!r})") from None
+        return [row for row in body if isinstance(row, dict)] if isinstance(body, list) else []
 
     def load(self, model: str) -> None:
         """Load (or reload) ``model`` and confirm it is READY; LoadFailed carries Triton's reason."""
         with self._lock:
-            r = self._post(f"/v2/repository/models/{model}/load", self.load_timeout)
-        if r.status_code != 200:
+            r = self._call("POST", f"/v2/repository/models/{model}/load", self.load_timeout)
+        if r.status != 200:
             raise LoadFailed(f"Triton refused to load {model}: {_reason(r)}")
         deadline = time.monotonic() + SHORT_TIMEOUT
         while not self.ready(model):
@@ -81,8 +76,8 @@ class Triton:
     def unload(self, model: str, wait: float = 60.0) -> None:
         """Unload and wait until no version of ``model`` is READY or UNLOADING (unload returns early)."""
         with self._lock:
-            r = self._post(f"/v2/repository/models/{model}/unload", SHORT_TIMEOUT)
-        if r.status_code != 200:
+            r = self._call("POST", f"/v2/repository/models/{model}/unload", SHORT_TIMEOUT)
+        if r.status != 200:
             raise LoadFailed(f"Triton refused to unload {model}: {_reason(r)}")
         deadline = time.monotonic() + wait
         while any(v.get("name") == model and v.get("state") in ("READY", "UNLOADING") for v in self.index()):
@@ -91,11 +86,12 @@ class Triton:
             time.sleep(0.1)
 
 
-def _reason(r: requests.Response) -> str:
+def _reason(r: Response) -> str:
+    """Triton's ``{"error": "..."}`` message, or the status and the start of whatever else it answered."""
     try:
         body = r.json()
     except ValueError:
-        return f"HTTP {r.status_code}: {r.text[:2000]}"
+        return f"HTTP {r.status}: {r.body[:2000].decode('utf-8', 'replace')}"
     if isinstance(body, dict) and isinstance(body.get("error"), str):
         return str(body["error"])
-    return f"HTTP {r.status_code}: {str(body)[:2000]}"
+    return f"HTTP {r.status}: {str(body)[:2000]}"

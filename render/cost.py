@@ -21,20 +21,22 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric as OtlpMetric
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from catalog import Catalog, CatalogError, Kind, Metric, Scope, cli
-from catalog.otlp import SCOPE_NAME, plan
+from catalog import genai as semconv
+from catalog.otlp import DECOUPLED, SCOPE_NAME, SEMCONVS, plan
 from telemetry import DISTRIBUTION, distribution_version
 from telemetry.emf import Encoder, Event
 from telemetry.otlp.metrics import HistogramPoint, MetricsEncoder
 from telemetry.otlp.resource import ecs_resource
 from telemetry.settings import ConfigError, HelpFormatter, Option, add_options, choice, integer, parse, positive
 
-from .alarms import alarm_specs, insight_rule_specs
+from .alarms import Spec, alarm_specs, insight_rule_specs
 from .alarms.modelsync import CONDITION, SKEW_PERIOD
 from .base.options import Options
 
@@ -85,6 +87,7 @@ class Deployment:
     modelsync: bool = True  # model sync deployed (ModelSyncBucketName): its metrics, events, alarms and rules
     rollouts: bool = False  # model sync's safe rollouts on (CanaryFraction > 0): RolloutsInFlight every reconcile
     otlp: bool = False  # an otlp+ output beside EMF: the exporter's OtlpPoints* metrics
+    otlp_semconv: str = "off"  # as the sidecar's --otlp-semconv: genai adds the GenAI server metrics to OTLP
     tracing: bool = False  # the trace relay (--traces-to): the Traced* distributions and the relay's own counts
     max_models: int = 500  # the sidecar's --max-models: model versions it emits per task, the others dropped
     gpm: bool = False  # GPUs with GPM (Hopper and newer): the SM, tensor and DRAM activity metrics
@@ -140,12 +143,6 @@ def served_by(catalog: Catalog, metric: Metric, d: Deployment) -> tuple[bool, bo
         llm = llm or r in LLM_BACKENDS or i.decoupled is not False
         plain = plain or (r not in LLM_BACKENDS and i.decoupled is not True)
     return llm, plain
-
-
-def is_llm_only(catalog: Catalog, metric: Metric, d: Deployment) -> bool:
-    """Only the deployment's LLM models emit the metric (its inputs come from an LLM backend, or decoupled models)."""
-    llm, plain = served_by(catalog, metric, d)
-    return llm and not plain
 
 
 def emitted_metrics(catalog: Catalog, d: Deployment) -> list[Metric]:
@@ -342,24 +339,24 @@ def fast_bytes(catalog: Catalog, d: Deployment, namespace: str = "Triton") -> in
     return round(total)
 
 
-def alarm_metric_counts(catalog: Catalog, d: Deployment, specs: Sequence[dict[str, object]]) -> tuple[int, int]:
+def alarm_metric_counts(catalog: Catalog, d: Deployment, specs: Sequence[Spec]) -> tuple[int, int]:
     """(standard, high-resolution) alarm metrics the alarms bill: a classic alarm one (with data or not), a
     metric-math alarm one per metric it reads, an INSIGHT_RULE_METRIC one per rule, a Metrics Insights
     GROUP BY model alarm one per model emitting its metric; high resolution when its period is 10 or 30 s."""
     emitted = {m.name: m for m in emitted_metrics(catalog, d)}
     standard = high = 0
     for s in specs:
-        queries = cast(list[dict[str, Any]], s.get("Metrics", []))
-        periods = [cast(int, s["Period"])] if "Period" in s else []
+        queries: list[dict[str, Any]] = s.body.get("Metrics", [])
+        periods = [int(s.body["Period"])] if "Period" in s.body else []
         periods += [q.get("Period") or q.get("MetricStat", {}).get("Period", 60) for q in queries]
-        if "MetricName" in s:
+        if "MetricName" in s.body:
             n = 1
-        elif "_terms" in s:
-            n = len(cast(list[str], s["_terms"]))
-        elif "_rules" in s:
-            n = len(cast(list[str], s["_rules"]))
-        elif s["_metric"] in emitted:
-            n = _models_emitting(catalog, emitted[str(s["_metric"])], d)
+        elif s.terms:
+            n = len(s.terms)
+        elif s.rules:
+            n = len(s.rules)
+        elif s.metric in emitted:
+            n = _models_emitting(catalog, emitted[s.metric], d)
         else:
             n = 0
         if min(periods, default=60) < 60:
@@ -382,7 +379,6 @@ class Estimate:
     logs_usd: float
     dashboard_usd: float
     sync_metrics: int = 0  # of ``metrics``, model sync's
-    sync_bytes_per_reconcile: int = 0  # all tasks
     high_res_metrics: int = 0  # of ``metrics``, high resolution (the scaling signals: same price per metric)
     high_res_alarm_metrics: int = 0  # of ``alarm_metrics``, billed at the high-resolution price
     fast_bytes_per_cycle: int = 0  # all tasks, per interval: the fast metrics' scrapes between full cycles
@@ -398,7 +394,7 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
     synced, d = d, d.emitted()
     catalog = opts.catalog
     # Model sync's alarms and rules exist only where it is deployed (the ModelSync parameter).
-    specs = [s for s in alarm_specs(opts) if d.modelsync or s.get("_condition") != CONDITION]
+    specs = [s for s in alarm_specs(opts) if d.modelsync or s.condition != CONDITION]
     standard_alarm_metrics, high_alarm_metrics = alarm_metric_counts(catalog, d, specs)
     plain, llm = event_bytes(catalog, d, opts.namespace), event_bytes(catalog, d, opts.namespace, llm=True)
     llm_models = min(d.llm_models, d.models)
@@ -417,7 +413,7 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
     sync_count = modelsync_metric_count(opts.modelsync, synced)
     count = metric_count(catalog, d) + sync_count
     # The version-skew rules match one model-sync event per model per task per reconcile (every SKEW_PERIOD).
-    rules = [r for r in insight_rule_specs(opts) if d.modelsync or r.get("_condition") != CONDITION]
+    rules = [r for r in insight_rule_specs(opts) if d.modelsync or r.condition != CONDITION]
     matched = len(rules) * d.tasks * synced.models * HOURS_PER_MONTH * 3600 / SKEW_PERIOD
     rules_usd = len(rules) * INSIGHT_RULE_MONTH + matched / 1e6 * INSIGHT_EVENTS_PER_MILLION
     return Estimate(
@@ -432,7 +428,6 @@ def estimate(d: Deployment, opts: Options) -> Estimate:
         gb * LOG_INGESTION_PER_GB,
         DASHBOARD_MONTH,
         sync_count,
-        sync_bytes,
         metric_count(catalog, d, high_resolution=True),
         high_alarm_metrics,
         fast,
@@ -454,6 +449,8 @@ class OtlpEstimate:
     gb_per_month: float  # billed
     price_per_gb: float | None  # none published: a parameter
     usd: float | None
+    genai_points_per_cycle: int = 0  # of ``points_per_cycle``, the GenAI server metrics' (--otlp-semconv genai)
+    genai_gb_per_month: float = 0.0  # of ``gb_per_month``, theirs
 
 
 def _split_values(catalog: Catalog, family: str) -> int:
@@ -462,30 +459,43 @@ def _split_values(catalog: Catalog, family: str) -> int:
     return max(1, len(values))
 
 
-def otlp_estimate(d: Deployment, opts: Options, price_per_gb: float | None = None) -> OtlpEstimate:
-    """OTLP points and bytes of one cycle of this deployment, encoded with the real encoder.
+def otlp_cycle(d: Deployment, opts: Options) -> list[tuple[bytes, int]]:
+    """One task's cycle of the OTLP output for this deployment (capped: :meth:`Deployment.emitted`), as
+    serialized Metric messages and their point counts, encoded with the real encoder.
 
-    The families are those the OTLP output sends (:func:`catalog.otlp.plan`) of the metrics this
-    deployment emits; every model version (the LLM pack's: every LLM model version), GPU and source gets its
-    series, a family split by a label once per value the catalog reads, a summary its quantiles as a gauge and
-    its ``_sum``/``_count``; histograms have :data:`HISTOGRAM_BOUNDS` bounds. The Metric messages come from
-    :class:`telemetry.otlp.metrics.MetricsEncoder` (what the output queues); the resource is the ECS task's,
-    from the same attributes the output sends.
+    The families are those the OTLP output sends (:func:`catalog.otlp.plan`) of the metrics this deployment
+    emits, each only where the deployment has what it ``requires`` (an LLM backend, a Triton flag); every model
+    version (the LLM pack's: every LLM model version), GPU and source gets its series, a family split by a label
+    once per value the catalog reads, a summary its quantiles as a gauge and its ``_sum``/``_count``;
+    histograms have :data:`HISTOGRAM_BOUNDS` bounds, and a family read by model kind carries ``decoupled``
+    (the LLM models stream, the others not). With ``otlp_semconv`` genai, each generative model version
+    (:func:`catalog.genai.operation`: the LLM models) also gets the GenAI server metrics it has a source for,
+    on its source's bounds with the spec's attributes (:func:`_genai`).
     """
     catalog = opts.catalog
-    d = d.emitted()
+    d = replace(d.emitted(), otlp=True)  # an OTLP output is what is priced: the exporter counts it too
     emitted = emitted_metrics(catalog, d)
-    sent = plan(Catalog(catalog.defined, catalog.families, [m.name for m in emitted], catalog.files))
+    selected = Catalog(catalog.defined, catalog.families, [m.name for m in emitted], catalog.files)
+    sent = plan(selected)
+    features = d.features()
     llm_models = min(d.llm_models, d.models)
     name = "m" * d.model_name_length
     labels: dict[str, dict[str, str]] = {}
 
-    def keys(family_labels: tuple[str, ...], models: int, split: int) -> list[str]:
+    def model_name(i: int) -> str:
+        return f"{name[:-6]}{i:06d}"
+
+    def keys(family_labels: tuple[str, ...], models: int, split: int, by_kind: bool = False) -> list[str]:
         if "gpu_uuid" in family_labels:
             rows = [{"gpu_uuid": f"GPU-{g:08d}-0000-0000-0000-000000000000"} for g in range(d.gpus)]
         elif "model" in family_labels:
             versions = range(1, d.versions + 1)
-            rows = [{"model": f"{name[:-6]}{i:06d}", "version": str(v)} for i in range(models) for v in versions]
+            rows = [
+                {"model": model_name(i), "version": str(v)}
+                | ({DECOUPLED: "true" if i < llm_models else "false"} if by_kind else {})
+                for i in range(models)
+                for v in versions
+            ]
         elif "source" in family_labels:
             rows = [{"source": f"source_{i}"} for i in range(sources(d))]
         else:
@@ -502,32 +512,86 @@ def otlp_estimate(d: Deployment, opts: Options, price_per_gb: float | None = Non
 
     enc = MetricsEncoder(resource_labels=12)
     enc.begin(1_800_000_000 * 10**9)
+    histograms: dict[str, list[HistogramPoint]] = {}
     for fam in sent.families:
-        if fam.source == "nvml" and not d.nvml:
+        if (fam.source == "nvml" and not d.nvml) or (fam.requires and fam.requires not in features):
             continue
         models = llm_models if fam.requires in LLM_BACKENDS else d.models
         split = _split_values(catalog, fam.name)
         if fam.type == "histogram":
             bounds = [float(2**i) for i in range(HISTOGRAM_BOUNDS)]
-            hist = [
+            hist = histograms[fam.name] = [
                 HistogramPoint(k, bounds, list(range(1, HISTOGRAM_BOUNDS + 2)), 1234.5)
-                for k in keys(fam.labels, models, 1)
+                for k in keys(fam.labels, models, 1, fam.name in sent.by_kind)
             ]
-            enc.histogram(fam.name, hist, labels.__getitem__)
+            enc.histogram(fam.name, hist, labels.__getitem__, fam.help)
         elif fam.type == "summary":
             quantiles = keys((*fam.labels, "quantile"), models, split)
-            enc.gauge(fam.name, dict.fromkeys(quantiles, 123.0), labels.__getitem__)
+            enc.gauge(fam.name, dict.fromkeys(quantiles, 123.0), labels.__getitem__, fam.help)
             series = dict.fromkeys(keys(fam.labels, models, 1), 1234.0)
             enc.counter(f"{fam.name}_sum", series, labels.__getitem__)
             enc.counter(f"{fam.name}_count", series, labels.__getitem__)
         elif fam.type == "counter":
-            enc.counter(fam.name, dict.fromkeys(keys(fam.labels, models, split), 1234.0), labels.__getitem__)
+            series = dict.fromkeys(keys(fam.labels, models, split), 1234.0)
+            enc.counter(fam.name, series, labels.__getitem__, fam.help)
         else:
-            enc.gauge(fam.name, dict.fromkeys(keys(fam.labels, models, split), 12.5), labels.__getitem__)
+            series = dict.fromkeys(keys(fam.labels, models, split), 12.5)
+            enc.gauge(fam.name, series, labels.__getitem__, fam.help)
+    if d.otlp_semconv == "genai":
+        generative = {model_name(i): GENAI_BACKENDS[d.llm_backend] for i in range(llm_models)}
+        _genai(enc, selected, histograms, labels, generative)
     for _, scope, own in sent.own:
         own_labels = {Scope.MODEL: MODEL_LABELS, Scope.SOURCE: ("source",)}.get(scope, ())
         enc.gauge(own, dict.fromkeys(keys(own_labels, d.models, 1), 1.0), labels.__getitem__)
-    items = enc.finish()
+    return enc.finish()
+
+
+# The models of the estimate as the exporter's rule for GenAI sees them: an LLM model streams (decoupled) on its
+# backend (Triton's name for it), any other model is a classifier that does not.
+GENAI_BACKENDS = {"vllm": "vllm", "tensorrt_llm": "tensorrtllm"}
+PLAIN_BACKEND = "onnxruntime"
+
+
+def _genai(
+    enc: MetricsEncoder,
+    selected: Catalog,
+    histograms: dict[str, list[HistogramPoint]],
+    labels: dict[str, dict[str, str]],
+    generative: dict[str, str],
+) -> None:
+    """The GenAI server metrics of ``histograms`` (the source families' points), as the OTLP output makes them:
+    per model version that is generative (``generative``: model -> its backend), the first source it has
+    (:func:`catalog.genai.plan`'s order), bounds and sum in seconds, the spec's attributes."""
+    for planned in semconv.plan(selected):
+        taken: set[tuple[str, str]] = set()
+        points: list[HistogramPoint] = []
+        for source in planned.sources:
+            found: set[tuple[str, str]] = set()
+            for h in histograms.get(source.input.sample, ()):
+                row = labels[h.key]
+                entity = (row["model"], row["version"])
+                decoupled = row["model"] in generative
+                op = semconv.operation(None, decoupled, generative.get(row["model"], PLAIN_BACKEND))
+                wanted = source.input.decoupled is None or source.input.decoupled is decoupled
+                if op is None or not wanted or entity in taken:
+                    continue
+                found.add(entity)
+                key = f"{op}\x1d{h.key}"
+                labels[key] = semconv.attributes(row, op)
+                bounds = [semconv.bound_seconds(b, source.factor) for b in h.bounds]
+                total = None if h.sum is None else semconv.seconds(h.sum, source.factor)
+                points.append(HistogramPoint(key, bounds, h.cumulative, total))
+            taken |= found
+        enc.histogram(planned.metric.name, points, labels.__getitem__, planned.metric.description, semconv.UNIT)
+
+
+def otlp_estimate(d: Deployment, opts: Options, price_per_gb: float | None = None) -> OtlpEstimate:
+    """OTLP points and bytes a month of this deployment (:func:`otlp_cycle`, one per task and interval).
+
+    The resource is the ECS task's, from the same attributes the output sends, billed with every point.
+    """
+    d = d.emitted()
+    items = otlp_cycle(d, opts)
     points = sum(n for _, n in items)
     request_bytes = sum(len(data) for data, _ in items)
     resource = Resource(
@@ -541,16 +605,23 @@ def otlp_estimate(d: Deployment, opts: Options, price_per_gb: float | None = Non
     scope_bytes = InstrumentationScope(name=SCOPE_NAME, version=COMMON["exporter_version"]).ByteSize()
     per_point = request_bytes / points if points else 0.0
     billed = per_point + resource.ByteSize() + scope_bytes
-    per_month = points * d.tasks * HOURS_PER_MONTH * 3600 / d.interval
-    gb = per_month * billed / 1e9
+    cycles = d.tasks * HOURS_PER_MONTH * 3600 / d.interval
+    gb = points * cycles * billed / 1e9
+    genai_names = {g.name for g in semconv.METRICS}
+    genai = [(data, n) for data, n in items if OtlpMetric.FromString(data).name in genai_names]
+    genai_points = sum(n for _, n in genai)
+    # a GenAI point's own bytes in the requests, plus the resource and scope every point is billed with
+    genai_bytes = sum(len(data) for data, _ in genai) + genai_points * (billed - per_point)
     return OtlpEstimate(
         points * d.tasks,
         per_point,
         billed,
-        per_month,
+        points * cycles,
         gb,
         price_per_gb,
         None if price_per_gb is None else gb * price_per_gb,
+        genai_points * d.tasks,
+        genai_bytes * cycles / 1e9,
     )
 
 
@@ -646,6 +717,15 @@ OPTIONS: tuple[Option, ...] = (
         _at_least(1),
         "as the sidecar's setting: model versions it emits per task (models x versions beyond it are not emitted)",
     ),
+    Option(
+        "otlp_semconv",
+        "--otlp-semconv",
+        (),
+        choice(*SEMCONVS),
+        "as the sidecar's setting (OtlpSemconv): genai prices the GenAI server metrics of the LLM models too "
+        "(implies --otlp)",
+        metavar="|".join(SEMCONVS),
+    ),
     *cli.OPTIONS,
 )
 
@@ -703,6 +783,7 @@ def main(argv: Sequence[str], prog: str = "python -m render cost") -> int:
     if not deployment.get("llm_models", 0) <= deployment["models"]:
         sys.stderr.write("error: need --llm-models <= --models\n")
         return 2
+    otlp = args.otlp or args.otlp_price_per_gb is not None or deployment.get("otlp_semconv", "off") != "off"
     d = Deployment(
         **deployment,
         nvml=not args.no_nvml,
@@ -710,7 +791,7 @@ def main(argv: Sequence[str], prog: str = "python -m render cost") -> int:
         histograms=args.histograms,
         modelsync=not args.no_modelsync,
         rollouts=args.rollouts and not args.no_modelsync,
-        otlp=args.otlp or args.otlp_price_per_gb is not None,
+        otlp=otlp,
         tracing=args.tracing,
         gpm=args.gpm,
         gpu_drain=args.gpu_drain,
@@ -747,7 +828,7 @@ def main(argv: Sequence[str], prog: str = "python -m render cost") -> int:
         )
     )
     w(f"dashboard:             {1:>10}   ${e.dashboard_usd:>10,.2f}/month\n")
-    if args.otlp or args.otlp_price_per_gb is not None:
+    if d.otlp:
         o = otlp_estimate(d, opts, args.otlp_price_per_gb)
         price = "no price (--otlp-price-per-gb)" if o.usd is None else f"${o.usd:,.2f}/month"
         w(
@@ -757,6 +838,12 @@ def main(argv: Sequence[str], prog: str = "python -m render cost") -> int:
             f"  bytes per point:     {o.billed_bytes_per_point:>10,.0f} billed (with the ECS resource), "
             f"{o.request_bytes_per_point:.0f} in the requests; not in the total below\n"
         )
+        if d.otlp_semconv == "genai":
+            w(
+                f"  of them GenAI:       {o.genai_points_per_cycle:>10,} points a cycle, "
+                f"{o.genai_gb_per_month:,.2f} GB/month (gen_ai.server.*, "
+                + ("per LLM model version it has a source for)\n" if d.llm_models else "none: no --llm-models)\n")
+            )
     w(f"total:                              ${e.total_usd:>10,.2f}/month\n\nAssumptions:\n")
     for a in ASSUMPTIONS:
         w(f"- {a}\n")

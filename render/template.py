@@ -26,7 +26,7 @@ from .alarms import (
     used_policies,
 )
 from .base.options import Options
-from .base.params import PARAMETERS, Ref, api_fields, parameter_values
+from .base.params import PARAMETERS, Ref, parameter_values
 
 _TOKEN = re.compile(r"\$\{[A-Za-z0-9:]+\}")
 
@@ -184,27 +184,27 @@ def build(opts: Options) -> dict[str, Any]:
             }
     conditions: set[str] = set()
     for rule in insight_rule_specs(opts):
-        resources[_logical("InsightRule", rule["_file"])] = {
+        resources[_logical("InsightRule", rule.file)] = {
             "Type": "AWS::CloudWatch::InsightRule",
-            "Condition": _condition(rule["_condition"], conditions),
+            "Condition": _condition(rule.condition, conditions),
             "Properties": {
-                "RuleName": _cfn(rule["RuleName"]),
-                "RuleState": rule["RuleState"],
-                "RuleBody": _cfn(rule["RuleDefinition"]),
+                "RuleName": _cfn(rule.body["RuleName"]),
+                "RuleState": rule.body["RuleState"],
+                "RuleBody": _cfn(rule.body["RuleDefinition"]),
             },
         }
     for spec in [*specs, *promql_specs(opts)]:
         res: dict[str, Any] = {
             "Type": "AWS::CloudWatch::Alarm",
-            "Properties": {**_cfn(api_fields(spec)), **_actions(spec["_actions"])},
+            "Properties": {**_cfn(spec.body), **_actions(spec.actions)},
         }
-        if spec["_actions"] and all(a in SCALING_ACTIONS for a in spec["_actions"]):
+        if spec.actions and all(a in SCALING_ACTIONS for a in spec.actions):
             res["Condition"] = "ScalingEnabled"
-        if "_condition" in spec:
-            res["Condition"] = _condition(spec["_condition"], conditions)
-        if "_rules" in spec:  # INSIGHT_RULE_METRIC names them: create them first
-            res["DependsOn"] = [_logical("InsightRule", r) for r in spec["_rules"]]
-        resources[_logical("Alarm", spec["_file"])] = res
+        if spec.condition:
+            res["Condition"] = _condition(spec.condition, conditions)
+        if spec.rules:  # INSIGHT_RULE_METRIC names them: create them first
+            res["DependsOn"] = [_logical("InsightRule", r) for r in spec.rules]
+        resources[_logical("Alarm", spec.file)] = res
     resources["Dashboard"] = {
         "Type": "AWS::CloudWatch::Dashboard",
         "Condition": "DashboardEnabled",

@@ -24,6 +24,8 @@ from typing import Any
 
 from .alarms import (
     SCALING_ACTIONS,
+    RuleSpec,
+    Spec,
     alarm_specs,
     has_scaling,
     insight_rule_specs,
@@ -32,7 +34,7 @@ from .alarms import (
     used_policies,
 )
 from .base.options import Options
-from .base.params import PARAMETERS, Param, Ref, api_fields, parameter_values
+from .base.params import PARAMETERS, Param, Ref, parameter_values
 from .template import dashboard_body_template, dashboard_parameters
 
 ALARMS_FILE = "deploy/terraform/alarms.tf.json"
@@ -195,18 +197,18 @@ def _policy_arns(kinds: list[str]) -> str:
     return "[" + ", ".join(f"aws_appautoscaling_policy.{k}[0].arn" for k in kinds) + "]"
 
 
-def alarm_resource(spec: dict[str, Any]) -> dict[str, Any]:
+def alarm_resource(spec: Spec) -> dict[str, Any]:
     body: dict[str, Any] = {}
-    kinds = spec["_actions"]
+    kinds = spec.actions
     scaling = [k for k in kinds if k in SCALING_ACTIONS]
     notify = "notify" in kinds
     if kinds and not notify:  # as in the CloudFormation template: scaling-only alarms exist with scaling
         body["count"] = _enabled("EnableScaling")
-    if "_condition" in spec:
-        body["count"] = _enabled(spec["_condition"])
-    if "_rules" in spec:  # INSIGHT_RULE_METRIC names them: create them first
-        body["depends_on"] = [f"{INSIGHT_RULE}.{resource_name(r)}" for r in spec["_rules"]]
-    for key, value in _args(api_fields(spec), ALARM_ARGS, "PutMetricAlarm").items():
+    if spec.condition:
+        body["count"] = _enabled(spec.condition)
+    if spec.rules:  # INSIGHT_RULE_METRIC names them: create them first
+        body["depends_on"] = [f"{INSIGHT_RULE}.{resource_name(r)}" for r in spec.rules]
+    for key, value in _args(spec.body, ALARM_ARGS, "PutMetricAlarm").items():
         if key == "dimensions":
             if value:
                 body[key] = _dimensions(value)
@@ -230,14 +232,14 @@ def alarm_resource(spec: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def insight_rule_resource(rule: dict[str, Any]) -> dict[str, Any]:
-    body = {"count": _enabled(rule["_condition"])} if "_condition" in rule else {}
-    body |= {k: tf_value(v) for k, v in _args(api_fields(rule), RULE_ARGS, "PutInsightRule").items()}
+def insight_rule_resource(rule: RuleSpec) -> dict[str, Any]:
+    body = {"count": _enabled(rule.condition)} if rule.condition else {}
+    body |= {k: tf_value(v) for k, v in _args(rule.body, RULE_ARGS, "PutInsightRule").items()}
     body["tags"] = "${var.tags}"
     return body
 
 
-def scaling_resources(alarms: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+def scaling_resources(alarms: list[Spec]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The scalable target and the step policies the scaling alarms of ``alarms`` invoke (none without them)."""
     if not has_scaling(alarms):
         return {}, {}
@@ -312,7 +314,7 @@ def _json_text(expression: str) -> str:
 def module_file(opts: Options) -> dict[str, Any]:
     values = parameter_values(opts)
     specs = [*alarm_specs(opts), *promql_specs(opts)]
-    alarms = {resource_name(s["_file"]): alarm_resource(s) for s in specs}
+    alarms = {resource_name(s.file): alarm_resource(s) for s in specs}
     if len(alarms) != len(specs):
         raise ValueError("two alarms make the same Terraform resource name")
     target, policies = scaling_resources(specs)
@@ -321,7 +323,7 @@ def module_file(opts: Options) -> dict[str, Any]:
         for p, kind in dashboard_parameters().items()
     }
     names = {
-        s["_file"]: (
+        s.file: (
             f"${{one(aws_cloudwatch_metric_alarm.{r}[*].alarm_name)}}"
             if "count" in alarms[r]
             else f"${{aws_cloudwatch_metric_alarm.{r}.alarm_name}}"
@@ -343,7 +345,7 @@ def module_file(opts: Options) -> dict[str, Any]:
         },
         "resource": {
             **({"aws_appautoscaling_target": target, "aws_appautoscaling_policy": policies} if target else {}),
-            INSIGHT_RULE: {resource_name(r["_file"]): insight_rule_resource(r) for r in insight_rule_specs(opts)},
+            INSIGHT_RULE: {resource_name(r.file): insight_rule_resource(r) for r in insight_rule_specs(opts)},
             "aws_cloudwatch_metric_alarm": alarms,
         },
         "output": {

@@ -143,7 +143,6 @@ class Encoder:
             if m.resolution not in (HIGH_RESOLUTION, STANDARD_RESOLUTION):
                 raise ValueError(f"metric {m.name}: storage resolution must be 1 or 60")
         self._directive_json: dict[tuple[str, ...], bytes] = {}  # the directives repeat: serialised once
-        self.oversize = 0  # events that had to drop properties or be split to fit MAX_EVENT_BYTES
 
     def directives(self, names: tuple[str, ...]) -> list[dict[str, object]]:
         """Directive list for an event carrying exactly these metrics (``_join`` caches its JSON)."""
@@ -168,23 +167,38 @@ class Encoder:
 
     def encode(self, event: Event, timestamp_ms: int) -> list[bytes]:
         """One or more JSON documents for the event (more only if it would exceed MAX_EVENT_BYTES)."""
+        return self.encode_counted(event, timestamp_ms)[0]
+
+    def encode_all(self, events: Iterable[Event], timestamp_ms: int) -> tuple[list[bytes], int]:
+        """Every event's documents, and how many of the events had to be cut down to fit MAX_EVENT_BYTES."""
+        out: list[bytes] = []
+        cut = 0
+        for event in events:
+            docs, oversize = self.encode_counted(event, timestamp_ms)
+            out += docs
+            cut += oversize
+        return out, cut
+
+    def encode_counted(self, event: Event, timestamp_ms: int) -> tuple[list[bytes], bool]:
+        """The event's documents, and whether it had to lose its properties (or be split) to fit."""
         values: Mapping[str, object] = event.values
         if not (event.values.keys() <= self.metrics.keys() and math.isfinite(sum(event.values.values()))):
             # Never taken by the pipeline (the transform drops non-finite values); kept as the guard.
             values = {k: v for k, v in event.values.items() if k in self.metrics and _finite(v)}
         if event.distributions:
             values = {**values, **{k: d for k, d in event.distributions.items() if k in self.metrics}}
-        return self._encode(event, values, timestamp_ms, split=False)
+        if not values:
+            return [], False
+        data = self._join(tuple(values), {**event.properties, **event.dimensions, **values}, timestamp_ms)
+        if len(data) <= MAX_EVENT_BYTES:
+            return [data], False
+        return self._cut_down(event, values, timestamp_ms), True
 
-    def _encode(self, event: Event, values: Mapping[str, object], timestamp_ms: int, split: bool) -> list[bytes]:
+    def _cut_down(self, event: Event, values: Mapping[str, object], timestamp_ms: int) -> list[bytes]:
+        """The event without its properties, split in halves of its metrics until each half fits."""
         if not values:
             return []
         names = tuple(values)
-        if not split:
-            data = self._join(names, {**event.properties, **event.dimensions, **values}, timestamp_ms)
-            if len(data) <= MAX_EVENT_BYTES:
-                return [data]
-            self.oversize += 1
         data = self._join(names, {"truncated": True, **event.dimensions, **values}, timestamp_ms)
         if len(data) <= MAX_EVENT_BYTES:
             return [data]
@@ -193,7 +207,7 @@ class Encoder:
             return []
         first = {k: values[k] for k in names[:half]}
         rest = {k: values[k] for k in names[half:]}
-        return self._encode(event, first, timestamp_ms, True) + self._encode(event, rest, timestamp_ms, True)
+        return self._cut_down(event, first, timestamp_ms) + self._cut_down(event, rest, timestamp_ms)
 
     def _join(self, names: tuple[str, ...], root: dict[str, object], ts: int) -> bytes:
         """``{"_aws":{...}, **root}``: the directive JSON repeats across events, so it is serialised once.

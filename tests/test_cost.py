@@ -20,6 +20,7 @@ from exporter.sources.nvml import NvmlSource
 from exporter.sources.promtext import Parser
 from modelsync.metrics import ModelState, Recorder
 from render import cost
+from render.alarms import Spec
 from render.base.options import Options
 from telemetry.sinks import StreamSink
 from tests.support.nvml_fake import FakeNvml, gpus
@@ -239,10 +240,11 @@ def test_alarms_bill_insights_alarms_per_model() -> None:
 def test_high_resolution_alarms_are_billed_three_times_a_standard_one() -> None:
     """A 10 s alarm on a signal costs $0.30 an alarm metric, the same alarm at 60 s $0.10."""
     d = cost.Deployment(5)
-    spec = {"_actions": (), "_metric": "TaskPendingRequests", "MetricName": "TaskPendingRequests", "Period": 10}
+    body = {"MetricName": "TaskPendingRequests", "Period": 10}
+    spec = Spec("x", body, (), metric="TaskPendingRequests")
     assert cost.alarm_metric_counts(CATALOG, d, [spec]) == (0, 1)
-    assert cost.alarm_metric_counts(CATALOG, d, [{**spec, "Period": 60}]) == (1, 0)
-    math_ = {"_actions": (), "_metric": "X", "_terms": ["A", "B"], "Metrics": [{"MetricStat": {"Period": 10}}]}
+    assert cost.alarm_metric_counts(CATALOG, d, [replace(spec, body={**body, "Period": 60})]) == (1, 0)
+    math_ = Spec("y", {"Metrics": [{"MetricStat": {"Period": 10}}]}, (), metric="A", terms=("A", "B"))
     assert cost.alarm_metric_counts(CATALOG, d, [math_]) == (0, 2)
 
 

@@ -66,11 +66,15 @@ def test_more_than_100_metrics_are_split_across_directives():
 def test_oversize_event_drops_properties_then_still_valid():
     enc, event = _event(3)
     event.properties["reason"] = "r" * (300 * 1024)
-    [doc] = enc.encode(event, NOW)
+    [doc], cut = enc.encode_counted(event, NOW)
     assert len(doc) < emf.MAX_EVENT_BYTES
     assert orjson.loads(doc)["truncated"] is True
     assert validate(doc, NOW) == []
-    assert enc.oversize == 1
+    assert cut is True
+    _, small = _event(3)
+    assert enc.encode_counted(small, NOW)[1] is False
+    docs, oversize = enc.encode_all([small, event, small], NOW)  # one count per event that was cut down
+    assert len(docs) == 3 and oversize == 1
 
 
 def test_non_finite_values_never_reach_the_document():

@@ -23,9 +23,9 @@ from demo.payloads import triton_metrics
 from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.sources import SourceError
-from exporter.sources.http import Response
 from exporter.sources.promtext import Parser
 from exporter.sources.triton import TritonMetricsSource, parse_index
+from triton_http import Response
 
 from .support.helpers import CATALOG, IndexSource, documents, task_doc
 

@@ -28,7 +28,8 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
-SHIPPED = ("telemetry", "catalog", "exporter", "modelsync", "triton_side", "render")  # the packages the wheel holds
+# the packages the wheel holds
+SHIPPED = ("telemetry", "catalog", "triton_http", "exporter", "modelsync", "triton_side", "render")
 TRITON_DOCKERFILE = ROOT / "deploy" / "triton.Dockerfile"
 LOCK = ROOT / "requirements.lock"
 DEV_LOCK = ROOT / "requirements-dev.lock"
@@ -247,7 +248,7 @@ def test_runtime_dependencies_are_what_the_shipped_code_imports():
     imported: set[str] = set()
     shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     packages = sorted({p.rstrip("*") for p in shipped})
-    assert packages == ["catalog", "exporter", "modelsync", "render", "telemetry", "triton_side"]
+    assert packages == ["catalog", "exporter", "modelsync", "render", "telemetry", "triton_http", "triton_side"]
     for path in (p for package in packages for p in (ROOT / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):

@@ -7,11 +7,12 @@ modules, and between packages (each directory is one node), so two modules
 of different packages cannot lean on each other through a third.
 
 The layers, bottom up: ``telemetry`` (output: encoders, transports, logs,
-settings), ``catalog`` (what is emitted, as data), then ``exporter``,
-``modelsync`` and ``render`` (the deploy artifacts' generator) side by side
-(none imports another, but for the exporter's ``render``/``cost`` command
-aliases, named as strings); ``triton_side`` is standard library only (it runs
-in the Triton image).
+settings), ``catalog`` (what is emitted, as data), ``triton_http`` (the
+bounded HTTP client both daemons call Triton with, importing nothing of ours),
+then ``exporter``, ``modelsync`` and ``render`` (the deploy artifacts'
+generator) side by side (none imports another, but for the exporter's
+``render``/``cost`` command aliases, named as strings); ``triton_side`` is
+standard library only (it runs in the Triton image).
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("telemetry", "catalog", "exporter", "modelsync", "render", "triton_side")
+PACKAGES = ("telemetry", "catalog", "triton_http", "exporter", "modelsync", "render", "triton_side")
 # What each top-level package may import of ours (the rest of the graph must point down to these).
 ALLOWED = {
     "telemetry": set(),
     "catalog": {"telemetry"},
-    "exporter": {"telemetry", "catalog", "triton_side", "render"},  # render: the command aliases only (below)
-    "modelsync": {"telemetry", "catalog"},
+    "triton_http": set(),
+    "exporter": {"telemetry", "catalog", "triton_http", "triton_side", "render"},  # render: the aliases only (below)
+    "modelsync": {"telemetry", "catalog", "triton_http"},
     "render": {"telemetry", "catalog"},
     "triton_side": set(),
 }

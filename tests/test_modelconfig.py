@@ -11,7 +11,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import orjson
 import pytest
 
-from exporter.sources.http import make_session
 from exporter.sources.modelconfig import parse_config
 from exporter.sources.triton import TritonIndexSource
 
@@ -76,7 +75,7 @@ def slow_triton() -> Iterator[str]:
 
 
 def test_configuration_reads_stay_within_the_sources_timeout(slow_triton):
-    source = TritonIndexSource(slow_triton, 0.5, 1 << 20, make_session())
+    source = TritonIndexSource(slow_triton, 0.5, 1 << 20)
     start = time.monotonic()
     got = source.collect(1.0)
     took = time.monotonic() - start

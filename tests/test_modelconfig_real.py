@@ -21,7 +21,6 @@ from exporter.config import Settings
 from exporter.pipeline import Pipeline
 from exporter.series import model_key
 from exporter.sources import SourceError
-from exporter.sources.http import make_session
 from exporter.sources.triton import TritonIndexSource
 
 from .support.helpers import CATALOG, TextSource, documents, model_doc
@@ -85,7 +84,7 @@ def stream(server: TritonServer, text: str) -> int:
 
 
 def test_decoupled_comes_from_the_model_config_api_once_per_version(server):
-    source = TritonIndexSource(server.url, 1.0, 1 << 20, make_session())
+    source = TritonIndexSource(server.url, 1.0, 1 << 20)
     got = source.collect(5.0)
     assert got.server_version == "2.51.0"
     configs = got.configs
@@ -105,7 +104,7 @@ def test_decoupled_comes_from_the_model_config_api_once_per_version(server):
 
 
 def test_a_failed_index_read_forgets_what_was_read(server):
-    source = TritonIndexSource(server.url, 1.0, 1 << 20, make_session())
+    source = TritonIndexSource(server.url, 1.0, 1 << 20)
     assert source.collect(5.0).configs
     good = source.url
     source.url = server.url + "/v2/repository/nothing"
@@ -143,7 +142,7 @@ def test_26_01_first_response_becomes_ttft_for_the_decoupled_model_and_request_l
     before = base + first_response({"add": (0, 0, 0), "stream": (0, 0, 0)})
     after = base + first_response({"add": (4, 6, 6), "stream": (1, 3, 3)})
     clock = [0.0]
-    index = TritonIndexSource(server.url, 1.0, 1 << 20, make_session())
+    index = TritonIndexSource(server.url, 1.0, 1 << 20)
     pipe = Pipeline(Settings(nvml="off"), CATALOG, [TextSource(before, after), index], clock=lambda: clock[0])
     pipe.cycle()
     clock[0] += 10

@@ -239,7 +239,7 @@ def test_series_printed_twice_are_counted_in_duplicate_series():
 
 
 def test_events_cut_down_to_fit_are_counted_in_events_oversize():
-    """Encoder.oversize was counted and never reported: the task event carries this cycle's count."""
+    """Every event cut down to fit is counted in the task event's EventsOversize, the task event included."""
 
     class Metadata:  # task identity so large that every event carrying it must drop its properties
         name, kind = "ecs_metadata", SourceKind.METADATA

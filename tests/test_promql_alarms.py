@@ -99,7 +99,7 @@ def test_the_template_creates_them_only_with_otlp_metrics() -> None:
 
 
 def _queries(opts: Options) -> dict[str, str]:
-    return {s["_file"]: s["EvaluationCriteria"]["PromQLCriteria"]["Query"] for s in promql_specs(opts)}
+    return {s.file: s.body["EvaluationCriteria"]["PromQLCriteria"]["Query"] for s in promql_specs(opts)}
 
 
 def test_the_conditions_of_the_classic_alarms_are_covered_with_the_same_thresholds(files) -> None:

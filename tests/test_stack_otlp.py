@@ -10,7 +10,11 @@ module too. Offline:
   output first and CloudWatch's OTLP endpoint in the stack's region (SigV4, service monitoring) after it, and
   the role gets cloudwatch:PutMetricData (no resource-level permissions: Resource "*") and nothing else;
 - the nested alarms stack gets the switch, and with it the PromQL alarms;
-- botocore's ECS model accepts the task definition either way.
+- botocore's ECS model accepts the task definition either way;
+- OtlpSemconv (off by default): with OtlpMetrics and genai, the exporter alone gets EXPORTER_OTLP_SEMCONV=genai
+  (the GenAI server metrics, docs/otlp.md); without OtlpMetrics nothing changes, since the exporter refuses
+  the setting without an OTLP output: in every combination the exporter's own settings loader accepts its
+  environment (tests/test_terraform.py's "otlp-genai" and "genai-without-otlp" scenarios: the module agrees).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import botocore.session
 import pytest
 from botocore.validate import validate_parameters
 
+from catalog.otlp import SEMCONVS
 from exporter.config import load
 from render.alarms.promql import PROMQL
 from telemetry.otlp.endpoint import Endpoint
@@ -34,6 +39,7 @@ from tests.test_stack_tracing import env_of
 
 ROOT = Path(__file__).resolve().parent.parent
 ON = {"OtlpMetrics": "true"}
+GENAI = {"OtlpSemconv": "genai"}
 EMF = "tcp://127.0.0.1:25888"
 
 
@@ -129,3 +135,72 @@ def test_docs_say_how_to_deploy_it() -> None:
     section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
     for needed in ("OtlpMetrics=true", "otlp_metrics = true", "cloudwatch:PutMetricData", "cloudwatch:namespace"):
         assert needed in section, needed
+
+
+# --- OtlpSemconv: the GenAI server metrics ---------------------------------------------------------------
+
+
+def test_otlp_semconv_is_off_by_default_and_takes_the_exporters_values(template) -> None:
+    p = template["Parameters"]["OtlpSemconv"]
+    assert p["Default"] == "off" and p["AllowedValues"] == ["off", "genai"]
+    assert tuple(p["AllowedValues"]) == SEMCONVS  # the exporter's --otlp-semconv values
+    assert not mk(template).condition("OtlpSemconvEnabled")
+    assert "EXPORTER_OTLP_SEMCONV" not in env_of(by_name(stack_taskdef(mk(template, **ON)))["exporter"])
+
+
+@pytest.mark.parametrize("modelsync", [{}, MODELSYNC], ids=["plain", "modelsync"])
+@pytest.mark.parametrize("otlp", ["true", "false"])
+@pytest.mark.parametrize("semconv", ["off", "genai"])
+def test_the_exporter_starts_with_every_combination(template, otlp: str, semconv: str, modelsync: dict) -> None:
+    """The exporter refuses EXPORTER_OTLP_SEMCONV without an OTLP output (exit 2): the stack never sets it so."""
+    env = env_of(by_name(stack_taskdef(mk(template, OtlpMetrics=otlp, OtlpSemconv=semconv, **modelsync)))["exporter"])
+    settings = load([], env)  # raises ConfigError on a combination the exporter refuses
+    both = otlp == "true" and semconv == "genai"
+    assert settings.otlp_semconv == ("genai" if both else "off")
+    assert ("EXPORTER_OTLP_SEMCONV" in env) == both and bool(settings.otlp_outputs) == (otlp == "true")
+
+
+def test_genai_without_otlp_changes_nothing(template) -> None:
+    off, alone = mk(template), mk(template, **GENAI)
+    assert not alone.condition("OtlpSemconvEnabled")
+    for name in off.resources():
+        assert off.props(name) == alone.props(name), name
+
+
+def test_genai_adds_one_variable_to_the_exporter_and_nothing_else(template) -> None:
+    on, genai = mk(template, **ON), mk(template, **ON, **GENAI)
+    assert set(genai.resources()) == set(on.resources())
+    for name in on.resources():
+        if name != "TaskDefinition":
+            assert on.props(name) == genai.props(name), name
+    a, b = by_name(stack_taskdef(on)), by_name(stack_taskdef(genai))
+    assert {n for n in a if a[n] != b[n]} == {"exporter"}
+    assert {k for k in a["exporter"] if a["exporter"][k] != b["exporter"][k]} == {"environment"}
+    added = [e for e in b["exporter"]["environment"] if e not in a["exporter"]["environment"]]
+    assert added == [{"name": "EXPORTER_OTLP_SEMCONV", "value": "genai"}]
+    assert [e for e in a["exporter"]["environment"] if e not in b["exporter"]["environment"]] == []
+
+
+@pytest.mark.parametrize("params", [ON | GENAI, ON | GENAI | MODELSYNC], ids=["plain", "modelsync"])
+def test_with_genai_the_task_definition_is_valid_for_ecs(template, params: dict[str, str]) -> None:
+    shape = botocore.session.get_session().get_service_model("ecs").operation_model("RegisterTaskDefinition")
+    validate_parameters(stack_taskdef(mk(template, **params)), shape.input_shape)
+
+
+def test_the_json_files_set_no_semconv() -> None:
+    """The task-definition files have no OTLP output, so no EXPORTER_OTLP_SEMCONV (the exporter would refuse it);
+    their exporter's environment loads as is."""
+    for taskdef in (sample_taskdef(), modelsync_file()):
+        env = env_of(by_name(taskdef)["exporter"])
+        assert "EXPORTER_OTLP_SEMCONV" not in env
+        assert load([], env).otlp_semconv == "off"
+
+
+def test_docs_say_how_to_turn_genai_on() -> None:
+    text = (ROOT / "docs" / "otlp.md").read_text()
+    section = text[text.index("\n## Deploy") :]
+    section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
+    for needed in ("OtlpSemconv=genai", 'otlp_semconv = "genai"', "EXPORTER_OTLP_SEMCONV"):
+        assert needed in section, needed
+    deploy = (ROOT / "docs" / "deploy.md").read_text()
+    assert "`OtlpSemconv`" in deploy and "`otlp_semconv`" in deploy

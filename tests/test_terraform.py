@@ -41,6 +41,7 @@ import pytest
 from hcl2.utils import SerializationOptions
 from lark.exceptions import UnexpectedInput
 
+from exporter.config import load as load_settings
 from render import render
 from render import terraform as tfrender
 from render.alarms import SCALING_ACTIONS, alarm_specs
@@ -160,6 +161,9 @@ SCENARIOS = {
         "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops",
         "ModelSyncBucketName": "example-models",
     },
+    # The GenAI server metrics on the OTLP output; and the switch alone, without an OTLP output: nothing set.
+    "otlp-genai": {"OtlpMetrics": "true", "OtlpSemconv": "genai"},
+    "genai-without-otlp": {"OtlpSemconv": "genai"},
     # GPU faults drain the instance: on an existing cluster without and with its group, and with the stack's own.
     "gpu-drain": {"GpuFaultAction": "drain"},
     "gpu-drain-group": {
@@ -1290,6 +1294,10 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
         if c["name"] == "exporter"
         for e in c["environment"]
     }
+    # The exporter starts with it (it refuses EXPORTER_OTLP_SEMCONV without an OTLP output), with what ECS adds.
+    settings = load_settings([], exporter_env | {"ECS_CONTAINER_METADATA_URI_V4": "http://169.254.170.2/v4/c0ffee"})
+    assert settings.otlp_semconv == exporter_env.get("EXPORTER_OTLP_SEMCONV", "off")
+    assert settings.otlp_semconv == ("genai" if scenario == "otlp-genai" else "off")
     drain = plan.get("aws_iam_role_policy.task_gpu_drain[0]")
     assert exporter_env["EXPORTER_GPU_FAULT_ACTION"] == ("drain" if "gpu-drain" in scenario else "report")
     assert (drain is not None) == ("gpu-drain" in scenario)
@@ -1302,8 +1310,8 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
     if scenario == "defaults":
         # Every alarm but model sync's four (no bucket: no sync-failure, version-skew or rollout alarm, no rules).
         specs = alarm_specs(Options(catalog=CATALOG))
-        assert len(of_type(plan, "aws_cloudwatch_metric_alarm")) == len([s for s in specs if "_condition" not in s])
-        assert len(specs) - len([s for s in specs if "_condition" not in s]) == 4
+        assert len(of_type(plan, "aws_cloudwatch_metric_alarm")) == len([s for s in specs if not s.condition])
+        assert len(specs) - len([s for s in specs if not s.condition]) == 4
         assert not of_type(plan, "aws_cloudwatch_contributor_insight_rule")
         assert len(of_type(plan, "aws_appautoscaling_policy")) == len(SCALING_ACTIONS)  # the LLM one included
         assert not [a for a in plan if ".modelsync" in a]  # no bucket: none of the model sync
@@ -1490,6 +1498,18 @@ OTLP_DRIFTS = [
     ("otlp.tf", "${local.exporter_file_output} otlp+", "otlp+", "container exporter.environment"),
     ("otlp.tf", 'Action = "cloudwatch:PutMetricData"', 'Action = "cloudwatch:PutMetricStream"', "TaskRole policies"),
     ("otlp.tf", "count = local.otlp_metrics ? 1 : 0", "count = 0", "TaskRole policies"),
+    (
+        "otlp.tf",
+        '"EXPORTER_OTLP_SEMCONV", value = var.otlp_semconv',
+        '"EXPORTER_SEMCONV", value = "genai"',
+        "container exporter.environment",
+    ),
+    (
+        "main.tf",
+        "concat(local.tracing_environment, local.otlp_semconv_environment)",
+        "local.tracing_environment",
+        "container exporter.environment",
+    ),
     ("alarms.tf.json", '"pending_period": 600', '"pending_period": 60', "alarm prod-triton-promql-gpu-memory-high"),
     (
         "alarms.tf.json",
@@ -1574,7 +1594,17 @@ CLUSTER_DRIFTS = [
     + [("modelsync-renamed", *d) for d in MODELSYNC_DRIFTS]
     + [("cluster-renamed", *d) for d in CLUSTER_DRIFTS]
     + [("tracing-renamed", *d) for d in TRACING_DRIFTS]
-    + [("otlp-renamed", *d) for d in OTLP_DRIFTS]
+    + [("otlp-renamed", *d) for d in OTLP_DRIFTS if "semconv" not in d[1]]
+    + [("otlp-genai", *d) for d in OTLP_DRIFTS if "semconv" in d[1]]
+    + [
+        (
+            "genai-without-otlp",
+            "otlp.tf",
+            "if local.otlp_metrics && var.otlp_semconv",
+            "if var.otlp_semconv",
+            "container exporter.environment",
+        )
+    ]
     + [(scenario, *d) for d in GPU_DRAIN_DRIFTS for scenario in ("cluster-gpu-drain", "gpu-drain-group")],
 )
 def test_a_drifted_module_fails_the_comparison(

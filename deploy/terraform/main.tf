@@ -74,9 +74,9 @@ locals {
       TRITON_LOG_RETENTION_DAYS = tostring(var.log_retention_days)
     }
   }
-  # Environment variables a container gets beyond the file's (tracing.tf), after them.
+  # Environment variables a container gets beyond the file's (tracing.tf, otlp.tf), after them.
   added_environment = {
-    "exporter" = local.tracing_environment
+    "exporter" = concat(local.tracing_environment, local.otlp_semconv_environment)
   }
   model_volume = "model-repository"
   router       = one([for c in local.task_definition.containerDefinitions : c if c.name == "log_router"])

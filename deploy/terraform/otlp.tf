@@ -2,7 +2,8 @@
 # sends the scrape to CloudWatch's OTLP endpoint in this region too, after the file's EMF output (which
 # stays: scaling and the classic alarms read it); the task role may call cloudwatch:PutMetricData; and
 # alarms.tf.json adds the PromQL alarms. otlp_metrics = false (the default): none of it, and the task
-# definition is the file's.
+# definition is the file's. With otlp_semconv = "genai" as well, the output also sends OpenTelemetry's GenAI
+# server metrics (EXPORTER_OTLP_SEMCONV); without otlp_metrics it sets nothing: there is no OTLP output.
 
 locals {
   otlp_metrics = var.otlp_metrics
@@ -16,6 +17,12 @@ locals {
       EXPORTER_OUTPUT = "${local.exporter_file_output} otlp+https://monitoring.${local.region}.${data.aws_partition.current.dns_suffix}/v1/metrics"
     } : key => value if local.otlp_metrics
   }
+  # Added to the exporter's environment (main.tf), as the stack's OtlpSemconvEnabled does: the exporter
+  # refuses EXPORTER_OTLP_SEMCONV without an OTLP output (exit 2 at start), so only with one.
+  otlp_semconv_environment = [
+    for e in [{ name = "EXPORTER_OTLP_SEMCONV", value = var.otlp_semconv }] : e
+    if local.otlp_metrics && var.otlp_semconv != "off"
+  ]
 }
 
 # The OTLP endpoint authorizes cloudwatch:PutMetricData. The action supports no resource-level

@@ -261,6 +261,16 @@ variable "otlp_metrics" {
   default     = false
 }
 
+variable "otlp_semconv" {
+  type        = string
+  description = "With otlp_metrics, genai: the OTLP output also sends OpenTelemetry's GenAI server metrics (gen_ai.server.time_to_first_token, time_per_output_token, request.duration) per LLM model version (EXPORTER_OTLP_SEMCONV; docs/otlp.md). Without otlp_metrics it changes nothing: there is no OTLP output"
+  default     = "off"
+  validation {
+    condition     = contains(["off", "genai"], var.otlp_semconv)
+    error_message = "The otlp_semconv must be off or genai."
+  }
+}
+
 # --- GPU faults (docs/gpu.md; gpufaults.tf) ---------------------------------------------------
 
 variable "gpu_fault_action" {

@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from telemetry.logs import get
+from triton_http import Client, Redirected, RequestFailed, TooLarge
 
 from .verdict import Fault
 
@@ -75,24 +76,18 @@ def region_of(arn: str) -> str:
 
 def read_task_metadata(url: str, timeout: float) -> tuple[str, str]:
     """(cluster, task ARN) from the task metadata endpoint v4; raises DrainFailed."""
-    import requests
-
     try:
-        with requests.Session() as session:
-            session.trust_env = False  # no proxy from the environment for the ECS agent on the host
-            resp = session.get(
-                url.rstrip("/") + "/task", timeout=(timeout, timeout), stream=True, allow_redirects=False
-            )
-            body = resp.raw.read(METADATA_MAX_BYTES + 1, decode_content=True)
-            resp.close()
-    except requests.RequestException as exc:
-        raise DrainFailed("metadata", f"task metadata unreachable: {exc}") from None
-    if resp.status_code != 200:
-        raise DrainFailed("metadata", f"task metadata answered HTTP {resp.status_code}")
-    if len(body) > METADATA_MAX_BYTES:
-        raise DrainFailed("metadata", "task metadata answered more than 1 MiB")
+        resp = Client(timeout, METADATA_MAX_BYTES).get(url.rstrip("/") + "/task", timeout)
+    except TooLarge:
+        raise DrainFailed("metadata", "task metadata answered more than 1 MiB") from None
+    except Redirected as exc:
+        raise DrainFailed("metadata", f"task metadata {exc.reason}") from None
+    except RequestFailed as exc:
+        raise DrainFailed("metadata", f"task metadata unreachable: {exc.reason}") from None
+    if resp.status != 200:
+        raise DrainFailed("metadata", f"task metadata answered HTTP {resp.status}")
     try:
-        data = orjson.loads(body)
+        data = orjson.loads(resp.body)
     except orjson.JSONDecodeError:
         raise DrainFailed("metadata", "task metadata answered non-JSON") from None
     cluster = data.get("Cluster") if isinstance(data, dict) else None

@@ -8,10 +8,11 @@ cached; the endpoint only exists inside ECS (``ECS_CONTAINER_METADATA_URI_V4``).
 from __future__ import annotations
 
 import orjson
-import requests
+
+from triton_http import Client
 
 from . import Collected, SourceError, SourceKind
-from .http import fetch, make_session
+from .fetch import fetch
 
 _FIELDS = {
     "Cluster": "ecs_cluster",
@@ -28,15 +29,14 @@ class EcsMetadataSource:
     name = "ecs_metadata"
     kind = SourceKind.METADATA
 
-    def __init__(self, base_url: str, connect_timeout: float, session: requests.Session | None = None) -> None:
+    def __init__(self, base_url: str, connect_timeout: float, http: Client | None = None) -> None:
         self.url = base_url.rstrip("/") + "/task"
-        self.connect_timeout = connect_timeout
-        self.session = session or make_session()
+        self.http = http or Client(connect_timeout, 1 << 20)
         self.cached: dict[str, object] | None = None
 
     def collect(self, timeout: float) -> Collected:
         if self.cached is None:
-            resp = fetch(self.session, "GET", self.url, timeout, self.connect_timeout, 1 << 20)
+            resp = fetch(self.http, "GET", self.url, timeout)
             if resp.status != 200:
                 raise SourceError(f"{self.url}: answered HTTP {resp.status}")
             try:
@@ -49,4 +49,4 @@ class EcsMetadataSource:
         return Collected(properties=dict(self.cached))
 
     def close(self) -> None:
-        self.session.close()
+        pass  # the client holds no connection between calls

@@ -22,13 +22,13 @@ from collections.abc import Callable, Sequence
 from urllib.parse import quote
 
 import orjson
-import requests
 
 from telemetry.logs import Conditions, get
+from triton_http import Client, redact
 
 from ..series import model_key
 from . import ModelConfig, SourceError, VersionState
-from .http import fetch, redact
+from .fetch import fetch
 
 MAX_READS_PER_CYCLE = 200
 RETRY_AFTER = 60.0
@@ -96,15 +96,11 @@ class ModelConfigs:
     def __init__(
         self,
         triton_url: str,
-        session: requests.Session,
-        connect_timeout: float,
-        max_bytes: int,
+        http: Client,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.base = triton_url.rstrip("/")
-        self.session = session
-        self.connect_timeout = connect_timeout
-        self.max_bytes = max_bytes
+        self.http = http
         self.clock = clock
         self.known: dict[str, ModelConfig] = {}  # entity key -> configuration
         self.failed: dict[str, tuple[float, str]] = {}  # entity key -> (retry after this clock time, why)
@@ -161,7 +157,7 @@ class ModelConfigs:
 
     def _get(self, path: str, deadline: float) -> bytes:
         left = max(deadline - self.clock(), 0.05)
-        resp = fetch(self.session, "GET", self.base + path, left, self.connect_timeout, self.max_bytes)
+        resp = fetch(self.http, "GET", self.base + path, left)
         if resp.status != 200:
             raise SourceError(f"{redact(path)}: answered HTTP {resp.status}")
         return resp.body

@@ -12,11 +12,12 @@ import time
 from collections.abc import Iterable, Mapping
 
 import orjson
-import requests
+
+from triton_http import Client, redact
 
 from ..series import Exposition
 from . import Collected, SourceError, SourceKind, VersionState
-from .http import fetch, make_session, redact
+from .fetch import fetch
 from .modelconfig import ModelConfigs
 from .promtext import Parser
 
@@ -31,17 +32,15 @@ class TritonMetricsSource:
         parser: Parser,
         connect_timeout: float,
         max_bytes: int,
-        session: requests.Session | None = None,
+        http: Client | None = None,
     ) -> None:
         self.url = url
         self.shown = redact(url)  # for messages: never the credentials
         self.parser = parser
-        self.connect_timeout = connect_timeout
-        self.max_bytes = max_bytes
-        self.session = session or make_session()
+        self.http = http or Client(connect_timeout, max_bytes)
 
     def collect(self, timeout: float) -> Collected:
-        resp = fetch(self.session, "GET", self.url, timeout, self.connect_timeout, self.max_bytes)
+        resp = fetch(self.http, "GET", self.url, timeout)
         if resp.status != 200:
             raise SourceError(f"{self.shown}: answered HTTP {resp.status}")
         head = resp.body[:512].lstrip()
@@ -54,13 +53,13 @@ class TritonMetricsSource:
         return Collected(samples=exposition)
 
     def close(self) -> None:
-        self.session.close()
+        pass  # the client holds no connection between calls
 
     def narrowed(self, wanted: Iterable[str], selects: Mapping[str, tuple[str, frozenset[str]]]) -> TritonMetricsSource:
-        """The same endpoint and session with a parser of ``wanted`` alone: a scrape between full cycles scans
-        only the fast metrics' families of the body. Never used beside this source (one cycle at a time)."""
+        """The same endpoint and client with a parser of ``wanted`` alone: a scrape between full cycles scans
+        only the fast metrics' families of the body."""
         return TritonMetricsSource(
-            self.url, Parser(wanted, selects=selects), self.connect_timeout, self.max_bytes, self.session
+            self.url, Parser(wanted, selects=selects), self.http.connect_timeout, self.http.max_bytes, self.http
         )
 
 
@@ -68,23 +67,19 @@ class TritonIndexSource:
     name = "triton_index"
     kind = SourceKind.TRITON
 
-    def __init__(
-        self, triton_url: str, connect_timeout: float, max_bytes: int, session: requests.Session | None = None
-    ) -> None:
+    def __init__(self, triton_url: str, connect_timeout: float, max_bytes: int, http: Client | None = None) -> None:
         self.url = triton_url.rstrip("/") + "/v2/repository/index"
         self.shown = redact(self.url)  # for messages: never the credentials
-        self.connect_timeout = connect_timeout
-        self.max_bytes = max_bytes
-        self.session = session or make_session()
+        self.http = http or Client(connect_timeout, max_bytes)
         self._last: tuple[bytes, list[VersionState]] | None = None  # the index rarely changes
         self._listed: frozenset[tuple[str, str]] | None = None
         # READY versions' configurations and the server's version, read only when they can have changed
-        self.configs = ModelConfigs(triton_url, self.session, connect_timeout, max_bytes)
+        self.configs = ModelConfigs(triton_url, self.http)
 
     def collect(self, timeout: float) -> Collected:
         start = time.monotonic()
         try:
-            resp = fetch(self.session, "POST", self.url, timeout, self.connect_timeout, self.max_bytes, json_body={})
+            resp = fetch(self.http, "POST", self.url, timeout, {})
             if resp.status != 200:
                 raise SourceError(f"{self.shown}: answered HTTP {resp.status}")
             if self._last is None or self._last[0] != resp.body:
@@ -104,7 +99,7 @@ class TritonIndexSource:
         return self._listed
 
     def close(self) -> None:
-        self.session.close()
+        pass  # the client holds no connection between calls
 
 
 def parse_index(body: bytes, url: str = "index") -> list[VersionState]:

@@ -10,34 +10,31 @@ Triton 2.51), which is how one request is followed end to end.
 from __future__ import annotations
 
 import orjson
-import requests
 
 from telemetry.logs import Conditions, get
+from triton_http import Client
 
 from ..sources import SourceError
-from ..sources.http import fetch
+from ..sources.fetch import fetch
 
 log = get("traces.sampling")
 
 
 class TraceRate:
-    def __init__(self, triton_url: str, rate: int, session: requests.Session, connect_timeout: float = 1.0) -> None:
+    def __init__(self, triton_url: str, rate: int, connect_timeout: float = 1.0) -> None:
         self.url = triton_url.rstrip("/") + "/v2/trace/setting"
         self.rate = str(rate)
-        self.session = session
-        self.connect_timeout = connect_timeout
+        self.http = Client(connect_timeout, 1 << 16)
         self.conditions = Conditions(log)
         self.applied = 0  # times we had to post it (1 at start, one more per Triton restart)
 
     def keep(self, timeout: float) -> None:
         """Read Triton's setting and post ours when it differs; a failure is logged once, never raised."""
         try:
-            resp = fetch(self.session, "GET", self.url, timeout, self.connect_timeout, 1 << 16)
+            resp = fetch(self.http, "GET", self.url, timeout)
             current = orjson.loads(resp.body).get("trace_rate") if resp.status == 200 else None
             if current != self.rate:
-                resp = fetch(
-                    self.session, "POST", self.url, timeout, self.connect_timeout, 1 << 16, {"trace_rate": self.rate}
-                )
+                resp = fetch(self.http, "POST", self.url, timeout, {"trace_rate": self.rate})
                 if resp.status != 200:
                     raise SourceError(f"{self.url}: answered HTTP {resp.status}: {resp.body[:200]!r}")
                 self.applied += 1

@@ -103,8 +103,6 @@ class TraceSource:
 
     def close(self) -> None:
         self.relay.close(2.0)
-        if self.rate is not None:
-            self.rate.session.close()
 
 
 def _ranked(slowest: dict[str, list[ModelRequest]], rank: int) -> list[ModelRequest]:

@@ -6,20 +6,21 @@ import json
 from typing import Any
 
 from ..base.options import Options
-from ..base.params import api_fields, parameter_values, resolve
+from ..base.params import parameter_values, resolve
 from .scaling import SCALING_ACTIONS, has_scaling, scaling_specs, used_policies
+from .spec import Spec
 from .table import alarm_specs, insight_rule_specs, promql_specs
 
 
-def cli_alarm(spec: dict[str, Any], opts: Options) -> dict[str, Any]:
+def cli_alarm(spec: Spec, opts: Options) -> dict[str, Any]:
     """``aws cloudwatch put-metric-alarm --cli-input-json`` body.
 
     Notification actions come from ``--sns-topic-arn``; scaling policy ARNs
     exist only after ``put-scaling-policy``, so apply.sh passes them with
     ``--alarm-actions`` (command-line values override the JSON file).
     """
-    body: dict[str, Any] = resolve(api_fields(spec), parameter_values(opts))
-    if opts.sns_topic_arn and "notify" in spec["_actions"]:
+    body: dict[str, Any] = resolve(spec.body, parameter_values(opts))
+    if opts.sns_topic_arn and "notify" in spec.actions:
         body["AlarmActions"] = [opts.sns_topic_arn]
         body["OKActions"] = [opts.sns_topic_arn]
     return body
@@ -37,14 +38,14 @@ def cli_files(opts: Options) -> dict[str, str]:
         for p in used_policies(specs):
             out[f"scaling/policy-{p.suffix}.json"] = _dump(resolve(policies[p.key], values))
     for rule in insight_rule_specs(opts):
-        out[f"insight-rule-{rule['_file']}.json"] = _dump(resolve(api_fields(rule), values))
+        out[f"insight-rule-{rule.file}.json"] = _dump(resolve(rule.body, values))
     for spec in specs:
-        sub = "scaling/" if scaling and set(spec["_actions"]) & set(SCALING_ACTIONS) else ""
-        out[f"{sub}alarm-{spec['_file']}.json"] = _dump(cli_alarm(spec, opts))
+        sub = "scaling/" if scaling and set(spec.actions) & set(SCALING_ACTIONS) else ""
+        out[f"{sub}alarm-{spec.file}.json"] = _dump(cli_alarm(spec, opts))
     out["apply.sh"] = _apply_script(opts, specs if scaling else [])
     promql = promql_specs(opts)
     for spec in promql:
-        out[f"promql/{spec['_file']}.json"] = _dump(cli_alarm(spec, opts))
+        out[f"promql/{spec.file}.json"] = _dump(cli_alarm(spec, opts))
     if promql:
         out["promql/apply.sh"] = "\n".join(_PROMQL_APPLY) + "\n"
     return out
@@ -91,7 +92,7 @@ _RULES = [
 ]
 
 
-def _apply_script(opts: Options, scaling: list[dict[str, Any]]) -> str:
+def _apply_script(opts: Options, scaling: list[Spec]) -> str:
     """apply.sh; ``scaling``: the alarm specs when the render has scaling (their policies' ARNs are wired in)."""
     topic = opts.sns_topic_arn
     region = "(region: AWS_REGION, else AWS_DEFAULT_REGION, else the AWS CLI's configured one; none: exit 2)"
@@ -139,12 +140,12 @@ def _apply_script(opts: Options, scaling: list[dict[str, Any]]) -> str:
         arns[p.key] = var
         lines.append(f"{var}=$(policy {p.suffix})")
     for spec in scaling:
-        kinds = [a for a in spec["_actions"] if a in SCALING_ACTIONS]
+        kinds = [a for a in spec.actions if a in SCALING_ACTIONS]
         if not kinds:
             continue
-        targets = ([f'"{topic}"'] if topic and "notify" in spec["_actions"] else []) + [f'"${arns[k]}"' for k in kinds]
+        targets = ([f'"{topic}"'] if topic and "notify" in spec.actions else []) + [f'"${arns[k]}"' for k in kinds]
         lines.append(
-            f"aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-{spec['_file']}.json "
+            f"aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-{spec.file}.json "
             f"--alarm-actions {' '.join(targets)}"
         )
     return "\n".join(lines) + "\n"

@@ -26,7 +26,7 @@ import json
 from ..base.options import Options
 from ..base.params import Ref
 from ..base.widgets import emitted
-from .spec import MetricAlarm, Spec
+from .spec import NOTIFY, MetricAlarm, RuleSpec, Spec
 
 FAILURE_PERIOD = 300  # any failed sync in 5 minutes
 SKEW_PERIOD = 300  # at least one reconcile of every task (MODELSYNC_INTERVAL 300 in the shipped deploy)
@@ -87,11 +87,11 @@ def skew_expressions(prefix: str) -> tuple[str, str]:
     )
 
 
-def insight_rule_specs(opts: Options) -> list[Spec]:
+def insight_rule_specs(opts: Options) -> list[RuleSpec]:
     """The two Contributor Insights rules of the version-skew alarm (PutInsightRule shape)."""
     in_sync = emitted(opts.modelsync, "ModelInSync", ("model",))
 
-    def rule(suffix: str, keys: list[str]) -> Spec:
+    def rule(suffix: str, keys: list[str]) -> RuleSpec:
         body = {
             "Schema": {"Name": "CloudWatchLogRule", "Version": 1},
             "LogGroupNames": ["${LogGroupPrefix}/modelsync"],
@@ -100,13 +100,15 @@ def insight_rule_specs(opts: Options) -> list[Spec]:
             "Contribution": {"Keys": keys, "Filters": [{"Match": f"$.{in_sync}", "IsPresent": True}]},
             "AggregateOn": "Count",
         }
-        return {
-            "_file": suffix,
-            "_condition": CONDITION,
-            "RuleName": f"${{AlarmNamePrefix}}-{suffix}",
-            "RuleState": "ENABLED",
-            "RuleDefinition": json.dumps(body, separators=(",", ":")),
-        }
+        return RuleSpec(
+            suffix,
+            {
+                "RuleName": f"${{AlarmNamePrefix}}-{suffix}",
+                "RuleState": "ENABLED",
+                "RuleDefinition": json.dumps(body, separators=(",", ":")),
+            },
+            CONDITION,
+        )
 
     return [rule(RULE_ARTIFACTS, ["$.model", "$.ModelArtifact"]), rule(RULE_MODELS, ["$.model"])]
 
@@ -115,12 +117,7 @@ def alarm_specs(opts: Options) -> list[Spec | None]:
     """The sync-failure alarm (any failed attempt on any task in 5 minutes), the version-skew alarm, and the
     two of safe rollouts (a rejection; a rollout waiting too long for evidence)."""
     artifacts, models = skew_expressions("${AlarmNamePrefix}")
-    skew: Spec = {
-        "_file": "model-version-skew",
-        "_actions": ("notify",),
-        "_condition": CONDITION,
-        "_metric": emitted(opts.modelsync, "ModelInSync", ("model",)),
-        "_rules": (RULE_ARTIFACTS, RULE_MODELS),
+    body = {
         "AlarmName": "${AlarmNamePrefix}-model-version-skew",
         "AlarmDescription": "The tasks of some model have served different artifacts for VersionSkewPeriods "
         "consecutive 5-minute periods: some hosts lag or failed an update, so one load balancer serves "
@@ -142,6 +139,14 @@ def alarm_specs(opts: Options) -> list[Spec | None]:
         "ComparisonOperator": "GreaterThanThreshold",
         "TreatMissingData": "notBreaching",
     }
+    skew = Spec(
+        "model-version-skew",
+        body,
+        NOTIFY,
+        CONDITION,
+        metric=emitted(opts.modelsync, "ModelInSync", ("model",)) or "",
+        rules=(RULE_ARTIFACTS, RULE_MODELS),
+    )
     return [
         SYNC_FAILURES.spec(opts.modelsync),
         skew,

@@ -72,10 +72,7 @@ class PromQLAlarm:
         query = self.expression(opts)
         if query is None:
             return None
-        return {
-            "_file": self.suffix,
-            "_actions": NOTIFY,
-            "_condition": CONDITION,
+        body = {
             "AlarmName": f"${{AlarmNamePrefix}}-{self.suffix}",
             "AlarmDescription": self.description,
             "EvaluationCriteria": {
@@ -83,6 +80,7 @@ class PromQLAlarm:
             },
             "EvaluationInterval": INTERVAL,
         }
+        return Spec(self.suffix, body, NOTIFY, CONDITION)
 
 
 PROMQL: tuple[PromQLAlarm, ...] = (

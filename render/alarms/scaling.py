@@ -183,11 +183,11 @@ def scaling_specs(specs: list[Spec]) -> dict[str, Any]:
 
 
 def used_policies(specs: list[Spec]) -> list[Policy]:
-    actions = {a for s in specs for a in s["_actions"]}
+    actions = {a for s in specs for a in s.actions}
     return [p for p in POLICIES if p.key in actions]
 
 
 def has_scaling(specs: list[Spec]) -> bool:
     """Scaling needs a scale-out alarm and the scale-in alarm: a selection without them renders none of it."""
-    actions = {a for s in specs for a in s["_actions"]}
+    actions = {a for s in specs for a in s.actions}
     return "scale_in" in actions and bool(actions & set(SCALE_OUT_ACTIONS))

@@ -1,14 +1,10 @@
 """Alarm specifications as data: one dataclass per alarm shape, with named fields.
 
-A spec renders to the ``PutMetricAlarm`` shape (:meth:`MetricAlarm.spec`),
-with ``${Param}`` tokens in strings and :class:`~render.base.params.Ref`
-for numbers; keys starting with ``_`` are render metadata, not API fields
-(``_file``: the file and resource name; ``_actions``: notify and scaling
-actions; ``_condition``: the parameter that must be "true"; ``_metric``: the
-metric, for ``cost``; ``_terms``: every metric a metric-math alarm reads, for ``cost``; ``_rules``: Contributor
-Insights rules it reads). Every
-metric is checked with :func:`~render.base.emitted`; a spec whose
-metric the selection leaves out renders as None.
+Each shape renders to a :class:`Spec` (:meth:`MetricAlarm.spec`): the ``PutMetricAlarm`` body, with
+``${Param}`` tokens in strings and :class:`~render.base.params.Ref` for numbers, beside what only the
+renderers use (the file and resource name, the actions, the parameter the alarm exists under, the metrics
+``cost`` bills). Every metric is checked with :func:`~render.base.emitted`; a shape whose metric the
+selection leaves out renders as None.
 """
 
 from __future__ import annotations
@@ -23,8 +19,33 @@ from catalog import Catalog
 from ..base.params import Ref
 from ..base.widgets import emitted
 
-Spec = dict[str, Any]
 NOTIFY = ("notify",)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One alarm as every renderer takes it (CLI files, CloudFormation, Terraform, cost)."""
+
+    file: str  # its suffix: the file (alarms/cli/alarm-<file>.json) and the resource name
+    body: dict[str, Any]  # the PutMetricAlarm fields, nothing else
+    actions: tuple[str, ...]  # "notify" (the SNS topic) and the scaling policies it invokes
+    condition: str = ""  # a "true"/"false" parameter the alarm exists under (ModelSync, OtlpMetrics)
+    metric: str = ""  # the metric it reads (cost: a GROUP BY model alarm bills one per model emitting it)
+    terms: tuple[str, ...] = ()  # every metric a metric-math alarm reads (cost: one alarm metric each)
+    rules: tuple[str, ...] = ()  # the Contributor Insights rules it reads (INSIGHT_RULE_METRIC): created first
+
+    @property
+    def name(self) -> str:
+        return str(self.body["AlarmName"])
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """A Contributor Insights rule an alarm reads: the PutInsightRule fields and the parameter it exists under."""
+
+    file: str
+    body: dict[str, Any]
+    condition: str = ""
 
 
 @dataclass(frozen=True)
@@ -51,11 +72,7 @@ class MetricAlarm:
             return None
         check_period(catalog, metric, self.period, self.suffix)
         statistic = {"ExtendedStatistic": self.stat} if re.fullmatch(r"p\d+(\.\d+)?", self.stat) else {}
-        return {
-            "_file": self.suffix,
-            "_actions": self.actions,
-            **({"_condition": self.condition} if self.condition else {}),
-            "_metric": metric,
+        body = {
             "AlarmName": f"${{AlarmNamePrefix}}-{self.suffix}",
             "AlarmDescription": self.description,
             "Namespace": "${Namespace}",
@@ -69,6 +86,7 @@ class MetricAlarm:
             "ComparisonOperator": self.comparison,
             "TreatMissingData": self.missing,
         }
+        return Spec(self.suffix, body, self.actions, self.condition, metric)
 
 
 HIGH_RESOLUTION_PERIODS = (10, 30)  # CloudWatch: a high-resolution alarm's period; else a multiple of 60
@@ -152,11 +170,7 @@ class MathAlarm:
                     "ReturnData": False,
                 }
             )
-        return {
-            "_file": self.suffix,
-            "_actions": self.actions,
-            "_metric": kept[0].metric,
-            "_terms": [t.metric for t in kept],
+        body = {
             "AlarmName": f"${{AlarmNamePrefix}}-{self.suffix}",
             "AlarmDescription": self.description,
             "Metrics": queries,
@@ -166,6 +180,7 @@ class MathAlarm:
             "ComparisonOperator": self.comparison,
             "TreatMissingData": self.missing,
         }
+        return Spec(self.suffix, body, self.actions, metric=kept[0].metric, terms=tuple(t.metric for t in kept))
 
 
 @dataclass(frozen=True)
@@ -191,10 +206,7 @@ class ModelAlarm:
             f'SELECT {self.func}({metric}) FROM SCHEMA("${{Namespace}}", model) GROUP BY model '
             f"ORDER BY {self.func}() DESC"
         )
-        return {
-            "_file": self.suffix,
-            "_actions": NOTIFY,
-            "_metric": metric,
+        body = {
             "AlarmName": f"${{AlarmNamePrefix}}-{self.suffix}",
             "AlarmDescription": self.description,
             "Metrics": [
@@ -206,6 +218,7 @@ class ModelAlarm:
             "ComparisonOperator": "GreaterThanThreshold",
             "TreatMissingData": "notBreaching",
         }
+        return Spec(self.suffix, body, NOTIFY, metric=metric)
 
 
 def model_slug(model: str) -> str:

@@ -11,7 +11,7 @@ from ..base.options import Options
 from ..base.params import parameter_values, resolve
 from . import core, modelsync, promql
 from .scaling import SCALING_ACTIONS, has_scaling
-from .spec import Spec
+from .spec import RuleSpec, Spec
 
 
 def alarm_specs(opts: Options) -> list[Spec]:
@@ -23,7 +23,7 @@ def alarm_specs(opts: Options) -> list[Spec]:
     specs = [s for s in (*core.fleet_specs(opts), *modelsync.alarm_specs(opts), *core.model_specs(opts)) if s]
     if has_scaling(specs):
         return specs
-    return [s for s in specs if not s["_actions"] or not set(s["_actions"]) <= set(SCALING_ACTIONS)]
+    return [s for s in specs if not s.actions or not set(s.actions) <= set(SCALING_ACTIONS)]
 
 
 def promql_specs(opts: Options) -> list[Spec]:
@@ -31,11 +31,11 @@ def promql_specs(opts: Options) -> list[Spec]:
     return promql.promql_specs(opts)
 
 
-def insight_rule_specs(opts: Options) -> list[Spec]:
+def insight_rule_specs(opts: Options) -> list[RuleSpec]:
     """Contributor Insights rules (PutInsightRule shape) that alarms read with INSIGHT_RULE_METRIC."""
     return modelsync.insight_rule_specs(opts)
 
 
 def alarm_names(opts: Options) -> list[str]:
     values = parameter_values(opts)
-    return [resolve(s["AlarmName"], values) for s in alarm_specs(opts)]
+    return [resolve(s.name, values) for s in alarm_specs(opts)]

@@ -83,9 +83,6 @@ class Options:
     def queue_time_scale_out_us(self) -> float:
         return self.queue_time_scale_out_ms * 1000.0
 
-    def alarm_name(self, suffix: str) -> str:
-        return f"{self.alarm_prefix}-{suffix}"
-
 
 def modelsync_log_group(opts: Options) -> str:
     """Where the modelsync daemon's stdout (EMF and nothing else) lands: deploy/stack.yaml's awslogs group."""

@@ -156,7 +156,3 @@ def resolve(value: Any, values: dict[str, Any]) -> Any:
     if isinstance(value, dict):
         return {k: resolve(v, values) for k, v in value.items()}
     return value
-
-
-def api_fields(spec: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in spec.items() if not k.startswith("_")}

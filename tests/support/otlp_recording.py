@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from catalog import Catalog
 from exporter.otlp_output import OtlpMetricsOutput
 from exporter.pipeline import Scrape
 
@@ -9,8 +10,8 @@ from .helpers import CATALOG
 
 
 class Recording(OtlpMetricsOutput):
-    def __init__(self) -> None:
-        super().__init__(CATALOG, [], "triton-server", exporters=[])
+    def __init__(self, catalog: Catalog = CATALOG, genai: bool = False) -> None:
+        super().__init__(catalog, [], "triton-server", exporters=[], genai=genai)
         self.items: list[tuple[bytes, int]] = []
 
     def export(self, scrape: Scrape) -> None:
