@@ -365,6 +365,13 @@ def run(out: Path, window: float, windows: int, say: Callable[[str], None]) -> P
             elif steps.get(n) == "refused":
                 say(f"window {n}: uploading {REFUSED!r} with a sha256 that does not match (model sync refuses it)")
                 s3.upload(REFUSED, model_zip(REFUSED, MODELS_DIR / "add"), sha256="0" * 64)
+        # What the drawing's subtitle says happened, before it is drawn: the rollout's verdict (its bake is two
+        # windows from the canary's READY, which can end after the last window on a slow machine) and the refusal.
+        for needle, what in (
+            ('"RolloutsPromoted":1', f"the rollout of {SYNCED!r} to be promoted"),
+            ('"result":"hash_mismatch"', f"model sync to refuse {REFUSED!r}"),
+        ):
+            lines.wait(partial(_at_least, lines.count("modelsync", needle), 1), window * 4 + 60, what)
     finally:
         stop.set()
         for proc in procs:
