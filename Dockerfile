@@ -18,7 +18,7 @@
 # folder the Triton container uses, under /opt/triton-health/. No port is exposed: the
 # sidecar only sends.
 #
-# tests/test_image_install.py replays this file's "build" stage (ENV, WORKDIR,
+# tests/deploy/test_image_install.py replays this file's "build" stage (ENV, WORKDIR,
 # COPY, RUN) in a temporary directory and runs the ENTRYPOINT from the result, so
 # a change here is tested as written. Keep every install step in a RUN line of
 # the "build" stage, and write paths under /opt/ and /src literally.

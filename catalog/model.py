@@ -1,7 +1,7 @@
 """What a catalog is made of: families (what a source serves) and metrics (what the exporter emits).
 
-Plain frozen data. :mod:`exporter.catalog.load` builds these from the TOML
-files and validates them; :class:`exporter.catalog.Catalog` holds the result
+Plain frozen data. :mod:`catalog.load` builds these from the TOML
+files and validates them; :class:`catalog.Catalog` holds the result
 and answers the questions the rest of the exporter asks of it.
 """
 

@@ -5,7 +5,7 @@
 # Both fill in its two placeholders, ClusterName and ModelStorePath (dollar sign, braces), and nothing
 # else: the shell's own variables are written $name, never with braces, so that neither CloudFormation's
 # Fn::Sub nor Terraform's templatefile() reads them. The stack holds a copy of this file, which
-# tests/test_cluster.py keeps equal, and runs it in a sandbox (one, two and no NVMe devices, a reboot,
+# tests/deploy/test_cluster.py keeps equal, and runs it in a sandbox (one, two and no NVMe devices, a reboot,
 # a stop and start).
 set -euo pipefail
 

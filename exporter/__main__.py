@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from .gpufaults import GpuHealth
 
 # Commands that live in their own modules, imported only when used; each main(argv, prog) shows prog in its
-# usage. render and cost are the artifact generator's (python -m render), kept here as aliases: the sidecar
-# itself never imports the generator.
+# usage. render and cost are the artifact generator's (python -m render); they answer here too because the
+# image's entry point is python -m exporter (docker run IMAGE render). The sidecar itself never imports them.
 COMMANDS = {
     "health": "triton_side.probe:main",  # the Triton-side probe, shipped in the wheel too
     "render": "render:main",

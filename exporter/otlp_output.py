@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from fractions import Fraction
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
@@ -47,7 +46,6 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from catalog import Catalog, Scope
 from catalog import genai as semconv
 from catalog.otlp import DECOUPLED, SCOPE_NAME, plan
-from catalog.otlp import snake as snake  # the tests' name for it
 from telemetry.logs import Conditions, get
 from telemetry.otlp.endpoint import Endpoint
 from telemetry.otlp.exporter import ExportOptions, OtlpHttpExporter
@@ -67,14 +65,6 @@ DROPPED = "exporter_otlp_points_dropped_total"  # labels output, reason
 SCOPE_LABELS = 2  # the scope's name and version, counted as labels (CloudWatch: @instrumentation.*)
 # 8 MB of serialized metrics held while an endpoint is away: several cycles at 1000 models (docs/otlp.md)
 OPTIONS = ExportOptions(capacity_bytes=8 << 20)
-
-
-@dataclass
-class _Counts:
-    """One output's cumulative counts, as its series."""
-
-    sent: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
 
 
 class OtlpMetricsOutput:
@@ -107,8 +97,6 @@ class OtlpMetricsOutput:
         self._groups: dict[str, LabelSet] = {}  # series key without le -> its LabelSet
         self._sum_key: dict[str, str] = {}  # a group with the decoupled label -> its _sum sample's series key
         self._own_labels: dict[str, LabelSet] = {}
-        self.inconsistent = 0
-        self.last_encode_ms = 0.0
         self.genai = _GenAi(catalog) if genai else None
 
     # --- each cycle --------------------------------------------------------------------------
@@ -121,7 +109,6 @@ class OtlpMetricsOutput:
 
     def encode(self, scrape: Scrape) -> list[tuple[bytes, int]]:
         """The scrape as serialized Metric messages with their point counts."""
-        started = time.perf_counter()
         self._update_resource(scrape.properties)
         enc = self.encoder
         enc.begin(scrape.timestamp_ms * 1_000_000, self._resource_count)
@@ -130,6 +117,7 @@ class OtlpMetricsOutput:
         samples = scrape.samples
         genai = self.genai
         histograms: dict[str, list[HistogramPoint]] = {}  # the GenAI sources' points, by family
+        left_out = 0  # histogram points not sent: no +Inf bucket, or cumulative counts that go down
         for fam in self.plan.families:
             name = fam.name
             kind = fam.type
@@ -137,7 +125,10 @@ class OtlpMetricsOutput:
                 buckets = samples.get(f"{name}_bucket")
                 if buckets:
                     configs = scrape.configs if name in self.plan.by_kind else None
-                    points = self._histogram(name, fam.help, buckets, samples.get(f"{name}_sum", {}), labels, configs)
+                    points, bad = self._histogram(
+                        name, fam.help, buckets, samples.get(f"{name}_sum", {}), labels, configs
+                    )
+                    left_out += bad
                     if genai is not None and name in genai.families:
                         histograms[name] = points
                 else:  # read for its _sum/_count alone: sent as what /metrics calls them
@@ -156,11 +147,16 @@ class OtlpMetricsOutput:
                     if f"{name}{suffix}" in samples:
                         enc.counter(f"{name}{suffix}", samples[f"{name}{suffix}"], label_map)
         if genai is not None:
-            self.inconsistent += genai.encode(enc, histograms, self._groups, scrape.configs)
+            left_out += genai.encode(enc, histograms, self._groups, scrape.configs)
         self._own(scrape)
-        items = enc.finish()
-        self.last_encode_ms = (time.perf_counter() - started) * 1000.0
-        return items
+        # A torn scrape's histograms are left out, never guessed; as for EMF's distributions, the log says so.
+        self.conditions.set(
+            "inconsistent histograms",
+            f"OTLP: leaving out {left_out} histogram points whose bucket counts go down or lack +Inf"
+            if left_out
+            else None,
+        )
+        return enc.finish()
 
     def _histogram(
         self,
@@ -170,11 +166,13 @@ class OtlpMetricsOutput:
         sums: Series,
         labels: Mapping[str, LabelSet],
         configs: Mapping[str, ModelConfig] | None,
-    ) -> list[HistogramPoint]:
-        """One family's histogram points, each series on its own bounds (two models' buckets may differ: a
-        model config sets its own). With ``configs`` (a by_kind family) each point also carries
-        ``decoupled="true"|"false"`` from its model's configuration, so a PromQL query can take time to first
-        token from decoupled models only; a version whose configuration is not read yet is sent without it."""
+    ) -> tuple[list[HistogramPoint], int]:
+        """One family's histogram points, and how many were left out as inconsistent.
+
+        Each series keeps its own bounds (two models' buckets may differ: a model config sets its own). With
+        ``configs`` (a by_kind family) each point also carries ``decoupled="true"|"false"`` from its model's
+        configuration, so a PromQL query can take time to first token from decoupled models only; a version
+        whose configuration is not read yet is sent without it."""
         known = self._histograms
         groups: dict[str, list[tuple[float, float]]] = {}
         for key, value in buckets.items():
@@ -187,17 +185,18 @@ class OtlpMetricsOutput:
             group, bound = where
             groups.setdefault(group, []).append((bound, value))
         points = []
+        bad = 0
         for group, pairs in groups.items():
             pairs.sort()
             if pairs[-1][0] != float("inf"):  # no +Inf bucket: no count, nothing guessed
-                self.inconsistent += 1
+                bad += 1
                 continue
             total = sums.get(self._sum_key.get(group, group))
             points.append(HistogramPoint(group, [b for b, _ in pairs[:-1]], [c for _, c in pairs], total))
-        self.inconsistent += self.encoder.histogram(name, points, lambda k: self._groups[k].labels, help)
+        bad += self.encoder.histogram(name, points, lambda k: self._groups[k].labels, help)
         if len(known) > 100_000:  # series churn must not grow it for ever
             known.clear()
-        return points
+        return points, bad
 
     def _bucket_of(self, ls: LabelSet, kind: str) -> tuple[str, float]:
         pairs = tuple(sorted((k, v) for k, v in ls.labels.items() if k != "le"))

@@ -66,10 +66,9 @@ class _SplitPlan:
     per model).
     """
 
-    def __init__(self, keys: list[str], parts: dict[str, tuple[list[str], itemgetter[Any]]], total_ok: bool) -> None:
+    def __init__(self, keys: list[str], parts: dict[str, tuple[list[str], itemgetter[Any]]]) -> None:
         self.keys = keys
         self.parts = parts
-        self.total_ok = total_ok  # every entity has every split value once: totals are sums of the parts
 
 
 @dataclass(frozen=True)
@@ -242,13 +241,12 @@ class Transform:
                 ents.append(ls.entity_key)
                 pos.append(i)
         first = next(iter(positions.values()), ([], []))[0]
-        total_ok = all(ents == first for ents, _ in positions.values())
-        if want_total and not total_ok:
-            return None
+        if want_total and not all(ents == first for ents, _ in positions.values()):
+            return None  # a total is the sum of the parts only when every entity has every split value once
         parts = {sv: (ents, itemgetter(*pos)) for sv, (ents, pos) in positions.items() if len(pos) > 1}
         if len(parts) != len(positions):
             return None  # single-series groups: the general loop is simpler than itemgetter's scalar case
-        return _SplitPlan(keys, parts, total_ok)
+        return _SplitPlan(keys, parts)
 
     # --- one window ----------------------------------------------------------------------------
 

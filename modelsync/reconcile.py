@@ -163,7 +163,6 @@ class Syncer:
         self.store = store
         self.triton = triton
         self.recorder = recorder
-        self.fs = fs
         self.log = log
         self.wall = wall
         self.sleep = sleep

@@ -42,8 +42,7 @@ from telemetry.sinks import Output, parse_output
 from . import __version__
 from .fanout import check_queue_prefix, check_topic_arn
 
-__all__ = ["ENV_VARS", "OPTIONS", "ConfigError", "Settings", "build_parser", "load", "parse_size"]
-parse_size = size  # the name the archive limits' docs and tests use
+__all__ = ["ENV_VARS", "OPTIONS", "ConfigError", "Settings", "build_parser", "load"]
 
 GiB = 1024**3
 MiB = 1024**2

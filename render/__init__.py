@@ -1,11 +1,11 @@
 """The deploy artifacts' generator: dashboards, alarms, scaling, their Terraform and docs from the catalog.
 
-    python -m render [...]        write them (``python -m render`` is an alias)
-    python -m render cost [...]   what they and the sidecar cost (``python -m render cost``)
+    python -m render [...]        write them (``python -m exporter render`` is an alias)
+    python -m render cost [...]   what they and the sidecar cost (``python -m exporter cost`` is an alias)
 
 It reads the catalog and the output layer only, never the sidecar.
 
-The output is committed; tests/test_render.py renders again with the
+The output is committed; tests/unit/render/test_render.py renders again with the
 defaults and fails when the committed files differ, so a catalog change
 that breaks a widget or an alarm shows up in review, not in production.
 """

@@ -9,7 +9,7 @@ backend) and source. EMF log bytes come from encoding representative events
 with the exporter's own Encoder. Where model sync is in use (the default, as
 the shipped deploy and the rendered alarms assume; ``--no-modelsync``), its
 pack of the catalog adds the metrics it writes every reconcile and the bytes
-of those events. tests/test_cost.py checks the count against
+of those events. tests/unit/render/test_cost.py checks the count against
 the distinct metrics the real pipeline emits for the same deployment.
 """
 

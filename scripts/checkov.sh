@@ -35,16 +35,18 @@ args=()
 for f in "${files[@]}"; do args+=(--file "$f"); done
 # Offline-safe: no Bridgecrew/Prisma platform calls, no version check.
 export BC_SKIP_MAPPING=TRUE CHECKOV_RUN_SCA_PACKAGE_SCAN_V2=false
-rc=0
-"$VENV/bin/checkov" --config-file .checkov.yaml --skip-download "${args[@]}" "$@" || rc=$?
+# The four scans are independent: they run at once (each checkov process spends most of its time loading
+# its checks), each into its own file, printed in order; the exit code is the worst of them.
+out=$(mktemp -d)
+on="$out/on"
+trap 'rm -rf "$out"' EXIT
+scan() { local name=$1; shift; { "$VENV/bin/checkov" --config-file .checkov.yaml --skip-download "$@" >"$out/$name" 2>&1; echo $? >"$out/$name.rc"; } & }
+scan files "${args[@]}" "$@"
 # The Terraform module as a directory, so checkov resolves the examples/ module call, variables and
 # locals (checkov ignores --file arguments once --directory is given, hence a second run).
-"$VENV/bin/checkov" --config-file .checkov.yaml --skip-download --framework terraform terraform_json \
-  --directory deploy/terraform "$@" || rc=$?
+scan module --framework terraform terraform_json --directory deploy/terraform "$@"
 # The optional cluster (CreateCluster / create_cluster, off by default): checkov leaves out what a condition or a
 # count that is false with the defaults creates, so a copy with it on by default is scanned too.
-on=$(mktemp -d)
-trap 'rm -rf "$on"' EXIT
 mkdir -p "$on/deploy" "$on/dashboards"
 cp -r deploy/terraform "$on/deploy/"
 cp deploy/*.json deploy/user-data.sh "$on/deploy/"
@@ -54,10 +56,16 @@ sed '/^variable "create_cluster" {$/,/^}$/ s/default     = false/default     = t
   deploy/terraform/examples/main.tf >"$on/deploy/terraform/examples/main.tf"
 if cmp -s deploy/stack.yaml "$on/deploy/stack.yaml" || cmp -s deploy/terraform/examples/main.tf "$on/deploy/terraform/examples/main.tf"; then
   echo "checkov.sh: could not turn CreateCluster / create_cluster on in the copy" >&2
+  wait
   exit 2
 fi
-"$VENV/bin/checkov" --config-file .checkov.yaml --skip-download --framework cloudformation \
-  --file "$on/deploy/stack.yaml" "$@" || rc=$?
-"$VENV/bin/checkov" --config-file .checkov.yaml --skip-download --framework terraform terraform_json \
-  --directory "$on/deploy/terraform" "$@" || rc=$?
+scan stack-cluster --framework cloudformation --file "$on/deploy/stack.yaml" "$@"
+scan module-cluster --framework terraform terraform_json --directory "$on/deploy/terraform" "$@"
+wait
+rc=0
+for name in files module stack-cluster module-cluster; do
+  cat "$out/$name"
+  code=$(cat "$out/$name.rc" 2>/dev/null || echo 1)
+  [ "$code" -gt "$rc" ] && rc=$code
+done
 exit "$rc"

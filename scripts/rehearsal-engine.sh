@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The container rehearsal's own Docker engine (tests/test_rehearsal.py, tests/support/ecs_local.py).
+# The container rehearsal's own Docker engine (tests/deploy/test_rehearsal.py, tests/support/ecs_local.py).
 #
 #   bash scripts/rehearsal-engine.sh install   apt-get install docker.io mmdebstrap when missing
 #   bash scripts/rehearsal-engine.sh start     install, then start our dockerd (idempotent) and its task network

@@ -7,7 +7,7 @@ bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy  # the shipped packages, strict ([tool.mypy] in pyproject.toml)
-# The container rehearsal (tests/test_rehearsal.py) starts its own dockerd; whatever happens to pytest,
+# The container rehearsal (tests/deploy/test_rehearsal.py) starts its own dockerd; whatever happens to pytest,
 # stop it by its pidfile (a no-op when none runs, or while another session holds it).
 trap 'bash scripts/rehearsal-engine.sh stop' EXIT
 .venv/bin/python -m pytest "$@"

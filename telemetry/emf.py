@@ -26,7 +26,7 @@ import orjson
 
 # CloudWatch's units, as the aws-embedded-metrics library's Unit enum lists them. Importing that
 # library costs ~23 MB of RSS (its package __init__ pulls in its whole logger stack), so the list is
-# kept here and tests/test_emf.py proves it equals the library's enum, which stays the reference.
+# kept here and tests/unit/telemetry/test_emf.py proves it equals the library's enum, which stays the reference.
 CLOUDWATCH_UNITS = (
     "Seconds", "Microseconds", "Milliseconds", "Bytes", "Kilobytes", "Megabytes", "Gigabytes", "Terabytes",
     "Bits", "Kilobits", "Megabits", "Gigabits", "Terabits", "Percent", "Count", "Bytes/Second",
@@ -40,7 +40,7 @@ MAX_METRICS_PER_DIRECTIVE = 100
 MAX_DIMENSIONS_PER_SET = 30
 MAX_DIMENSION_VALUE_LENGTH = 1024
 MAX_NAMESPACE_LENGTH = 255
-MAX_EVENT_BYTES = 256 * 1024  # PutLogEvents allows 1 MB now; 256 KB is safe on every agent and region
+MAX_EVENT_BYTES = 256 * 1024  # PutLogEvents takes 1 MB; 256 KB (the older limit) is safe on every agent and region
 # --- our own bounds
 MAX_PROPERTY_LENGTH = 4096  # a load-failure reason can be a long traceback
 HASH_CHARS = 8

@@ -3,7 +3,7 @@
 ``triton`` is one server for the whole session, with every core sample model
 (``add``, ``slow``, ``text``, ``fails`` load; ``broken`` fails to load). The LLM
 sample models (``vllm_model``, ``tensorrt_llm``) are left out of it on purpose:
-tests/test_llm_real.py serves them on its own server, whose traffic it fully
+tests/integration/test_llm_real.py serves them on its own server, whose traffic it fully
 controls. Tests that restart, freeze or unload models use ``triton_factory``
 to get their own.
 """
@@ -97,3 +97,29 @@ def signed_otlp_endpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
         monkeypatch.setenv(name, value)
     yield endpoint
     endpoint.close()
+
+
+# --- the layers ---------------------------------------------------------------------------------------------
+# tests/unit/<package>/ and tests/support/tests/ run in this process on nothing but the code (and local fakes);
+# tests/integration/ drives a real Triton or moto's server; tests/deploy/ checks what is deployed (CloudFormation,
+# Terraform, Fluent Bit, checkov, the container rehearsal); tests/repo/ the repository as a whole.
+# A test that needs a real Triton, moto or the container engine cannot land in a layer that promises none.
+_OUTSIDE = {"triton", "triton_factory", "moto"}
+_SELF_CONTAINED = ("tests/unit/", "tests/support/tests/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    misplaced = []
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        if not path.startswith(_SELF_CONTAINED):
+            continue
+        needs = sorted(_OUTSIDE & set(getattr(item, "fixturenames", ())))
+        needs += sorted({"triton", "rehearsal"} & {m.name for m in item.iter_markers()} - set(needs))
+        if needs:
+            misplaced.append(f"{item.nodeid} ({', '.join(needs)})")
+    if misplaced:
+        raise pytest.UsageError(
+            "tests under tests/unit/ and tests/support/tests/ need no real Triton, moto or container engine; "
+            "move these to tests/integration/ or tests/deploy/:\n  " + "\n  ".join(misplaced)
+        )

@@ -12,7 +12,7 @@ plain command lines itself (``--flag VALUE``, ``--flag=VALUE``, switches) and
 hands everything else (``--help``, an unknown or abbreviated flag, a missing
 value, a value that starts with ``-``) to an argparse parser built from the same
 table, so help and error messages are argparse's own. The fast reader accepts
-only command lines that argparse reads the same way (tests/test_triton_side.py
+only command lines that argparse reads the same way (tests/unit/triton_side/test_triton_side.py
 compares the two).
 
 Standard library only, Python 3.8+.

@@ -48,7 +48,7 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 # (split_url), no argparse unless the command line needs it (_cli), threading only to
 # check several models at once (probe.run_parallel) or to resolve a host name, and no
 # getaddrinfo for "localhost" or an IP address: getaddrinfo runs the idna codec on every
-# str host, which imports re, stringprep and unicodedata. tests/test_triton_side.py
+# str host, which imports re, stringprep and unicodedata. tests/unit/triton_side/test_triton_side.py
 # compares each shortcut with the standard-library code it stands for, and fails if the
 # default run imports any of those modules.
 

@@ -5,7 +5,7 @@ about 5 ms (``re`` and the patterns json compiles at import), every 30 s in
 every task, to read one small repository index; and ``json.loads`` has no
 nesting bound (an answer nested a few thousand levels deep raises
 RecursionError). This reader takes what ``json.loads`` takes and returns what
-it returns, raising ValueError where it raises (tests/test_triton_side.py
+it returns, raising ValueError where it raises (tests/unit/triton_side/test_triton_side.py
 compares the two), and refuses documents nested deeper than
 :data:`MAX_DEPTH` with :class:`TooDeep`.
 

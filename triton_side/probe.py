@@ -29,7 +29,7 @@ kept small: no argparse unless the command line needs it (``_cli``), no json
 for the per-model checks, ``random`` and ``ssl`` only when a check uses them,
 and no smoke inference code unless ``--smoke`` is given. Public standard
 library modules only: the probe runs on whatever Python the Triton image
-brings (tests/test_triton_side.py fails on a private import).
+brings (tests/unit/triton_side/test_triton_side.py fails on a private import).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 # Triton Inference Server on ECS (EC2, GPU) with the EMF exporter sidecar and the FireLens log
-# router: the same deployment as deploy/stack.yaml, which tests/test_terraform.py evaluates next
+# router: the same deployment as deploy/stack.yaml, which tests/deploy/test_terraform.py evaluates next
 # to this module and compares resource by resource.
 #
 # Nothing here is written twice:

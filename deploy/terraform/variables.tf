@@ -1,5 +1,5 @@
 # The deployment's inputs: the parameters of deploy/stack.yaml, snake_cased, with the same
-# defaults and constraints (tests/test_terraform.py checks both). The alarm and scaling
+# defaults and constraints (tests/deploy/test_terraform.py checks both). The alarm and scaling
 # thresholds, names and switches are declared in the generated alarms.tf.json.
 
 # --- cluster and network ----------------------------------------------------------------

@@ -33,7 +33,8 @@ class Xid:
 
 # The XIDs the EKS node monitoring agent treats as fatal (its DCGM policies, as of 2026), with their meaning and
 # immediate action from NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html).
-# Changing this set changes which faults drain a host: docs/gpu.md lists it, tests/test_nvml_health.py holds both.
+# Changing this set changes which faults drain a host: docs/gpu.md lists it,
+# tests/unit/exporter/test_nvml_health.py holds both.
 FATAL_XIDS: Mapping[int, Xid] = {
     46: Xid("GPU stopped processing", "RESET_GPU"),
     48: Xid("double bit ECC error", "GPU reset or node reboot"),

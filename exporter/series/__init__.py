@@ -4,7 +4,7 @@ Kept apart from the text parser (as client_python keeps ``samples.py`` apart
 from its parser) because NVML, the trace window and the tests build
 expositions without parsing text. A package of its own so that the layer
 test sees it as the node below ``sources``, ``traces`` and the pipeline
-(tests/test_layers.py: no cycle between packages). Series are keyed by a canonical string of
+(tests/repo/test_layers.py: no cycle between packages). Series are keyed by a canonical string of
 their sorted label pairs, so the hot dict operations stay in C and two
 spellings of one label block are one series.
 """

@@ -98,10 +98,10 @@ RETRY_INTERVAL = 300.0
 MAX_EVENTS_PER_CYCLE = 10_000
 """Bound on XID events drained in one cycle, so an event storm cannot stall the loop."""
 
-# NVML error codes (pynvml.NVML_ERROR_*; numbers are part of NVML's ABI, tests/test_nvml.py checks them).
+# NVML error codes (pynvml.NVML_ERROR_*; numbers are part of NVML's ABI, tests/unit/exporter/test_nvml.py checks them).
 NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, DRIVER_NOT_LOADED, TIMEOUT = 3, 4, 6, 9, 10
 UNINITIALIZED, LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND, GPU_IS_LOST, LIB_RM_VERSION_MISMATCH = 1, 12, 13, 15, 18
-INVALID_ARGUMENT, ARGUMENT_VERSION_MISMATCH = 2, 25
+ARGUMENT_VERSION_MISMATCH = 25
 _WHOLE_NVML = {UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH}
 _PERMANENT = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH}
 # Answers from a newer entry point that say "not this call" rather than "not this field": the library

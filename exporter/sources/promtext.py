@@ -4,7 +4,7 @@ Why not prometheus_client's ``text_string_to_metric_families``: it turns
 every line of the body into objects, and Triton's body is mostly series we
 do not need (four of its five summaries, HELP text). bench/bench_pipeline.py
 prints the ratio. prometheus_client stays the reference:
-tests/test_promtext_diff.py proves both agree on every kept sample.
+tests/unit/exporter/test_promtext_diff.py proves both agree on every kept sample.
 
 How:
 - The exposition format keeps each family's lines together after its

@@ -1,6 +1,6 @@
 """Triton's two sources: the Prometheus ``/metrics`` text and the repository index.
 
-Facts this relies on (seen on a real Triton 2.51 server, tested in tests/test_triton_real.py):
+Facts this relies on (seen on a real Triton 2.51 server, tested in tests/integration/test_triton_real.py):
 the index is ``POST /v2/repository/index`` (GET answers 405); labels are
 ``model``/``version``; the metrics port answers 200 to any path, so a wrong
 ``--metrics-url`` path is caught by finding no Triton series, not by status.

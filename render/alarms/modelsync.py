@@ -1,9 +1,9 @@
 """Model sync's alarms and Contributor Insights rules, from model sync's pack of the catalog.
 
 Every alarm here exists only where model sync is deployed (the ``ModelSync``
-parameter). Every metric goes through :func:`~render.base.emitted`
+parameter). Every metric goes through :func:`~render.base.widgets.emitted`
 against ``opts.modelsync``, the pack the daemon encodes its events from;
-tests/test_catalog_agreement.py checks the rendered files against what the
+tests/unit/render/test_catalog_agreement.py checks the rendered files against what the
 recorder really emits.
 
 Version skew: each task's daemon writes one ``ModelInSync`` event per model

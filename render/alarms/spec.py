@@ -3,7 +3,7 @@
 Each shape renders to a :class:`Spec` (:meth:`MetricAlarm.spec`): the ``PutMetricAlarm`` body, with
 ``${Param}`` tokens in strings and :class:`~render.base.params.Ref` for numbers, beside what only the
 renderers use (the file and resource name, the actions, the parameter the alarm exists under, the metrics
-``cost`` bills). Every metric is checked with :func:`~render.base.emitted`; a shape whose metric the
+``cost`` bills). Every metric is checked with :func:`~render.base.widgets.emitted`; a shape whose metric the
 selection leaves out renders as None.
 """
 

@@ -11,7 +11,7 @@ Why bytes and not ``opentelemetry.proto`` objects: a 1000-model scrape is
 ~14,000 points a cycle, and building them as protobuf messages cost ~15x
 the EMF encoding of the same scrape. A series' attributes and start time
 change rarely, so each series keeps its encoded prefix; a point is that
-prefix, the cycle's timestamp and the value. tests/test_otlp_metrics.py
+prefix, the cycle's timestamp and the value. tests/unit/exporter/test_otlp_metrics.py
 decodes the output with the real protobuf classes.
 
 Start times (``start_time_unix_nano``) of cumulative series: a scrape gives

@@ -1,12 +1,12 @@
 """Capture the LLM golden cases from a real Triton (the nvidia-pytriton wheel's 2.51):
 
     .venv/bin/python -m tests.support.capture_golden [vllm] [tensorrt_llm] [response_cache]
-    UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py   # then review expected.jsonl
+    UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/exporter/test_golden.py   # then review expected.jsonl
 
 For each case: a fresh server with only that sample model, a known warm-up
 (so the baseline is not all zeros), ``metrics-1.txt``, the case's known
 traffic, ``metrics-2.txt`` and ``index.json`` into
-tests/fixtures/golden/<case>/. The traffic is below; tests/test_golden.py
+tests/fixtures/golden/<case>/. The traffic is below; tests/unit/exporter/test_golden.py
 checks the emitted values against it by hand. Durations, CPU figures and
 the TensorRT-LLM timestamp differ from run to run; nothing the hand checks
 read does.

@@ -1,7 +1,7 @@
 """CloudWatch's metric alarm evaluation, as AWS documents it, for what cannot run here: an alarm over EMF.
 
 Used by bench/bench_scaling.py to evaluate the rendered scaling alarms over the events the real exporter
-wrote, and checked against AWS's own examples in tests/test_cwalarm.py. What it follows (the CloudWatch
+wrote, and checked against AWS's own examples in tests/support/tests/test_cwalarm.py. What it follows (the CloudWatch
 User Guide, "Using Amazon CloudWatch alarms" and "Publish custom metrics"; "Using metric math"):
 
 - Storage: a high-resolution metric (``StorageResolution`` 1) keeps each value at its second; a standard one

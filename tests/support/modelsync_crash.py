@@ -1,6 +1,6 @@
 """Run one modelsync reconcile that dies (``os._exit``) right before the link flip.
 
-Used by tests/test_modelsync_daemon.py as a subprocess: the real settings
+Used by tests/integration/modelsync/test_modelsync_daemon.py as a subprocess: the real settings
 parser and the real parts, with the faulty file system of tests/support/msync.py,
 so the process stops after the extraction was committed to the store and
 the temporary link was made, exactly where a power cut would hurt most.

@@ -2,7 +2,7 @@
 
 Why: no GPU exists where the tests and benchmarks run, and a mock that
 returns whatever the test wants proves nothing. This fake keeps pynvml's
-contract: the same function names and parameters (tests/test_nvml.py checks
+contract: the same function names and parameters (tests/unit/exporter/test_nvml.py checks
 them against the installed pynvml), the same return types (pynvml's own
 ctypes structures where pynvml returns one), and failures raised as the real
 ``pynvml.NVMLError`` subclasses built from the real error codes. Constants
@@ -26,13 +26,13 @@ sample is an opaque ``nvmlGpmSample_t`` pointer, as pynvml hands out, holding
 the activity integrated up to the moment it was taken (``clock``, real time by
 default), and ``nvmlGpmMetricsGet`` gives each metric's average between two
 samples. Assumed, not seen on a GPU yet: a MIG-enabled parent answers
-NOT_SUPPORTED to ``nvmlGpmSampleGet`` (tests/test_nvml_real.py records what a
+NOT_SUPPORTED to ``nvmlGpmSampleGet`` (tests/integration/test_nvml_real.py records what a
 real one answers).
 
 Scenarios are plain functions at the bottom (``two_healthy()`` ...).
 ``python -m tests.support.nvml_fake SCENARIO CONTROL [settings]`` runs the
 exporter's own entry point on one of them, faults injected through the CONTROL
-file while it runs (tests/test_nvml_drain.py).
+file while it runs (tests/integration/test_nvml_drain.py).
 """
 
 from __future__ import annotations

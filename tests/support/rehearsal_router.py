@@ -1,7 +1,7 @@
-"""Stand-in for the FireLens log router in the container rehearsal (tests/test_rehearsal.py).
+"""Stand-in for the FireLens log router in the container rehearsal (tests/deploy/test_rehearsal.py).
 
 Fluent Bit is not packaged for Debian, so the rehearsal's ``aws-for-fluent-bit`` base image
-runs this script instead (the real pipeline is checked by tests/test_fluentbit.py). It
+runs this script instead (the real pipeline is checked by tests/deploy/test_fluentbit.py). It
 listens where the router would, and prints one JSON line per thing it receives, so a test
 reads ``docker logs`` and sees what reached the router:
 

@@ -1,7 +1,7 @@
 """A small Terraform evaluator: what ``terraform plan`` would configure, without Terraform.
 
 No Terraform binary or provider can be downloaded here, so the tests evaluate the module
-themselves, the way tests/test_stack.py evaluates the CloudFormation intrinsics: the
+themselves, the way tests/deploy/test_stack.py evaluates the CloudFormation intrinsics: the
 ``.tf`` files are parsed by python-hcl2's real HCL grammar (its raw Lark tree), the
 ``.tf.json`` files by json with each string parsed as an HCL template. Variables (types,
 defaults, validation), locals, data sources (their arguments, and ``count``, with attributes from a
@@ -315,14 +315,21 @@ def template_parts(text: str) -> Iterator[str | Tree]:
             if lit:
                 yield "".join(lit)
                 lit = []
-            attr = _trees(_trees(hcl2.parses_to_tree("x = " + text[i + 2 : end].strip()))[0])[0]
-            yield _children(attr)[-1]
+            yield _interpolation(text[i + 2 : end].strip())
             i = end + 1
         else:
             lit.append(text[i])
             i += 1
     if lit:
         yield "".join(lit)
+
+
+@functools.lru_cache(maxsize=4096)
+def _interpolation(source: str) -> Tree:
+    """One ``${...}``'s expression, parsed once: every Module of the same files reads the same templates (the
+    trees are only read, never changed)."""
+    attr = _trees(_trees(hcl2.parses_to_tree("x = " + source))[0])[0]
+    return _children(attr)[-1]
 
 
 def _closing_brace(text: str, start: int) -> int:
