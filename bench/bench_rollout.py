@@ -13,7 +13,8 @@ default thresholds.
 The goal (issue 27): the good one on one host first and on all within bake + 30 s; the harmful one back to
 the previous version on the canary within bake + 30 s, never on the other hosts. Times are from the PUT,
 seen by each host's own traffic (the first answer from the new artifact), on this machine's clock. The
-timeline (per host: install, serve, verdict, rollback) is written as JSON for a picture.
+timeline (per host: install, serve, verdict, rollback, failed requests per second) is written as JSON, which
+``python -m demo.preview rollout --from-bench FILE`` draws (docs/rollout-timeline.png).
 """
 
 from __future__ import annotations
@@ -74,6 +75,34 @@ def failures_after(fleet: Fleet, model: str, since: float) -> dict[str, int]:
     }
 
 
+def failed_per_second(fleet: Fleet, model: str, since: float) -> dict[str, list[int]]:
+    """Per host: its failed requests in each second from ``since`` (item i: from i to i + 1 s), to its last request."""
+    out: dict[str, list[int]] = {}
+    for h in fleet.hosts:
+        ats = [at - since for at, _, _ in h.traffic[model].results if at >= since]
+        bins = [0] * (math.floor(max(ats)) + 1 if ats else 0)
+        for at, status, _ in h.traffic[model].results:
+            if at >= since and status != 200:
+                bins[math.floor(at - since)] += 1
+        out[h.name] = bins
+    return out
+
+
+EVIDENCE = ("requests", "failures", "failure_ratio", "avg_ms")
+
+
+def evidence(d: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a verdict's evidence (the canaries' and the baseline's requests, failures, latency)."""
+    ev = d.get("evidence") or {}
+    out: dict[str, Any] = {
+        side: {k: ev[side][k] for k in EVIDENCE if k in ev[side]}
+        for side in ("canary", "baseline")
+        if isinstance(ev.get(side), dict)
+    }
+    out.update({k: ev[k] for k in ("failure_increase", "latency_ratio", "baked_s") if k in ev})
+    return out
+
+
 def decisions(fleet: Fleet, model: str, wall0: float, mono0: float) -> dict[str, list[dict[str, Any]]]:
     """Each host's rollout decisions, with their time from the upload (log timestamps, this machine's clock)."""
     out: dict[str, list[dict[str, Any]]] = {}
@@ -81,7 +110,10 @@ def decisions(fleet: Fleet, model: str, wall0: float, mono0: float) -> dict[str,
         rows = []
         for d in h.decisions(model):
             at = datetime.fromisoformat(d["ts"].replace("Z", "+00:00")).timestamp()
-            rows.append({"verdict": d["verdict"], "t": round(at - wall0, 2), "reason": d.get("reason", "")[:200]})
+            row = {"verdict": d["verdict"], "t": round(at - wall0, 2), "reason": d.get("reason", "")[:200]}
+            if d["verdict"] in ("promoted", "rejected") and (figures := evidence(d)):
+                row["evidence"] = figures
+            rows.append(row)
         installs = [
             d for d in h.lines() if d.get("model") == model and str(d.get("msg", "")).startswith(f"{model} in sync")
         ]
@@ -119,6 +151,7 @@ def rollout(fleet: Fleet, model: str, add: float, behaviour: str, timeout: float
         "last_previous_answer_s": last_answer(fleet, model, 1.0, mono0),
         "back_on_previous_s": {h.name: back_on(h.traffic[model].results, mono0) for h in fleet.hosts},
         "failed_requests": failures_after(fleet, model, mono0),
+        "failed_per_second": failed_per_second(fleet, model, mono0),
         "requests": {h.name: sum(1 for at, *_ in h.traffic[model].results if at >= mono0) for h in fleet.hosts},
         "decisions": decisions(fleet, model, wall0, mono0),
         "verdicts": [v["verdict"] for v in (fleet.state(model) or {}).get("verdicts", [])],
@@ -182,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
             "description": "Two safe rollouts measured by bench/bench_rollout.py: seconds from the upload (PUT) per "
             "host. first_new_answer_s: the host's traffic first answered from the new artifact; first_failure_s: "
             "its first failed request; back_on_previous_s: its first answer from the previous artifact after "
-            "serving the new one; decisions: the daemon's rollout decisions and installs (log times).",
+            "serving the new one; failed_requests and requests: totals from the PUT on; failed_per_second: "
+            "failed requests in each second from the PUT (item i: from i to i + 1 s); decisions: the daemon's "
+            "rollout decisions and installs (log times), a verdict with the figures of its evidence. Drawn by "
+            "python -m demo.preview rollout --from-bench FILE.",
             "settings": {
                 "hosts": args.hosts,
                 "canary_fraction": args.fraction,

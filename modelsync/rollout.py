@@ -557,7 +557,7 @@ class Rollouts:
             "evidence": verdict.evidence if verdict else {},
         }
         self.log.warning("rollout of %s: rolled back: %s serves %s again (%s)", name, self.host, short(served.sha256),
-                         fields["reason"], extra={"fields": fields})  # fmt: skip
+                         fields["reason"], extra={"fields": {**fields, "host": self.host}})  # fmt: skip
         self.recorder.rollout(name, {"RolloutRollbacks": 1.0}, _clean(fields))
 
     # --- bookkeeping ---------------------------------------------------------------------------------------
@@ -594,7 +594,14 @@ class Rollouts:
     ) -> None:
         """One JSON log line per decision, with its evidence; and its metric, when it has one."""
         props = self._props(r, verdict, reason, evidence)
-        self.log.log(level, "rollout of %s: %s: %s", name, verdict, reason, extra={"fields": {"model": name, **props}})
+        self.log.log(
+            level,
+            "rollout of %s: %s: %s",
+            name,
+            verdict,
+            reason,
+            extra={"fields": {"model": name, "host": self.host, **props}},
+        )
         if values:
             self.recorder.rollout(name, values, props)
 

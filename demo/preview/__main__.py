@@ -2,6 +2,7 @@
 
 python -m demo.preview [--window 5] [--windows 8] [--out docs/dashboard-preview.png] [--keep DIR]
 python -m demo.preview draw DIR/events.jsonl [--out PNG]
+python -m demo.preview rollout [--from-bench docs/rollout-timeline.json] [--out docs/rollout-timeline.png]
 python -m demo.preview rollout EVENTS.json [--out PNG]
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from catalog import build, modelsync_catalog
 
-from . import collect, dashboard, rollout
+from . import collect, dashboard, rollout, rollout_bench
 from .alarms import load_alarms
 from .emf import Store
 from .metricmath import Clock, Data
@@ -27,6 +28,8 @@ ROOT = collect.ROOT
 DASHBOARD = ROOT / "dashboards" / "triton.json"
 ALARMS = ROOT / "alarms" / "cli"
 OUT = ROOT / "docs" / "dashboard-preview.png"
+TIMELINE = ROOT / "docs" / "rollout-timeline.json"
+ROLLOUT_PNG = ROOT / "docs" / "rollout-timeline.png"
 
 
 def _say(text: str) -> None:
@@ -65,13 +68,54 @@ def draw_run(events: Path, out: Path, body_path: Path = DASHBOARD) -> Path:
         f"drawn from a demo run on {started:%Y-%m-%d} (times UTC)",
         f"A real local Triton (no GPU) with the demo's sample models and traffic; the exporter's loop for "
         f"{meta.get('windows')} windows of {window:g} s, each standing for one {Clock(0, window).base:g} s "
-        "period of the dashboard; model sync on moto's S3 (an update, then a refused archive); logs routed "
+        "period of the dashboard; model sync on moto's S3 with safe rollouts (an update through a canary bake to "
+        "its verdict, then a refused archive); logs routed "
         "by the shipped Fluent Bit configuration. Regenerate: bash scripts/preview.sh",
     ]
     body = json.loads(body_path.read_text())
     fig = dashboard.draw(body, data, load_alarms(ALARMS), scope_of(), heading)
     dashboard.save(fig, out)
     return out
+
+
+def draw_rollout(args: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m demo.preview rollout",
+        description="Draw a model-sync rollout timeline: by default the good and the bad rollouts that "
+        "bench/bench_rollout.py "
+        f"measured ({TIMELINE.relative_to(ROOT)}) into {ROLLOUT_PNG.relative_to(ROOT)}.",
+    )
+    p.add_argument(
+        "events", type=Path, nargs="?", help="a rollout's per-host events instead (schema: demo/preview/rollout.py)"
+    )
+    p.add_argument(
+        "--from-bench",
+        type=Path,
+        metavar="FILE",
+        help=f"bench/bench_rollout.py's --timeline file (default {TIMELINE.relative_to(ROOT)})",
+    )
+    p.add_argument(
+        "--runs",
+        nargs="+",
+        default=list(rollout_bench.RUNS),
+        help="the bench's rollouts to draw, one panel each (default: good bad)",
+    )
+    p.add_argument("--out", type=Path, default=ROLLOUT_PNG, help=f"the PNG (default {ROLLOUT_PNG.relative_to(ROOT)})")
+    a = p.parse_args(args)
+    if a.events is not None and a.from_bench is not None:
+        p.error("give either a rollout's events or --from-bench, not both")
+    try:
+        if a.events is not None:
+            fig = rollout.draw(rollout.load(a.events))
+        else:
+            doc = rollout_bench.load(a.from_bench or TIMELINE)
+            fig = rollout.draw(*rollout_bench.rollouts(doc, tuple(a.runs)), heading=rollout_bench.heading(doc))
+    except rollout.RolloutError as exc:
+        _say(f"error: {exc}")
+        return 1
+    rollout.save(fig, a.out)
+    _say(f"wrote {a.out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,15 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"wrote {draw_run(a.events, a.out)}")
         return 0
     if args and args[0] == "rollout":
-        p = argparse.ArgumentParser(prog="python -m demo.preview rollout", description=rollout.__doc__.splitlines()[0])
-        p.add_argument(
-            "events", type=Path, help="the rollout's per-host events (JSON; schema: demo/preview/rollout.py)"
-        )
-        p.add_argument("--out", type=Path, default=ROOT / "docs" / "rollout-timeline.png")
-        a = p.parse_args(args[1:])
-        rollout.save(rollout.draw(rollout.load(a.events)), a.out)
-        _say(f"wrote {a.out}")
-        return 0
+        return draw_rollout(args[1:])
     p = argparse.ArgumentParser(prog="python -m demo.preview", description=__doc__.splitlines()[0])
     p.add_argument("--window", type=float, default=5.0, help="seconds per exporter window (default 5)")
     p.add_argument("--windows", type=int, default=8, help="exporter windows to collect (default 8)")

@@ -3,9 +3,10 @@
 What runs, all on this machine: the demo's Triton with its sample models and traffic (demo/), in
 OpenTelemetry trace mode (one request in TRACE_RATE); the exporter's loop with short windows (EMF
 on stdout, its log on stderr, as in the ECS task) with its trace relay on, forwarding to a local
-OTLP sink that stands in for X-Ray and keeps nothing; model sync against moto's S3 (the demo's
-``text`` model is installed from an archive, then updated mid-run; an archive whose sha256 does
-not match, ``ranker``, is uploaded and refused). Each line is stamped when it arrives, then
+OTLP sink that stands in for X-Ray and keeps nothing; model sync against moto's S3, the bucket's
+events fanned out through SNS, with safe rollouts on (the demo's ``text`` model is installed from
+an archive, then its update mid-run goes through a canary bake to its verdict on this one host; an
+archive whose sha256 does not match, ``ranker``, is uploaded and refused). Each line is stamped when it arrives, then
 routed as the task routes it: Triton's and the exporter's lines through the shipped Fluent Bit
 configuration (FireLens; read by tests/support/fluentbit_sim.py, the same interpreter the log
 tests use), model sync's stdout and stderr to its awslogs group. The run is a list of log events
@@ -172,6 +173,22 @@ class S3:
         )
         self.client.create_bucket(Bucket=BUCKET)
         self.client.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+        # Every object event (uploads, and the rollout state's conditional writes) to one topic, as the
+        # stack's bucket rule does: each daemon reads it through a queue of its own (docs/modelsync.md).
+        sns = boto3.client(
+            "sns",
+            endpoint_url=self.url,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        self.topic = sns.create_topic(Name="demo-model-events")["TopicArn"]
+        self.client.put_bucket_notification_configuration(
+            Bucket=BUCKET,
+            NotificationConfiguration={
+                "TopicConfigurations": [{"TopicArn": self.topic, "Events": ["s3:ObjectCreated:*"]}]
+            },
+        )
 
     def upload(self, model: str, data: bytes, sha256: str | None = None) -> None:
         digest = sha256 or hashlib.sha256(data).hexdigest()
@@ -291,6 +308,20 @@ def run(out: Path, window: float, windows: int, say: Callable[[str], None]) -> P
                 "0",
                 "--hash-tag-wait",
                 "0",
+                # Safe rollouts on this one host: it is the canary of every update, judged after a bake of two
+                # windows against its own counters on the previous build (docs/modelsync.md).
+                "--topic-arn",
+                s3.topic,
+                "--queue-name-prefix",
+                "demo-",
+                "--canary-fraction",
+                "1",
+                "--bake-seconds",
+                f"{2 * window:g}",
+                "--bake-min-requests",
+                "20",
+                "--triton-metrics-url",
+                server.metrics_url,
             ],
             s3.env,
         )
@@ -329,11 +360,18 @@ def run(out: Path, window: float, windows: int, say: Callable[[str], None]) -> P
         for n in range(1, windows + 1):
             lines.wait(partial(_at_least, beats, n), window * 4 + 60, f"exporter window {n}")
             if steps.get(n) == "update":
-                say(f"window {n}: uploading a new build of {SYNCED!r}")
+                say(f"window {n}: uploading a new build of {SYNCED!r} (a rollout: canary, bake, verdict)")
                 s3.upload(SYNCED, model_zip(SYNCED, MODELS_DIR / SYNCED, note="build 2"))
             elif steps.get(n) == "refused":
                 say(f"window {n}: uploading {REFUSED!r} with a sha256 that does not match (model sync refuses it)")
                 s3.upload(REFUSED, model_zip(REFUSED, MODELS_DIR / "add"), sha256="0" * 64)
+        # What the drawing's subtitle says happened, before it is drawn: the rollout's verdict (its bake is two
+        # windows from the canary's READY, which can end after the last window on a slow machine) and the refusal.
+        for needle, what in (
+            ('"RolloutsPromoted":1', f"the rollout of {SYNCED!r} to be promoted"),
+            ('"result":"hash_mismatch"', f"model sync to refuse {REFUSED!r}"),
+        ):
+            lines.wait(partial(_at_least, lines.count("modelsync", needle), 1), window * 4 + 60, what)
     finally:
         stop.set()
         for proc in procs:

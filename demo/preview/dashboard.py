@@ -421,6 +421,13 @@ def columns(names: list[str], cells: list[list[str]], room: float, size: float) 
     return [m + spare * e / total for m, e in zip(least, extra)]
 
 
+def filters(query: str) -> list[str]:
+    """The query's ``filter`` commands and the log groups it reads: what its lines must be."""
+    groups, commands = logsinsights.sources(query)
+    where = ", ".join(groups)
+    return [f"{where}: {c}" for c in commands if c.lower().startswith("filter ")] or [where]
+
+
 def draw_logs(canvas: Canvas, box: Box, props: dict[str, Any], data: Data) -> None:
     top = _frame(canvas, box, str(props.get("title", "")))
     query = str(props.get("query", ""))
@@ -428,9 +435,10 @@ def draw_logs(canvas: Canvas, box: Box, props: dict[str, Any], data: Data) -> No
     result = logsinsights.run(query, [e for g in groups for e in data.logs.get(g, [])])
     size, step = 6.5, 11.5
     if not result.rows:
+        middle = (top + box.y + box.h) / 2
         canvas.text(
             box.x + box.w / 2,
-            (top + box.y + box.h) / 2,
+            middle,
             "no log lines of the demo run match this query",
             fontsize=8.5,
             color=MUTED,
@@ -438,6 +446,17 @@ def draw_logs(canvas: Canvas, box: Box, props: dict[str, Any], data: Data) -> No
             ha="center",
             va="center",
         )
+        # What it looks for, so the reader sees why the demo has none (a GPU fault, say, needs a GPU).
+        for n, clause in enumerate(filters(query)[:3]):
+            canvas.text(
+                box.x + box.w / 2,
+                middle + 16 + 12 * n,
+                fit(clause, box.w - 24, 7.5),
+                fontsize=7.5,
+                color=MUTED,
+                ha="center",
+                va="center",
+            )
         return
     cells = [[result.cell(r, c).split("\n")[0] for c in result.columns] for r in result.rows]
     room = box.w - 24

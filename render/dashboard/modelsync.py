@@ -122,7 +122,7 @@ def widgets(opts: Options) -> list[Placed]:
         *_searches(opts, LATER_GRAPHS),
         Placed(skew, 12),
         Placed(served, 12),
-        Placed(recent, 12),
+        Placed(recent, 24),  # a row of its own: the rollout graphs after it fill the next row, three of 8
         *rollout_widgets(opts),
     ]
 
@@ -165,7 +165,9 @@ def rollout_widgets(opts: Options) -> list[Placed]:
         "fields @timestamp, model, verdict, host, artifact, previous, reason,"
         " evidence.canary.requests as canary_requests, evidence.canary.failure_ratio as canary_failures,"
         " evidence.canary.avg_ms as canary_ms, evidence.baseline.avg_ms as baseline_ms"
-        "\n| filter ispresent(verdict)"
+        # The decision lines only: a decision with a metric is also in the group as an EMF event (model sync's
+        # stdout goes there too), which would be its second row.
+        '\n| filter logger = "modelsync.rollout" and ispresent(verdict)'
         "\n| sort model asc, @timestamp desc\n| limit 200",
     )
     return [*_searches(opts, ROLLOUT_GRAPHS), Placed(flight), Placed(decisions, 24)]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from demo.preview import collect
+from demo.preview import collect, logsinsights
 from demo.preview.emf import Store
-from tests.unit.demo.test_preview import ROOT
+from tests.unit.demo.test_preview import ROOT, dashboard_query
 
 
 @pytest.mark.triton
@@ -42,4 +42,11 @@ def test_the_preview_command_draws_a_real_run(tmp_path: Path) -> None:
     names = {k.name for k in store.points}
     assert {"RequestSuccess", "ExporterHeartbeat", "SyncAttempts"} <= names
     assert any("failed to load 'broken'" in e.message for e in groups["/ecs/triton/errors"])
+    # the update is a safe rollout on the demo's one host, seen through the dashboard's rollout timeline
+    query = dashboard_query("Rollout timeline per model: every decision with its evidence (newest first)")
+    timeline = logsinsights.run(query, groups["/ecs/triton/modelsync"])
+    decided = [(r["model"], r["verdict"], r["host"]) for r in timeline.rows]
+    assert {("text", v, meta["host"]) for v in ("started", "baking", "promoted")} <= set(decided), decided
+    assert [v for _, v, _ in decided].count("promoted") == 1, decided  # once: not again as its EMF event
+    assert {"RolloutsStarted", "RolloutsPromoted", "RolloutsInFlight"} <= names
     assert out.stat().st_size > 100_000

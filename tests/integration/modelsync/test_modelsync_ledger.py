@@ -305,6 +305,21 @@ def baked(moto: Moto, metrics: Metrics, hosts: list[str], **kw: Any) -> tuple[st
     return bucket, coords, logs
 
 
+def test_every_decision_line_names_the_host_that_made_it(moto, metrics) -> None:  # noqa: F811
+    """The dashboard's rollout timeline reads the decision lines of every host's group: each says whose it is."""
+    _, (a, b), (log_a, log_b) = baked(moto, metrics, ["a", "b"], bake=0.5)
+    evidence_for(metrics, 500)
+    time.sleep(1.0)
+    a.tick()
+    b.tick()
+    verdicts = set()
+    for host, log in (("a", log_a), ("b", log_b)):
+        decided = [getattr(r, "fields", {}) for r in log.records if "verdict" in getattr(r, "fields", {})]
+        assert decided and {d.get("host") for d in decided} == {host}, decided
+        verdicts |= {d["verdict"] for d in decided}
+    assert {"started", "canary claimed", "baking", "promoted"} <= verdicts, verdicts
+
+
 def test_two_canaries_deciding_at_once_make_one_verdict(moto, metrics) -> None:  # noqa: F811
     bucket, (a, b), (log_a, log_b) = baked(moto, metrics, ["a", "b"], bake=1.0)
     evidence_for(metrics, 500)
@@ -343,7 +358,7 @@ def test_a_canary_that_cannot_load_the_artifact_rejects_it(moto, metrics) -> Non
     from modelsync.errors import LoadFailed, RolledBack
 
     bucket = new_bucket(moto)
-    a, _, _ = coordinator(moto, bucket, "a", metrics.url)
+    a, log_a, _ = coordinator(moto, bucket, "a", metrics.url)
     a.plan("add", listed('"e1"'), V1)
     plan = a.plan("add", listed('"e2"'), V1, fresh=True)
     a.failed("add", plan, listed('"e2"'), LoadFailed("x"))  # transient=False: its own fault ...
@@ -352,6 +367,12 @@ def test_a_canary_that_cannot_load_the_artifact_rejects_it(moto, metrics) -> Non
     assert "failed to install on canary a" in state.verdicts[0].reason
     back = a.plan("add", listed('"e2"'), V1, fresh=True)
     assert back.install is None and "was rejected" in back.reason  # ... and it stays out
+    home = a.plan("add", listed('"e2"'), V2, fresh=True)  # had it served e2, it goes back to e1: a rollback line
+    a.settled("add", home, V1, installed=True)
+    rolled = [
+        getattr(r, "fields", {}) for r in log_a.records if getattr(r, "fields", {}).get("verdict") == "rolled back"
+    ]
+    assert [(f.get("host"), f.get("artifact")) for f in rolled] == [("a", "b" * 64)]
     b, _, _ = coordinator(moto, new_bucket(moto), "b", metrics.url)
     assert b.plan("add", listed('"e1"'), V1).install is not None
     plan = b.plan("add", listed('"e2"'), V1, fresh=True)

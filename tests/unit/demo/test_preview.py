@@ -4,23 +4,26 @@ The evaluators (EMF datapoints and statistics, SEARCH, metric math, Metrics Insi
 Insights, Logs Insights, alarm states) are checked on a few EMF documents and log events written
 here; every widget of the committed dashboard is checked to be drawable, with data for every
 metric the catalog emits and with none at all (each widget then says why); forms the preview does
-not implement are refused. The rollout timeline is drawn from a small synthetic file. One test
+not implement are refused. The rollout timeline is drawn from a small synthetic file, and from a small
+file shaped as bench/bench_rollout.py writes it, with known events and the rows they become. One test
 runs the whole command against a real Triton.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import matplotlib.pyplot as plt
 import pytest
 
 from catalog import build, modelsync_catalog
-from demo.preview import collect, dashboard, logsinsights, rollout
+from demo.preview import collect, dashboard, logsinsights, rollout, rollout_bench
 from demo.preview.__main__ import ALARMS, DASHBOARD, rules, scope_of
 from demo.preview.alarms import alarm_props, evaluate_alarm, load_alarms
 from demo.preview.emf import EmfError, Store, Unsupported, percentile, statistic
@@ -359,6 +362,16 @@ def test_routing_puts_tritons_errors_in_the_errors_group_and_model_sync_in_its_o
     assert "/ecs/triton/exporter" in groups
 
 
+def test_the_rollout_timeline_shows_each_decision_once_not_again_as_its_emf_event() -> None:
+    """Model sync's stdout (EMF) and stderr (JSON log) share its group; a decision with a metric is in both."""
+    query = dashboard_query("Rollout timeline per model: every decision with its evidence (newest first)")
+    decision = {"model": "m", "verdict": "promoted", "host": "h", "artifact": "b" * 64, "reason": "healthy"}
+    line = {"level": "INFO", "logger": "modelsync.rollout", "msg": "rollout of m: promoted: healthy", **decision}
+    emf = {"_aws": {"Timestamp": int(T0 * 1000), "CloudWatchMetrics": []}, "RolloutsPromoted": 1.0, **decision}
+    result = logsinsights.run(query, [LogEvent(T0, json.dumps(line)), LogEvent(T0, json.dumps(emf))])
+    assert [(r["model"], r["verdict"], r["host"]) for r in result.rows] == [("m", "promoted", "h")]
+
+
 # --- alarms --------------------------------------------------------------------------------------------
 
 
@@ -516,6 +529,8 @@ def test_the_committed_dashboard_draws_with_data_and_says_why_without(tmp_path: 
     assert sum(t.startswith("no data") for t in said) >= len(graphs)
     logs = [w for w in body["widgets"] if w["type"] == "log"]
     assert sum(t == "no log lines of the demo run match this query" for t in said) == len(logs)
+    # each says what it looks for: the timeline, its decision lines in model sync's group
+    assert '/ecs/triton/modelsync: filter logger = "modelsync.rollout" and ispresent(verdict)' in said
     plt.close(empty)
 
 
@@ -621,6 +636,215 @@ def test_rollout_command(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert out.stat().st_size > 5_000
+
+
+def test_a_bake_window_closes_at_the_rollouts_verdict_whichever_host_logged_it() -> None:
+    r = rollout.parse(
+        {
+            "events": [
+                {"host": "a", "time": 2, "event": "bake_started"},
+                {"host": "b", "time": 3, "event": "bake_started"},
+                {"host": "a", "time": 9, "event": "verdict_rejected"},
+                {"host": "b", "time": 1, "event": "serving_new"},
+                {"host": "b", "time": 11, "event": "rolled_back"},
+            ]
+        }
+    )
+    assert r.bake_windows("b", 20.0) == [(3.0, 9.0, "verdict_rejected")]
+    assert r.serving("b", 20.0) == [(1.0, 11.0)]
+    assert r.serving("a", 20.0) == []
+    assert r.canaries() == set()
+
+
+# --- the rollouts bench/bench_rollout.py measured ----------------------------------------------------------
+
+
+def bench_run(behaviour: str, decisions: dict[str, list[dict[str, Any]]], **per_host: dict[str, Any]) -> dict[str, Any]:
+    hosts = list(decisions)
+    run: dict[str, Any] = {
+        "behaviour": behaviour,
+        "decisions": decisions,
+        "first_new_answer_s": dict.fromkeys(hosts),
+        "first_failure_s": dict.fromkeys(hosts),
+        "back_on_previous_s": dict.fromkeys(hosts),
+        "failed_requests": dict.fromkeys(hosts, 0),
+        "failed_per_second": {h: [0, 0, 0] for h in hosts},
+        "requests": dict.fromkeys(hosts, 150),
+    }
+    for key, values in per_host.items():
+        run[key] = {**run[key], **values}
+    return run
+
+
+EVIDENCE = {
+    "canary": {"requests": 120, "failures": 120, "failure_ratio": 1.0},
+    "baseline": {"requests": 130, "failures": 0, "failure_ratio": 0.0, "avg_ms": 1.5},
+}
+BENCH = {
+    "settings": {"hosts": 3, "canary_fraction": 0.25, "bake_seconds": 20.0, "bake_min_requests": 30},
+    "good": bench_run(
+        "ok",
+        {
+            "h-a": [{"sha256": "new", "t": 30.5, "verdict": "installed"}],
+            "h-b": [
+                {"verdict": "started", "t": 1.0, "reason": "new goes to 1 canary host(s) of 3 live first"},
+                {"verdict": "installed", "t": 3.0, "sha256": "new"},
+                {"verdict": "baking", "t": 8.0, "reason": "canary h-b serves new"},
+                {"verdict": "waiting for evidence", "t": 28.0, "reason": "12 requests of 30"},
+                {"verdict": "promoted", "t": 29.0, "reason": "no evidence kept: this reason is shown"},
+            ],
+            "h-c": [],
+        },
+        first_new_answer_s={"h-a": 31.0, "h-b": 3.5},
+    ),
+    "bad": bench_run(
+        "fail",
+        {
+            "h-a": [
+                {"verdict": "started", "t": 1.0, "reason": "bad goes to 1 canary host(s) of 3 live first"},
+                {"verdict": "installed", "t": 3.0, "sha256": "bad"},
+                {"verdict": "baking", "t": 9.0, "reason": "canary h-a serves bad"},
+                {"verdict": "rejected", "t": 30.0, "reason": "failure ratio 1.0", "evidence": EVIDENCE},
+                {"verdict": "installed", "t": 33.0, "sha256": "old"},
+                {"verdict": "rolled back", "t": 33.1, "reason": "failure ratio 1.0"},
+            ],
+            "h-b": [],
+            "h-c": [],
+        },
+        first_failure_s={"h-a": 3.2},
+        back_on_previous_s={"h-a": 33.25},
+        failed_requests={"h-a": 70},
+        failed_per_second={"h-a": [0, 0, 0, 30, 40]},
+    ),
+}
+
+
+def test_the_benchs_good_rollout_becomes_the_timelines_events() -> None:
+    got = rollout_bench.convert(BENCH, "good")
+    assert sorted((e["time"], e.get("host", ""), e["event"], e.get("detail", "")) for e in got["events"]) == [
+        (0, "", "uploaded", ""),
+        (1.0, "h-b", "canary_chosen", ""),
+        (3.0, "h-b", "canary_installed", "new"),
+        (3.5, "h-b", "serving_new", ""),
+        (8.0, "h-b", "bake_started", ""),
+        (29.0, "h-b", "verdict_promoted", "no evidence kept: this reason is shown"),
+        (30.5, "h-a", "installed", "new"),
+        (31.0, "h-a", "serving_new", ""),
+    ]
+    assert got["title"] == "A good build: canary h-b, promoted; 1 of the 2 other hosts install it"
+    assert {(c["host"], c["time"], c["count"]) for c in got["failed_requests"]} == {
+        (h, t, 0) for h in ("h-a", "h-b", "h-c") for t in (1, 2, 3)
+    }
+    assert got["requests"] == [{"host": h, "count": 150} for h in ("h-a", "h-b", "h-c")]
+    r = rollout.parse(got)
+    assert r.hosts() == ["h-b", "h-a", "h-c"]  # the canary first, then in the order they act
+    assert r.bake_windows("h-b", 40.0) == [(8.0, 29.0, "verdict_promoted")]
+
+
+def test_the_benchs_bad_rollout_rolls_back_on_the_canary_only() -> None:
+    got = rollout_bench.convert(BENCH, "bad")
+    canary = sorted((e["time"], e["event"], e.get("detail", "")) for e in got["events"] if e.get("host") == "h-a")
+    assert canary == [
+        (1.0, "canary_chosen", ""),
+        (3.0, "canary_installed", "bad"),
+        (3.2, "serving_new", ""),  # a build that fails every request never answers: its first failure
+        (9.0, "bake_started", ""),
+        (30.0, "verdict_rejected", "canary 120 requests, 100% failed; previous build 130 requests, 0% failed, 1.50 ms"),
+        (33.1, "rolled_back", "the previous build answers again at 33.2 s"),  # the reinstall of "old" is not drawn
+    ]
+    assert not [e for e in got["events"] if e.get("host") in ("h-b", "h-c")]
+    assert got["title"] == (
+        "A harmful build (every request fails): canary h-a, rejected, rolled back; "
+        "none of the 2 other hosts installs it"
+    )
+    failed = [(c["time"], c["count"]) for c in got["failed_requests"] if c["host"] == "h-a"]
+    assert failed == [(1, 0), (2, 0), (3, 0), (4, 30), (5, 40)]  # second i ends at i + 1
+    r = rollout.parse(got)
+    assert [r.failed_total(h) for h in r.hosts()] == [70.0, 0.0, 0.0]
+    assert r.serving("h-a", 50.0) == [(3.2, 33.1)]
+    heading = rollout_bench.heading(BENCH)
+    assert "3 hosts" in heading[1] and "--canary-fraction 0.25 --bake-seconds 20 --bake-min-requests 30" in heading[1]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.pop("bad"), "no rollout 'bad' in the bench's file"),
+        (lambda d: d["bad"].pop("failed_per_second"), "no failed_per_second"),
+        (
+            lambda d: d["bad"]["decisions"]["h-a"].append({"verdict": "superseded", "t": 40}),
+            "'superseded' is not drawn",
+        ),
+        (lambda d: d["bad"]["decisions"]["h-a"].__setitem__(0, {"verdict": "baking", "t": 1}), "no host took a canary"),
+        (lambda d: d["bad"]["decisions"]["h-a"][2].__setitem__("t", "soon"), "not a number of seconds"),
+        (lambda d: d["bad"]["decisions"]["h-a"][2].__setitem__("t", -1.0), ">= 0"),
+        (lambda d: d["bad"]["failed_per_second"].__setitem__("h-a", [-1]), ">= 0"),
+        (lambda d: d["bad"].__setitem__("decisions", {}), "no host"),
+    ],
+)
+def test_a_bench_file_the_timeline_cannot_draw_is_refused(change: Any, message: str) -> None:
+    doc = json.loads(json.dumps(BENCH))
+    change(doc)
+    with pytest.raises(rollout.RolloutError, match=message):
+        rollout_bench.rollouts(doc)
+
+
+def test_what_the_bench_writes_is_what_the_converter_reads() -> None:
+    """bench/bench_rollout.py's own functions, on traffic and log lines of known times."""
+    spec = importlib.util.spec_from_file_location("bench_rollout", ROOT / "bench" / "bench_rollout.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    nan = float("nan")
+    results = [(100.2, 200, 1.0), (100.9, 500, nan), (101.1, 500, nan), (101.5, 0, nan), (102.4, 200, 1.0)]
+    host = SimpleNamespace(name="h-a", traffic={"m": SimpleNamespace(results=results)})
+    fleet = SimpleNamespace(hosts=[host])
+    assert bench.failed_per_second(fleet, "m", 100.0) == {"h-a": [1, 2, 0]}
+    line = {"verdict": "rejected", "evidence": {**EVIDENCE, "thresholds": {}, "canaries": ["h-a"], "baked_s": 21.0}}
+    assert bench.evidence(line) == {**EVIDENCE, "baked_s": 21.0}
+
+
+def test_the_committed_timeline_draws_both_rollouts(tmp_path: Path) -> None:
+    """docs/rollout-timeline.json (bench/bench_rollout.py's last run) says what docs/modelsync.md says of it."""
+    doc = rollout_bench.load(ROOT / "docs" / "rollout-timeline.json")
+    good, bad = rollout_bench.rollouts(doc)
+    for r, verdict in ((good, "verdict_promoted"), (bad, "verdict_rejected")):
+        (canary,) = r.canaries()
+        assert r.hosts()[0] == canary
+        assert [e.event for e in r.events if e.event in rollout.VERDICTS] == [verdict]
+    assert all(any(e.host == h and e.event == "installed" for e in good.events) for h in good.hosts()[1:])
+    (canary,) = bad.canaries()
+    assert bad.failed_total(canary) > 0 and [bad.failed_total(h) for h in bad.hosts()[1:]] == [0, 0, 0]
+    assert any(e.host == canary and e.event == "rolled_back" for e in bad.events)
+    out = tmp_path / "timeline.png"
+    run = subprocess.run(
+        [sys.executable, "-m", "demo.preview", "rollout", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert out.stat().st_size > 20_000
+    assert (ROOT / "docs" / "rollout-timeline.png").stat().st_size > 20_000
+    assert "rollout-timeline.png" in (ROOT / "docs" / "modelsync.md").read_text()
+
+
+def test_the_rollout_command_says_what_is_wrong_with_a_bench_file(tmp_path: Path) -> None:
+    path = tmp_path / "old.json"
+    doc = json.loads(json.dumps(BENCH))
+    del doc["good"]["failed_per_second"]
+    path.write_text(json.dumps(doc))
+    run = subprocess.run(
+        [sys.executable, "-m", "demo.preview", "rollout", "--from-bench", str(path), "--out", str(tmp_path / "x.png")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1
+    assert "no failed_per_second" in run.stderr and "bench/bench_rollout.py --timeline" in run.stderr
+    assert not (tmp_path / "x.png").exists()
 
 
 # --- the whole command, against a real Triton -------------------------------------------------------------

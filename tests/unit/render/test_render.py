@@ -9,6 +9,7 @@ limits) is checked here.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -168,6 +169,21 @@ def test_rich_dashboard_is_a_valid_body_with_model_log_groups(rich_files) -> Non
     _check_dashboard(body, "eu-west-1")
     queries = [w["properties"]["query"] for w in body["widgets"] if w["type"] == "log"]
     assert any("SOURCE '/ecs/triton/model/m.x.v2.b'" in q and "SOURCE '/ecs/triton/model/add'" in q for q in queries)
+
+
+@pytest.mark.parametrize("which", ["default_files", "rich_files"])
+def test_only_the_last_row_of_a_section_leaves_columns_empty(which: str, request: pytest.FixtureRequest) -> None:
+    """A hole in the middle of a section (a widget pushed to the next row) reads as a missing widget."""
+    body = json.loads(request.getfixturevalue(which)["dashboards/triton.json"])
+    rows: dict[int, int] = {}
+    for w in body["widgets"]:
+        rows[w["y"]] = rows.get(w["y"], 0) + w["width"]
+    ys = sorted(rows)
+    starts = {w["y"] for w in body["widgets"] if w["type"] == "text" and w["height"] == 1}  # section headings
+    holes = [y for y, after in itertools.pairwise(ys) if rows[y] < GRID_WIDTH and after not in starts]
+    assert not holes, [
+        (y, rows[y], [w["properties"].get("title") for w in body["widgets"] if w["y"] == y]) for y in holes
+    ]
 
 
 def test_request_latency_p99_widget_and_ttft_alarm_read_the_first_response_split(default_files) -> None:
