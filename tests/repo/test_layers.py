@@ -176,3 +176,49 @@ def test_the_sidecar_reaches_the_generator_only_through_its_command_aliases() ->
     }
     assert edges == {("exporter.__main__", "render"), ("exporter.__main__", "render.cost")}
     assert {t for _, t in edges} <= aliases
+
+
+# --- the tests' own layers (tests/README.md) ----------------------------------------------------------------
+
+TEST_LAYERS = ("unit", "integration", "deploy", "repo", "support/tests")
+
+
+def test_every_test_module_sits_in_a_layer_and_unit_mirrors_the_packages() -> None:
+    tests = ROOT / "tests"
+    for path in tests.rglob("test_*.py"):
+        rel = path.relative_to(tests).as_posix()
+        assert rel.startswith(tuple(f"{layer}/" for layer in TEST_LAYERS)), f"tests/{rel} is in no layer"
+    packages = {p.name for p in (tests / "unit").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    shipped_or_demo = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert packages - {"cli"} <= shipped_or_demo, packages - shipped_or_demo
+    for folder in [tests, *(p for p in tests.rglob("*") if p.is_dir() and "__pycache__" not in p.parts)]:
+        if folder.name != "fixtures" and "fixtures" not in folder.relative_to(tests).parts:
+            assert (folder / "__init__.py").exists(), f"{folder}: module names must stay unique (tests.unit....)"
+
+
+def test_the_collection_guard_refuses_a_unit_test_that_needs_a_real_triton() -> None:
+    """tests/conftest.py's hook: a unit test asking for ``triton`` or ``moto``, or marked ``triton``, is refused."""
+    import pytest
+
+    from tests import conftest
+
+    class Item:
+        def __init__(self, nodeid: str, fixtures: tuple[str, ...], marks: tuple[str, ...] = ()) -> None:
+            self.nodeid, self.fixturenames, self.marks = nodeid, fixtures, [getattr(pytest.mark, m) for m in marks]
+
+        def iter_markers(self, name: str | None = None):
+            return iter(m.mark for m in self.marks if name in (None, m.mark.name))
+
+        def add_marker(self, mark) -> None:
+            self.marks.append(mark)
+
+    fine = [Item("tests/unit/exporter/test_x.py::a", ("tmp_path",)), Item("tests/integration/test_y.py::b", ("moto",))]
+    conftest.pytest_collection_modifyitems(None, fine)  # type: ignore[arg-type]
+    assert [m.mark.args for m in fine[0].marks] == [("tests/unit/exporter/test_x.py",)]  # its module's xdist group
+    for bad in (
+        Item("tests/unit/exporter/test_x.py::c", ("triton",)),
+        Item("tests/unit/modelsync/test_x.py::d", ("tmp_path", "moto")),
+        Item("tests/support/tests/test_x.py::e", (), ("triton",)),
+    ):
+        with pytest.raises(pytest.UsageError, match=bad.nodeid.replace("[", r"\[")):
+            conftest.pytest_collection_modifyitems(None, [bad])  # type: ignore[arg-type]
