@@ -13,4 +13,4 @@ bash scripts/setup.sh
 trap 'bash scripts/rehearsal-engine.sh stop' EXIT
 # Independent test modules run on four workers (most of the suite's time is waiting on servers, not CPU);
 # tests/conftest.py keeps each module, and the tests sharing the container engine, on one worker.
-.venv/bin/python -m pytest -n "${TEST_WORKERS:-4}" --dist loadgroup "$@"
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-4}" "$@"

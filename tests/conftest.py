@@ -108,18 +108,37 @@ _OUTSIDE = {"triton", "triton_factory", "moto"}
 _SELF_CONTAINED = ("tests/unit/", "tests/support/tests/")
 
 
-# Under pytest-xdist (scripts/test.sh: ``-n 4 --dist loadgroup``) a module's tests stay on one worker, so its
-# module-scoped fixtures (a Triton, a checkov scan, a built image) are made once; the tests that drive the
-# container engine share one worker, as they share one engine.
+# Under pytest-xdist (scripts/test.sh: ``-n 4``) a module's tests stay on one worker, so its module-scoped
+# fixtures (a Triton, a checkov scan, a built image) are made once, and the modules that drive the container
+# engine share one worker, as they share one engine. (xdist's own ``--dist loadgroup`` cannot do this under
+# pytest 9: it renames node ids through an attribute pytest no longer reads; the scheduler hook is public.)
 _ENGINE = ("tests/deploy/test_rehearsal.py", "tests/deploy/test_triton_side_debian.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def work_unit(nodeid: str) -> str:
+    """The unit a worker takes whole: the test's module, or the container engine's."""
+    path = nodeid.split("::", 1)[0]
+    return "container-engine" if path in _ENGINE else path
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # pragma: no cover - the dev lock has pytest-xdist; a bare pytest runs serially
+    pass
+else:
+
+    class _ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadScopeScheduling:
+        return _ByModule(config, log)  # type: ignore[arg-type]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     misplaced = []
     for item in items:
         path = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("container-engine" if path in _ENGINE else path))
         if not path.startswith(_SELF_CONTAINED):
             continue
         needs = sorted(_OUTSIDE & set(getattr(item, "fixturenames", ())))

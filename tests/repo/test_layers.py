@@ -196,6 +196,15 @@ def test_every_test_module_sits_in_a_layer_and_unit_mirrors_the_packages() -> No
             assert (folder / "__init__.py").exists(), f"{folder}: module names must stay unique (tests.unit....)"
 
 
+def test_a_worker_takes_a_module_whole_and_the_engines_modules_together() -> None:
+    from tests import conftest
+
+    assert conftest.work_unit("tests/unit/exporter/test_x.py::a[1]") == "tests/unit/exporter/test_x.py"
+    assert conftest.work_unit("tests/deploy/test_rehearsal.py::t") == conftest.work_unit(
+        "tests/deploy/test_triton_side_debian.py::test_verdicts_under_debian_python[trixie]"
+    )
+
+
 def test_the_collection_guard_refuses_a_unit_test_that_needs_a_real_triton() -> None:
     """tests/conftest.py's hook: a unit test asking for ``triton`` or ``moto``, or marked ``triton``, is refused."""
     import pytest
@@ -214,7 +223,6 @@ def test_the_collection_guard_refuses_a_unit_test_that_needs_a_real_triton() -> 
 
     fine = [Item("tests/unit/exporter/test_x.py::a", ("tmp_path",)), Item("tests/integration/test_y.py::b", ("moto",))]
     conftest.pytest_collection_modifyitems(None, fine)  # type: ignore[arg-type]
-    assert [m.mark.args for m in fine[0].marks] == [("tests/unit/exporter/test_x.py",)]  # its module's xdist group
     for bad in (
         Item("tests/unit/exporter/test_x.py::c", ("triton",)),
         Item("tests/unit/modelsync/test_x.py::d", ("tmp_path", "moto")),
