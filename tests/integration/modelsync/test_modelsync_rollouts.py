@@ -6,16 +6,14 @@ bake is a few seconds (``--bake-seconds 5``, ``--bake-min-requests 20``) so that
 ``--max-latency-ratio 3`` (the slow build is 20x slower) so that a loaded machine's noise over such short
 windows never rejects a good build.
 Every test counts failed requests per host: outside the canary, there must be none. The fleet is shared by
-the module (one bucket and topic); each test rolls out a model of its own.
+the module (one bucket and topic; tests/integration/modelsync/conftest.py); each test rolls out a model of its
+own. Here: the verdicts; test_modelsync_rollouts_recovery.py: restarts, operators, hosts coming and going.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,22 +28,8 @@ from tests.support.msync import (
     unique,
     wait_for,
 )
-from tests.support.paths import REPO
 
-ROOT = REPO
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def fleet(moto, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:  # noqa: F811
-    f = Fleet(moto, tmp_path_factory.mktemp("fleet"), 3)
-    try:
-        f.start_all()
-        yield f
-    finally:
-        for h in f.hosts:
-            sys.stderr.write(f"--- {h.name} daemon log (tail)\n{h.log.read_text()[-4000:] if h.log.exists() else ''}\n")
-        f.close()
 
 
 def first_version(fleet: Fleet, model: str) -> None:
@@ -151,90 +135,6 @@ def test_a_20x_slower_artifact_is_rejected_on_latency(fleet: Fleet) -> None:
     assert "average latency" in decision["reason"] and decision["evidence"]["latency_ratio"] > 1.5
 
 
-def test_a_restart_after_a_rejection_keeps_it_out_and_a_good_artifact_after_two_rejections_goes_out(
-    fleet: Fleet,
-) -> None:
-    model = unique("again")
-    first_version(fleet, model)
-    canary, traffic = rejected(fleet, model, "fail", 3)
-    assert_only_the_canary_saw_it(fleet, canary, traffic)
-    for h in fleet.hosts:  # every daemon restarts: the rejection is in the bucket, not in a process
-        fleet.stop(h)
-    fleet.start_all()
-    fleet.traffic(model)
-    time.sleep(8.0)  # a start reconcile and a few rollout ticks on every host
-    traffic = fleet.stop_traffic(model)
-    assert fleet.answers(model) == [1.0] * len(fleet.hosts)
-    assert all(t.failures() == 0 and t.answers() == {1.0} for t in traffic.values()), failures(traffic)
-    assert verdicts(fleet, model) == ["rejected"]
-    # A second harmful upload, then a good one: the good one goes out.
-    canary, traffic = rejected(fleet, model, "slow", 4)
-    assert_only_the_canary_saw_it(fleet, canary, traffic)
-    fleet.traffic(model)
-    fleet.upload(model, rollout_files(model, 5))
-    wait_for(lambda: fleet.answers(model) == [5.0] * len(fleet.hosts), timeout=120, step=0.2)
-    traffic = fleet.stop_traffic(model)
-    assert failures(traffic) == {h.name: 0 for h in fleet.hosts}
-    assert verdicts(fleet, model) == ["rejected", "rejected", "promoted"]
-
-
-def test_silence_keeps_it_baking_until_an_operator_promotes_it(fleet: Fleet) -> None:
-    model = unique("quiet")
-    first_version(fleet, model)
-    fleet.upload(model, rollout_files(model, 2))  # no traffic at all
-    canary = canary_of(fleet, model)
-    wait_for(lambda: any(d["verdict"] == "waiting for evidence" for d in canary.decisions(model)), timeout=60)
-    time.sleep(3.0)
-    state = fleet.state(model)
-    assert state is not None and state["rollout"]["waiting_since"] is not None and state["verdicts"] == []
-    others = [h for h in fleet.hosts if h is not canary]
-    assert [h.answer(model) for h in others] == [1.0] * len(others)  # silence never promotes
-    waiting = next(d for d in canary.decisions(model) if d["verdict"] == "waiting for evidence")
-    assert "fewer than --bake-min-requests 20" in waiting["reason"]
-    status = cli(fleet, "status", model)
-    assert "WAITING FOR EVIDENCE" in status.stdout and canary.name in status.stdout, status.stdout
-    done = cli(fleet, "promote", model)
-    assert done.returncode == 0 and json.loads(done.stdout)["verdict"] == "promoted", done.stderr
-    wait_for(lambda: fleet.answers(model) == [2.0] * len(fleet.hosts), timeout=60, step=0.2)
-    assert verdicts(fleet, model) == ["promoted"]
-
-
-def cli(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "modelsync", "rollout", *args, "--bucket", fleet.bucket],
-        cwd=ROOT,
-        env=fleet.moto.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def test_a_canary_daemon_killed_mid_bake_hands_its_slot_over_and_nothing_is_promoted_on_its_word(
-    fleet: Fleet,
-) -> None:
-    model = unique("killed")
-    first_version(fleet, model)
-    fleet.traffic(model)
-    fleet.upload(model, rollout_files(model, 2))
-    canary = canary_of(fleet, model)
-    fleet.kill(canary)  # mid-bake: its Triton keeps serving the new artifact, nobody reports for it
-    assert canary.answer(model) == 2.0
-    lost = wait_for(
-        lambda: [d for h in fleet.hosts for d in h.decisions(model) if d["verdict"] == "participant lost"],
-        timeout=60,
-    )
-    assert canary.name in lost[0]["reason"]
-    promoted = wait_for(
-        lambda: [d for h in fleet.hosts for d in h.decisions(model) if d["verdict"] == "promoted"], timeout=90
-    )
-    assert len(promoted) == 1 and promoted[0]["evidence"]["canaries"] != [canary.name], promoted
-    fleet.start(canary)  # back: it follows the fleet
-    wait_for(lambda: fleet.answers(model) == [2.0] * len(fleet.hosts), timeout=90, step=0.2)
-    traffic = fleet.stop_traffic(model)
-    assert failures(traffic) == {h.name: 0 for h in fleet.hosts}
-
-
 def test_a_second_upload_during_the_bake_wins_and_the_first_never_spreads(fleet: Fleet) -> None:
     model = unique("newest")
     first_version(fleet, model)
@@ -289,20 +189,3 @@ def test_a_directory_model_rolls_out_like_any_model(fleet: Fleet) -> None:
     traffic = fleet.stop_traffic(model)
     assert {h for h, n in failures(traffic).items() if n} <= {canary.name}
     assert verdicts(fleet, model) == ["rejected", "promoted"]
-
-
-def test_a_host_joining_mid_rollout_serves_the_promoted_artifact_not_the_canarys(fleet: Fleet) -> None:
-    model = unique("join")
-    first_version(fleet, model)
-    fleet.upload(model, rollout_files(model, 2))  # no traffic yet: the rollout stays in flight, waiting
-    canary = canary_of(fleet, model)
-    wait_for(lambda: any(d["verdict"] == "waiting for evidence" for d in canary.decisions(model)), timeout=60)
-    new = fleet.add_host(start=True)  # a fresh task: nothing installed
-    wait_for(lambda: new.answer(model) == 1.0, timeout=90, step=0.2)  # the stable artifact, not the canary's
-    assert (fleet.state(model) or {}).get("rollout") is not None  # still in flight when it joined
-    fleet.traffic(model)  # evidence comes: the rollout is promoted, and the new host follows
-    wait_for(lambda: fleet.answers(model) == [2.0] * len(fleet.hosts), timeout=120, step=0.2)
-    traffic = fleet.stop_traffic(model)
-    assert failures(traffic) == {h.name: 0 for h in fleet.hosts}
-    assert verdicts(fleet, model) == ["promoted"] and canary is not new
-    assert not any(d["verdict"] in ("started", "canary claimed") for d in new.decisions(model))
