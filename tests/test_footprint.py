@@ -1,0 +1,132 @@
+"""What the sidecar holds and loads: the label cache's sharing, the /metrics body's lifetime, start-up imports.
+
+Figures (CPU seconds, MB) live in bench/bench_once.py and bench/bench_pipeline.py; these tests hold the
+properties behind them, none timed.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+
+from exporter.series import LabelSet
+from exporter.sources.promtext import LabelError, Parser, parse_labels
+from exporter.sources.triton import TritonMetricsSource
+from triton_http import Response
+
+
+def _body(models: int, buckets: int) -> str:
+    lines = ["# TYPE nv_inference_count counter"]
+    lines += [f'nv_inference_count{{model="m{i:04d}",version="1"}} {i}' for i in range(models)]
+    lines.append("# TYPE nv_inference_first_response_histogram_ms histogram")
+    for i in range(models):
+        for b in range(buckets):
+            lines.append(f'nv_inference_first_response_histogram_ms_bucket{{model="m{i:04d}",version="1",le="{b}"}} 1')
+        lines.append(f'nv_inference_first_response_histogram_ms_bucket{{model="m{i:04d}",version="1",le="+Inf"}} 1')
+    lines.append("# TYPE nv_gpu_utilization gauge")
+    lines.append('nv_gpu_utilization{gpu_uuid="GPU-0"} 0.5')
+    return "\n".join(lines) + "\n"
+
+
+WANTED = ["nv_inference_count", "nv_inference_first_response_histogram_ms_bucket", "nv_gpu_utilization"]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_label_sets_of_one_model_share_its_strings_and_entity(native):
+    exp = Parser(WANTED, native=native).parse(_body(3, 4))
+    sets = [ls for ls in exp.labels.values() if ls.entity[0] == "model" and ls.entity[1] == "m0001"]
+    assert len(sets) == 1 + 5  # the counter's block (the entity's own key), 5 buckets
+    entity = exp.labels[sets[0].entity_key]
+    for ls in sets:
+        assert ls.entity is entity.entity and ls.entity_key is entity.key  # one tuple and key, not copies
+        assert ls.labels["model"] is entity.labels["model"]  # one string per distinct label text
+    les = {id(ls.labels["le"]) for ls in exp.labels.values() if ls.labels.get("le") == "2"}
+    assert len(les) == 1  # le="2" of every model is one string
+    gpu = next(ls for ls in exp.labels.values() if "gpu_uuid" in ls.labels)
+    assert gpu.entity == ("gpu", "GPU-0") and gpu.entity_key == gpu.key
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        "",
+        'a="1"',
+        'a="1",',
+        'b="2",a="1"',
+        'a="x\\"y",b="\\\\"',
+        ' a = "1" , b="2" ',
+        'a="1",,',
+        ",",
+        'a="1"b="2"',
+        'a="1",a="2"',
+        'a="1",b="2",a="3"',
+        '1a="x"',
+        'a="line\nbreak"',
+        'a="unterminated',
+    ],
+)
+def test_the_plain_block_path_reads_as_the_full_grammar(block):
+    """parse_labels' one-regex path for Triton's plain layout gives what the label-by-label grammar gives,
+    errors included (a repeated name is refused on both)."""
+
+    def outcome(strings):
+        try:
+            return parse_labels(block, strings)
+        except LabelError as exc:
+            return type(exc)
+
+    import exporter.sources.promtext as promtext
+
+    plain = outcome({})
+    original, promtext._PLAIN_BLOCK = promtext._PLAIN_BLOCK, promtext.re.compile(r"(?!)")  # never matches
+    try:
+        grammar = outcome(None)
+    finally:
+        promtext._PLAIN_BLOCK = original
+    assert plain == grammar
+    if block == 'a="1",a="2"':
+        assert plain is LabelError
+
+
+def test_entity_keys_match_the_content_derived_form():
+    ls = LabelSet((("le", "5"), ("model", "m"), ("version", "2")))
+    assert ls.entity_key == LabelSet((("model", "m"), ("version", "2"))).key
+    gpu = LabelSet((("gpu_uuid", "GPU-1"), ("x", "y")))
+    assert gpu.entity_key == LabelSet((("gpu_uuid", "GPU-1"),)).key
+
+
+class _OneBody:
+    """The client's side of one answer, made here so that the test itself holds no reference to the bytes."""
+
+    connect_timeout = 1.0
+    max_bytes = 1 << 30
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def request(self, method: str, url: str, timeout: float, json: object = None, max_bytes: int | None = None):
+        return Response(200, "text/plain; version=0.0.4", self.text.encode())
+
+
+class _Measuring(Parser):
+    def parse(self, text: str):
+        self.held = tracemalloc.get_traced_memory()[0]
+        return super().parse(text)
+
+
+def test_the_body_bytes_are_gone_before_the_parse():
+    """At 1000 LLM models the body is ~10 MB; bytes and text held together through the parse were the
+    process's peak. The parse starts with the text alone."""
+    text = _body(300, 30)  # ~2.7 MB
+    size = len(text)
+    parser = _Measuring(WANTED)
+    source = TritonMetricsSource("http://triton/metrics", parser, 1.0, 1 << 30, http=_OneBody(text))  # type: ignore[arg-type]
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        exp = source.collect(5.0).samples
+    finally:
+        tracemalloc.stop()
+    assert exp is not None and len(exp.samples["nv_inference_count"]) == 300
+    assert parser.held - base < 1.5 * size  # the decoded text (1x), not the bytes too (2x)
