@@ -87,6 +87,10 @@ def test_the_plain_block_path_reads_as_the_full_grammar(block):
     assert plain == grammar
     if block == 'a="1",a="2"':
         assert plain is LabelError
+    if promtext.HAVE_SCANNER:  # the C scanner's reading of the same layout: the same pairs, or None (not plain)
+        native = promtext._scan.labels(block, {})
+        assert native is None or native == grammar
+        assert (native is None) == (block not in ("", 'a="1"', 'a="1",', 'b="2",a="1"'))
 
 
 def test_entity_keys_match_the_content_derived_form():

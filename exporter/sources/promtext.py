@@ -333,16 +333,13 @@ class Parser:
         key = self._cache.get(block)
         if key is None:
             try:
-                wanted = dict(parse_labels(block)).get(label) in values
+                pairs = self._pairs(block)
             except LabelError:
                 return False
-            if not wanted:  # skipped, and its labels never interned
+            if dict(pairs).get(label) not in values:  # skipped, and its labels never interned
                 self._select_caches[name][block] = None
                 return True
-            ls = self._labels(block)
-            if ls is None:
-                return False
-            key = ls.key
+            key = self._intern(block, pairs).key
         elif self._interned[key].labels.get(label) not in values:
             self._select_caches[name][block] = None
             return True
@@ -351,9 +348,22 @@ class Parser:
 
     def _labels(self, block: str) -> LabelSet | None:
         try:
-            labels = LabelSet(parse_labels(block, self._strings))
+            pairs = self._pairs(block)
         except LabelError:
             return None
+        return self._intern(block, pairs)
+
+    def _pairs(self, block: str) -> tuple[tuple[str, str], ...]:
+        """``parse_labels`` of ``block``, Triton's plain layout read by the C scanner when there is one."""
+        if self.native:
+            pairs = _scan.labels(block, self._strings)
+            if pairs is not None:
+                return pairs
+        return parse_labels(block, self._strings)
+
+    def _intern(self, block: str, pairs: tuple[tuple[str, str], ...]) -> LabelSet:
+        """The one LabelSet of ``pairs`` (read from ``block``), sharing its entity's tuple and key."""
+        labels = LabelSet(pairs)
         labels = self._interned.setdefault(labels.key, labels)
         entity = self._interned.get(labels.entity_key)
         if entity is None:
