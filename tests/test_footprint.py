@@ -6,14 +6,21 @@ properties behind them, none timed.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tracemalloc
+from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
 from exporter.series import LabelSet
 from exporter.sources.promtext import LabelError, Parser, parse_labels
 from exporter.sources.triton import TritonMetricsSource
+from telemetry import DISTRIBUTION, distribution_version
 from triton_http import Response
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _body(models: int, buckets: int) -> str:
@@ -134,3 +141,31 @@ def test_the_body_bytes_are_gone_before_the_parse():
         tracemalloc.stop()
     assert exp is not None and len(exp.samples["nv_inference_count"]) == 300
     assert parser.held - base < 1.5 * size  # the decoded text (1x), not the bytes too (2x)
+
+
+def test_the_version_is_the_installed_metadata():
+    assert distribution_version(DISTRIBUTION) == version(DISTRIBUTION)
+    assert distribution_version("orjson") == version("orjson")
+    assert distribution_version("no-such-distribution-here") == "0+unknown"
+
+
+def test_what_once_imports_before_its_first_scrape():
+    """Everything ``--once`` loads before it scrapes (settings, catalog, sources, pipeline, the version in
+    every event), and none of what it does not use: importlib.metadata's stack (zipfile, email.message's
+    helpers, tempfile), the AWS SDK, requests, OpenTelemetry's SDK."""
+    code = (
+        "import sys\n"
+        "from exporter.__main__ import build_catalog, build_sources\n"
+        "from exporter.config import load\n"
+        "from exporter.pipeline import Pipeline\n"
+        "from exporter.runner import run_once\n"
+        "settings = load(['--once', '--nvml', 'off', '--ecs-metadata-url', 'http://127.0.0.1:9/v4'])\n"
+        "catalog = build_catalog(settings)\n"
+        "Pipeline(settings, catalog, build_sources(settings, catalog))\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    loaded = set(out.stdout.split())
+    assert "exporter.pipeline" in loaded and "triton_http.client" in loaded  # the check sees what was loaded
+    unused = ("importlib.metadata", "zipfile", "tempfile", "boto3", "botocore", "requests", "opentelemetry", "pynvml")
+    assert sorted(m for m in loaded if m.split(".")[0] in unused or m in unused) == []
