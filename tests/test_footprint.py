@@ -6,14 +6,19 @@ properties behind them, none timed.
 
 from __future__ import annotations
 
+import gc
+import io
 import subprocess
 import sys
+import threading
 import tracemalloc
+import weakref
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
+from exporter.runner import Runner, run_once
 from exporter.series import LabelSet
 from exporter.sources.promtext import LabelError, Parser, parse_labels
 from exporter.sources.triton import TritonMetricsSource
@@ -169,3 +174,64 @@ def test_what_once_imports_before_its_first_scrape():
     assert "exporter.pipeline" in loaded and "triton_http.client" in loaded  # the check sees what was loaded
     unused = ("importlib.metadata", "zipfile", "tempfile", "boto3", "botocore", "requests", "opentelemetry", "pynvml")
     assert sorted(m for m in loaded if m.split(".")[0] in unused or m in unused) == []
+
+
+class _Result:
+    def __init__(self) -> None:
+        self.statuses: list[object] = []
+        self.events: list[bytes] = []
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Pipeline:
+    """Records, at its second cycle, whether the first cycle's result is still held by the caller."""
+
+    periods = (0.01,)
+
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self.first: weakref.ref[_Result] | None = None
+        self.first_alive: bool | None = None
+        self.stop = stop  # the loop's: set at the second cycle, which then ends it
+
+    def cycle(self, events_dropped: int = 0, due: object = None) -> _Result:
+        if self.first is None:
+            result = _Result()
+            self.first = weakref.ref(result)
+            return result
+        gc.collect()
+        self.first_alive = self.first() is not None
+        if self.stop is None:
+            raise _Stop
+        self.stop.set()
+        return _Result()
+
+    def close(self) -> None:
+        pass
+
+
+class _Sink:
+    def send(self, events: object) -> None:
+        pass
+
+    def take_dropped(self) -> int:
+        return 0
+
+    def close(self, grace: float) -> None:
+        pass
+
+
+def test_once_holds_no_first_window_through_the_second_cycle():
+    pipeline = _Pipeline()
+    with pytest.raises(_Stop):
+        run_once(pipeline, _Sink(), 0.0, io.StringIO(), sleep=lambda _: None)  # type: ignore[arg-type]
+    assert pipeline.first_alive is False
+
+
+def test_the_loop_holds_no_sent_window_through_the_next_cycle():
+    stop = threading.Event()
+    pipeline = _Pipeline(stop)
+    Runner(pipeline, _Sink(), 0.01, stop).run()  # type: ignore[arg-type]
+    assert pipeline.first_alive is False
