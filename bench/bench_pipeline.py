@@ -66,9 +66,9 @@ class FileSource:
     def collect(self, timeout: float):
         from exporter.sources import Collected
 
-        body = self.paths[self.calls % len(self.paths)].read_bytes()
+        text = self.paths[self.calls % len(self.paths)].read_bytes().decode("utf-8", errors="replace")
         self.calls += 1
-        return Collected(samples=self.parser.parse(body.decode("utf-8", errors="replace")))
+        return Collected(samples=self.parser.parse(text))  # the bytes are gone, as in TritonMetricsSource
 
     def close(self) -> None:
         pass

@@ -156,9 +156,9 @@ def _samples_read(metric: Metric, inp: Input) -> tuple[str, ...]:
 
 
 def builtin_files(packs: Sequence[str] = BUILTIN_PACKS) -> list[tuple[str, str]]:
-    from importlib import resources  # ~10 ms of imports, needed once at start
-
-    root = resources.files(__package__)
+    # The packs sit next to this file (the wheel installs unpacked: its C scanner could not load from a zip);
+    # importlib.resources would add zipfile, tempfile, shutil, bz2 and lzma to every start for nothing.
+    root = Path(__file__).resolve().parent
     out = []
     for pack in packs:
         if pack not in (*BUILTIN_PACKS, MODELSYNC_PACK):

@@ -220,6 +220,7 @@ class Runner:
                 if result is not None:
                     self.cycles += 1
                     self.sink.send(result.events)
+                    result = None  # not held through the wait and the next cycle's peak (megabytes at 1000 models)
                 if self.stop.is_set() or self._abandoned:
                     break
                 elapsed = self.clock() - start
@@ -252,6 +253,7 @@ def run_once(
     try:
         first = pipeline.cycle()
         _require_triton(first)
+        del first  # the baseline window: not held through the second cycle's peak
         sleep(interval)
         second = pipeline.cycle()
         _require_triton(second)

@@ -33,13 +33,19 @@ class LabelSet:
         if model is not None:
             version = self.labels.get("version", "")
             self.entity: tuple[str, ...] = ("model", model, version)
-            self.entity_key = _key((("model", model), ("version", version)))
+            self.entity_key = model_key(model, version)
         elif "gpu_uuid" in self.labels:
             self.entity = ("gpu", self.labels["gpu_uuid"])
-            self.entity_key = _key((("gpu_uuid", self.labels["gpu_uuid"]),))
+            self.entity_key = f"gpu_uuid\x1e{self.labels['gpu_uuid']}"
         else:
             self.entity = ("task",)
             self.entity_key = ""
+
+    def share_entity(self, entity: LabelSet) -> None:
+        """Take ``entity``'s (the label set of this one's entity) tuple and key instead of equal copies: a
+        parser holds tens of thousands of label sets over a few thousand entities."""
+        self.entity = entity.entity
+        self.entity_key = entity.key
 
     @classmethod
     def of(cls, **labels: str) -> LabelSet:
@@ -53,7 +59,7 @@ class LabelSet:
 
 
 def _key(pairs: tuple[tuple[str, str], ...]) -> str:
-    return "\x1f".join(f"{k}\x1e{v}" for k, v in pairs)
+    return "\x1f".join(map("\x1e".join, pairs))
 
 
 def model_key(model: str, version: str) -> str:

@@ -191,9 +191,114 @@ static PyObject *names(PyObject *self, PyObject *args) {
     return out;
 }
 
+
+/* labels(block, strings): the pairs of a label block in the plain layout Triton writes
+ * (name="value",name="value" with no blanks and no backslash or newline in a value; a trailing comma is
+ * allowed), sorted by name, names and values interned through the dict `strings`. None for anything else
+ * (blanks, escapes, a repeated name, more than MAX_PAIRS pairs, text that is not 1-byte Unicode): the
+ * caller's full grammar (promtext.parse_labels) reads those, and names the error. */
+#define MAX_PAIRS 32
+
+static int name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+static int name_char(char c) { return name_start(c) || (c >= '0' && c <= '9'); }
+
+static PyObject *interned(PyObject *strings, const char *data, Py_ssize_t len) {
+    PyObject *made = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, data, len);
+    if (made == NULL) {
+        return NULL;
+    }
+    PyObject *kept = PyDict_SetDefault(strings, made, made); /* borrowed */
+    Py_XINCREF(kept);
+    Py_DECREF(made);
+    return kept;
+}
+
+static PyObject *labels(PyObject *self, PyObject *args) {
+    PyObject *block, *strings;
+    if (!PyArg_ParseTuple(args, "UO!", &block, &PyDict_Type, &strings)) {
+        return NULL;
+    }
+    if (PyUnicode_KIND(block) != PyUnicode_1BYTE_KIND) {
+        Py_RETURN_NONE;
+    }
+    const char *s = (const char *)PyUnicode_1BYTE_DATA(block);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(block), i = 0;
+    Py_ssize_t name_at[MAX_PAIRS], name_len[MAX_PAIRS], value_at[MAX_PAIRS], value_len[MAX_PAIRS];
+    int count = 0;
+    while (i < n) {
+        if (count == MAX_PAIRS || !name_start(s[i])) {
+            Py_RETURN_NONE;
+        }
+        Py_ssize_t a = i;
+        while (i < n && name_char(s[i])) {
+            i++;
+        }
+        if (i + 1 >= n || s[i] != '=' || s[i + 1] != '"') {
+            Py_RETURN_NONE;
+        }
+        name_at[count] = a;
+        name_len[count] = i - a;
+        i += 2;
+        Py_ssize_t v = i;
+        while (i < n && s[i] != '"' && s[i] != '\\' && s[i] != '\n') {
+            i++;
+        }
+        if (i >= n || s[i] != '"') {
+            Py_RETURN_NONE;
+        }
+        value_at[count] = v;
+        value_len[count] = i - v;
+        count++;
+        i++;
+        if (i < n) {
+            if (s[i] != ',') {
+                Py_RETURN_NONE;
+            }
+            i++;
+        }
+    }
+    int order[MAX_PAIRS];
+    for (int k = 0; k < count; k++) { /* insertion sort by name; names are ASCII, so bytes order them */
+        int j = k;
+        while (j > 0) {
+            int o = order[j - 1];
+            Py_ssize_t m = name_len[o] < name_len[k] ? name_len[o] : name_len[k];
+            int c = memcmp(s + name_at[o], s + name_at[k], (size_t)m);
+            if (c == 0 && name_len[o] == name_len[k]) {
+                Py_RETURN_NONE; /* a repeated name */
+            }
+            if (c < 0 || (c == 0 && name_len[o] < name_len[k])) {
+                break;
+            }
+            order[j] = o;
+            j--;
+        }
+        order[j] = k;
+    }
+    PyObject *out = PyTuple_New(count);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (int k = 0; k < count; k++) {
+        int o = order[k];
+        PyObject *name = interned(strings, s + name_at[o], name_len[o]);
+        PyObject *value = name == NULL ? NULL : interned(strings, s + value_at[o], value_len[o]);
+        PyObject *pair = value == NULL ? NULL : PyTuple_Pack(2, name, value);
+        Py_XDECREF(name);
+        Py_XDECREF(value);
+        if (pair == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, k, pair);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Read one family block's plain lines (see exporter/sources/promtext.py)."},
     {"names", names, METH_VARARGS, "The sample names that start a line (see exporter/sources/promtext.py)."},
+    {"labels", labels, METH_VARARGS, "A plain label block's sorted, interned pairs (see exporter/sources/promtext.py)."},
     {NULL, NULL, 0, NULL},
 };
 

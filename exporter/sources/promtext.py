@@ -41,6 +41,9 @@ from ..series import EMPTY, Exposition, LabelSet
 # "Nan" for an empty summary quantile, so NaN and Inf are case-insensitive.
 _VALUE = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[Ii][Nn][Ff](?:[Ii][Nn][Ii][Tt][Yy])?|[Nn][Aa][Nn])"
 _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(,|$)')
+_PLAIN_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\\n]*)"')
+_PLAIN_ONE = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'
+_PLAIN_BLOCK = re.compile(rf"(?:{_PLAIN_ONE},)*(?:{_PLAIN_ONE},?)?")
 _ESCAPES = re.compile(r"\\(.)")
 _UNESCAPE = {"n": "\n", "\\": "\\", '"': '"'}
 _SUFFIXES = ("_count", "_sum", "_bucket")
@@ -70,9 +73,24 @@ def _unescape(value: str) -> str:
     return _ESCAPES.sub(lambda m: _UNESCAPE.get(m.group(1), m.group(0)), value)
 
 
-def parse_labels(block: str) -> tuple[tuple[str, str], ...]:
-    """Parse the text between ``{`` and ``}`` into sorted (name, value) pairs."""
-    pairs: dict[str, str] = {}
+def parse_labels(block: str, strings: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    """Parse the text between ``{`` and ``}`` into sorted (name, value) pairs.
+
+    ``strings`` interns names and values: ``model="m"`` is on every block of that model, and one string
+    per distinct text instead of one per block is most of the label cache's memory at 1000 models.
+    """
+    if _PLAIN_BLOCK.fullmatch(block):
+        # The layout Triton writes (no blanks, no escapes): the whole block checked by one regex, its pairs
+        # read by another. A repeated name falls through to the loop below, which names it.
+        found = _PLAIN_PAIR.findall(block)
+        if strings is None:
+            pairs = dict(found)
+        else:
+            intern = strings.setdefault
+            pairs = {intern(k, k): intern(v, v) for k, v in found}
+        if len(pairs) == len(found):
+            return tuple(sorted(pairs.items()))
+    pairs = {}
     pos, end = 0, len(block)
     while pos < end:
         m = _LABEL.match(block, pos)
@@ -83,7 +101,10 @@ def parse_labels(block: str) -> tuple[tuple[str, str], ...]:
         name = m.group(1)
         if name in pairs:
             raise LabelError(f"duplicate label {name!r}")
-        pairs[name] = _unescape(m.group(2))
+        value = _unescape(m.group(2))
+        if strings is not None:
+            name, value = strings.setdefault(name, name), strings.setdefault(value, value)
+        pairs[name] = value
         pos = m.end()
         if m.group(3) == "" and pos < end:
             raise LabelError(f"missing comma at {pos}")
@@ -115,6 +136,7 @@ class Parser:
         self._select_caches: dict[str, dict[str, str | None]] = {}
         self.native = native and HAVE_SCANNER
         self._interned: dict[str, LabelSet] = {EMPTY.key: EMPTY}
+        self._strings: dict[str, str] = {}  # label names and values, one string per distinct text
         self._models: set[str] = set()  # entity keys of the model versions interned
         self._patterns: dict[str, re.Pattern[str]] = {}
         self._untyped_patterns: dict[frozenset[str], re.Pattern[str]] = {}
@@ -221,6 +243,7 @@ class Parser:
             # Blocks of vanished series (model churn) would otherwise stay until max_cache.
             self._cache = {"": EMPTY.key}
             self._interned = {EMPTY.key: EMPTY}
+            self._strings = {}
             self._models = set()
             self._select_caches = {}
         for (start, end), names in self._blocks(text).items():
@@ -310,16 +333,13 @@ class Parser:
         key = self._cache.get(block)
         if key is None:
             try:
-                wanted = dict(parse_labels(block)).get(label) in values
+                pairs = self._pairs(block)
             except LabelError:
                 return False
-            if not wanted:  # skipped, and its labels never interned
+            if dict(pairs).get(label) not in values:  # skipped, and its labels never interned
                 self._select_caches[name][block] = None
                 return True
-            ls = self._labels(block)
-            if ls is None:
-                return False
-            key = ls.key
+            key = self._intern(block, pairs).key
         elif self._interned[key].labels.get(label) not in values:
             self._select_caches[name][block] = None
             return True
@@ -328,15 +348,31 @@ class Parser:
 
     def _labels(self, block: str) -> LabelSet | None:
         try:
-            labels = LabelSet(parse_labels(block))
+            pairs = self._pairs(block)
         except LabelError:
             return None
+        return self._intern(block, pairs)
+
+    def _pairs(self, block: str) -> tuple[tuple[str, str], ...]:
+        """``parse_labels`` of ``block``, Triton's plain layout read by the C scanner when there is one."""
+        if self.native:
+            pairs = _scan.labels(block, self._strings)
+            if pairs is not None:
+                return pairs
+        return parse_labels(block, self._strings)
+
+    def _intern(self, block: str, pairs: tuple[tuple[str, str], ...]) -> LabelSet:
+        """The one LabelSet of ``pairs`` (read from ``block``), sharing its entity's tuple and key."""
+        labels = LabelSet(pairs)
         labels = self._interned.setdefault(labels.key, labels)
-        if labels.entity_key not in self._interned:
+        entity = self._interned.get(labels.entity_key)
+        if entity is None:
             # The transform names entities by entity_key; keep a LabelSet for it too.
             kind, *values = labels.entity
             entity = LabelSet(tuple(sorted(zip(_ENTITY_LABELS[kind], values, strict=True))))
-            self._interned[entity.key] = entity
+            entity.share_entity(entity)
+            entity = self._interned.setdefault(entity.key, entity)
+        labels.share_entity(entity)
         if labels.entity[0] == "model":
             self._models.add(labels.entity_key)
         self._cache[block] = labels.key

@@ -1,0 +1,237 @@
+"""What the sidecar holds and loads: the label cache's sharing, the /metrics body's lifetime, start-up imports.
+
+Figures (CPU seconds, MB) live in bench/bench_once.py and bench/bench_pipeline.py; these tests hold the
+properties behind them, none timed.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import subprocess
+import sys
+import threading
+import tracemalloc
+import weakref
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from exporter.runner import Runner, run_once
+from exporter.series import LabelSet
+from exporter.sources.promtext import LabelError, Parser, parse_labels
+from exporter.sources.triton import TritonMetricsSource
+from telemetry import DISTRIBUTION, distribution_version
+from triton_http import Response
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _body(models: int, buckets: int) -> str:
+    lines = ["# TYPE nv_inference_count counter"]
+    lines += [f'nv_inference_count{{model="m{i:04d}",version="1"}} {i}' for i in range(models)]
+    lines.append("# TYPE nv_inference_first_response_histogram_ms histogram")
+    for i in range(models):
+        for b in range(buckets):
+            lines.append(f'nv_inference_first_response_histogram_ms_bucket{{model="m{i:04d}",version="1",le="{b}"}} 1')
+        lines.append(f'nv_inference_first_response_histogram_ms_bucket{{model="m{i:04d}",version="1",le="+Inf"}} 1')
+    lines.append("# TYPE nv_gpu_utilization gauge")
+    lines.append('nv_gpu_utilization{gpu_uuid="GPU-0"} 0.5')
+    return "\n".join(lines) + "\n"
+
+
+WANTED = ["nv_inference_count", "nv_inference_first_response_histogram_ms_bucket", "nv_gpu_utilization"]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_label_sets_of_one_model_share_its_strings_and_entity(native):
+    exp = Parser(WANTED, native=native).parse(_body(3, 4))
+    sets = [ls for ls in exp.labels.values() if ls.entity[0] == "model" and ls.entity[1] == "m0001"]
+    assert len(sets) == 1 + 5  # the counter's block (the entity's own key), 5 buckets
+    entity = exp.labels[sets[0].entity_key]
+    for ls in sets:
+        assert ls.entity is entity.entity and ls.entity_key is entity.key  # one tuple and key, not copies
+        assert ls.labels["model"] is entity.labels["model"]  # one string per distinct label text
+    les = {id(ls.labels["le"]) for ls in exp.labels.values() if ls.labels.get("le") == "2"}
+    assert len(les) == 1  # le="2" of every model is one string
+    gpu = next(ls for ls in exp.labels.values() if "gpu_uuid" in ls.labels)
+    assert gpu.entity == ("gpu", "GPU-0") and gpu.entity_key == gpu.key
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        "",
+        'a="1"',
+        'a="1",',
+        'b="2",a="1"',
+        'a="x\\"y",b="\\\\"',
+        ' a = "1" , b="2" ',
+        'a="1",,',
+        ",",
+        'a="1"b="2"',
+        'a="1",a="2"',
+        'a="1",b="2",a="3"',
+        '1a="x"',
+        'a="line\nbreak"',
+        'a="unterminated',
+    ],
+)
+def test_the_plain_block_path_reads_as_the_full_grammar(block):
+    """parse_labels' one-regex path for Triton's plain layout gives what the label-by-label grammar gives,
+    errors included (a repeated name is refused on both)."""
+
+    def outcome(strings):
+        try:
+            return parse_labels(block, strings)
+        except LabelError as exc:
+            return type(exc)
+
+    import exporter.sources.promtext as promtext
+
+    plain = outcome({})
+    original, promtext._PLAIN_BLOCK = promtext._PLAIN_BLOCK, promtext.re.compile(r"(?!)")  # never matches
+    try:
+        grammar = outcome(None)
+    finally:
+        promtext._PLAIN_BLOCK = original
+    assert plain == grammar
+    if block == 'a="1",a="2"':
+        assert plain is LabelError
+    if promtext.HAVE_SCANNER:  # the C scanner's reading of the same layout: the same pairs, or None (not plain)
+        native = promtext._scan.labels(block, {})
+        assert native is None or native == grammar
+        assert (native is None) == (block not in ("", 'a="1"', 'a="1",', 'b="2",a="1"'))
+
+
+def test_entity_keys_match_the_content_derived_form():
+    ls = LabelSet((("le", "5"), ("model", "m"), ("version", "2")))
+    assert ls.entity_key == LabelSet((("model", "m"), ("version", "2"))).key
+    gpu = LabelSet((("gpu_uuid", "GPU-1"), ("x", "y")))
+    assert gpu.entity_key == LabelSet((("gpu_uuid", "GPU-1"),)).key
+
+
+class _OneBody:
+    """The client's side of one answer, made here so that the test itself holds no reference to the bytes."""
+
+    connect_timeout = 1.0
+    max_bytes = 1 << 30
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def request(self, method: str, url: str, timeout: float, json: object = None, max_bytes: int | None = None):
+        return Response(200, "text/plain; version=0.0.4", self.text.encode())
+
+
+class _Measuring(Parser):
+    def parse(self, text: str):
+        self.held = tracemalloc.get_traced_memory()[0]
+        return super().parse(text)
+
+
+def test_the_body_bytes_are_gone_before_the_parse():
+    """At 1000 LLM models the body is ~10 MB; bytes and text held together through the parse were the
+    process's peak. The parse starts with the text alone."""
+    text = _body(300, 30)  # ~2.7 MB
+    size = len(text)
+    parser = _Measuring(WANTED)
+    source = TritonMetricsSource("http://triton/metrics", parser, 1.0, 1 << 30, http=_OneBody(text))  # type: ignore[arg-type]
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        exp = source.collect(5.0).samples
+    finally:
+        tracemalloc.stop()
+    assert exp is not None and len(exp.samples["nv_inference_count"]) == 300
+    assert parser.held - base < 1.5 * size  # the decoded text (1x), not the bytes too (2x)
+
+
+def test_the_version_is_the_installed_metadata():
+    assert distribution_version(DISTRIBUTION) == version(DISTRIBUTION)
+    assert distribution_version("orjson") == version("orjson")
+    assert distribution_version("no-such-distribution-here") == "0+unknown"
+
+
+def test_what_once_imports_before_its_first_scrape():
+    """Everything ``--once`` loads before it scrapes (settings, catalog, sources, pipeline, the version in
+    every event), and none of what it does not use: importlib.metadata's stack (zipfile, email.message's
+    helpers, tempfile), the AWS SDK, requests, OpenTelemetry's SDK."""
+    code = (
+        "import sys\n"
+        "from exporter.__main__ import build_catalog, build_sources\n"
+        "from exporter.config import load\n"
+        "from exporter.pipeline import Pipeline\n"
+        "from exporter.runner import run_once\n"
+        "settings = load(['--once', '--nvml', 'off', '--ecs-metadata-url', 'http://127.0.0.1:9/v4'])\n"
+        "catalog = build_catalog(settings)\n"
+        "Pipeline(settings, catalog, build_sources(settings, catalog))\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    loaded = set(out.stdout.split())
+    assert "exporter.pipeline" in loaded and "triton_http.client" in loaded  # the check sees what was loaded
+    unused = ("importlib.metadata", "zipfile", "tempfile", "boto3", "botocore", "requests", "opentelemetry", "pynvml")
+    assert sorted(m for m in loaded if m.split(".")[0] in unused or m in unused) == []
+
+
+class _Result:
+    def __init__(self) -> None:
+        self.statuses: list[object] = []
+        self.events: list[bytes] = []
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Pipeline:
+    """Records, at its second cycle, whether the first cycle's result is still held by the caller."""
+
+    periods = (0.01,)
+
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self.first: weakref.ref[_Result] | None = None
+        self.first_alive: bool | None = None
+        self.stop = stop  # the loop's: set at the second cycle, which then ends it
+
+    def cycle(self, events_dropped: int = 0, due: object = None) -> _Result:
+        if self.first is None:
+            result = _Result()
+            self.first = weakref.ref(result)
+            return result
+        gc.collect()
+        self.first_alive = self.first() is not None
+        if self.stop is None:
+            raise _Stop
+        self.stop.set()
+        return _Result()
+
+    def close(self) -> None:
+        pass
+
+
+class _Sink:
+    def send(self, events: object) -> None:
+        pass
+
+    def take_dropped(self) -> int:
+        return 0
+
+    def close(self, grace: float) -> None:
+        pass
+
+
+def test_once_holds_no_first_window_through_the_second_cycle():
+    pipeline = _Pipeline()
+    with pytest.raises(_Stop):
+        run_once(pipeline, _Sink(), 0.0, io.StringIO(), sleep=lambda _: None)  # type: ignore[arg-type]
+    assert pipeline.first_alive is False
+
+
+def test_the_loop_holds_no_sent_window_through_the_next_cycle():
+    stop = threading.Event()
+    pipeline = _Pipeline(stop)
+    Runner(pipeline, _Sink(), 0.01, stop).run()  # type: ignore[arg-type]
+    assert pipeline.first_alive is False
