@@ -14,7 +14,6 @@ import threading
 import tracemalloc
 import weakref
 from importlib.metadata import version
-from pathlib import Path
 
 import pytest
 
@@ -23,9 +22,10 @@ from exporter.series import LabelSet
 from exporter.sources.promtext import LabelError, Parser, parse_labels
 from exporter.sources.triton import TritonMetricsSource
 from telemetry import DISTRIBUTION, distribution_version
+from tests.support.paths import REPO
 from triton_http import Response
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def _body(models: int, buckets: int) -> str:
