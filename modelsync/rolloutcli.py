@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import itertools
 import json
 import os
+import random
 import socket
 import sys
 import time
@@ -29,9 +31,14 @@ from telemetry.settings import ConfigError, add_options, parse
 
 from .errors import SyncError
 from .ledger import CANARY, PROMOTED, REJECTED, Artifact, Conflict, Ledger, State, Verdict
-from .rollout import CAS_TRIES, short
+from .rollout import short
 from .s3 import S3, make_client
 from .settings import OPTIONS, Settings
+
+# An operator's promote or reject waits this long for a moment when no daemon writes the state: the canaries
+# write it as they bake, so a fixed handful of tries can lose every race on a busy fleet. Jittered backoff keeps
+# the command out of step with the daemons' cadence.
+OPERATOR_CAS_SECONDS = 30.0
 
 ROLLOUT_OPTIONS = tuple(o for o in OPTIONS if o.field in ("bucket", "prefix", "bake_seconds"))
 
@@ -156,7 +163,10 @@ class RolloutCli:
 
     def decide(self, action: str, model: str, wanted: str, out: TextIO) -> None:
         who = f"operator {getpass.getuser()}@{socket.gethostname()}"
-        for _ in range(CAS_TRIES):
+        deadline = time.monotonic() + OPERATOR_CAS_SECONDS
+        for attempt in itertools.count():
+            if attempt and time.monotonic() >= deadline:
+                break
             state, etag = self.ledger.read(model)
             in_s3 = self._in_s3(model)
             if state is None and in_s3 is None:
@@ -179,14 +189,14 @@ class RolloutCli:
                     new.rollout = None
             try:
                 self.ledger.write(new, etag)
-            except Conflict:
-                time.sleep(0.2)
+            except Conflict:  # a daemon wrote in between (each canary writes as it bakes): read again, a little later
+                time.sleep(random.uniform(0.05, min(2.0, 0.1 * 2**attempt)))
                 continue
             line = {"model": model, "artifact": artifact.sha256, "verdict": f"{action}d" if action == "promote"
                     else "rejected", "by": who, "at": _when(now)}  # fmt: skip
             out.write(json.dumps(line) + "\n")
             return
-        raise SyncError(f"the rollout state of {model} kept changing; try again")
+        raise SyncError(f"the rollout state of {model} kept changing for {OPERATOR_CAS_SECONDS} s; try again")
 
     def _pick(self, action: str, state: State, in_s3: Artifact | None, wanted: str) -> Artifact:
         assert state.stable is not None

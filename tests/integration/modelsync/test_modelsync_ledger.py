@@ -492,3 +492,36 @@ def test_a_canary_whose_triton_stops_answering_goes_silent_and_loses_its_slot(mo
     state = b.ledger.read("add")[0]
     assert state is not None and state.rollout is not None and state.rollout.participants["a"].lost
     assert state.verdicts == []  # nothing promoted on its word
+
+
+def test_an_operators_promote_outlasts_daemons_writing_in_between(moto, metrics, monkeypatch) -> None:  # noqa: F811
+    """Each canary writes the state as it bakes: on a busy fleet the operator's compare-and-swap loses races. It
+    keeps trying (jittered) for OPERATOR_CAS_SECONDS, not a fixed five times, and says so when it gives up."""
+    from modelsync import rolloutcli
+    from modelsync.ledger import Conflict, Ledger
+
+    bucket = new_bucket(moto)
+    s3 = moto.client("s3")
+    for data, digest in ((b"v1", "a" * 64), (b"v2", "b" * 64)):
+        put = s3.put_object(Bucket=bucket, Key="triton/add.zip", Body=data, Metadata={"sha256": digest})
+    a, _, _ = coordinator(moto, bucket, "a", metrics.url)
+    a.identify = lambda arch: ("b" * 64, put["VersionId"]) if arch.etag == put["ETag"] else ("a" * 64, "v1")
+    a.plan("add", listed('"e1"'), V1)
+    a.plan("add", listed(put["ETag"]), V1, fresh=True)  # a rollout of v2 in flight
+    real_write, lost = Ledger.write, []
+    monkeypatch.setattr(Ledger, "write", lambda self, state, etag: (_ for _ in ()).throw(Conflict("always")))
+    monkeypatch.setattr(rolloutcli, "OPERATOR_CAS_SECONDS", 0.3)
+    code, _, err = run_cli(moto, "promote", "add", "--bucket", bucket, "--prefix", "triton/")
+    assert code != 0 and "kept changing for 0.3 s; try again" in err  # a state that never settles: it gives up
+    monkeypatch.setattr(rolloutcli, "OPERATOR_CAS_SECONDS", 30.0)
+
+    def busy(self: Ledger, state, etag):  # type: ignore[no-untyped-def]
+        if len(lost) < 8:  # eight daemons' writes land between the operator's read and write
+            lost.append(etag)
+            raise Conflict("a daemon wrote first")
+        return real_write(self, state, etag)
+
+    monkeypatch.setattr(Ledger, "write", busy)
+    code, out, err = run_cli(moto, "promote", "add", "--bucket", bucket, "--prefix", "triton/")
+    assert code == 0 and json.loads(out)["verdict"] == "promoted", err
+    assert len(lost) == 8
