@@ -37,8 +37,9 @@ def test_the_decoupled_models_histogram_is_ttft_and_the_others_is_request_latenc
         pipe.close()
     stream, classify = model_doc(docs, "stream"), model_doc(docs, "classify")
     ttft = stream["TimeToFirstToken"]
-    assert ttft["Count"] == 4 and ttft["Min"] >= 25 and ttft["Max"] <= 200  # first word after 40 ms
+    # Milliseconds, not microseconds (40 000); the tops are wide for a loaded machine.
+    assert ttft["Count"] == 4 and ttft["Min"] >= 25 and ttft["Max"] < 5_000  # first word after 40 ms
     assert "RequestLatency" not in stream
     latency = classify["RequestLatency"]
-    assert latency["Count"] == 4 and latency["Min"] >= 10 and latency["Max"] <= 150  # sleeps 20 ms
+    assert latency["Count"] == 4 and latency["Min"] >= 10 and latency["Max"] < 5_000  # sleeps 20 ms
     assert "TimeToFirstToken" not in classify

@@ -231,20 +231,20 @@ def test_200mb_metrics_body_is_refused_at_the_cap_without_holding_it():
 
 
 def test_body_over_a_small_cap_fails_the_source_and_the_cycle_goes_on():
+    total = 50 * 1024 * 1024
     with (
-        FakeHttp(huge(50 * 1024 * 1024)) as metrics,
+        FakeHttp(huge(total)) as metrics,
         FakeHttp(respond(INDEX_AB, content_type="application/json")) as index,
     ):
         pipe = http_pipeline(metrics.url + "/metrics", index.url, max_body_bytes=1024 * 1024)
-        t = time.monotonic()
         result = pipe.cycle()
-        assert time.monotonic() - t < 2.0
         st = status(result, "triton_metrics")
         assert not st.up and "1048576 byte cap" in st.error
         assert status(result, "triton_index").up
         docs = documents(result)
         assert task_doc(docs)["TritonUp"] == 0
         assert {d["source"]: d["SourceUp"] for d in docs if "SourceUp" in d}["triton_metrics"] == 0
+    assert metrics.bytes_sent < total / 2  # it stopped reading at the cap: the server could not push the rest
 
 
 @pytest.mark.slow
@@ -451,6 +451,7 @@ def test_the_running_exporter_opens_no_listening_socket(tmp_path):
 
 
 def test_credentials_in_urls_never_reach_the_logs(tmp_path):
+    log = tmp_path / "stderr.log"
     with FakeHttp(silent) as hung:
         port = closed_port()
         proc = subprocess.Popen(
@@ -475,14 +476,21 @@ def test_credentials_in_urls_never_reach_the_logs(tmp_path):
                 "--triton-url",
                 f"http://alice:s3cr3t-t@127.0.0.1:{hung.port}",
             ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=log.open("wb"),
             cwd=ROOT,
         )
-        time.sleep(1.5)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=5)
-    text = err.decode()
+        try:  # until both failures were logged (a fixed sleep lost the race to a slow start-up)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None:
+                seen = log.read_text(errors="replace")
+                if "Connection refused" in seen and "within 0.2s" in seen:
+                    break
+                time.sleep(0.05)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+    text = log.read_text()
     assert "Connection refused" in text and "within 0.2s" in text, text  # the failures were logged ...
     assert "s3cr3t" not in text and "bob" not in text and "alice" not in text  # ... without the credentials
     assert f"http://***@127.0.0.1:{port}/metrics" in text

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import orjson
@@ -126,7 +125,12 @@ def test_daemon_with_two_outputs_sends_emf_and_otlp_from_a_real_triton(
         wait_for(lambda: "vllm:time_to_first_token_seconds" in names() and emf.exists() and emf.stat().st_size, 60)
         server.infer_add(2)
         wait_counted(server)
-        time.sleep(2.5)
+
+        def add_success() -> list[float]:
+            found = by_name(metrics(cloudwatch.accepted())).get("nv_inference_request_success", [])
+            return [p.as_double for m in found for p in m.sum.data_points if attrs(p)["model"] == "add"]
+
+        wait_for(lambda: 5 in add_success(), 60)  # a scrape after the two requests was exported (was: sleep 2.5)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)

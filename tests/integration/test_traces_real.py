@@ -91,7 +91,8 @@ def test_phases_and_slowest_traces_from_a_real_triton_land_in_the_models_event(
     assert [v.string_value for v in attrs["aws.log.group.names"].array_value.values] == ["/ecs/triton/exporter"]
     slow = model_doc(docs, "slow")
     dist = slow["TracedRequestTime"]
-    assert dist["Count"] == 4 and dist["Min"] >= 40 and dist["Max"] <= 400  # the model sleeps 50 ms
+    # The model sleeps 50 ms: milliseconds, not microseconds (50 000); the top wide for a loaded machine.
+    assert dist["Count"] == 4 and dist["Min"] >= 40 and dist["Max"] < 5_000
     assert slow["TracedComputeInferTime"]["Count"] == 4 and slow["TracedQueueTime"]["Count"] == 4
     traces = model_doc(first, "slow")["slowest_traces"]  # the window the requests were in
     assert len(traces) == 3 and all(t["ms"] >= 40 for t in traces)

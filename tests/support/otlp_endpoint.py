@@ -46,6 +46,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 LOOPBACK = "127.0.0.1"
+HOLD_MAX = 60.0  # a held reply never outlives its test by more than this
 ACCESS_KEY, SECRET_KEY = "AKIDTESTOTLP0000", "test-secret-key-for-the-local-endpoint"
 AUTH = re.compile(
     r"AWS4-HMAC-SHA256 Credential=(?P<key>[^/]+)/(?P<date>\d{8})/(?P<region>[^/]+)/(?P<service>[^/]+)/aws4_request,"
@@ -112,6 +113,7 @@ class Reply:
     status: int = 200
     retry_after: str | None = None
     delay: float = 0.0  # seconds before answering
+    hold: threading.Event | None = None  # answer only once the test sets it (or after HOLD_MAX s)
     rejected: int = 0  # partial_success count
     message: str = ""  # partial_success error_message
     hang_up: bool = False  # close the connection without an answer
@@ -170,6 +172,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(got, 400, str(exc).encode(), "text/plain", f"undecodable: {exc}")
         if reply.delay:
             time.sleep(reply.delay)
+        if reply.hold is not None:
+            reply.hold.wait(HOLD_MAX)
         if reply.hang_up:
             owner.record(got)
             self.close_connection = True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 import types
@@ -63,18 +62,26 @@ def test_tcp_sink_backoff_is_not_cut_short_by_new_events(monkeypatch):
         raise ConnectionRefusedError(111, "Connection refused")
 
     monkeypatch.setattr(sinks.socket, "create_connection", refuse)
+    monkeypatch.setattr(sinks, "BACKOFF_START", 60.0)  # one refusal: a minute before the next attempt
     sink = sinks.TcpSink("127.0.0.1", 9, capacity=1000)
     try:
-        deadline = time.monotonic() + 1.6
-        while time.monotonic() < deadline:
-            sink.send([b'{"_aws":{}}'])  # a new batch every 20 ms
+        sink.send([b'{"_aws":{}}'])
+        deadline = time.monotonic() + 15
+        while not sink.backing_off and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sink.backing_off and len(attempts) == 1  # refused once, now waiting out its backoff
+        for _ in range(20):
+            sink.send([b'{"_aws":{}}'])  # new batches while it backs off
             time.sleep(0.02)
+        # A send that woke the sender would have it reconnect at once; give it a second to (wrongly) do so.
+        deadline = time.monotonic() + 1.0
+        while len(attempts) == 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(attempts) == 1, len(attempts)  # not one attempt per batch
+        assert sink.backing_off
     finally:
-        sink.close(0.1)
-    # Backoff 0.2, 0.4, 0.8 s: 4 attempts in 1.6 s, not one per batch (~80).
-    assert 3 <= len(attempts) <= 5, len(attempts)
-    gaps = [b - a for a, b in itertools.pairwise(attempts)]
-    assert all(g >= 0.15 for g in gaps), gaps
+        sink.close(5)
+    assert not sink.thread.is_alive()  # close() does wake it
 
 
 def test_events_dropped_survive_a_failed_cycle():

@@ -9,6 +9,7 @@ refusing, slow, partially rejecting, hanging up, or down.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -76,6 +77,19 @@ def wait_for(check: Callable[[], object], timeout: float = 10.0) -> None:
     while not check():
         assert time.monotonic() < end, "timed out"
         time.sleep(0.02)
+
+
+def recorded_waits(exporter: OtlpHttpExporter) -> list[float | None]:
+    """The delays the sender waits between attempts, as it asked for them (a clock-free record)."""
+    waits: list[float | None] = []
+    real = exporter.wake.wait
+
+    def wait(timeout: float | None = None) -> bool:
+        waits.append(timeout)
+        return real(timeout)
+
+    exporter.wake.wait = wait  # type: ignore[method-assign]
+    return waits
 
 
 @pytest.fixture
@@ -311,12 +325,14 @@ def test_batches_split_at_the_byte_limit_and_oversize_span_dropped(plain, export
 def test_429_retried_honouring_retry_after(endpoint, exporters):
     endpoint.script(Reply(429, retry_after="1"), Reply(429))
     exporter = exporters(endpoint)
+    waits = recorded_waits(exporter)
     exporter.submit(resource(), SCOPE, spans(3))
     wait_for(lambda: exporter.stats().sent == 3)
     first, second, third = endpoint.received
     assert (first.status, second.status, third.status) == (429, 429, 200)
-    assert second.at - first.at >= 0.9  # Retry-After: 1, not the 0.05 s backoff
-    assert third.at - second.at < 0.9  # no Retry-After: the backoff
+    assert second.at - first.at >= 0.9  # Retry-After: 1 was waited out (a lower bound: load only adds)
+    assert waits[0] == 1.0  # Retry-After: 1, not the 0.05 s backoff
+    assert waits[1] is not None and waits[1] <= FAST.backoff_max  # no Retry-After: the backoff (0.2 s at most)
     stats = exporter.stats()
     assert stats.retries == 2 and stats.sent == 3 and balanced(stats)
 
@@ -396,39 +412,41 @@ def test_endpoint_down_buffers_to_capacity_drops_oldest_and_delivers_in_order(en
 
 
 def test_slow_endpoint_never_blocks_submit(endpoint, exporters):
-    endpoint.script(Reply(delay=2.0))
+    release = threading.Event()
+    endpoint.script(Reply(hold=release))  # sits on the first request until released
     exporter = exporters(endpoint)
-    exporter.submit(resource(), SCOPE, spans(1))
-    wait_for(lambda: exporter.pending() == 1 and exporter.inflight is not None)
-    worst = 0.0
-    for i in range(20):
-        t = time.monotonic()
-        exporter.submit(resource(), SCOPE, spans(100, 1 + 100 * i))
-        worst = max(worst, time.monotonic() - t)
-    assert endpoint.received == []  # all submitted while the endpoint still sat on the first request
-    assert worst < 0.5
-    wait_for(lambda: exporter.stats().sent == 2_001)
+    try:
+        exporter.submit(resource(), SCOPE, spans(1))
+        wait_for(lambda: exporter.pending() == 1 and exporter.inflight is not None)
+        for i in range(20):
+            exporter.submit(resource(), SCOPE, spans(100, 1 + 100 * i))
+        assert endpoint.received == []  # all submitted while the endpoint still sat on the first request
+    finally:
+        release.set()
+    wait_for(lambda: exporter.stats().sent == 2_001, timeout=30)
     assert span_names(endpoint) == [f"s{i}" for i in range(2_001)]
 
 
 def test_close_delivers_what_is_queued(endpoint, exporters):
-    exporter = exporters(endpoint, options=replace(FAST, linger=30.0))  # only close() cuts the wait short
-    exporter.submit(resource(), SCOPE, spans(10))
-    t = time.monotonic()
-    exporter.close(5.0)
-    assert time.monotonic() - t < 4.0
+    exporter = exporters(endpoint, options=replace(FAST, linger=600.0))  # only close() cuts the wait short
+    exporter.submit(resource(), SCOPE, spans(10))  # wakes the sender, which then lingers on the condition
+    wait_for(lambda: exporter.cond._waiters)  # it is lingering (submit's notify took it off the waiters)
+    exporter.close(30.0)  # far below the linger: delivered within it only if close cut the linger short
     assert exporter.stats().sent == 10 and span_names(endpoint) == [f"s{i}" for i in range(10)]
 
 
 def test_close_keeps_its_deadline_and_counts_the_rest(endpoint, exporters):
-    endpoint.script(Reply(delay=5.0))
-    exporter = exporters(endpoint)
-    exporter.submit(resource(), SCOPE, spans(10))
-    wait_for(lambda: exporter.inflight is not None)
-    exporter.submit(resource(), SCOPE, spans(5, 10))
-    t = time.monotonic()
-    exporter.close(1.0)
-    assert time.monotonic() - t < 2.0
+    release = threading.Event()
+    endpoint.script(Reply(hold=release))  # answers only when released (or after a minute)
+    exporter = exporters(endpoint, options=replace(FAST, timeout=120.0))  # the sender would wait it out
+    try:
+        exporter.submit(resource(), SCOPE, spans(10))
+        wait_for(lambda: exporter.inflight is not None)
+        exporter.submit(resource(), SCOPE, spans(5, 10))
+        exporter.close(1.0)
+        assert endpoint.received == []  # close returned while the endpoint still sat on the request
+    finally:
+        release.set()
     stats = exporter.stats()
     assert stats.dropped_undelivered == 15 and stats.sent == 0 and stats.failed_batches == 1 and balanced(stats)
     assert exporter.pending() == 0

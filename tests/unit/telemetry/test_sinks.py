@@ -45,35 +45,53 @@ def timed(fn, *args) -> float:
     return time.monotonic() - t
 
 
-def test_tcp_refused_buffer_is_bounded_drops_counted_send_never_blocks():
+# The sender below is made to be stuck for STUCK seconds (a backoff or a send timeout of a
+# minute); a send() or close() that waited on it would take that long. The bound checked is
+# QUICK, a sixth of it: wide enough for a loaded machine, far below the failure.
+STUCK, QUICK = 60.0, 10.0
+
+
+def wait_for(cond, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_tcp_refused_buffer_is_bounded_drops_counted_send_never_blocks(monkeypatch):
+    monkeypatch.setattr("telemetry.sinks.tcp.BACKOFF_START", STUCK)  # refused once: a minute's wait
     sink = TcpSink(LOOPBACK, closed_port(), capacity=50, connect_timeout=0.2)
     try:
-        worst = max(timed(sink.send, events(20, 20 * i)) for i in range(10))
-        assert worst < 0.05  # the loop's side only appends to a deque
+        took = timed(sink.send, events(20, 0))
+        assert wait_for(lambda: sink.backing_off), "the sender never tried the refused port"
+        took += sum(timed(sink.send, events(20, 20 * i)) for i in range(1, 10))
+        assert took < QUICK  # the loop's side only appends to a deque, never waits on the sender
         assert sink.pending() <= 50
         assert sink.take_dropped() == 200 - 50  # the oldest went first
         assert sink.take_dropped() == 0  # taken once
         assert sink.queue[0] == events(1, 150)[0]  # what is kept is the newest, in order
     finally:
-        assert timed(sink.close, 0.3) < 1.0
+        assert timed(sink.close, 0.3) < QUICK  # close wakes the sender out of its backoff
     assert sink.take_dropped() == 50  # undelivered at close: counted, not silently lost
 
 
 def test_tcp_agent_that_never_reads_does_not_block_the_loop(agents):
     agent = agents(mode="never_read")
-    sink = TcpSink(LOOPBACK, agent.port, capacity=200, connect_timeout=0.2, send_timeout=0.3)
+    sink = TcpSink(LOOPBACK, agent.port, capacity=200, connect_timeout=0.2, send_timeout=STUCK)
     try:
         batch = events(100, pad=4000)  # 400 KB a batch: far more than the socket buffers hold
-        worst = max(timed(sink.send, batch) for _ in range(10))
-        assert worst < 0.05
-        time.sleep(0.5)  # the sender thread is stuck in a send that will time out
+        took = sum(timed(sink.send, batch) for _ in range(10))
+        assert took < QUICK  # not held by the sender, stuck in a send for a minute
+        assert wait_for(lambda: agent.connections >= 1)
         assert sink.pending() <= 200
         assert sink.take_dropped() >= 1000 - 200 - 100  # bounded: the rest was dropped and counted
         assert agent.connections >= 1
         assert sink.delivered < 1000
     finally:
         took = timed(sink.close, 0.3)
-    assert took < 1.0
+    assert took < QUICK  # a sender stuck in its send is given up on after close's timeout
 
 
 def test_tcp_agent_hanging_up_mid_line_then_later_batches_arrive_whole_and_in_order(agents):
@@ -116,10 +134,10 @@ def test_tcp_agent_back_after_outage_gets_the_buffer_in_order(agents):
 
 def test_tcp_close_with_a_stuck_agent_returns_in_time_and_counts_the_rest(agents):
     agent = agents(mode="never_read")
-    sink = TcpSink(LOOPBACK, agent.port, capacity=5000, connect_timeout=0.2, send_timeout=5.0)
+    sink = TcpSink(LOOPBACK, agent.port, capacity=5000, connect_timeout=0.2, send_timeout=STUCK)
     sink.send(events(3000, pad=1000))
-    time.sleep(0.2)
-    assert timed(sink.close, 0.4) < 0.8
+    assert wait_for(lambda: agent.connections >= 1)
+    assert timed(sink.close, 0.4) < QUICK  # not the minute the stuck send would take
     assert sink.take_dropped() > 0
 
 
