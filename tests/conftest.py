@@ -132,7 +132,29 @@ else:
             return work_unit(nodeid)
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadScopeScheduling:
+        config.option.loadscopereorder = False  # take the units in collection order: the longest first (below)
         return _ByModule(config, log)  # type: ignore[arg-type]
+
+
+# The units that take minutes (measured on a full run: real Tritons baking rollouts, the engine building images),
+# first, so that none of them starts last and runs alone; the many short modules fill in behind them.
+LONGEST_FIRST = (
+    "tests/integration/modelsync/test_modelsync_rollouts_recovery.py",
+    "container-engine",
+    "tests/integration/modelsync/test_modelsync_rollouts.py",
+    "tests/integration/modelsync/test_modelsync_bundles.py",
+    "tests/deploy/test_checkov.py",
+    "tests/deploy/test_image_install.py",
+    "tests/integration/modelsync/test_modelsync_daemon.py",
+    "tests/integration/test_preview_real.py",
+    "tests/deploy/test_terraform.py",
+)
+
+
+def run_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` with the longest units first, each unit's tests in their own order."""
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    return sorted(items, key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -145,6 +167,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         needs += sorted({"triton", "rehearsal"} & {m.name for m in item.iter_markers()} - set(needs))
         if needs:
             misplaced.append(f"{item.nodeid} ({', '.join(needs)})")
+    items[:] = run_order(items)
     if misplaced:
         raise pytest.UsageError(
             "tests under tests/unit/ and tests/support/tests/ need no real Triton, moto or container engine; "

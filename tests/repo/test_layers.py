@@ -205,6 +205,23 @@ def test_a_worker_takes_a_module_whole_and_the_engines_modules_together() -> Non
     )
 
 
+def test_the_longest_units_run_first_and_name_real_modules() -> None:
+    from tests import conftest
+
+    for unit in conftest.LONGEST_FIRST:
+        assert unit == "container-engine" or (ROOT / unit).is_file(), unit
+
+    class Item:
+        def __init__(self, nodeid: str) -> None:
+            self.nodeid = nodeid
+
+    items = [Item("tests/unit/a/test_x.py::t1"), Item("tests/deploy/test_checkov.py::t"),
+             Item("tests/unit/a/test_x.py::t2"), Item("tests/deploy/test_rehearsal.py::t")]  # fmt: skip
+    ordered = [i.nodeid for i in conftest.run_order(items)]  # type: ignore[arg-type]
+    assert ordered == ["tests/deploy/test_rehearsal.py::t", "tests/deploy/test_checkov.py::t",
+                       "tests/unit/a/test_x.py::t1", "tests/unit/a/test_x.py::t2"]  # fmt: skip
+
+
 def test_the_collection_guard_refuses_a_unit_test_that_needs_a_real_triton() -> None:
     """tests/conftest.py's hook: a unit test asking for ``triton`` or ``moto``, or marked ``triton``, is refused."""
     import pytest
