@@ -108,7 +108,7 @@ _OUTSIDE = {"triton", "triton_factory", "moto"}
 _SELF_CONTAINED = ("tests/unit/", "tests/support/tests/")
 
 
-# Under pytest-xdist (scripts/test.sh: ``-n 4``) a module's tests stay on one worker, so its module-scoped
+# Under pytest-xdist (scripts/test.sh: ``-n 6``) a module's tests stay on one worker, so its module-scoped
 # fixtures (a Triton, a checkov scan, a built image) are made once, and the modules that drive the container
 # engine share one worker, as they share one engine. (xdist's own ``--dist loadgroup`` cannot do this under
 # pytest 9: it renames node ids through an attribute pytest no longer reads; the scheduler hook is public.)

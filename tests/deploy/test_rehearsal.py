@@ -542,9 +542,14 @@ def test_a_rollout_in_the_task_rejects_a_failing_build_on_its_own_tritons_metric
         stop = True
         thread.join(10)
     assert failed[0] > 0  # the canary served it during the bake: what the bake is for
-    lines = [json.loads(line) for line in task.logs("modelsync").splitlines() if line.startswith('{"ts"')]
-    said = [d["verdict"] for d in lines if d.get("model") == "add" and "verdict" in d]
-    assert "rejected" in said and "rolled back" in said, said
+
+    def said() -> list[str]:
+        lines = [json.loads(line) for line in task.logs("modelsync").splitlines() if line.startswith('{"ts"')]
+        return [d["verdict"] for d in lines if d.get("model") == "add" and "verdict" in d]
+
+    # Triton serves v1 a moment before its load call returns to the daemon, which logs the rollback then
+    wait_until(lambda: "rolled back" in said(), 30, "the rollback logged")
+    assert "rejected" in said(), said()
     emf = [json.loads(line) for line in task.logs("modelsync").splitlines() if line.startswith('{"_aws"')]
     assert any(d.get("RolloutsRejected") == 1.0 for d in emf) and all(validate(json.dumps(d)) == [] for d in emf)
 
