@@ -12,7 +12,9 @@ import pytest
 
 from tests.support.paths import REPO
 
-pytestmark = pytest.mark.slow
+# The first run installs checkov into its own venv, then scans; on a busy 2-core machine that is minutes, and the
+# module fixture's time counts against the first test's limit.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,10 @@ from packaging.utils import canonicalize_name
 
 from tests.support.paths import REPO
 
+# the replayed image installs the lock into a fresh venv (minutes on a busy 2-core machine, more on a
+# cold pip cache), in the module fixture whose time counts against the first test's limit.
+pytestmark = pytest.mark.timeout(1200)
+
 ROOT = REPO
 DOCKERFILE = ROOT / "Dockerfile"
 # the packages the wheel holds

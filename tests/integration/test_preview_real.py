@@ -12,6 +12,9 @@ from demo.preview import collect, logsinsights
 from demo.preview.emf import Store
 from tests.unit.demo.test_preview import ROOT, dashboard_query
 
+# a whole demo run with a rollout to its verdict, drawn: three minutes on a busy 2-core machine.
+pytestmark = pytest.mark.timeout(600)
+
 
 @pytest.mark.triton
 def test_the_preview_command_draws_a_real_run(tmp_path: Path) -> None:
