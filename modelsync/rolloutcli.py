@@ -167,8 +167,8 @@ class RolloutCli:
         for attempt in itertools.count():
             if attempt and time.monotonic() >= deadline:
                 break
+            in_s3 = self._in_s3(model)  # before the state: nothing but our own decision between its read and write
             state, etag = self.ledger.read(model)
-            in_s3 = self._in_s3(model)
             if state is None and in_s3 is None:
                 raise UsageError(self._unknown(model))
             if state is None or state.stable is None:
