@@ -515,7 +515,13 @@ def test_an_operators_promote_outlasts_daemons_writing_in_between(moto, metrics,
     assert code != 0 and "kept changing for 0.3 s; try again" in err  # a state that never settles: it gives up
     monkeypatch.setattr(rolloutcli, "OPERATOR_CAS_SECONDS", 30.0)
 
+    calls: list[str] = []
+    real_read, real_in_s3 = Ledger.read, rolloutcli.RolloutCli._in_s3
+    monkeypatch.setattr(Ledger, "read", lambda self, m: calls.append("read") or real_read(self, m))
+    monkeypatch.setattr(rolloutcli.RolloutCli, "_in_s3", lambda self, m: calls.append("s3") or real_in_s3(self, m))
+
     def busy(self: Ledger, state, etag):  # type: ignore[no-untyped-def]
+        calls.append("write")
         if len(lost) < 8:  # eight daemons' writes land between the operator's read and write
             lost.append(etag)
             raise Conflict("a daemon wrote first")
@@ -525,3 +531,7 @@ def test_an_operators_promote_outlasts_daemons_writing_in_between(moto, metrics,
     code, out, err = run_cli(moto, "promote", "add", "--bucket", bucket, "--prefix", "triton/")
     assert code == 0 and json.loads(out)["verdict"] == "promoted", err
     assert len(lost) == 8
+    # nothing but the decision between the state's read and its write (S3's object is read first): the window
+    # in which a baking canary's write makes the operator's fail is as short as it can be
+    tries = "".join("R" if c == "read" else "W" if c == "write" else "s" for c in calls[calls.index("write") - 2 :])
+    assert tries == "sRW" * 9, calls
