@@ -295,13 +295,140 @@ static PyObject *labels(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* read_ascii(readinto, size): a body of `size` bytes read straight into a new str, which it returns when
+ * the body came whole and is ASCII (Triton's /metrics is). Otherwise the bytes read, for the caller to
+ * decode (a short read returns fewer than `size`). The usual way, bytes then decode, holds the body twice:
+ * 10 MB at 1000 LLM models, the sidecar's peak.
+ *
+ * `readinto` writes into a memoryview of a Window over the str's memory. The Window counts the views of
+ * it and refuses new ones between calls, so the str is returned (or freed) only when no view of its
+ * memory is left: a view kept past a call is an error, and the str is then never freed. */
+typedef struct {
+    PyObject_HEAD
+    char *data; /* NULL between calls of readinto */
+    Py_ssize_t len;
+    Py_ssize_t exports;
+} Window;
+
+static int window_getbuffer(PyObject *obj, Py_buffer *view, int flags) {
+    Window *self = (Window *)obj;
+    if (self->data == NULL) {
+        PyErr_SetString(PyExc_BufferError, "read_ascii: the window is closed");
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, obj, self->data, self->len, 0, flags) < 0) {
+        return -1;
+    }
+    self->exports++;
+    return 0;
+}
+
+static void window_releasebuffer(PyObject *obj, Py_buffer *view) {
+    (void)view;
+    ((Window *)obj)->exports--;
+}
+
+static PyBufferProcs window_buffer = {window_getbuffer, window_releasebuffer};
+
+static PyTypeObject WindowType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "exporter.sources._scan.Window",
+    .tp_basicsize = sizeof(Window),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_as_buffer = &window_buffer,
+};
+
+static int all_ascii(const char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    unsigned long long acc = 0;
+    for (; i + 8 <= n; i += 8) {
+        unsigned long long w;
+        memcpy(&w, s + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++) {
+        acc |= (unsigned char)s[i];
+    }
+    return (acc & 0x8080808080808080ULL) == 0;
+}
+
+static PyObject *read_ascii(PyObject *self, PyObject *args) {
+    PyObject *readinto;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "On", &readinto, &size)) {
+        return NULL;
+    }
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "read_ascii: negative size");
+        return NULL;
+    }
+    PyObject *text = PyUnicode_New(size, 127);
+    if (text == NULL) {
+        return NULL;
+    }
+    char *data = (char *)PyUnicode_1BYTE_DATA(text);
+    Window *window = PyObject_New(Window, &WindowType);
+    if (window == NULL) {
+        Py_DECREF(text);
+        return NULL;
+    }
+    window->data = NULL;
+    window->len = 0;
+    window->exports = 0;
+    Py_ssize_t got = 0;
+    while (got < size) {
+        window->data = data + got;
+        window->len = size - got;
+        PyObject *view = PyMemoryView_FromObject((PyObject *)window);
+        PyObject *n = view == NULL ? NULL : PyObject_CallOneArg(readinto, view);
+        Py_XDECREF(view);
+        window->data = NULL;
+        if (window->exports != 0) {
+            /* A view of the str's memory outlived the call: the str is left allocated, never handed out. */
+            Py_XDECREF(n);
+            Py_DECREF(window);
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_BufferError, "read_ascii: readinto kept a view of its buffer");
+            }
+            return NULL;
+        }
+        Py_ssize_t k = n == NULL ? -1 : (n == Py_None ? 0 : PyLong_AsSsize_t(n));
+        Py_XDECREF(n);
+        if (k < 0 || k > size - got) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "read_ascii: readinto returned an impossible count");
+            }
+            Py_DECREF(window);
+            Py_DECREF(text);
+            return NULL;
+        }
+        if (k == 0) {
+            break; /* the end of the stream, early */
+        }
+        got += k;
+    }
+    Py_DECREF(window);
+    if (got == size && all_ascii(data, size)) {
+        return text;
+    }
+    PyObject *raw = PyBytes_FromStringAndSize(data, got);
+    Py_DECREF(text);
+    return raw;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Read one family block's plain lines (see exporter/sources/promtext.py)."},
     {"names", names, METH_VARARGS, "The sample names that start a line (see exporter/sources/promtext.py)."},
     {"labels", labels, METH_VARARGS, "A plain label block's sorted, interned pairs (see exporter/sources/promtext.py)."},
+    {"read_ascii", read_ascii, METH_VARARGS, "A sized body read straight into a str when it is ASCII, else its bytes."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "exporter.sources._scan", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__scan(void) {
+    if (PyType_Ready(&WindowType) < 0) {
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}

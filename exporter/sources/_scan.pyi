@@ -1,5 +1,7 @@
 """Types of the C scanner (exporter/sources/_scan.c); see exporter/sources/promtext.py for how it is used."""
 
+from collections.abc import Callable
+
 # blocks: raw label block -> canonical key, or None for a series to skip
 def scan(
     text: str, start: int, end: int, prefix: str, blocks: dict[str, str | None], /
@@ -8,3 +10,6 @@ def names(text: str, /) -> set[str] | None: ...
 
 # strings: the parser's table of label names and values (one string per distinct text); None: not the plain layout
 def labels(block: str, strings: dict[str, str], /) -> tuple[tuple[str, str], ...] | None: ...
+
+# a body of ``size`` bytes read through ``readinto``: a str when it came whole and ASCII, else the bytes read
+def read_ascii(readinto: Callable[[memoryview], int | None], size: int, /) -> str | bytes: ...

@@ -19,11 +19,15 @@ import pytest
 
 from exporter.runner import Runner, run_once
 from exporter.series import LabelSet
-from exporter.sources.promtext import LabelError, Parser, parse_labels
+from exporter.sources.promtext import HAVE_SCANNER, LabelError, Parser, parse_labels
 from exporter.sources.triton import TritonMetricsSource
 from telemetry import DISTRIBUTION, distribution_version
+from tests.support.fakes import FakeHttp, head
 from tests.support.paths import REPO
 from triton_http import Response
+
+if HAVE_SCANNER:
+    from exporter.sources import _scan
 
 ROOT = REPO
 
@@ -121,13 +125,15 @@ class _OneBody:
     def __init__(self, text: str) -> None:
         self.text = text
 
-    def request(self, method: str, url: str, timeout: float, json: object = None, max_bytes: int | None = None):
+    def request(
+        self, method: str, url: str, timeout: float, json: object = None, max_bytes: int | None = None, text=None
+    ):
         return Response(200, "text/plain; version=0.0.4", self.text.encode())
 
 
 class _Measuring(Parser):
     def parse(self, text: str):
-        self.held = tracemalloc.get_traced_memory()[0]
+        self.held, self.peak = tracemalloc.get_traced_memory()
         return super().parse(text)
 
 
@@ -146,6 +152,82 @@ def test_the_body_bytes_are_gone_before_the_parse():
         tracemalloc.stop()
     assert exp is not None and len(exp.samples["nv_inference_count"]) == 300
     assert parser.held - base < 1.5 * size  # the decoded text (1x), not the bytes too (2x)
+
+
+needs_scanner = pytest.mark.skipif(not HAVE_SCANNER, reason="the C scanner is not built here")
+
+
+@needs_scanner
+def test_the_body_is_read_straight_into_its_text():
+    """Bytes then their decoded text held the body twice for a moment, the --once process's peak at 1000 LLM
+    models (bench/bench_once.py). Triton's body is ASCII and sized: it is read into a str, no bytes beside it."""
+    text = _body(300, 30)  # ~0.8 MB
+    size = len(text)
+    answer = head(200, length=size) + text.encode()  # built before tracing: the server's copy is not the client's
+    parser = _Measuring(WANTED)
+    with FakeHttp(lambda server, conn, req: server.send(conn, answer)) as server:
+        source = TritonMetricsSource(server.url + "/metrics", parser, 1.0, 1 << 30)
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            exp = source.collect(5.0).samples
+        finally:
+            tracemalloc.stop()
+    assert exp is not None and len(exp.samples["nv_inference_count"]) == 300
+    assert parser.peak - base < 1.5 * size  # the text once (bytes then text: 2x)
+
+
+class _Reads:
+    """``readinto`` over ``data``, ``step`` bytes a call at most, as a socket hands a body in pieces."""
+
+    def __init__(self, data: bytes, step: int = 7) -> None:
+        self.data, self.step, self.at = data, step, 0
+
+    def readinto(self, view: memoryview) -> int:
+        n = min(self.step, len(view), len(self.data) - self.at)
+        view[:n] = self.data[self.at : self.at + n]
+        self.at += n
+        return n
+
+
+@needs_scanner
+@pytest.mark.parametrize(
+    "data, size, expected",
+    [
+        (b"nv_x 1\n" * 100, 700, "nv_x 1\n" * 100),  # whole and ASCII: the str itself
+        (b"", 0, ""),
+        ('nv_x{model="é"} 1\n'.encode(), 21, 'nv_x{model="é"} 1\n'.encode()),  # not ASCII: bytes to decode
+        (b"nv_x 1\n", 70, b"nv_x 1\n"),  # ended early: the bytes that came
+    ],
+    ids=["ascii", "empty", "utf-8", "short"],
+)
+def test_read_ascii_gives_a_str_only_for_a_whole_ascii_body(data, size, expected):
+    got = _scan.read_ascii(_Reads(data).readinto, size)
+    assert type(got) is type(expected) and got == expected
+    if isinstance(got, str):
+        assert {got: 1}[expected] == 1 and got.isascii()  # an ordinary str: hashes and compares as one
+
+
+@needs_scanner
+def test_read_ascii_never_hands_out_a_str_a_view_still_writes_into():
+    kept: list[memoryview] = []
+
+    def keeps(view: memoryview) -> int:
+        kept.append(view[1:])  # a view derived from the one given, alive after the call
+        return 1
+
+    with pytest.raises(BufferError, match="kept a view"):
+        _scan.read_ascii(keeps, 5)
+    with pytest.raises(BufferError, match="closed"):
+        memoryview(kept[0].obj)  # no new view of that memory either
+
+    def fails(view: memoryview) -> int:
+        raise TimeoutError("timed out")
+
+    with pytest.raises(TimeoutError):  # readinto's own error, as the client maps it
+        _scan.read_ascii(fails, 5)
+    with pytest.raises(ValueError, match="impossible count"):
+        _scan.read_ascii(lambda view: len(view) + 1, 5)
 
 
 def test_the_version_is_the_installed_metadata():
