@@ -24,9 +24,9 @@ from .promtext import Parser
 try:  # /metrics straight into a str (the C scanner's module: exporter/sources/_scan.c)
     from . import _scan
 
-    _read_text: TextReader | None = _scan.read_ascii
+    read_text: TextReader | None = _scan.read_ascii
 except ImportError:  # pragma: no cover - depends on the build
-    _read_text = None
+    read_text = None
 
 
 class TritonMetricsSource:
@@ -49,7 +49,7 @@ class TritonMetricsSource:
     def collect(self, timeout: float) -> Collected:
         # Read as a str when it can be (Triton's body is ASCII): bytes and their decoded text held together
         # were the process's peak at 1000 LLM models (a 10 MB body).
-        resp = fetch(self.http, "GET", self.url, timeout, text=_read_text)
+        resp = fetch(self.http, "GET", self.url, timeout, text=read_text)
         if resp.status != 200:
             raise SourceError(f"{self.shown}: answered HTTP {resp.status}")
         text = resp.text
