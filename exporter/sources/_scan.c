@@ -194,10 +194,27 @@ static PyObject *names(PyObject *self, PyObject *args) {
 
 /* labels(block, strings): the pairs of a label block in the plain layout Triton writes
  * (name="value",name="value" with no blanks and no backslash or newline in a value; a trailing comma is
- * allowed), sorted by name, names and values interned through the dict `strings`. None for anything else
+ * allowed), sorted by name, names and values interned through the dict `strings`, and whether the block is
+ * spelt as its LabelSet key (exporter/series: its names in written order, sorted but `le` and `quantile`
+ * last, and no trailing comma), so the caller can take the block as the key. None for anything else
  * (blanks, escapes, a repeated name, more than MAX_PAIRS pairs, text that is not 1-byte Unicode): the
  * caller's full grammar (promtext.parse_labels) reads those, and names the error. */
 #define MAX_PAIRS 32
+
+static int written_last(const char *name, Py_ssize_t len) {
+    return (len == 2 && memcmp(name, "le", 2) == 0) || (len == 8 && memcmp(name, "quantile", 8) == 0);
+}
+
+/* Whether name a comes before name b in a key's written order. */
+static int written_before(const char *a, Py_ssize_t a_len, const char *b, Py_ssize_t b_len) {
+    int a_last = written_last(a, a_len), b_last = written_last(b, b_len);
+    if (a_last != b_last) {
+        return b_last;
+    }
+    Py_ssize_t m = a_len < b_len ? a_len : b_len;
+    int c = memcmp(a, b, (size_t)m);
+    return c < 0 || (c == 0 && a_len < b_len);
+}
 
 static int name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 static int name_char(char c) { return name_start(c) || (c >= '0' && c <= '9'); }
@@ -257,6 +274,10 @@ static PyObject *labels(PyObject *self, PyObject *args) {
             i++;
         }
     }
+    int spelt = n == 0 || s[n - 1] == '"';
+    for (int k = 1; k < count && spelt; k++) {
+        spelt = written_before(s + name_at[k - 1], name_len[k - 1], s + name_at[k], name_len[k]);
+    }
     int order[MAX_PAIRS];
     for (int k = 0; k < count; k++) { /* insertion sort by name; names are ASCII, so bytes order them */
         int j = k;
@@ -292,7 +313,8 @@ static PyObject *labels(PyObject *self, PyObject *args) {
         }
         PyTuple_SET_ITEM(out, k, pair);
     }
-    return out;
+    PyObject *result = Py_BuildValue("(NO)", out, spelt ? Py_True : Py_False);
+    return result;
 }
 
 /* read_ascii(readinto, size): a body of `size` bytes read straight into a new str, which it returns when
@@ -419,7 +441,8 @@ static PyObject *read_ascii(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Read one family block's plain lines (see exporter/sources/promtext.py)."},
     {"names", names, METH_VARARGS, "The sample names that start a line (see exporter/sources/promtext.py)."},
-    {"labels", labels, METH_VARARGS, "A plain label block's sorted, interned pairs (see exporter/sources/promtext.py)."},
+    {"labels", labels, METH_VARARGS,
+     "A plain label block's sorted, interned pairs, and whether it is spelt as its key (see exporter/sources/promtext.py)."},
     {"read_ascii", read_ascii, METH_VARARGS, "A sized body read straight into a str when it is ASCII, else its bytes."},
     {NULL, NULL, 0, NULL},
 };
