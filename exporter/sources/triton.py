@@ -53,7 +53,7 @@ class TritonMetricsSource:
         if resp.status != 200:
             raise SourceError(f"{self.shown}: answered HTTP {resp.status}")
         text = resp.text
-        if text is None:  # not ASCII, or sent chunked: decoded, and the bytes let go before the parse
+        if text is None:  # not ASCII, sent chunked, or no C scanner: decoded, the bytes let go before the parse
             size = len(resp.body)
             text = resp.body.decode("utf-8", errors="replace")
         else:
