@@ -339,7 +339,15 @@ def _present(
     return names, out
 
 
+_KEY_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_KEY_ESCAPE = re.compile(r"\\(.)")
+
+
 def _split(key: str) -> tuple[str, str]:
     """model and version from an entity key (a version whose series are not in this scrape)."""
-    parts = dict(p.split("\x1e", 1) for p in key.split("\x1f") if "\x1e" in p)
+    parts = {name: _KEY_ESCAPE.sub(_unescaped, value) for name, value in _KEY_PAIR.findall(key)}
     return parts.get("model", key), parts.get("version", "")
+
+
+def _unescaped(m: re.Match[str]) -> str:
+    return "\n" if m.group(1) == "n" else m.group(1)

@@ -17,7 +17,7 @@ The probe in ``triton_side/`` has its own client: it runs on the Triton image's 
 library alone.
 """
 
-from .client import Client, Response
+from .client import Client, Response, TextReader
 from .errors import Broken, CannotConnect, Redirected, RequestFailed, TimedOut, TooLarge, redact
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Redirected",
     "RequestFailed",
     "Response",
+    "TextReader",
     "TimedOut",
     "TooLarge",
     "redact",

@@ -12,6 +12,7 @@ spellings of one label block are one series.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 
 class LabelSet:
@@ -19,16 +20,20 @@ class LabelSet:
 
     ``key`` is a canonical string of the sorted pairs: series are keyed by
     it everywhere (a str caches its hash, so the hot dict operations stay in
-    C), and two spellings of one label block are one series. ``entity`` says
+    C), and two spellings of one label block are one series. It is spelt as
+    Triton writes a block (``name="value"``, sorted by name but ``le`` and
+    ``quantile`` last, escaped), so Triton's blocks are their own keys and the
+    parser keeps one string for both (45,000 blocks at 1000 LLM models). ``entity`` says
     what the series describes: ``("model", name, version)``, ``("gpu", uuid)``
     or ``("task",)``.
     """
 
     __slots__ = ("entity", "entity_key", "key", "labels")
 
-    def __init__(self, pairs: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(self, pairs: tuple[tuple[str, str], ...] = (), key: str | None = None) -> None:
+        """``key``: when the caller knows it (the parser, of a block spelt as its key), it is not built again."""
         self.labels = dict(pairs)
-        self.key = _key(pairs)
+        self.key = _key(pairs) if key is None else key
         model = self.labels.get("model")
         if model is not None:
             version = self.labels.get("version", "")
@@ -36,7 +41,7 @@ class LabelSet:
             self.entity_key = model_key(model, version)
         elif "gpu_uuid" in self.labels:
             self.entity = ("gpu", self.labels["gpu_uuid"])
-            self.entity_key = f"gpu_uuid\x1e{self.labels['gpu_uuid']}"
+            self.entity_key = _key((("gpu_uuid", self.labels["gpu_uuid"]),))
         else:
             self.entity = ("task",)
             self.entity_key = ""
@@ -58,13 +63,33 @@ class LabelSet:
         return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(self.labels.items())) + "}"
 
 
+_LAST = frozenset(("le", "quantile"))  # a histogram's or summary's own label: clients write it last
+_name = itemgetter(0)
+
+
+def _written_order(pair: tuple[str, str]) -> tuple[bool, str]:
+    return pair[0] in _LAST, pair[0]
+
+
 def _key(pairs: tuple[tuple[str, str], ...]) -> str:
-    return "\x1f".join(map("\x1e".join, pairs))
+    if not _LAST.isdisjoint(map(_name, pairs)):
+        pairs = tuple(sorted(pairs, key=_written_order))
+    key = ",".join([f'{name}="{value}"' for name, value in pairs])
+    if "\\" in key or "\n" in key or key.count('"') != 2 * len(pairs):  # a value to escape (names are identifiers)
+        key = ",".join([f'{name}="{_escape(value)}"' for name, value in pairs])
+    return key
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def model_key(model: str, version: str) -> str:
     """The entity key of a model version, as series labelled model/version get it."""
-    return f"model\x1e{model}\x1fversion\x1e{version}"
+    key = f'model="{model}",version="{version}"'  # every label set of a model builds one: kept quick
+    if "\\" in key or "\n" in key or key.count('"') != 4:
+        return _key((("model", model), ("version", version)))
+    return key
 
 
 EMPTY = LabelSet(())

@@ -194,10 +194,27 @@ static PyObject *names(PyObject *self, PyObject *args) {
 
 /* labels(block, strings): the pairs of a label block in the plain layout Triton writes
  * (name="value",name="value" with no blanks and no backslash or newline in a value; a trailing comma is
- * allowed), sorted by name, names and values interned through the dict `strings`. None for anything else
+ * allowed), sorted by name, names and values interned through the dict `strings`, and whether the block is
+ * spelt as its LabelSet key (exporter/series: its names in written order, sorted but `le` and `quantile`
+ * last, and no trailing comma), so the caller can take the block as the key. None for anything else
  * (blanks, escapes, a repeated name, more than MAX_PAIRS pairs, text that is not 1-byte Unicode): the
  * caller's full grammar (promtext.parse_labels) reads those, and names the error. */
 #define MAX_PAIRS 32
+
+static int written_last(const char *name, Py_ssize_t len) {
+    return (len == 2 && memcmp(name, "le", 2) == 0) || (len == 8 && memcmp(name, "quantile", 8) == 0);
+}
+
+/* Whether name a comes before name b in a key's written order. */
+static int written_before(const char *a, Py_ssize_t a_len, const char *b, Py_ssize_t b_len) {
+    int a_last = written_last(a, a_len), b_last = written_last(b, b_len);
+    if (a_last != b_last) {
+        return b_last;
+    }
+    Py_ssize_t m = a_len < b_len ? a_len : b_len;
+    int c = memcmp(a, b, (size_t)m);
+    return c < 0 || (c == 0 && a_len < b_len);
+}
 
 static int name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 static int name_char(char c) { return name_start(c) || (c >= '0' && c <= '9'); }
@@ -257,6 +274,10 @@ static PyObject *labels(PyObject *self, PyObject *args) {
             i++;
         }
     }
+    int spelt = n == 0 || s[n - 1] == '"';
+    for (int k = 1; k < count && spelt; k++) {
+        spelt = written_before(s + name_at[k - 1], name_len[k - 1], s + name_at[k], name_len[k]);
+    }
     int order[MAX_PAIRS];
     for (int k = 0; k < count; k++) { /* insertion sort by name; names are ASCII, so bytes order them */
         int j = k;
@@ -292,16 +313,145 @@ static PyObject *labels(PyObject *self, PyObject *args) {
         }
         PyTuple_SET_ITEM(out, k, pair);
     }
-    return out;
+    PyObject *result = Py_BuildValue("(NO)", out, spelt ? Py_True : Py_False);
+    return result;
+}
+
+/* read_ascii(readinto, size): a body of `size` bytes read straight into a new str, which it returns when
+ * the body came whole and is ASCII (Triton's /metrics is). Otherwise the bytes read, for the caller to
+ * decode (a short read returns fewer than `size`). The usual way, bytes then decode, holds the body twice:
+ * 10 MB at 1000 LLM models, the sidecar's peak.
+ *
+ * `readinto` writes into a memoryview of a Window over the str's memory. The Window counts the views of
+ * it and refuses new ones between calls, so the str is returned (or freed) only when no view of its
+ * memory is left: a view kept past a call is an error, and the str is then never freed. */
+typedef struct {
+    PyObject_HEAD
+    char *data; /* NULL between calls of readinto */
+    Py_ssize_t len;
+    Py_ssize_t exports;
+} Window;
+
+static int window_getbuffer(PyObject *obj, Py_buffer *view, int flags) {
+    Window *self = (Window *)obj;
+    if (self->data == NULL) {
+        PyErr_SetString(PyExc_BufferError, "read_ascii: the window is closed");
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, obj, self->data, self->len, 0, flags) < 0) {
+        return -1;
+    }
+    self->exports++;
+    return 0;
+}
+
+static void window_releasebuffer(PyObject *obj, Py_buffer *view) {
+    (void)view;
+    ((Window *)obj)->exports--;
+}
+
+static PyBufferProcs window_buffer = {window_getbuffer, window_releasebuffer};
+
+static PyTypeObject WindowType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "exporter.sources._scan.Window",
+    .tp_basicsize = sizeof(Window),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_as_buffer = &window_buffer,
+};
+
+static int all_ascii(const char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    unsigned long long acc = 0;
+    for (; i + 8 <= n; i += 8) {
+        unsigned long long w;
+        memcpy(&w, s + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++) {
+        acc |= (unsigned char)s[i];
+    }
+    return (acc & 0x8080808080808080ULL) == 0;
+}
+
+static PyObject *read_ascii(PyObject *self, PyObject *args) {
+    PyObject *readinto;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "On", &readinto, &size)) {
+        return NULL;
+    }
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "read_ascii: negative size");
+        return NULL;
+    }
+    PyObject *text = PyUnicode_New(size, 127);
+    if (text == NULL) {
+        return NULL;
+    }
+    char *data = (char *)PyUnicode_1BYTE_DATA(text);
+    Window *window = PyObject_New(Window, &WindowType);
+    if (window == NULL) {
+        Py_DECREF(text);
+        return NULL;
+    }
+    window->data = NULL;
+    window->len = 0;
+    window->exports = 0;
+    Py_ssize_t got = 0;
+    while (got < size) {
+        window->data = data + got;
+        window->len = size - got;
+        PyObject *view = PyMemoryView_FromObject((PyObject *)window);
+        PyObject *n = view == NULL ? NULL : PyObject_CallOneArg(readinto, view);
+        Py_XDECREF(view);
+        window->data = NULL;
+        if (window->exports != 0) {
+            /* A view of the str's memory outlived the call: the str is left allocated, never handed out. */
+            Py_XDECREF(n);
+            Py_DECREF(window);
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_BufferError, "read_ascii: readinto kept a view of its buffer");
+            }
+            return NULL;
+        }
+        Py_ssize_t k = n == NULL ? -1 : (n == Py_None ? 0 : PyLong_AsSsize_t(n));
+        Py_XDECREF(n);
+        if (k < 0 || k > size - got) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "read_ascii: readinto returned an impossible count");
+            }
+            Py_DECREF(window);
+            Py_DECREF(text);
+            return NULL;
+        }
+        if (k == 0) {
+            break; /* the end of the stream, early */
+        }
+        got += k;
+    }
+    Py_DECREF(window);
+    if (got == size && all_ascii(data, size)) {
+        return text;
+    }
+    PyObject *raw = PyBytes_FromStringAndSize(data, got);
+    Py_DECREF(text);
+    return raw;
 }
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Read one family block's plain lines (see exporter/sources/promtext.py)."},
     {"names", names, METH_VARARGS, "The sample names that start a line (see exporter/sources/promtext.py)."},
-    {"labels", labels, METH_VARARGS, "A plain label block's sorted, interned pairs (see exporter/sources/promtext.py)."},
+    {"labels", labels, METH_VARARGS,
+     "A plain label block's sorted, interned pairs, and whether it is spelt as its key (see exporter/sources/promtext.py)."},
+    {"read_ascii", read_ascii, METH_VARARGS, "A sized body read straight into a str when it is ASCII, else its bytes."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "exporter.sources._scan", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__scan(void) {
+    if (PyType_Ready(&WindowType) < 0) {
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}

@@ -333,13 +333,13 @@ class Parser:
         key = self._cache.get(block)
         if key is None:
             try:
-                pairs = self._pairs(block)
+                pairs, spelt = self._pairs(block)
             except LabelError:
                 return False
             if dict(pairs).get(label) not in values:  # skipped, and its labels never interned
                 self._select_caches[name][block] = None
                 return True
-            key = self._intern(block, pairs).key
+            key = self._intern(block, pairs, spelt).key
         elif self._interned[key].labels.get(label) not in values:
             self._select_caches[name][block] = None
             return True
@@ -348,22 +348,25 @@ class Parser:
 
     def _labels(self, block: str) -> LabelSet | None:
         try:
-            pairs = self._pairs(block)
+            pairs, spelt = self._pairs(block)
         except LabelError:
             return None
-        return self._intern(block, pairs)
+        return self._intern(block, pairs, spelt)
 
-    def _pairs(self, block: str) -> tuple[tuple[str, str], ...]:
-        """``parse_labels`` of ``block``, Triton's plain layout read by the C scanner when there is one."""
+    def _pairs(self, block: str) -> tuple[tuple[tuple[str, str], ...], bool]:
+        """``parse_labels`` of ``block``, Triton's plain layout read by the C scanner when there is one; and
+        whether the block is spelt as its key (the scanner tells; the Python path leaves it to ``_intern``)."""
         if self.native:
-            pairs = _scan.labels(block, self._strings)
-            if pairs is not None:
-                return pairs
-        return parse_labels(block, self._strings)
+            found = _scan.labels(block, self._strings)
+            if found is not None:
+                return found
+        return parse_labels(block, self._strings), False
 
-    def _intern(self, block: str, pairs: tuple[tuple[str, str], ...]) -> LabelSet:
+    def _intern(self, block: str, pairs: tuple[tuple[str, str], ...], spelt: bool) -> LabelSet:
         """The one LabelSet of ``pairs`` (read from ``block``), sharing its entity's tuple and key."""
-        labels = LabelSet(pairs)
+        labels = LabelSet(pairs, block if spelt else None)
+        if labels.key == block:
+            labels.key = block  # Triton's blocks are spelt as keys are: one string for the cache and the set
         labels = self._interned.setdefault(labels.key, labels)
         entity = self._interned.get(labels.entity_key)
         if entity is None:

@@ -19,7 +19,7 @@ class FileSink:
             return
         try:
             with open(self.path, "ab") as f:
-                f.write(b"\n".join(events) + b"\n")
+                f.write(b"\n".join([*events, b""]))  # the final newline joined in: no second copy of the batch
             self.conditions.set("file_sink", None)
         except OSError as exc:
             self.dropped += len(events)

@@ -21,7 +21,7 @@ class StreamSink:
         if not events:
             return
         try:
-            self.stream.write(b"\n".join(events) + b"\n")
+            self.stream.write(b"\n".join([*events, b""]))  # the final newline joined in: no second copy of the batch
             self.stream.flush()
         except BrokenPipeError:
             raise SinkClosed("stdout was closed by its reader (EPIPE)") from None

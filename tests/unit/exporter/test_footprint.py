@@ -17,13 +17,18 @@ from importlib.metadata import version
 
 import pytest
 
+from exporter.coverage import _split
 from exporter.runner import Runner, run_once
 from exporter.series import LabelSet
-from exporter.sources.promtext import LabelError, Parser, parse_labels
+from exporter.sources.promtext import HAVE_SCANNER, LabelError, Parser, parse_labels
 from exporter.sources.triton import TritonMetricsSource
 from telemetry import DISTRIBUTION, distribution_version
+from tests.support.fakes import FakeHttp, head
 from tests.support.paths import REPO
 from triton_http import Response
+
+if HAVE_SCANNER:
+    from exporter.sources import _scan
 
 ROOT = REPO
 
@@ -66,6 +71,10 @@ def test_label_sets_of_one_model_share_its_strings_and_entity(native):
         'a="1"',
         'a="1",',
         'b="2",a="1"',
+        'model="m",version="1",le="10"',
+        'le="10",model="m"',
+        'a="1",quantile="0.5",le="2"',
+        'ab="1",a="2"',
         'a="x\\"y",b="\\\\"',
         ' a = "1" , b="2" ',
         'a="1",,',
@@ -100,9 +109,40 @@ def test_the_plain_block_path_reads_as_the_full_grammar(block):
     if block == 'a="1",a="2"':
         assert plain is LabelError
     if promtext.HAVE_SCANNER:  # the C scanner's reading of the same layout: the same pairs, or None (not plain)
-        native = promtext._scan.labels(block, {})
+        found = promtext._scan.labels(block, {})
+        native = None if found is None else found[0]
         assert native is None or native == grammar
-        assert (native is None) == (block not in ("", 'a="1"', 'a="1",', 'b="2",a="1"'))
+        if found is not None:  # and whether the block is spelt as its key: then the parser takes it as the key
+            assert found[1] == (LabelSet(found[0]).key == block)
+        plain = ("", 'a="1"', 'a="1",', 'b="2",a="1"', 'model="m",version="1",le="10"', 'le="10",model="m"')
+        plain += ('a="1",quantile="0.5",le="2"', 'ab="1",a="2"')
+        assert (native is None) == (block not in plain)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_block_as_triton_writes_it_is_its_own_key(native):
+    """Keys are spelt as Triton writes a block (sorted, ``le`` last): the label cache holds one string for the
+    raw block and the set's key, not two (45,000 blocks at 1000 LLM models, ~4 MB)."""
+    parser = Parser(WANTED, native=native)
+    exp = parser.parse(_body(3, 4))
+    blocks = [b for b in parser._cache if b]
+    assert len(blocks) == 3 * 6 + 1
+    for block in blocks:
+        if parser._cache[block] is not block:  # an entity's own set, made before its block came (families
+            assert exp.labels[block].entity_key is parser._cache[block]  # are read in set order): 1 per entity
+        assert exp.labels[parser._cache[block]].key is parser._cache[block]
+    assert sum(parser._cache[b] is b for b in blocks) >= len(blocks) - 3
+    # Another spelling of a set is read as the same series, under the same key.
+    again = parser.parse('# TYPE nv_inference_count counter\nnv_inference_count{version="1",model="m0001"} 7\n')
+    assert again.samples["nv_inference_count"] == {'model="m0001",version="1"': 7.0}
+
+
+def test_keys_are_one_to_one_whatever_the_values():
+    values = ['a"b', "a\\", 'a\\"', "a\nb", "a\\nb", 'x",y="z', ""]
+    keys = {LabelSet((("model", v), ("version", "1"))).key for v in values}
+    assert len(keys) == len(values)
+    for v in values:  # and the coverage reads a model and version back from an entity key
+        assert _split(LabelSet((("model", v), ("version", "1"))).entity_key) == (v, "1")
 
 
 def test_entity_keys_match_the_content_derived_form():
@@ -121,13 +161,15 @@ class _OneBody:
     def __init__(self, text: str) -> None:
         self.text = text
 
-    def request(self, method: str, url: str, timeout: float, json: object = None, max_bytes: int | None = None):
+    def request(
+        self, method: str, url: str, timeout: float, json: object = None, max_bytes: int | None = None, text=None
+    ):
         return Response(200, "text/plain; version=0.0.4", self.text.encode())
 
 
 class _Measuring(Parser):
     def parse(self, text: str):
-        self.held = tracemalloc.get_traced_memory()[0]
+        self.held, self.peak = tracemalloc.get_traced_memory()
         return super().parse(text)
 
 
@@ -146,6 +188,82 @@ def test_the_body_bytes_are_gone_before_the_parse():
         tracemalloc.stop()
     assert exp is not None and len(exp.samples["nv_inference_count"]) == 300
     assert parser.held - base < 1.5 * size  # the decoded text (1x), not the bytes too (2x)
+
+
+needs_scanner = pytest.mark.skipif(not HAVE_SCANNER, reason="the C scanner is not built here")
+
+
+@needs_scanner
+def test_the_body_is_read_straight_into_its_text():
+    """Bytes then their decoded text held the body twice for a moment, the --once process's peak at 1000 LLM
+    models (bench/bench_once.py). Triton's body is ASCII and sized: it is read into a str, no bytes beside it."""
+    text = _body(300, 30)  # ~0.8 MB
+    size = len(text)
+    answer = head(200, length=size) + text.encode()  # built before tracing: the server's copy is not the client's
+    parser = _Measuring(WANTED)
+    with FakeHttp(lambda server, conn, req: server.send(conn, answer)) as server:
+        source = TritonMetricsSource(server.url + "/metrics", parser, 1.0, 1 << 30)
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            exp = source.collect(5.0).samples
+        finally:
+            tracemalloc.stop()
+    assert exp is not None and len(exp.samples["nv_inference_count"]) == 300
+    assert parser.peak - base < 1.5 * size  # the text once (bytes then text: 2x)
+
+
+class _Reads:
+    """``readinto`` over ``data``, ``step`` bytes a call at most, as a socket hands a body in pieces."""
+
+    def __init__(self, data: bytes, step: int = 7) -> None:
+        self.data, self.step, self.at = data, step, 0
+
+    def readinto(self, view: memoryview) -> int:
+        n = min(self.step, len(view), len(self.data) - self.at)
+        view[:n] = self.data[self.at : self.at + n]
+        self.at += n
+        return n
+
+
+@needs_scanner
+@pytest.mark.parametrize(
+    "data, size, expected",
+    [
+        (b"nv_x 1\n" * 100, 700, "nv_x 1\n" * 100),  # whole and ASCII: the str itself
+        (b"", 0, ""),
+        ('nv_x{model="é"} 1\n'.encode(), 21, 'nv_x{model="é"} 1\n'.encode()),  # not ASCII: bytes to decode
+        (b"nv_x 1\n", 70, b"nv_x 1\n"),  # ended early: the bytes that came
+    ],
+    ids=["ascii", "empty", "utf-8", "short"],
+)
+def test_read_ascii_gives_a_str_only_for_a_whole_ascii_body(data, size, expected):
+    got = _scan.read_ascii(_Reads(data).readinto, size)
+    assert type(got) is type(expected) and got == expected
+    if isinstance(got, str):
+        assert {got: 1}[expected] == 1 and got.isascii()  # an ordinary str: hashes and compares as one
+
+
+@needs_scanner
+def test_read_ascii_never_hands_out_a_str_a_view_still_writes_into():
+    kept: list[memoryview] = []
+
+    def keeps(view: memoryview) -> int:
+        kept.append(view[1:])  # a view derived from the one given, alive after the call
+        return 1
+
+    with pytest.raises(BufferError, match="kept a view"):
+        _scan.read_ascii(keeps, 5)
+    with pytest.raises(BufferError, match="closed"):
+        memoryview(kept[0].obj)  # no new view of that memory either
+
+    def fails(view: memoryview) -> int:
+        raise TimeoutError("timed out")
+
+    with pytest.raises(TimeoutError):  # readinto's own error, as the client maps it
+        _scan.read_ascii(fails, 5)
+    with pytest.raises(ValueError, match="impossible count"):
+        _scan.read_ascii(lambda view: len(view) + 1, 5)
 
 
 def test_the_version_is_the_installed_metadata():

@@ -53,7 +53,9 @@ class ScriptedTriton:
     def clock(self) -> float:
         return self.now
 
-    def request(self, method: str, url: str, timeout: float, json: object = None, max_bytes: int | None = None):
+    def request(
+        self, method: str, url: str, timeout: float, json: object = None, max_bytes: int | None = None, text=None
+    ):
         self.timeouts.append((url.rsplit("/v2", 1)[1] or "/", timeout))
         if method == "POST":
             self.now += self.index_s
