@@ -98,8 +98,11 @@ def transient_start_failure(error: str, log: str) -> str | None:
     while several stubs start at once on a loaded machine (upstream, intermittent:
     triton-inference-server/server#8882; seen here once in a full suite run, on the start of a repository
     with eleven Python stubs)."""
-    text = error.lower()
-    if "cannot listen" in text or "address already in use" in text:
+    text = (error + "\n" + log).lower()
+    # Triton's words for it: "cannot listen ..." and "Address already in use" from the HTTP and gRPC servers,
+    # "failed to start Metrics service: Unavailable - Socket '127.0.0.1:N' already in use" from the metrics one
+    # (early in a long log: not in the error's tail).
+    if "cannot listen" in text or "already in use" in text:
         return "a port was taken"
     if "exited with" in text and "boost::interprocess::lock_exception" in log:
         return "the Python backend aborted with boost::interprocess::lock_exception"

@@ -22,6 +22,11 @@ FAILED_LOAD_LOG = "E1202 22:37:06.423842 30744 model_lifecycle.cc:642] \"failed 
 def test_only_a_taken_port_or_the_python_backends_abort_is_transient() -> None:
     assert transient_start_failure("tritonserver exited with -6:\n...", ABORT_LOG) is not None
     assert transient_start_failure("tritonserver exited with 1: Address already in use", "") == "a port was taken"
+    metrics_taken = (
+        'E1202 22:57:31.517597 3552 main.cc:293] "failed to start Metrics service: Unavailable - Socket '
+        "'127.0.0.1:58015' already in use \"\n" + "I1202 ...\n" * 100
+    )
+    assert transient_start_failure("tritonserver exited with 1:\n...", metrics_taken) == "a port was taken"
     assert transient_start_failure("tritonserver exited with 1:\n...", FAILED_LOAD_LOG) is None
     assert transient_start_failure("tritonserver not ready after 60s:\n...", FAILED_LOAD_LOG) is None
     # Not ready in time (a hang) is not the abort, whatever the log says: starting again would hang again.
