@@ -89,6 +89,7 @@ class OtlpMetricsOutput:
         self.encoder = MetricsEncoder()
         self.scope = InstrumentationScope(name=SCOPE_NAME, version=__version__)
         self.conditions = Conditions(log)
+        self.histogram_points_left_out = 0  # cumulative: torn or without +Inf, never sent (reason "inconsistent")
         self._resource_props: dict[str, object] | None = None
         self._resource = Resource()
         self._resource_count = 0
@@ -149,6 +150,7 @@ class OtlpMetricsOutput:
         if genai is not None:
             left_out += genai.encode(enc, histograms, self._groups, scrape.configs)
         self._own(scrape)
+        self.histogram_points_left_out += left_out
         # A torn scrape's histograms are left out, never guessed; as for EMF's distributions, the log says so.
         self.conditions.set(
             "inconsistent histograms",
@@ -267,7 +269,7 @@ class OtlpMetricsOutput:
             s = exporter.stats()
             output = str(exporter.endpoint)
             out.add(SENT, LabelSet.of(output=output), float(s.delivered))
-            drops = {"labels": labels_dropped, **s.dropped_by_reason()}
+            drops = {"labels": labels_dropped, "inconsistent": self.histogram_points_left_out, **s.dropped_by_reason()}
             for reason, n in drops.items():
                 out.add(DROPPED, LabelSet.of(output=output, reason=reason), float(n))
         return out

@@ -340,7 +340,7 @@ def run_checks(opts: Options, env: Mapping[str, str]) -> tuple[list[Failure], st
                     )
                 )
 
-    names = sorted({g.name for g in gpus})
+    names = sorted({f"{g.name} {g.memory_mib} MiB" if g.memory_mib.isdigit() else g.name for g in gpus})
     summary = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} ({', '.join(names) or 'none'})"
     if gpus:
         summary += f", driver {gpus[0].driver}"

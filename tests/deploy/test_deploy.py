@@ -264,7 +264,7 @@ def run_triton_command(taskdef: dict, tmp: Path, query: str, table: str) -> tupl
 def test_triton_command_starts_server_after_a_passing_check(taskdef, tmp_path):
     proc, marker = run_triton_command(taskdef, tmp_path, A10G_QUERY, A10G_TABLE)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("startup_check: OK 1 GPU (NVIDIA A10G)")
+    assert proc.stdout.startswith("startup_check: OK 1 GPU (NVIDIA A10G 23028 MiB)")
     args = marker.read_text().splitlines()
     assert f"--model-repository={SAMPLE['ModelRepository']}" in args
     assert "--metrics-config" in args and "summary_latencies=true" in args

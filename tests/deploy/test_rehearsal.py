@@ -166,7 +166,7 @@ def test_shipped_task_starts_and_triton_becomes_healthy(shipped: Task) -> None:
     assert last["ExitCode"] == 0
     assert last["Output"].startswith("OK triton http://localhost:8000: live, 4 model version(s) ready")
     logs = shipped.logs("triton-server")
-    assert "startup_check: OK 1 GPU (NVIDIA A10G), driver 535.104.05" in logs
+    assert "startup_check: OK 1 GPU (NVIDIA A10G 23028 MiB), driver 535.104.05" in logs
     assert "1 GPU(s) requested: placeholder device nodes and a fake nvidia-smi" in " ".join(shipped.notes)
     # The VM caps memlock: the task's -1 is lowered (recorded), the rest of the ulimits are as written.
     assert any("ulimit memlock -1/-1 lowered" in n for n in shipped.notes)

@@ -20,6 +20,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, M
 
 from catalog.otlp import snake
 from exporter.config import ConfigError, Settings, load
+from exporter.otlp_output import DROPPED as DROPPED_SERIES
 from exporter.otlp_output import OtlpMetricsOutput
 from exporter.pipeline import Pipeline
 from telemetry.otlp.endpoint import parse_endpoint
@@ -240,6 +241,7 @@ def test_histogram_points_left_out_of_a_torn_scrape_are_logged_and_the_recovery_
             caplog.clear()
     finally:
         pipe.close(outputs_timeout=1.0)
+    assert rec.histogram_points_left_out == 2  # the torn one, then the one without +Inf: counted, as reason
     left_out = "OTLP: leaving out 1 histogram points whose bucket counts go down or lack +Inf"
     assert seen == [["whole"], [left_out], ["whole"], [], ["torn", "whole"], ["inconsistent histograms: recovered"]]
 
@@ -409,6 +411,9 @@ def test_partial_success_is_read_and_counted(cloudwatch: OtlpEndpoint) -> None:
     assert out.exporters[0].stats().rejected_partial == 3
     dropped = {k: v for k, v in out.series().samples["exporter_otlp_points_dropped_total"].items() if v}
     assert list(dropped.values()) == [3.0] and "partial" in next(iter(dropped))
+    out.histogram_points_left_out = 2  # as encode() counts them (the torn-scrape test above)
+    reasons = {out.series().labels[k].get("reason"): v for k, v in out.series().samples[DROPPED_SERIES].items()}
+    assert reasons["inconsistent"] == 2.0 and reasons["partial"] == 3.0
     assert second["OtlpPointsDropped"] + third["OtlpPointsDropped"] == 3  # in EMF, as every drop
     first_two = sum(r.units() for r in cloudwatch.accepted()[:2])  # the third cycle's own request comes later
     assert second["OtlpPointsSent"] + third["OtlpPointsSent"] == first_two - 3 > 0

@@ -108,7 +108,7 @@ def test_a10g_passes_and_names_gpu_driver_and_cuda(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert err == ""
-    assert out.startswith("startup_check: OK 1 GPU (NVIDIA A10G), driver 535.104.05, CUDA 12.2 >= 12.0")
+    assert out.startswith("startup_check: OK 1 GPU (NVIDIA A10G 23028 MiB), driver 535.104.05, CUDA 12.2 >= 12.0")
     # The image wants 12.4, the driver has 12.2: allowed, and said.
     assert "minor-version compatibility" in out
     calls = (tmp_path / "calls.log").read_text().splitlines()
@@ -121,7 +121,7 @@ def test_two_l4_pass_min_gpus_and_exact_minor(tmp_path, capsys):
     fake_dev(tmp_path, ("nvidiactl", "nvidia0", "nvidia1"))
     assert run(tmp_path, "--expect-gpu", "L4", "--min-gpus", "2", "--min-cuda", "12.4") == 0
     out = capsys.readouterr().out
-    assert "2 GPUs (NVIDIA L4)" in out and "CUDA 12.4 >= 12.4" in out
+    assert "2 GPUs (NVIDIA L4 23034 MiB)" in out and "CUDA 12.4 >= 12.4" in out
 
 
 def test_l4_pattern_does_not_accept_l40s(tmp_path, capsys):
