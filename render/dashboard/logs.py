@@ -11,7 +11,8 @@ TEXT = (
 )
 # The trace relay's slow-request lines (exporter/traces/source.py); the same query is in docs/tracing.md.
 SLOW_REQUESTS = (
-    "fields @timestamp, @message"
+    # Not @message as a column: through FireLens it is the whole {"log": ...} record; the parsed fields say it all.
+    "fields @timestamp"
     "\n| filter @message like /slow request: model=/"
     "\n| parse @message /model=(?<model>\\S+) version=(?<version>\\S+) request_ms=(?<ms>[0-9.]+)"
     " trace_id=(?<trace_id>[0-9a-f]{32}) span_id=(?<span_id>[0-9a-f]{16})/"
