@@ -319,6 +319,24 @@ def test_the_dashboards_failed_loads_query() -> None:
     assert result.cell(row, "last_seen").endswith(".000") and result.cell(row, "last_seen").startswith("2027-01-15")
 
 
+def test_the_slowest_requests_widget_shows_the_parsed_fields_not_the_firelens_record() -> None:
+    """Through FireLens the exporter's line is the ``log`` field of a JSON record: as a column, @message would
+    show that whole record; the widget's columns are the fields its parse extracts."""
+    from render.dashboard.logs import SLOW_REQUESTS
+
+    msg = (
+        "slow request: model=add version=1 request_ms=52.113 trace_id=4bf92f3577b34da6a3ce929d0e0e4736"
+        " span_id=00f067aa0ba902b7"
+    )
+    line = json.dumps({"level": "info", "logger": "exporter.traces", "msg": msg})
+    event = LogEvent(T0, json.dumps({"log": line, "container_name": "exporter", "source": "stderr"}))
+    result = logsinsights.run(SLOW_REQUESTS, [event])
+    assert "@message" not in result.columns
+    assert result.columns[:2] == ["@timestamp", "model"] and "trace_id" in result.columns
+    (row,) = result.rows
+    assert (row["model"], row["request_ms"], row["trace_id"]) == ("add", 52.113, "4bf92f3577b34da6a3ce929d0e0e4736")
+
+
 def test_logs_insights_sort_limit_parse_and_numbers() -> None:
     lines = [
         LogEvent(T0 + i, f"slow request: model=m{i} version=1 request_ms={ms}")
