@@ -43,6 +43,7 @@ from telemetry.logs import get
 
 from .series import LabelSet, Series
 from .sources import ModelConfig
+from .sources.promtext import parse_labels
 
 log = get("coverage")
 
@@ -339,15 +340,8 @@ def _present(
     return names, out
 
 
-_KEY_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-_KEY_ESCAPE = re.compile(r"\\(.)")
-
-
 def _split(key: str) -> tuple[str, str]:
-    """model and version from an entity key (a version whose series are not in this scrape)."""
-    parts = {name: _KEY_ESCAPE.sub(_unescaped, value) for name, value in _KEY_PAIR.findall(key)}
+    """model and version from an entity key (a version whose series are not in this scrape): keys are spelt
+    as label blocks (exporter/series), so the parser's own grammar reads them back."""
+    parts = dict(parse_labels(key))
     return parts.get("model", key), parts.get("version", "")
-
-
-def _unescaped(m: re.Match[str]) -> str:
-    return "\n" if m.group(1) == "n" else m.group(1)

@@ -27,9 +27,13 @@ def trace_flags(port: int, rate: int = 1) -> list[str]:
     ]  # fmt: skip
 
 
+def relay_of(pipe):
+    return next(s for s in pipe.sources if s.name == "traces").relay
+
+
 def wait_for_spans(pipe, at_least: int, timeout: float = 20.0) -> None:
     """Triton's batch span processor exports every 5 s."""
-    relay = next(s for s in pipe.sources if s.name == "traces").relay
+    relay = relay_of(pipe)
     deadline = time.monotonic() + timeout
     while relay.counts().spans_received < at_least and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -69,7 +73,7 @@ def test_phases_and_slowest_traces_from_a_real_triton_land_in_the_models_event(
         first = documents(pipe.cycle())  # the models' phase histograms are new: their baseline
         # The endpoint records a batch before it answers; the forwarder counts it once the answer is read:
         # wait for both, or a loaded machine's cycle can fall between the two (seen in CI).
-        relay = next(s for s in pipe.sources if s.name == "traces").relay
+        relay = relay_of(pipe)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and (
             sum(r.units() for r in xray.accepted()) < 21 or relay.counts().spans_exported < 21
@@ -127,6 +131,6 @@ def test_the_trace_rate_is_applied_at_runtime_and_again_after_a_triton_restart(t
         server.infer_add(9)  # every third request traced: 3 requests, 3 spans each
         wait_for_spans(pipe, 9)
         time.sleep(6)  # one more export period: nothing beyond those
-        assert next(s for s in pipe.sources if s.name == "traces").relay.counts().spans_received == 9
+        assert relay_of(pipe).counts().spans_received == 9
     finally:
         pipe.close()

@@ -19,7 +19,7 @@ import pytest
 
 from exporter.coverage import _split
 from exporter.runner import Runner, run_once
-from exporter.series import LabelSet
+from exporter.series import Exposition, LabelSet
 from exporter.sources.promtext import HAVE_SCANNER, LabelError, Parser, parse_labels
 from exporter.sources.triton import TritonMetricsSource
 from telemetry import DISTRIBUTION, distribution_version
@@ -180,14 +180,19 @@ def test_the_body_bytes_are_gone_before_the_parse():
     size = len(text)
     parser = _Measuring(WANTED)
     source = TritonMetricsSource("http://triton/metrics", parser, 1.0, 1 << 30, http=_OneBody(text))  # type: ignore[arg-type]
+    base, exp = _traced_collect(source)
+    assert exp is not None and len(exp.samples["nv_inference_count"]) == 300
+    assert parser.held - base < 1.5 * size  # the decoded text (1x), not the bytes too (2x)
+
+
+def _traced_collect(source: TritonMetricsSource) -> tuple[int, Exposition | None]:
+    """The traced memory before one collect (the parser's figures are measured against it), and its samples."""
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        exp = source.collect(5.0).samples
+        return base, source.collect(5.0).samples
     finally:
         tracemalloc.stop()
-    assert exp is not None and len(exp.samples["nv_inference_count"]) == 300
-    assert parser.held - base < 1.5 * size  # the decoded text (1x), not the bytes too (2x)
 
 
 needs_scanner = pytest.mark.skipif(not HAVE_SCANNER, reason="the C scanner is not built here")
@@ -203,12 +208,7 @@ def test_the_body_is_read_straight_into_its_text():
     parser = _Measuring(WANTED)
     with FakeHttp(lambda server, conn, req: server.send(conn, answer)) as server:
         source = TritonMetricsSource(server.url + "/metrics", parser, 1.0, 1 << 30)
-        tracemalloc.start()
-        try:
-            base = tracemalloc.get_traced_memory()[0]
-            exp = source.collect(5.0).samples
-        finally:
-            tracemalloc.stop()
+        base, exp = _traced_collect(source)
     assert exp is not None and len(exp.samples["nv_inference_count"]) == 300
     assert parser.peak - base < 1.5 * size  # the text once (bytes then text: 2x)
 
