@@ -69,6 +69,7 @@ class Lines:
 
     lines: list[Line] = field(default_factory=list)
     cond: threading.Condition = field(default_factory=threading.Condition)
+    ended: set[str] = field(default_factory=set)  # processes whose stderr closed: they exited
 
     def add(self, source: str, stream: str, text: str) -> None:
         with self.cond:
@@ -79,6 +80,10 @@ class Lines:
         def run() -> None:
             for raw in iter(pipe.readline, b""):
                 self.add(source, stream, raw.decode(errors="replace"))
+            if stream == "stderr":
+                with self.cond:
+                    self.ended.add(source)
+                    self.cond.notify_all()
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
@@ -103,10 +108,15 @@ class Lines:
         thread.start()
         return thread
 
-    def wait(self, pred: Callable[[list[Line]], bool], timeout: float, what: str) -> None:
+    def wait(self, pred: Callable[[list[Line]], bool], timeout: float, what: str, source: str = "") -> None:
+        """Until ``pred`` holds; RunFailed after ``timeout``, or at once when ``source``, the process that
+        should do it, has exited (with its last words: a port taken, a bad flag)."""
         deadline = time.monotonic() + timeout
         with self.cond:
             while not pred(self.lines):
+                if source in self.ended:
+                    said = [x.text for x in self.lines if x.source == source and x.stream == "stderr"][-5:]
+                    raise RunFailed(f"{source} exited while waiting for {what}: " + (" | ".join(said) or "no output"))
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RunFailed(f"timed out after {timeout:g}s waiting for {what}")
@@ -326,7 +336,7 @@ def run(out: Path, window: float, windows: int, say: Callable[[str], None]) -> P
             s3.env,
         )
         installed = lines.count("modelsync", '"ModelInSync":1')
-        lines.wait(lambda x: installed(x) > 0, 120, f"model sync to install {SYNCED}")
+        lines.wait(lambda x: installed(x) > 0, 120, f"model sync to install {SYNCED}", "modelsync")
         # The demo's requests, each model from its own client (as production traffic comes): a model being
         # reloaded delays its own requests, not every other model's too, as one sequential client would.
         senders = [partial(_repeat, one, stop) for one in requests(server)] + [partial(llm.traffic, server, stop)]
@@ -358,7 +368,7 @@ def run(out: Path, window: float, windows: int, say: Callable[[str], None]) -> P
         beats = lines.count("exporter", '"ExporterHeartbeat"')
         steps = {windows // 3: "update", (2 * windows) // 3: "refused"}
         for n in range(1, windows + 1):
-            lines.wait(partial(_at_least, beats, n), window * 4 + 60, f"exporter window {n}")
+            lines.wait(partial(_at_least, beats, n), window * 4 + 60, f"exporter window {n}", "exporter")
             if steps.get(n) == "update":
                 say(f"window {n}: uploading a new build of {SYNCED!r} (a rollout: canary, bake, verdict)")
                 s3.upload(SYNCED, model_zip(SYNCED, MODELS_DIR / SYNCED, note="build 2"))
@@ -371,7 +381,7 @@ def run(out: Path, window: float, windows: int, say: Callable[[str], None]) -> P
             ('"RolloutsPromoted":1', f"the rollout of {SYNCED!r} to be promoted"),
             ('"result":"hash_mismatch"', f"model sync to refuse {REFUSED!r}"),
         ):
-            lines.wait(partial(_at_least, lines.count("modelsync", needle), 1), window * 4 + 60, what)
+            lines.wait(partial(_at_least, lines.count("modelsync", needle), 1), window * 4 + 60, what, "modelsync")
     finally:
         stop.set()
         for proc in procs:

@@ -866,3 +866,23 @@ def test_the_rollout_command_says_what_is_wrong_with_a_bench_file(tmp_path: Path
 
 
 # --- the whole command, against a real Triton -------------------------------------------------------------
+
+
+def test_a_run_stops_at_once_when_the_process_it_waits_for_has_exited() -> None:
+    """The exporter exiting at start (a port taken, a bad flag) is said with its last words at once, not as a
+    timeout a minute later."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stderr.write('cannot listen on 127.0.0.1:4318\\n'); sys.exit(2)"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    lines = collect.Lines()
+    threads = [lines.pump("exporter", "stdout", proc.stdout), lines.pump("exporter", "stderr", proc.stderr)]
+    with pytest.raises(collect.RunFailed, match=r"exporter exited while waiting for exporter window 1: cannot listen"):
+        lines.wait(lambda x: False, 600, "exporter window 1", "exporter")
+    proc.wait(5)
+    for t in threads:
+        t.join(5)
+    with pytest.raises(collect.RunFailed, match=r"timed out after 0\.1s"):  # another process's end is not this one's
+        lines.wait(lambda x: False, 0.1, "model sync", "modelsync")
