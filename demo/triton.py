@@ -26,6 +26,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from triton_http.admin import HEADER as ADMIN_HEADER
+from triton_http.admin import RESTRICTED
+
 MODELS_DIR = Path(__file__).parent / "models"
 LLM_MODELS = ("tensorrt_llm", "vllm_model")
 """Sample models that publish LLM backends' metric families (demo/llm.py sends them requests)."""
@@ -109,6 +112,17 @@ def transient_start_failure(error: str, log: str) -> str | None:
     return None
 
 
+RESTRICTED_APIS = ",".join(RESTRICTED)
+
+
+def restricted_flags(key: str) -> list[str]:
+    """Triton's flags that close its admin APIs to every request without the key, over HTTP and gRPC."""
+    return [
+        f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={key}",
+        f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={key}",
+    ]
+
+
 @dataclass
 class TritonServer:
     """One tritonserver process on free loopback ports.
@@ -123,6 +137,9 @@ class TritonServer:
     extra_args: list[str] = field(default_factory=list)
     summary_latencies: bool = True
     load_all: bool = True
+    # Triton's restricted APIs (--http-restricted-api, --grpc-restricted-protocol) open to this key alone; the
+    # helpers below send it (request(admin=False) does not)
+    admin_key: str | None = None
     http_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
@@ -166,6 +183,8 @@ class TritonServer:
             args.append("--load-model=*")
         if self.summary_latencies:
             args += ["--metrics-config", "summary_latencies=true"]
+        if self.admin_key:
+            args += restricted_flags(self.admin_key)
         return args + list(self.extra_args)
 
     def start(self, wait: bool = True, timeout: float = 60.0) -> TritonServer:
@@ -239,11 +258,19 @@ class TritonServer:
     # --- a tiny HTTP client, enough for tests and the demo ---------------------------------
 
     def request(
-        self, method: str, path: str, body: object | None = None, timeout: float = 10.0, headers: dict | None = None
+        self,
+        method: str,
+        path: str,
+        body: object | None = None,
+        timeout: float = 10.0,
+        headers: dict | None = None,
+        admin: bool = True,
     ):
-        """Return (status, parsed JSON or text) for one HTTP call to the server."""
+        """Return (status, parsed JSON or text) for one HTTP call to the server (with the admin key, if it has
+        one, unless ``admin`` is False)."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers or {})
+        sent = {ADMIN_HEADER: self.admin_key} if self.admin_key and admin else {}
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers={**sent, **(headers or {})})
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:

@@ -65,7 +65,9 @@ def build_sources(settings: Settings, catalog: Catalog) -> list[Source]:
     # The OTLP output sends every series of the families it reads (all five quantiles of a summary); EMF alone
     # needs only the label values the catalog selects, and the parser skips the rest.
     selects = {} if settings.otlp_outputs else catalog.sample_selects()
-    index = TritonIndexSource(settings.triton_url, settings.connect_timeout, settings.max_body_bytes)
+    index = TritonIndexSource(
+        settings.triton_url, settings.connect_timeout, settings.max_body_bytes, admin_key=settings.triton_admin_key
+    )
     sources: list[Source] = [
         TritonMetricsSource(
             settings.metrics_url,
@@ -122,7 +124,11 @@ def _trace_source(
         ) from None
     relay.forwarder = SpanForwarder(endpoint)
     relay.start()
-    rate = TraceRate(settings.triton_url, settings.trace_rate) if settings.trace_rate else None
+    rate = (
+        TraceRate(settings.triton_url, settings.trace_rate, admin_key=settings.triton_admin_key)
+        if settings.trace_rate
+        else None
+    )
     return TraceSource(relay, rate)
 
 

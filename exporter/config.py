@@ -34,6 +34,7 @@ from telemetry.settings import (
     shown_size,
 )
 from telemetry.sinks import Output, parse_output
+from triton_http import AdminKey, key_from_env
 
 __all__ = ["ENV_VARS", "OPTIONS", "ConfigError", "Output", "Settings", "build_parser", "load"]
 
@@ -67,7 +68,15 @@ class Settings:
     traces_log_groups: tuple[str, ...] = ()  # aws.log.group.names on every span's resource
     traces_container: str = "triton-server"
     otlp_semconv: str = "off"  # genai: the OTLP outputs also send OpenTelemetry's GenAI server metrics
+    # Opens Triton's restricted APIs (index, model configuration, trace settings): TRITON_ADMIN_KEY only, never a
+    # flag (a secret; triton_http/admin.py)
+    triton_admin_key: AdminKey | None = None
     once: bool = False
+
+    @property
+    def triton_headers(self) -> dict[str, str]:
+        """What every call to Triton's HTTP API sends: the admin key's header, when there is a key."""
+        return self.triton_admin_key.headers() if self.triton_admin_key else {}
 
     @property
     def emf_outputs(self) -> tuple[Output, ...]:
@@ -327,7 +336,12 @@ def build_parser(prog: str = "python -m exporter") -> argparse.ArgumentParser:
 
 def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
     """Settings from flags and environment; raises ConfigError naming the bad setting."""
-    args, values = parse(build_parser(), OPTIONS, argv, os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    args, values = parse(build_parser(), OPTIONS, argv, environ)
+    try:
+        values["triton_admin_key"] = key_from_env(environ)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     settings = Settings(**values, once=args.once)
     if "timeout" not in values:
         settings = replace(settings, timeout=min(5.0, settings.interval / 2))

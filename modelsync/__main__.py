@@ -83,7 +83,7 @@ def build(
     s3 = S3(s3_conn, settings.bucket, settings.prefix, transfer)
     previous = Status.read(settings.repository)
     status = Status(pid=os.getpid(), started=time.time(), first_sync=previous.first_sync if previous else None)
-    triton = Triton(settings.triton_url, settings.load_timeout)
+    triton = Triton(settings.triton_url, settings.load_timeout, admin_key=settings.triton_admin_key)
     syncer = Syncer(settings, s3, store, triton, recorder, fs, log, status=status)
     pending = Pending()
     poller = None

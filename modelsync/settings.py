@@ -38,6 +38,7 @@ from telemetry.settings import (
     size,
 )
 from telemetry.sinks import Output, parse_output
+from triton_http import AdminKey, key_from_env
 
 from . import __version__
 from .fanout import check_queue_prefix, check_topic_arn
@@ -83,6 +84,8 @@ class Settings:
     max_failure_increase: float = 0.01
     max_latency_ratio: float = 1.5
     triton_metrics_url: str = "http://localhost:8002/metrics"
+    # Opens Triton's repository API where Triton restricts it: TRITON_ADMIN_KEY only (triton_http/admin.py)
+    triton_admin_key: AdminKey | None = None
 
     @property
     def store_root(self) -> Path:
@@ -410,8 +413,13 @@ def load(
 ) -> Settings:
     """Settings from flags and environment; raises ConfigError naming the bad setting. ``prog`` and
     ``description``: the command's own, for its --help (the health check reads the daemon's settings)."""
-    args, values = parse(build_parser(prog, description), OPTIONS, argv, os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    args, values = parse(build_parser(prog, description), OPTIONS, argv, environ)
     values["once"] = args.once
+    try:
+        values["triton_admin_key"] = key_from_env(environ)  # a secret: its variable only, never a flag
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if not values.get("bucket"):
         raise ConfigError("--bucket (or MODELSYNC_BUCKET) is required")
     if not values.get("host"):

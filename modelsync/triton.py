@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 
-from triton_http import Client, RequestFailed, Response
+from triton_http import AdminKey, Client, RequestFailed, Response, refusal_hint
 
 from .errors import LoadFailed, TritonUnavailable
 
@@ -28,10 +28,15 @@ MAX_BODY = 64 * 1024 * 1024  # an answer's bytes at most: the index of thousands
 
 
 class Triton:
-    def __init__(self, url: str, load_timeout: float, http: Client | None = None) -> None:
+    """``admin_key``: sent with every call where Triton restricts its repository API (triton_http/admin.py)."""
+
+    def __init__(
+        self, url: str, load_timeout: float, http: Client | None = None, admin_key: AdminKey | None = None
+    ) -> None:
         self.url = url.rstrip("/")
         self.load_timeout = load_timeout
-        self.http = http or Client(CONNECT_TIMEOUT, MAX_BODY)
+        self.admin_key = admin_key
+        self.http = http or Client(CONNECT_TIMEOUT, MAX_BODY, headers=admin_key.headers() if admin_key else None)
         self._lock = threading.Lock()
 
     def _call(self, method: str, path: str, timeout: float) -> Response:
@@ -54,7 +59,8 @@ class Triton:
     def index(self) -> list[dict[str, object]]:
         r = self._call("POST", "/v2/repository/index", SHORT_TIMEOUT)
         if r.status != 200:
-            raise TritonUnavailable(f"POST /v2/repository/index answered {r.status}")
+            hint = refusal_hint(r.status, r.body, self.admin_key)
+            raise TritonUnavailable(f"POST /v2/repository/index answered {r.status}{hint}")
         try:
             body = r.json()
         except ValueError:
@@ -66,7 +72,9 @@ class Triton:
         with self._lock:
             r = self._call("POST", f"/v2/repository/models/{model}/load", self.load_timeout)
         if r.status != 200:
-            raise LoadFailed(f"Triton refused to load {model}: {_reason(r)}")
+            raise LoadFailed(
+                f"Triton refused to load {model}: {_reason(r)}{refusal_hint(r.status, r.body, self.admin_key)}"
+            )
         deadline = time.monotonic() + SHORT_TIMEOUT
         while not self.ready(model):
             if time.monotonic() > deadline:
@@ -78,7 +86,9 @@ class Triton:
         with self._lock:
             r = self._call("POST", f"/v2/repository/models/{model}/unload", SHORT_TIMEOUT)
         if r.status != 200:
-            raise LoadFailed(f"Triton refused to unload {model}: {_reason(r)}")
+            raise LoadFailed(
+                f"Triton refused to unload {model}: {_reason(r)}{refusal_hint(r.status, r.body, self.admin_key)}"
+            )
         deadline = time.monotonic() + wait
         while any(v.get("name") == model and v.get("state") in ("READY", "UNLOADING") for v in self.index()):
             if time.monotonic() > deadline:

@@ -17,10 +17,12 @@ The probe in ``triton_side/`` has its own client: it runs on the Triton image's 
 library alone.
 """
 
+from .admin import AdminKey, key_from_env, parse_key, refusal_hint
 from .client import Client, Response, TextReader
 from .errors import Broken, CannotConnect, Redirected, RequestFailed, TimedOut, TooLarge, redact
 
 __all__ = [
+    "AdminKey",
     "Broken",
     "CannotConnect",
     "Client",
@@ -30,5 +32,8 @@ __all__ = [
     "TextReader",
     "TimedOut",
     "TooLarge",
+    "key_from_env",
+    "parse_key",
     "redact",
+    "refusal_hint",
 ]

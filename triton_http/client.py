@@ -13,7 +13,7 @@ import io
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -49,12 +49,20 @@ class Response:
 class Client:
     """Calls bounded by ``connect_timeout`` (at most; never past the call's deadline) and ``max_bytes``.
 
-    It holds no connection between calls, so one client may serve several threads at once."""
+    It holds no connection between calls, so one client may serve several threads at once. ``headers`` go with
+    every call (Triton's admin key: :mod:`triton_http.admin`); they are never part of a message."""
 
-    def __init__(self, connect_timeout: float, max_bytes: int, user_agent: str = "triton-emf-exporter") -> None:
+    def __init__(
+        self,
+        connect_timeout: float,
+        max_bytes: int,
+        user_agent: str = "triton-emf-exporter",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.connect_timeout = connect_timeout
         self.max_bytes = max_bytes
         self.user_agent = user_agent
+        self.headers = dict(headers or {})
 
     def get(self, url: str, timeout: float, max_bytes: int | None = None) -> Response:
         return self.request("GET", url, timeout, max_bytes=max_bytes)
@@ -82,7 +90,7 @@ class Client:
             target = _target(url)
         except ValueError as exc:
             raise RequestFailed(url, f"not a usable URL ({exc})") from None
-        headers = {"User-Agent": self.user_agent, "Accept": "*/*", "Connection": "close"}
+        headers = {**self.headers, "User-Agent": self.user_agent, "Accept": "*/*", "Connection": "close"}
         if target.authorization:
             headers["Authorization"] = target.authorization
         body = None

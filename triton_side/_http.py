@@ -262,7 +262,7 @@ class Client:
     a request line.
     """
 
-    def __init__(self, url: str, deadline: Deadline) -> None:
+    def __init__(self, url: str, deadline: Deadline, headers: dict[str, str] | None = None) -> None:
         try:
             scheme, hostname, port, path = split_url(url)
         except ValueError as exc:
@@ -277,6 +277,7 @@ class Client:
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.host_header = host if port is None else f"{host}:{self.port}"
         self.deadline = deadline
+        self.headers = dict(headers or {})  # sent with every request (Triton's admin key)
         self.targets: list[tuple[int, tuple[object, ...]]] | None = None  # resolved once, by the first request
 
     def request(
@@ -303,7 +304,7 @@ class Client:
         ]
         if body is not None or method == "POST":
             lines.append(f"Content-Length: {len(body or b'')}")
-        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        lines += [f"{k}: {v}" for k, v in {**self.headers, **(headers or {})}.items()]
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + (body or b"")
         what = f"{self.host}:{self.port}"
         if self.targets is None:

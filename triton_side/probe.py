@@ -55,6 +55,9 @@ else:  # imported as a top-level module by health.py, from the folder it was cop
 
 DEFAULT_URL = "http://localhost:8000"
 DEFAULT_DEADLINE = 4.0
+# Triton's restricted APIs (--http-restricted-api): the header and the variable the sidecars use too.
+ADMIN_HEADER = "triton-admin-key"
+ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
 DEFAULT_JOBS = 4
 
 
@@ -73,6 +76,7 @@ class Options:
         self.jobs = DEFAULT_JOBS
         self.json = json
         self.quiet = quiet
+        self.admin_key = ""  # TRITON_ADMIN_KEY: opens the index and the configurations where Triton restricts them
 
 
 def _matches(specs: list[tuple[str, str | None]], name: str, version: str) -> bool:
@@ -118,8 +122,11 @@ def _live(client: _http.Client) -> tuple[None, str]:
 def _index(client: _http.Client) -> tuple[list[dict[str, Any]], str]:
     resp = client.request("POST", "/v2/repository/index", b"{}", {"Content-Type": "application/json"})
     if resp.status != 200:
+        hint = ""
+        if resp.status == 403 and "restricted" in resp.error_text():
+            hint = f" (Triton restricts its repository API: set {ADMIN_KEY_ENV} to the key it was started with)"
         raise _http.ProtocolError(
-            f"POST /v2/repository/index answered HTTP {resp.status}: {_report.first_line(resp.error_text())}"
+            f"POST /v2/repository/index answered HTTP {resp.status}: {_report.first_line(resp.error_text())}{hint}"
         )
     body = resp.json()
     if not isinstance(body, list) or not all(isinstance(e, dict) and "name" in e for e in body):
@@ -314,7 +321,7 @@ def probe(opts: Options, start: float | None = None) -> _report.Report:
     t_start = time.monotonic() if start is None else start
     deadline = _http.Deadline(opts.deadline, t_start)
     report = _report.Report(url=opts.url, deadline_s=opts.deadline)
-    client = _http.Client(opts.url, deadline)
+    client = _http.Client(opts.url, deadline, {ADMIN_HEADER: opts.admin_key} if opts.admin_key else None)
     try:
         _, live = _timed(report, "live", lambda: _live(client))
         if live.status != "ok":
@@ -458,6 +465,10 @@ def options(argv: Sequence[str] | None, env: Mapping[str, str] | None = None, pr
         if not (lo < value <= hi) or (isinstance(value, float) and math.isnan(value)):
             raise _http.UsageError(f"{attr} ({var}) must be above {lo:g} and at most {hi:g}, got {raw!r}")
         setattr(opts, attr, value)
+    # A secret: its variable only, never a flag (ps shows flags); checked here, shown nowhere.
+    opts.admin_key = env.get(ADMIN_KEY_ENV, "").strip()
+    if opts.admin_key and not all((c.isalnum() and c.isascii()) or c in "-_.~+/" for c in opts.admin_key):
+        raise _http.UsageError(f"{ADMIN_KEY_ENV} may hold letters, digits and -_.~+/ only")
     _http.Client(opts.url, _http.Deadline(1))  # validates the URL
     return opts
 

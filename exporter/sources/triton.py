@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 
 import orjson
 
-from triton_http import Client, TextReader, redact
+from triton_http import AdminKey, Client, TextReader, redact, refusal_hint
 
 from ..series import Exposition
 from . import Collected, SourceError, SourceKind, VersionState
@@ -82,10 +82,19 @@ class TritonIndexSource:
     name = "triton_index"
     kind = SourceKind.TRITON
 
-    def __init__(self, triton_url: str, connect_timeout: float, max_bytes: int, http: Client | None = None) -> None:
+    def __init__(
+        self,
+        triton_url: str,
+        connect_timeout: float,
+        max_bytes: int,
+        http: Client | None = None,
+        admin_key: AdminKey | None = None,
+    ) -> None:
         self.url = triton_url.rstrip("/") + "/v2/repository/index"
         self.shown = redact(self.url)  # for messages: never the credentials
-        self.http = http or Client(connect_timeout, max_bytes)
+        # The index and the model configurations are restricted APIs where Triton runs with the admin key.
+        self.admin_key = admin_key
+        self.http = http or Client(connect_timeout, max_bytes, headers=admin_key.headers() if admin_key else None)
         self._last: tuple[bytes, list[VersionState]] | None = None  # the index rarely changes
         self._listed: frozenset[tuple[str, str]] | None = None
         # READY versions' configurations and the server's version, read only when they can have changed
@@ -96,7 +105,8 @@ class TritonIndexSource:
         try:
             resp = fetch(self.http, "POST", self.url, timeout, {})
             if resp.status != 200:
-                raise SourceError(f"{self.shown}: answered HTTP {resp.status}")
+                hint = refusal_hint(resp.status, resp.body, self.admin_key)
+                raise SourceError(f"{self.shown}: answered HTTP {resp.status}{hint}")
             if self._last is None or self._last[0] != resp.body:
                 self._last = (resp.body, parse_index(resp.body, self.shown))
                 self._listed = frozenset((v.model, v.version) for v in self._last[1] if v.version)

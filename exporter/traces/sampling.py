@@ -12,7 +12,7 @@ from __future__ import annotations
 import orjson
 
 from telemetry.logs import Conditions, get
-from triton_http import Client
+from triton_http import AdminKey, Client, refusal_hint
 
 from ..sources import SourceError
 from ..sources.fetch import fetch
@@ -21,10 +21,13 @@ log = get("traces.sampling")
 
 
 class TraceRate:
-    def __init__(self, triton_url: str, rate: int, connect_timeout: float = 1.0) -> None:
+    def __init__(
+        self, triton_url: str, rate: int, connect_timeout: float = 1.0, admin_key: AdminKey | None = None
+    ) -> None:
         self.url = triton_url.rstrip("/") + "/v2/trace/setting"
         self.rate = str(rate)
-        self.http = Client(connect_timeout, 1 << 16)
+        self.admin_key = admin_key  # the trace settings are a restricted API where Triton has the admin key
+        self.http = Client(connect_timeout, 1 << 16, headers=admin_key.headers() if admin_key else None)
         self.conditions = Conditions(log)
         self.applied = 0  # times we had to post it (1 at start, one more per Triton restart)
 
@@ -32,6 +35,9 @@ class TraceRate:
         """Read Triton's setting and post ours when it differs; a failure is logged once, never raised."""
         try:
             resp = fetch(self.http, "GET", self.url, timeout)
+            if resp.status == 403:
+                hint = refusal_hint(resp.status, resp.body, self.admin_key)
+                raise SourceError(f"{self.url}: answered HTTP 403{hint}")
             current = orjson.loads(resp.body).get("trace_rate") if resp.status == 200 else None
             if current != self.rate:
                 resp = fetch(self.http, "POST", self.url, timeout, {"trace_rate": self.rate})

@@ -268,4 +268,4 @@ def test_the_exporters_sources_do_not_import_requests() -> None:
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('requests', 'urllib3', 'triton_http')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['triton_http', 'triton_http.client', 'triton_http.errors']", out
+    assert out.strip() == "['triton_http', 'triton_http.admin', 'triton_http.client', 'triton_http.errors']", out
