@@ -4,6 +4,8 @@ Delivery is at least once, late and out of order, so an event never says
 what to install: it only names a model whose reconcile should run now (the
 reconcile lists S3 and decides). What this module does with them:
 
+- reads every body as data (shapes.py): a body of the wrong shape, size, depth or numbers is malformed,
+  counted, logged and deleted, never an exception past the poller (it would be delivered again and again);
 - parses the three envelopes, URL-decodes S3 notification keys (``+`` is a
   space there) and ignores ``s3:TestEvent``;
 - drops duplicates and events older than one already seen for the same key
@@ -19,7 +21,7 @@ reconciling a name that does not exist costs one listing and does nothing.
 
 from __future__ import annotations
 
-import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from telemetry.logs import Conditions
 
 from .ledger import model_of_state
 from .s3 import model_of
+from .shapes import Doc, Malformed, loads
 
 MAX_SEEN = 100_000
 
@@ -45,62 +48,76 @@ class ObjectEvent:
     version_id: str = ""
 
 
-class MalformedMessage(ValueError):
-    """An SQS message that is none of the event envelopes we know."""
+MAX_BODY = 256 * 1024  # bytes: the largest SQS message, and so the largest body or SNS Message we read
+MAX_KEY = 4096  # characters of an object key as sent: S3's 1,024 bytes, URL-encoded
+MAX_FIELD = 256  # characters of the other strings we keep (bucket, event name, time, version id)
+MAX_SEQUENCER = 64
+MAX_REASON = 200  # characters of why a message was ignored, in its log line
+_HEX = re.compile(r"[0-9A-Fa-f]*")
+
+MalformedMessage = Malformed  # an SQS message of the wrong shape (the name callers know)
 
 
-def parse(body: str) -> list[ObjectEvent]:
-    try:
-        doc = json.loads(body)
-    except ValueError as exc:
-        raise MalformedMessage(f"not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise MalformedMessage("not a JSON object")
-    if doc.get("Type") == "Notification" and isinstance(doc.get("Message"), str):  # through SNS
-        return parse(doc["Message"])
+def parse(body: str | bytes) -> list[ObjectEvent]:
+    """The object events of one SQS message body; MalformedMessage for a body of any other shape.
+
+    Everything in a body is checked before use (JSON, size, depth, numbers, types: shapes.py): a message
+    that is not what it claims to be must be dropped by the poller, never raise past it."""
+    doc = Doc(loads(body, MAX_BODY))
+    if doc.get("Type") == "Notification":  # through SNS: the S3 notification is a string inside
+        return _events(Doc(loads(doc.text("Message"), MAX_BODY), "Message"))
+    return _events(doc)
+
+
+def _events(doc: Doc) -> list[ObjectEvent]:
     if doc.get("Event") == "s3:TestEvent":
         return []
-    if isinstance(doc.get("Records"), list):
-        out = []
-        for rec in doc["Records"]:
-            s3 = rec.get("s3") if isinstance(rec, dict) else None
-            if not isinstance(s3, dict) or not str(rec.get("eventSource", "")).endswith("s3"):
-                continue
-            obj, bucket = s3.get("object") or {}, (s3.get("bucket") or {}).get("name", "")
-            name = str(rec.get("eventName", ""))
-            if "key" not in obj or not (name.startswith("ObjectCreated") or name.startswith("ObjectRemoved")):
-                continue
-            out.append(
-                ObjectEvent(
-                    bucket,
-                    unquote_plus(str(obj["key"])),
-                    name.startswith("ObjectRemoved"),
-                    str(obj.get("sequencer") or ""),
-                    str(rec.get("eventTime") or ""),
-                    str(obj.get("versionId") or ""),
-                )
-            )
-        return out
-    if doc.get("source") == "aws.s3" and isinstance(doc.get("detail"), dict):
-        detail = doc["detail"]
-        obj, bucket = detail.get("object") or {}, (detail.get("bucket") or {}).get("name", "")
-        kind = str(doc.get("detail-type", ""))
-        if "key" not in obj or kind not in ("Object Created", "Object Deleted"):
-            return []
-        key = str(obj["key"])
-        keys = dict.fromkeys([key, unquote_plus(key)])
-        return [
-            ObjectEvent(
-                bucket,
-                k,
-                kind == "Object Deleted",
-                str(obj.get("sequencer") or ""),
-                str(doc.get("time") or ""),
-                str(obj.get("version-id") or ""),
-            )
-            for k in keys
-        ]
-    raise MalformedMessage("neither an S3 notification, an SNS notification nor an EventBridge S3 event")
+    if doc.has("Records"):
+        records = doc.items("Records")
+        return [ev for i, rec in enumerate(records) for ev in _record(Doc(rec, f"{doc.at('Records')}[{i}]"))]
+    if doc.get("source") == "aws.s3":
+        return _bridge(doc)
+    raise Malformed(doc.path, "neither an S3 notification, an SNS notification nor an EventBridge S3 event")
+
+
+def _record(rec: Doc) -> list[ObjectEvent]:
+    """One record of an S3 notification; other services' records and other S3 events are skipped."""
+    source, name = rec.text("eventSource", "", MAX_FIELD), rec.text("eventName", "", MAX_FIELD)
+    if not source.endswith("s3") or not name.startswith(("ObjectCreated", "ObjectRemoved")):
+        return []
+    s3 = rec.doc("s3")
+    obj = s3.doc("object")
+    return [
+        ObjectEvent(
+            s3.doc("bucket").text("name", limit=MAX_FIELD),
+            unquote_plus(obj.text("key", limit=MAX_KEY)),
+            name.startswith("ObjectRemoved"),
+            _sequencer(obj),
+            rec.text("eventTime", "", MAX_FIELD),
+            obj.text("versionId", "", MAX_FIELD),
+        )
+    ]
+
+
+def _bridge(doc: Doc) -> list[ObjectEvent]:
+    """An EventBridge S3 event; kinds other than created and deleted are skipped."""
+    detail = doc.doc("detail")
+    kind = doc.text("detail-type", "", MAX_FIELD)
+    if kind not in ("Object Created", "Object Deleted"):
+        return []
+    obj = detail.doc("object")
+    bucket, key = detail.doc("bucket").text("name", limit=MAX_FIELD), obj.text("key", limit=MAX_KEY)
+    sequencer, when, version = _sequencer(obj), doc.text("time", "", MAX_FIELD), obj.text("version-id", "", MAX_FIELD)
+    removed = kind == "Object Deleted"
+    return [ObjectEvent(bucket, k, removed, sequencer, when, version) for k in dict.fromkeys([key, unquote_plus(key)])]
+
+
+def _sequencer(obj: Doc) -> str:
+    """S3's ordering of one key's events: hex digits (compared as such by :func:`newer`)."""
+    seq = obj.text("sequencer", "", MAX_SEQUENCER)
+    if not _HEX.fullmatch(seq):
+        raise Malformed(obj.at("sequencer"), "not hexadecimal")
+    return seq
 
 
 def newer(a: ObjectEvent, b: ObjectEvent) -> bool:
@@ -177,7 +194,8 @@ class Pending:
 
 
 class QueuePoller:
-    """Long-polls the SQS queue on its own thread; every message is deleted once parsed.
+    """Long-polls the SQS queue on its own thread; every message is deleted once parsed, a malformed one
+    too (counted in ``malformed`` and logged once).
 
     Deleting before the reconcile ran is safe: the reconcile at start (after a
     crash) and every ``--interval`` is what guarantees convergence, and an
@@ -223,12 +241,12 @@ class QueuePoller:
             self.received += 1
             try:
                 events = parse(msg.get("Body", ""))
-            except MalformedMessage as exc:
-                self.malformed += 1
-                self.log.warning(
-                    "ignored an SQS message: %s", exc, extra={"fields": {"message_id": msg.get("MessageId")}}
-                )
-                events = []
+            except Malformed as exc:
+                self._ignore(msg, str(exc))
+                continue
+            except Exception as exc:  # a shape no check foresaw: the message must still be deleted
+                self._ignore(msg, f"{type(exc).__name__}: {exc}")
+                continue
             for ev in events:
                 model = self.filter.accept(ev)
                 if model is not None:
@@ -241,6 +259,16 @@ class QueuePoller:
             if self.on_message:
                 self.on_message()
         return len(messages)
+
+    def _ignore(self, msg: Any, reason: str) -> None:
+        """Count a malformed message and say why, in one line (the reason, never the body); it is deleted
+        with the batch: delivering it again could never make it readable."""
+        self.malformed += 1
+        self.log.warning(
+            "ignored an SQS message: %s",
+            reason[:MAX_REASON],
+            extra={"fields": {"message_id": str(msg.get("MessageId"))[:100], "malformed": self.malformed}},
+        )
 
     def _run(self) -> None:
         while not self.stop.is_set():

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -83,6 +84,7 @@ from botocore.exceptions import ClientError
 from telemetry.logs import Conditions
 
 from .events import EventFilter, Pending, QueuePoller
+from .shapes import loads
 
 ID_HEX = 12  # the random part of a queue name: 48 bits
 MAX_QUEUE_NAME = 80  # SQS
@@ -99,6 +101,7 @@ HEARTBEAT_TAG = "modelsync-heartbeat"
 HOST_TAG = "modelsync-host"
 TASK_TAG = "modelsync-task"
 METADATA_TIMEOUT = 2.0
+MAX_METADATA = 1 << 20  # bytes of the task metadata document read at most
 CLOCK_SLACK = 2.0  # seconds this host's clock may differ from SQS's before a creation tag is rewritten
 
 _PREFIX = re.compile(r"[A-Za-z0-9_-]+")
@@ -177,10 +180,10 @@ def task_arn(environ: Mapping[str, str]) -> str:
         return ""
     try:
         with urllib.request.urlopen(base.rstrip("/") + "/task", timeout=METADATA_TIMEOUT) as resp:
-            doc = json.loads(resp.read(1 << 20))
+            doc = loads(resp.read(MAX_METADATA + 1), MAX_METADATA)  # read as data: deep, huge or odd, it is refused
         arn = doc.get("TaskARN") if isinstance(doc, dict) else None
         return arn if isinstance(arn, str) else ""
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # Malformed is a ValueError
         return ""
 
 
@@ -678,6 +681,8 @@ class Fanout:
         try:
             beat = float(tags.get(HEARTBEAT_TAG, 0))
         except ValueError:
+            beat = 0.0
+        if not math.isfinite(beat):  # "inf" would keep a dead queue alive for ever
             beat = 0.0
         return now - max(created, beat)
 

@@ -33,12 +33,18 @@ from typing import Any
 from .errors import DownloadError
 from .evidence import Snapshot, Window, snapshot_from_json, snapshot_to_json
 from .s3 import Archive
+from .shapes import Doc, Malformed, items, loads, number, text
 
 STATE_DIR = ".modelsync/rollouts/"
 MAX_STATE = 1024 * 1024  # bytes of one state object read at most
 MAX_VERDICTS = 50  # past verdicts kept per model (the oldest go)
 CLOCK_LATENCY = 0.25  # seconds an answer may take to reach us after S3 stamped its Date
 CANARY, CONTROL = "canary", "control"
+# What a state's fields may hold (anything else makes the state unreadable, like a state that does not parse):
+TIMES = (0.0, 1e11)  # Unix seconds (S3's clock), up to the year 5138
+COUNTS = (0.0, 1e20)  # request counters and durations (Triton's are 64-bit)
+MAX_HOSTS = 1_000_000  # canaries wanted, live hosts
+MAX_TEXT = 4096  # characters of a sha256, key, ETag, version id, host name
 PROMOTED, REJECTED, SUPERSEDED = "promoted", "rejected", "superseded"
 
 
@@ -80,10 +86,14 @@ class Artifact:
         return {"sha256": self.sha256, "key": self.key, "etag": self.etag, "version_id": self.version_id}
 
     @classmethod
-    def from_json(cls, raw: Any) -> Artifact:
-        if not isinstance(raw, dict) or not isinstance(raw.get("sha256"), str) or not raw["sha256"]:
-            raise ValueError(f"not an artifact: {raw!r}"[:200])
-        return cls(raw["sha256"], str(raw.get("key", "")), str(raw.get("etag", "")), str(raw.get("version_id", "")))
+    def from_json(cls, raw: Any, path: str = "artifact") -> Artifact:
+        doc = Doc(raw, path)
+        sha = doc.text("sha256", limit=MAX_TEXT)
+        if not sha:
+            raise Malformed(doc.at("sha256"), "empty")
+        return cls(
+            sha, doc.text("key", "", MAX_TEXT), doc.text("etag", "", MAX_TEXT), doc.text("version_id", "", MAX_TEXT)
+        )
 
 
 @dataclass
@@ -119,21 +129,22 @@ class Participant:
         return out
 
     @classmethod
-    def from_json(cls, host: str, raw: Any) -> Participant:
-        if not isinstance(raw, dict) or raw.get("role") not in (CANARY, CONTROL):
-            raise ValueError(f"not a participant: {raw!r}"[:200])
-        since, ready = raw.get("since"), raw.get("ready")
+    def from_json(cls, host: str, raw: Any, path: str = "participant") -> Participant:
+        doc = Doc(raw, path)
+        role = doc.text("role", limit=MAX_TEXT)
+        if role not in (CANARY, CONTROL):
+            raise Malformed(doc.at("role"), f"neither {CANARY} nor {CONTROL}")
         return cls(
             host,
-            raw["role"],
-            float(raw.get("claimed", 0)),
-            float(raw.get("seen", 0)),
-            float(since) if isinstance(since, int | float) else None,
-            snapshot_from_json(raw.get("start") or {}),
-            Window.from_json(raw["window"]) if raw.get("window") else None,
-            Window.from_json(raw["before"]) if raw.get("before") else None,
-            bool(raw.get("lost")),
-            float(ready) if isinstance(ready, int | float) else None,
+            role,
+            doc.number("claimed", *TIMES, default=0.0),
+            doc.number("seen", *TIMES, default=0.0),
+            doc.optional_number("since", *TIMES),
+            _snapshot(doc.get("start"), doc.at("start")),
+            _window(doc, "window"),
+            _window(doc, "before"),
+            doc.flag("lost"),
+            doc.optional_number("ready", *TIMES),
         )
 
 
@@ -164,19 +175,22 @@ class Rollout:
         }
 
     @classmethod
-    def from_json(cls, raw: Any) -> Rollout:
-        if not isinstance(raw, dict):
-            raise ValueError("not a rollout")
-        waiting = raw.get("waiting_since")
+    def from_json(cls, raw: Any, path: str = "rollout") -> Rollout:
+        doc = Doc(raw, path)
+        participants: dict[str, Participant] = {}
+        hosts = doc.optional_doc("participants")
+        for i, (host, p) in enumerate(hosts.raw.items() if hosts else []):
+            where = f"{doc.at('participants')}#{i}"  # the index, not the host: a key may be anything
+            participants[text(host, where, MAX_TEXT)] = Participant.from_json(host, p, where)
         return cls(
-            Artifact.from_json(raw.get("artifact")),
-            Artifact.from_json(raw.get("previous")),
-            float(raw.get("started", 0)),
-            str(raw.get("started_by", "")),
-            max(1, int(raw.get("wanted", 1))),
-            int(raw.get("live_hosts", 0)),
-            {str(h): Participant.from_json(str(h), p) for h, p in (raw.get("participants") or {}).items()},
-            float(waiting) if isinstance(waiting, int | float) else None,
+            Artifact.from_json(doc.get("artifact"), doc.at("artifact")),
+            Artifact.from_json(doc.get("previous"), doc.at("previous")),
+            doc.number("started", *TIMES, default=0.0),
+            doc.text("started_by", "", MAX_TEXT),
+            max(1, doc.integer("wanted", 0, MAX_HOSTS, default=1)),
+            doc.integer("live_hosts", 0, MAX_HOSTS, default=0),
+            participants,
+            doc.optional_number("waiting_since", *TIMES),
         )
 
 
@@ -194,12 +208,15 @@ class Verdict:
                 "evidence": self.evidence}  # fmt: skip
 
     @classmethod
-    def from_json(cls, raw: Any) -> Verdict:
-        if not isinstance(raw, dict) or raw.get("verdict") not in (PROMOTED, REJECTED, SUPERSEDED):
-            raise ValueError(f"not a verdict: {raw!r}"[:200])
-        evidence = raw.get("evidence")
-        return cls(str(raw.get("sha256", "")), raw["verdict"], float(raw.get("at", 0)), str(raw.get("by", "")),
-                   str(raw.get("reason", "")), evidence if isinstance(evidence, dict) else {})  # fmt: skip
+    def from_json(cls, raw: Any, path: str = "verdict") -> Verdict:
+        doc = Doc(raw, path)
+        verdict = doc.text("verdict", limit=MAX_TEXT)
+        if verdict not in (PROMOTED, REJECTED, SUPERSEDED):
+            raise Malformed(doc.at("verdict"), f"not one of {PROMOTED}, {REJECTED}, {SUPERSEDED}")
+        evidence = doc.get("evidence")  # free-form, only shown: any object will do (loads bounded it)
+        return cls(doc.text("sha256", "", MAX_TEXT), verdict, doc.number("at", *TIMES, default=0.0),
+                   doc.text("by", "", MAX_TEXT), doc.text("reason", ""),
+                   evidence if isinstance(evidence, dict) else {})  # fmt: skip
 
 
 @dataclass
@@ -233,13 +250,16 @@ class State:
 
     @classmethod
     def from_json(cls, model: str, raw: Any) -> State:
-        if not isinstance(raw, dict) or raw.get("format") != 1 or raw.get("model") != model:
-            raise ValueError("not a rollout state of this model (format 1)")
+        """Raises Malformed (a ValueError) naming the first field of the wrong shape."""
+        doc = Doc(raw)
+        if doc.get("format") != 1 or doc.get("model") != model:
+            raise Malformed("", "not a rollout state of this model (format 1)")
+        verdicts = doc.items("verdicts")
         return cls(
             model,
-            Artifact.from_json(raw["stable"]) if raw.get("stable") else None,
-            Rollout.from_json(raw["rollout"]) if raw.get("rollout") else None,
-            [Verdict.from_json(v) for v in raw.get("verdicts") or []][-MAX_VERDICTS:],
+            Artifact.from_json(doc.get("stable"), "stable") if doc.has("stable") else None,
+            Rollout.from_json(doc.get("rollout"), "rollout") if doc.has("rollout") else None,
+            [Verdict.from_json(v, f"verdicts[{i}]") for i, v in enumerate(verdicts)][-MAX_VERDICTS:],
         )
 
     def copy(self) -> State:
@@ -248,6 +268,31 @@ class State:
         if self.rollout is not None:
             rollout = replace(self.rollout, participants={h: replace(p) for h, p in self.rollout.participants.items()})
         return State(self.model, self.stable, rollout, list(self.verdicts))
+
+
+def _window(doc: Doc, key: str) -> Window | None:
+    """A participant's window: finite counters in range (sums of them stay finite), or None when absent."""
+    if not doc.has(key):
+        return None
+    w = doc.doc(key)
+    for name in ("successes", "failures", "duration_us"):
+        w.number(name, *COUNTS, default=0.0)
+    w.optional_number("p95_ms", *COUNTS)
+    return Window.from_json(w.raw)
+
+
+def _snapshot(raw: Any, path: str) -> Snapshot:
+    """Counters at a window's start: three finite counters (success, failure, duration) per model version."""
+    if raw is None:
+        return {}
+    doc = Doc(raw, path)
+    for i, sample in enumerate(doc.raw.values()):  # by index: a key may be anything
+        values = items(sample, f"{path}#{i}")
+        if len(values) != 3:
+            raise Malformed(f"{path}#{i}", "not 3 counters")
+        for j, value in enumerate(values):
+            number(value, f"{path}#{i}[{j}]", *COUNTS)
+    return snapshot_from_json(doc.raw)
 
 
 def _code(exc: Exception) -> str:
@@ -317,8 +362,8 @@ class Ledger:
                 f"cannot read s3://{self.bucket}/{key}: {_code(exc) or type(exc).__name__}: {exc}"
             ) from exc
         try:
-            state = State.from_json(model, json.loads(body))
-        except (ValueError, TypeError, KeyError) as exc:
+            state = State.from_json(model, loads(body, MAX_STATE))
+        except (ValueError, TypeError, KeyError, ArithmeticError, RecursionError) as exc:  # Malformed is a ValueError
             raise LedgerError(
                 f"s3://{self.bucket}/{key} is not a valid rollout state ({exc}): fix or delete it, or run "
                 f"python -m modelsync rollout promote|reject {model} to rewrite it"
