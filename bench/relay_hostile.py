@@ -1,4 +1,4 @@
-"""The trace relay's findings of issue 26, measured on the real command: RSS, EMF events, log lines, answers.
+"""The trace relay's findings of issues 26 and 36, measured on the real command: RSS, EMF events, log lines, answers.
 
 Each scenario starts its own ``python -m exporter`` (interval 1 s, EMF to a file, the relay on, forwarding
 to a local OTLP endpoint that counts spans) next to a small stand-in for Triton's HTTP API (models ``add``
@@ -12,6 +12,8 @@ and ``slow``), attacks the relay the way the issue describes, and prints what it
     garbage    bytes that are not HTTP: the answer's first line; what the exporter counted
     ids        a 15-byte, a 3-byte, an empty and an all-zero id: answers, spans the endpoint received
     cutshort   bodies cut short, with and without a reset: lines on stderr that are not JSON
+    attrs      (issue 36) a 4 MB protobuf body of 2 million empty resource attributes, once and 8 at once: RSS
+    header     (issue 36) a header line of 16,000 spaces: how long its answer, and a request behind it, take
 
     .venv/bin/python bench/relay_hostile.py [--tree DIR] [SCENARIO ...]
 
@@ -179,9 +181,10 @@ class Exporter:
                 time.sleep(0.1)
         self.wait_cycles(2)
 
-    def rss_mb(self) -> float:
+    def rss_mb(self, field: str = "VmRSS") -> float:
+        """Resident memory now (``VmHWM``: its peak since the exporter started)."""
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
         return float("nan")
 
@@ -431,6 +434,70 @@ def cutshort(x: Exporter, sink: Sink) -> list[str]:
     return []  # the stderr check runs for every scenario
 
 
+def _len_delimited(field: int, payload: bytes) -> bytes:
+    n, length = len(payload), b""
+    while n >= 0x80:
+        length += bytes([n & 0x7F | 0x80])
+        n >>= 7
+    return bytes([field << 3 | 2]) + length + bytes([n]) + payload
+
+
+def empty_attributes(n: int) -> bytes:
+    """An ExportTraceServiceRequest of one resource with ``n`` empty attributes: 2 bytes each on the wire."""
+    return _len_delimited(1, _len_delimited(1, b"\x0a\x00" * n))
+
+
+def attrs(x: Exporter, sink: Sink) -> list[str]:
+    body = empty_attributes(2_000_000)
+    before = x.rss_mb()
+    status = post(x.port, body, "application/x-protobuf", timeout=120)
+    x.wait_cycles(3)
+    one = f"peak {x.rss_mb('VmHWM'):.0f} MB, {x.rss_mb():.0f} MB after"
+    statuses: list[object] = []
+    threads = [
+        threading.Thread(target=lambda: statuses.append(post(x.port, body, "application/x-protobuf", timeout=120)))
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    x.wait_cycles(3)
+    return [
+        f"2,000,000 empty resource attributes ({len(body):,} bytes): answered {status}; RSS {before:.0f} MB before, "
+        f"{one}; 8 at once: answered {dict(Counter(statuses))}, peak {x.rss_mb('VmHWM'):.0f} MB, "
+        f"{x.rss_mb():.0f} MB after; counted invalid {x.counted('TraceRequestsInvalid')}; "
+        f"a legitimate batch then: {post(x.port, FIXTURE.read_bytes())}"
+    ]
+
+
+def _timed_request(port: int, data: bytes) -> tuple[float, bytes]:
+    start = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(30)
+        s.sendall(data)
+        answer = s.recv(100)
+    return time.perf_counter() - start, answer.split(b"\r\n")[0]
+
+
+def header(x: Exporter, sink: Sink) -> list[str]:
+    body = FIXTURE.read_bytes()
+    head = b"POST /v1/traces HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
+    hostile = head + b"A:x" + b" " * 16_000 + b"y\r\nConnection: close\r\n\r\n" + body
+    plain = head + b"Connection: close\r\n\r\n" + body
+    out = []
+    for name, data in (("plain", plain), ("16,000 spaces", hostile)):
+        seconds, line = min(_timed_request(x.port, data) for _ in range(3))
+        out.append(f"{name}: {line.decode()} in {seconds * 1000:.1f} ms")
+    behind: list[float] = []
+    first = threading.Thread(target=lambda: _timed_request(x.port, hostile))
+    first.start()
+    time.sleep(0.01)  # the hostile head is on the loop; a plain request comes right behind it
+    behind.append(_timed_request(x.port, plain)[0])
+    first.join(30)
+    return [f"header line: {'; '.join(out)} (the best of 3); a plain request behind it: {behind[0] * 1000:.1f} ms"]
+
+
 SCENARIOS: dict[str, Callable[[Exporter, Sink], list[str]]] = {
     "bigname": bigname,
     "unknown": unknown,
@@ -440,6 +507,8 @@ SCENARIOS: dict[str, Callable[[Exporter, Sink], list[str]]] = {
     "garbage": garbage,
     "ids": ids,
     "cutshort": cutshort,
+    "attrs": attrs,
+    "header": header,
 }
 
 

@@ -17,7 +17,11 @@ each limit and which counter counts it):
   rest wait in a listen backlog of ``backlog`` (answered, never reset);
 - one parser thread parses bodies one at a time, the smallest waiting first:
   Python parses on one core anyway, one parse at a time bounds its memory,
-  and Triton's batches (a few hundred KB) pass a flood of large bodies.
+  and Triton's batches (a few hundred KB) pass a flood of large bodies;
+- what a body holds is bounded by count, not only by bytes: a protobuf body
+  is counted on its wire format before it is built (wire.py);
+- the head is read with byte operations that cannot backtrack, no regular
+  expression.
 """
 
 from __future__ import annotations
@@ -28,14 +32,13 @@ import heapq
 import http
 import itertools
 import logging
-import re
 import socket
 import threading
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from google.protobuf.message import DecodeError
@@ -56,6 +59,7 @@ from telemetry.otlp.otlpjson import (
 )
 
 from .spans import SpanRefused, check
+from .wire import KINDS, TooMany, WireCounts, WireError, scan
 
 log = get("traces.receiver")
 
@@ -99,9 +103,25 @@ class Limits:
     inflight_bytes: int = 32 * 1024 * 1024  # bodies read and not yet parsed, every connection together
     parse_wait: float = 5.0  # seconds a body may wait for the parser
     spans: int = 10_000  # spans in one request (X-Ray takes no more in one)
+    # Everything else in one request that multiplies memory (wire.py: 2 bytes on the wire, 50 to 250 in memory),
+    # counted before it is built. Triton's batch of 512 spans holds 1 resource of 4 attributes, 2,047 events
+    # and 855 attributes: each bound admits X-Ray's 10,000 spans of Triton's shape, and the largest request
+    # they admit is about 15 MB in memory (the 4 MB of 2 million empty attributes they refuse: 520 MB).
+    resource_spans: int = 1_000  # Triton: 1
+    resource_attributes: int = 10_000  # Triton: 4 (the relay adds the task's ~20 to each resource)
+    scope_spans: int = 10_000  # Triton: 1
+    events: int = 50_000  # Triton: at most 4 a span
+    links: int = 10_000  # Triton: none
+    attributes: int = 50_000  # of spans, events, links, scopes and key-value lists; Triton: at most 5 a span
+    values: int = 10_000  # elements of array values; Triton: none
+    other: int = 1_000  # any other repeated field (a resource's entity refs and their keys); Triton: none
     json_depth: int = MAX_DEPTH
     json_values: int = MAX_VALUES
     linger: float = 2.0  # seconds a refused request's remaining bytes are read (and dropped) before closing
+
+    def counts(self) -> dict[str, int]:
+        """The bound of each kind :func:`wire.scan` counts."""
+        return {kind: int(getattr(self, kind)) for kind in KINDS}
 
 
 DEFAULT_LIMITS = Limits()
@@ -152,10 +172,26 @@ def _kind(content_type: str) -> str:
     return content_type.split(";")[0].strip().lower()
 
 
-def parse(
-    body: bytes, content_type: str, encoding: str, limits: Limits = DEFAULT_LIMITS
-) -> tuple[ExportTraceServiceRequest, bool]:
-    """(the checked request, whether it was JSON); BadRequest when it is not OTLP traces within the limits."""
+class Parsed(NamedTuple):
+    request: ExportTraceServiceRequest  # checked
+    as_json: bool  # it came as OTLP/JSON (answered in JSON)
+    counts: WireCounts  # what it holds, and its size in memory
+
+
+def _counted(wire: bytes, limits: Limits) -> WireCounts:
+    try:
+        return scan(wire, limits.counts())
+    except TooMany as exc:
+        raise BadRequest(400, "over_limit", f"OTLP over the limits: {exc}") from None
+    except WireError as exc:
+        raise BadRequest(400, "not_otlp", f"not OTLP protobuf traces: {exc}") from None
+
+
+def parse(body: bytes, content_type: str, encoding: str, limits: Limits = DEFAULT_LIMITS) -> Parsed:
+    """The checked request; BadRequest when it is not OTLP traces within the limits.
+
+    A protobuf body is counted on the wire before it is parsed (wire.py), so one that holds too much is
+    refused before any of it is built; a JSON body, already bounded by its values, is counted once parsed."""
     if encoding == "gzip":
         body = _inflate(body, limits.body_bytes)
     elif encoding not in ("", "identity"):
@@ -170,32 +206,92 @@ def parse(
             raise BadRequest(400, "over_limit", f"OTLP/JSON over the limits: {exc}") from None
         except OtlpJsonError as exc:
             raise BadRequest(400, "not_otlp", f"not OTLP/JSON traces: {exc}") from None
+        counts = _counted(request.SerializeToString(), limits)
     elif kind == PROTOBUF:
+        counts = _counted(body, limits)
         try:
             request = ExportTraceServiceRequest.FromString(body)
         except (DecodeError, RecursionError) as exc:
             raise BadRequest(400, "not_otlp", f"not OTLP protobuf traces: {exc}") from None
     else:
         raise BadRequest(415, "unsupported", f"Content-Type {kind!r}: use {JSON} or {PROTOBUF}")
-    spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-    if spans > limits.spans:
-        raise BadRequest(400, "over_limit", f"{spans} spans in one request; at most {limits.spans}")
     try:
         check(request.resource_spans)
     except SpanRefused as exc:
         what = "bad id" if exc.reason == "bad_id" else "over the limits"
         raise BadRequest(400, exc.reason, f"{what}: {exc}") from None
-    return request, kind == JSON
+    return Parsed(request, kind == JSON, counts)
 
 
 # --- HTTP/1.1, the small part a receiver of OTLP needs -----------------------------------------------------
 
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
-_LINE_END = re.compile(rb"\r?\n")
-_REQUEST_LINE = re.compile(rb"([A-Z]{1,16}) ([\x21-\x7e]{1,8192}) HTTP/1\.([01])")
-_HEADER = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*(.*?)[ \t]*")
-_STARTS_LIKE_HTTP = re.compile(rb"[A-Z][\x20-\x7e]*\r?")  # the first line so far, before it is complete
+# The head is read with bytes methods, one pass each, and no regular expression: a pattern such as
+# ``[ \t]*(.*?)[ \t]*`` backtracks, and one header line of 16,000 spaces held the event loop 1.1 s.
+_UPPER = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_TOKEN = b"!#$%&'*+-.^_`|~0123456789" + _UPPER + _UPPER.lower()  # a header name's characters (RFC 9110 tchar)
+_VISIBLE = bytes(range(0x21, 0x7F))  # a request target's
+_PRINTABLE = bytes(range(0x20, 0x7F))  # the first line's, before it is complete
+MAX_METHOD, MAX_TARGET = 16, 8192
 MAX_HEADERS = 100
+
+
+def _only(data: bytes | bytearray, allowed: bytes) -> bool:
+    """Whether every byte of ``data`` is one of ``allowed`` (an empty ``data`` is)."""
+    return not data.translate(None, allowed)
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """``data`` split at each line end (LF, or CR LF); a CR with no LF after it stays."""
+    *ended, last = data.split(b"\n")
+    return [line[:-1] if line.endswith(b"\r") else line for line in ended] + [last]
+
+
+def _head_end(buf: bytes | bytearray) -> tuple[int, int] | None:
+    """Where the first empty line (LF or CR LF, after LF or CR LF) starts and ends, or None before it came."""
+    lf = buf.find(b"\n")
+    while lf >= 0:
+        start = lf - 1 if lf and buf[lf - 1] == 0x0D else lf
+        if buf[lf + 1 : lf + 2] == b"\n":
+            return start, lf + 2
+        if buf[lf + 1 : lf + 3] == b"\r\n":
+            return start, lf + 3
+        lf = buf.find(b"\n", lf + 1)
+    return None
+
+
+def _starts_like_http(buf: bytes | bytearray) -> bool:
+    """Whether the first line so far (up to 8,300 bytes, complete or not) can begin an HTTP request: a capital
+    letter, then printable characters (a CR last, its LF still to come)."""
+    lf = buf.find(b"\n")
+    line = buf if lf < 0 else buf[: lf - 1 if lf and buf[lf - 1] == 0x0D else lf]
+    line = line[:8300]
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    return bool(line) and line[0] in _UPPER and _only(line, _PRINTABLE)
+
+
+def _request_line(line: bytes) -> tuple[str, str, int]:
+    """(method, path without its query, HTTP minor version); BadRequest unless it is ``METHOD TARGET HTTP/1.x``."""
+    parts = line.split(b" ")
+    if len(parts) == 3:
+        method, target, version = parts
+        if (
+            0 < len(method) <= MAX_METHOD
+            and _only(method, _UPPER)
+            and 0 < len(target) <= MAX_TARGET
+            and _only(target, _VISIBLE)
+            and version in (b"HTTP/1.0", b"HTTP/1.1")
+        ):
+            return method.decode(), target.split(b"?")[0].decode(), version[-1] - 0x30
+    raise BadRequest(400, "not_http", "not an HTTP/1.x request line")
+
+
+def _header(line: bytes) -> tuple[str, str]:
+    """(lower-case name, value without the spaces and tabs around it); BadRequest unless it is ``name: value``."""
+    name, colon, value = line.partition(b":")
+    if not colon or not name or not _only(name, _TOKEN):
+        raise BadRequest(400, "not_http", f"bad header line {line[:40]!r}")
+    return name.decode().lower(), value.strip(b" \t").decode("latin-1")
 
 
 @dataclass
@@ -212,18 +308,13 @@ class _Head:
 
 
 def _parse_head(raw: bytes, limits: Limits) -> _Head:
-    lines = _LINE_END.split(raw)
-    m = _REQUEST_LINE.fullmatch(lines[0])
-    if m is None:
-        raise BadRequest(400, "not_http", "not an HTTP/1.x request line")
+    lines = _lines(raw)
+    method, path, minor = _request_line(lines[0])
     if len(lines) > MAX_HEADERS + 1:
         raise BadRequest(431, "too_large", f"more than {MAX_HEADERS} header lines")
-    head = _Head(m[1].decode(), m[2].split(b"?")[0].decode(), int(m[3]))
+    head = _Head(method, path, minor)
     for line in lines[1:]:
-        h = _HEADER.fullmatch(line)
-        if h is None:
-            raise BadRequest(400, "not_http", f"bad header line {line[:40]!r}")
-        name, value = h[1].decode().lower(), h[2].decode("latin-1")
+        name, value = _header(line)
         if name in ("content-length", "content-type") and head.headers.get(name, value) != value:
             raise BadRequest(400, "not_http", f"two different {name} headers")
         head.headers[name] = value if name not in head.headers else f"{head.headers[name]}, {value}"
@@ -351,14 +442,14 @@ class _ParseQueue:
 
 
 class TraceReceiver:
-    """Serves POST /v1/traces on ``host:port``; ``accept`` takes a checked request and returns the spans it
-    refused (its queue was full)."""
+    """Serves POST /v1/traces on ``host:port``; ``accept`` takes a checked request and its estimated size in
+    memory, and returns the spans it refused (its queue was full)."""
 
     def __init__(
         self,
         host: str,
         port: int,
-        accept: Callable[[ExportTraceServiceRequest], int],
+        accept: Callable[[ExportTraceServiceRequest, int], int],
         limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.accept = accept
@@ -555,11 +646,10 @@ class TraceReceiver:
     async def _read_head(self, conn: _Conn, deadline: float) -> _Head | None:
         """The request's head, or None when the client closed before sending a byte."""
         while True:
-            end = _HEAD_END.search(conn.buf)
+            end = _head_end(conn.buf)
             if end is not None:
                 break
-            first_line = _LINE_END.split(conn.buf, 1)[0]
-            if conn.buf and not _STARTS_LIKE_HTTP.fullmatch(first_line[:8300]):
+            if conn.buf and not _starts_like_http(conn.buf):
                 raise BadRequest(400, "not_http", "not an HTTP request")
             if len(conn.buf) > self.limits.head_bytes:
                 raise BadRequest(431, "too_large", f"request head over {self.limits.head_bytes} bytes")
@@ -567,20 +657,19 @@ class TraceReceiver:
                 if conn.buf:
                     raise _CutShort
                 return None
-        if end.start() > self.limits.head_bytes:
+        if end[0] > self.limits.head_bytes:
             raise BadRequest(431, "too_large", f"request head over {self.limits.head_bytes} bytes")
-        raw = bytes(conn.buf[: end.start()])
-        del conn.buf[: end.end()]
+        raw = bytes(conn.buf[: end[0]])
+        del conn.buf[: end[1]]
         return _parse_head(raw, self.limits)
 
     def _parse(self, body: bytes, head: _Head) -> tuple[int, bool]:
         """On the parser thread: check the body and hand it to the relay; (spans refused, whether JSON)."""
         encoding = head.headers.get("content-encoding", "").strip().lower()
-        request, as_json = parse(body, head.headers.get("content-type", ""), encoding, self.limits)
-        spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        parsed = parse(body, head.headers.get("content-type", ""), encoding, self.limits)
         with self._lock:
-            self._spans += spans
-        return self.accept(request), as_json
+            self._spans += parsed.counts.counts["spans"]
+        return self.accept(parsed.request, parsed.counts.memory), parsed.as_json
 
     async def _answer_and_close(self, conn: _Conn, status: int, message: str, retry_after: int = 0) -> None:
         """Answer ``status`` and close; what the client still sends is read and dropped for a moment first,

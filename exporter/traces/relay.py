@@ -1,11 +1,12 @@
 """The trace relay: receiver -> bounded queue -> one worker (ECS context, span kinds, phases) -> forwarder.
 
 The receiver only reads, checks and enqueues; the worker does the rest, so a
-flood of spans costs bounded memory (``MAX_QUEUED_SPANS`` and
-``MAX_QUEUED_BYTES``; what does not fit is refused and counted) and never
-touches the metrics loop. The forwarder (an OTLP/HTTP exporter with its own
-bounded buffer and retries) takes the rewritten spans; without one the relay
-still measures phases. :meth:`TraceRelay.counts` is every count in one
+flood of spans costs bounded memory (``MAX_QUEUED_SPANS``, and
+``MAX_QUEUED_BYTES`` of the requests' estimated size in memory; what does
+not fit is refused and counted) and never touches the metrics loop. The
+forwarder (an OTLP/HTTP exporter with its own bounded buffer and retries)
+takes the rewritten spans; without one the relay still measures phases.
+:meth:`TraceRelay.counts` is every count in one
 snapshot, for the relay's source.
 """
 
@@ -31,7 +32,7 @@ from .window import Listed, PhaseWindow
 log = get("traces.relay")
 
 MAX_QUEUED_SPANS = 50_000  # received, not yet processed (Triton sends at most 512 a batch)
-MAX_QUEUED_BYTES = 32 * 1024 * 1024  # the same requests' protobuf size
+MAX_QUEUED_BYTES = 32 * 1024 * 1024  # the same requests' estimated size in memory (Triton's batch: ~450 KB)
 
 
 class Forwarder(Protocol):
@@ -101,10 +102,11 @@ class TraceRelay:
         log.info("trace relay listening on %s:%d", self.receiver.host, self.receiver.port)
         return self
 
-    def accept(self, request: ExportTraceServiceRequest) -> int:
-        """Queue a checked request; returns the spans refused (all of them when the queue is full)."""
+    def accept(self, request: ExportTraceServiceRequest, size: int) -> int:
+        """Queue a checked request of ``size`` bytes in memory (the receiver's estimate, wire.WireCounts.memory:
+        its protobuf size says nothing of the objects it holds); returns the spans refused (all of them when
+        the queue is full)."""
         n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-        size = request.ByteSize()
         with self._cond:
             if (
                 self._queued + n > self.max_queued_spans

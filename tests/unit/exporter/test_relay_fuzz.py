@@ -154,7 +154,7 @@ proto_spans = st.lists(
 
 def relay_once(body: bytes, content_type: str, encoding: str = "") -> None:
     try:
-        request, _ = parse(body, content_type, encoding)
+        request = parse(body, content_type, encoding).request
     except BadRequest as exc:
         assert 400 <= exc.status < 500 and str(exc)
         return
