@@ -25,7 +25,7 @@ locals {
 # The ECS agent: pull the three images, write the log router's own awslogs group (and, with model
 # sync, the daemon's: its stdout is EMF, its stderr JSON log lines).
 resource "aws_iam_role" "execution" {
-  description        = "ECS agent for the Triton task - pull the three images, write the log router's own awslogs group"
+  description        = "ECS agent for the Triton task - pull the three images, write the log router's own awslogs group, read the admin key"
   assume_role_policy = local.ecs_tasks_trust
   tags               = var.tags
 }
@@ -50,6 +50,13 @@ resource "aws_iam_role_policy" "execution" {
         Effect   = "Allow"
         Action   = ["logs:CreateLogStream", "logs:PutLogEvents"]
         Resource = "${local.log_group_arns["log-router"]}:*"
+      },
+      # The admin key, injected into Triton, the exporter and model sync at the task's start (admin_key.tf).
+      {
+        Sid      = "TritonAdminKeySecret"
+        Effect   = "Allow"
+        Action   = "secretsmanager:GetSecretValue"
+        Resource = aws_secretsmanager_secret.admin_key.arn
       },
       ],
       # The modelsync daemon's awslogs group, with model sync only (no instance: no statement).

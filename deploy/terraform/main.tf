@@ -42,6 +42,7 @@ locals {
       ModelSyncBucketName  = var.model_sync_bucket_name
       ModelSyncPrefix      = var.model_sync_prefix
       ModelSyncTopicArn    = ""
+      TritonAdminKeyArn    = ""
       ModelSyncQueuePrefix = local.queue_prefix
       CanaryFraction       = var.canary_fraction
       BakeSeconds          = var.bake_seconds
@@ -131,7 +132,11 @@ locals {
       })
     }
   }
+  # The admin key's secret (admin_key.tf), known after apply: each container the file gives it to gets its ARN.
+  admin_key_secrets = [{ name = "TRITON_ADMIN_KEY", valueFrom = aws_secretsmanager_secret.admin_key.arn }]
   containers = [for c in local.task_definition.containerDefinitions : merge(c, { image = local.images[c.name] }, {
+    for key, value in { secrets = local.admin_key_secrets } : key => value if lookup(c, "secrets", null) != null
+    }, {
     for key, value in {
       environment = concat(
         [for e in lookup(c, "environment", []) : { name = e.name, value = lookup(local.environment[c.name], e.name, e.value) }],
@@ -191,6 +196,48 @@ resource "aws_lb_target_group" "this" {
   tags = var.tags
 }
 
+# Only inference, model metadata and readiness, and server health reach Triton from the load balancer: the
+# forwarding rule takes /v2/models/* and /v2/health/*, and a rule evaluated before it answers 403 to the model
+# configuration, statistics and trace settings under /v2/models/ (Triton refuses them without the admin key
+# too). The repository, logging, trace and shared-memory APIs are under no forwarded path.
+resource "aws_lb_listener_rule" "deny" {
+  listener_arn = var.listener_arn
+  priority     = var.listener_deny_rule_priority
+
+  action {
+    type = "fixed-response"
+    fixed_response {
+      status_code  = "403"
+      content_type = "application/json"
+      message_body = "{\"error\":\"not served through the load balancer\"}"
+    }
+  }
+
+  condition {
+    path_pattern {
+      values = ["/v2/models/*/config", "/v2/models/*stats", "/v2/models/*/trace/*"]
+    }
+  }
+
+  dynamic "condition" {
+    for_each = var.listener_host_header == "" ? [] : [var.listener_host_header]
+    content {
+      host_header {
+        values = [condition.value]
+      }
+    }
+  }
+
+  lifecycle {
+    precondition {
+      condition     = var.listener_deny_rule_priority < var.listener_rule_priority
+      error_message = "The listener_deny_rule_priority must be below listener_rule_priority, so that it is evaluated first."
+    }
+  }
+
+  tags = var.tags
+}
+
 resource "aws_lb_listener_rule" "this" {
   listener_arn = var.listener_arn
   priority     = var.listener_rule_priority
@@ -202,7 +249,7 @@ resource "aws_lb_listener_rule" "this" {
 
   condition {
     path_pattern {
-      values = ["/v2/*"]
+      values = ["/v2/models/*", "/v2/health/*"]
     }
   }
 

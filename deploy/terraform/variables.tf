@@ -61,11 +61,21 @@ variable "listener_arn" {
 
 variable "listener_rule_priority" {
   type        = number
-  description = "Priority of the module's rule on the listener (unique per listener)"
+  description = "Priority of the module's forwarding rule on the listener (unique per listener)"
   default     = 100
   validation {
     condition     = var.listener_rule_priority >= 1 && var.listener_rule_priority <= 50000
     error_message = "The listener_rule_priority must be from 1 to 50000."
+  }
+}
+
+variable "listener_deny_rule_priority" {
+  type        = number
+  description = "Priority of the module's rule that answers 403 to Triton's model configuration, statistics and trace paths (unique per listener; must be below listener_rule_priority, so that it is evaluated first)"
+  default     = 99
+  validation {
+    condition     = var.listener_deny_rule_priority >= 1 && var.listener_deny_rule_priority <= 50000
+    error_message = "The listener_deny_rule_priority must be from 1 to 50000."
   }
 }
 

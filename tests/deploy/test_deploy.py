@@ -40,6 +40,7 @@ SAMPLE = {
     "ModelRepository": "s3://example-models/triton",
     "ExpectGpu": "A10G|L4",
     "Namespace": "Triton/triton",  # the stack's default: Triton/<stack name>, the task family
+    "TritonAdminKeyArn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:triton-admin-key-AbCdEf",
 }
 PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 

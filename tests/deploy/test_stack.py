@@ -286,6 +286,10 @@ def stack_taskdef(stack: Stack) -> dict[str, Any]:
     props = integer_fields(api_shape(stack.props("TaskDefinition")))
     props["executionRoleArn"] = f"arn:aws:iam::{ACCOUNT}:role/exec"
     props["taskRoleArn"] = f"arn:aws:iam::{ACCOUNT}:role/task"
+    for c in props["containerDefinitions"]:  # the Ref of the stack's own secret, as the files' sample names it
+        for secret in c.get("secrets", []):
+            if secret["valueFrom"] == "<TritonAdminKey>":
+                secret["valueFrom"] = SAMPLE["TritonAdminKeyArn"]
     return props
 
 

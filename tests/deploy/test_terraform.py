@@ -64,6 +64,10 @@ DATA: dict[str, Any] = {
     "aws_partition": {"partition": "aws", "dns_suffix": "amazonaws.com"},
     # The value of the parameter as the stack's evaluator writes an SSM-typed parameter's (tests/deploy/test_stack.py).
     "aws_ssm_parameter": lambda args: {"insecure_value": f"<ssm:{args['name']}>", "type": "String"},
+    # The generated password, as its arguments: the secret's version is compared with the stack's generation.
+    "aws_secretsmanager_random_password": lambda args: {
+        "random_password": f"<random:{json.dumps(args, sort_keys=True)}>"
+    },
 }
 TF_ONLY = {"task_family", "tags"}  # variables with no stack parameter, documented in docs/deploy.md
 
@@ -277,6 +281,7 @@ _PLACEHOLDERS = {
     "<TargetGroup>": "<aws_lb_target_group.this.arn>",
     "<TaskDefinition>": "<aws_ecs_task_definition.this.arn>",
     "<ModelSyncTopic>": "<aws_sns_topic.modelsync[0].arn>",  # Ref of a topic is its ARN
+    "<TritonAdminKey>": "<aws_secretsmanager_secret.admin_key.arn>",  # Ref of a secret is its ARN
     "<ModelSyncTopic>:*": "<aws_sns_topic.modelsync[0].arn>:*",
     "<ModelSyncEventRule.Arn>": "<aws_cloudwatch_event_rule.modelsync[0].arn>",
     # A cluster from zero: the group's Ref is its name, which the capacity provider takes as well as its ARN.
@@ -501,22 +506,60 @@ def target_group(stack: Stack, plan: dict[str, Any]) -> list[str]:
     return m.done() + hc.done() + compare("target group", stack.props("TargetGroup"), tf)
 
 
+def _rule_action(action: dict[str, Any]) -> dict[str, Any]:
+    if action["type"] == "forward":
+        return {"Type": "forward", "TargetGroupArn": action["target_group_arn"]}
+    ((fixed,),) = [action["fixed_response"]]
+    names = {"status_code": "StatusCode", "content_type": "ContentType", "message_body": "MessageBody"}
+    return {"Type": action["type"], "FixedResponseConfig": {names[k]: v for k, v in fixed.items()}}
+
+
 def listener_rule(stack: Stack, plan: dict[str, Any]) -> list[str]:
-    m = Mapper("aws_lb_listener_rule", one_of(plan, "aws_lb_listener_rule.this"))
+    diffs = []
     fields = {"path_pattern": ("path-pattern", "PathPatternConfig"), "host_header": ("host-header", "HostHeaderConfig")}
-    conditions = []
-    for cond in m.take("condition", []):
-        ((kind, (block,)),) = cond.items()
-        field, config = fields[kind]
-        conditions.append({"Field": field, config: {"Values": block["values"]}})
-    (action,) = m.take("action")
-    tf = {
-        "ListenerArn": m.take("listener_arn"),
-        "Priority": m.take("priority"),
-        "Conditions": conditions,
-        "Actions": [{"Type": action["type"], "TargetGroupArn": action["target_group_arn"]}],
+    for logical, address in matched(stack, plan, "AWS::ElasticLoadBalancingV2::ListenerRule"):
+        m = Mapper(address, plan[address])
+        conditions = []
+        for cond in m.take("condition", []):
+            ((kind, (block,)),) = cond.items()
+            field, config = fields[kind]
+            conditions.append({"Field": field, config: {"Values": block["values"]}})
+        (action,) = m.take("action")
+        m.take("lifecycle", None)  # the priorities' order, which the stack's parameters describe in words
+        tf = {
+            "ListenerArn": m.take("listener_arn"),
+            "Priority": m.take("priority"),
+            "Conditions": conditions,
+            "Actions": [_rule_action(action)],
+        }
+        diffs += m.done() + compare(f"listener rule {logical}", stack.props(logical), tf)
+    return diffs
+
+
+def admin_key(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    """Triton's admin key: a secret each, generated alike (the stack's GenerateSecretString; the module's
+    random password written once into the secret's version)."""
+    props = dict(stack.props("TritonAdminKey"))
+    m = Mapper("aws_secretsmanager_secret.admin_key", one_of(plan, "aws_secretsmanager_secret.admin_key"))
+    family = one_of(plan, "aws_ecs_task_definition.this")["family"]
+    assert m.take("name_prefix") == f"{family}-triton-admin-key-"
+    description = m.take("description").replace(family, stack.props("TaskDefinition")["Family"])
+    v = Mapper(
+        "aws_secretsmanager_secret_version.admin_key", one_of(plan, "aws_secretsmanager_secret_version.admin_key")
+    )
+    assert str(v.take("secret_id")) == "<aws_secretsmanager_secret.admin_key.id>"
+    generated = json.loads(v.take("secret_string").removeprefix("<random:").removesuffix(">"))
+    # The first value stays, as the stack's (the plan has no lifecycle: read it from the source).
+    (version,) = [r["aws_secretsmanager_secret_version"]["admin_key"] for r in hcl(TF / "admin_key.tf")["resource"]
+                  if "aws_secretsmanager_secret_version" in r]  # fmt: skip
+    assert version["lifecycle"][0]["ignore_changes"] == ["secret_string"], version["lifecycle"]
+    names = {
+        "password_length": "PasswordLength",
+        "exclude_punctuation": "ExcludePunctuation",
+        "include_space": "IncludeSpace",
     }
-    return m.done() + compare("listener rule", stack.props("ListenerRule"), tf)
+    tf = {"Description": description, "GenerateSecretString": {names[k]: val for k, val in generated.items()}}
+    return m.done() + v.done() + compare("admin key", props, tf)
 
 
 def log_groups(stack: Stack, plan: dict[str, Any]) -> list[str]:
@@ -994,6 +1037,8 @@ COMPARED = {
     "aws_autoscaling_group": autoscaling_groups,
     "aws_launch_template": launch_templates,
     "aws_iam_instance_profile": instance_profiles,
+    "aws_secretsmanager_secret": admin_key,
+    "aws_secretsmanager_secret_version": admin_key,
 }
 NESTED = {
     "aws_cloudwatch_metric_alarm": alarms,
@@ -1024,6 +1069,7 @@ CFN_TYPES = {
     "AWS::AutoScaling::AutoScalingGroup": "aws_autoscaling_group",
     "AWS::EC2::LaunchTemplate": "aws_launch_template",
     "AWS::IAM::InstanceProfile": "aws_iam_instance_profile",
+    "AWS::SecretsManager::Secret": "aws_secretsmanager_secret",
 }
 # Stack logical id -> the Terraform address that stands for it, for the types matched one to one (log
 # groups, policies, alarms, scaling and the dashboard are matched by name). Conditional resources are
@@ -1033,6 +1079,8 @@ COUNTERPARTS = {
     "Service": "aws_ecs_service.this",
     "TargetGroup": "aws_lb_target_group.this",
     "ListenerRule": "aws_lb_listener_rule.this",
+    "ListenerDenyRule": "aws_lb_listener_rule.deny",
+    "TritonAdminKey": "aws_secretsmanager_secret.admin_key",
     "ExecutionRole": "aws_iam_role.execution",
     "TaskRole": "aws_iam_role.task",
     "ModelSyncTopic": "aws_sns_topic.modelsync[0]",
@@ -1061,6 +1109,7 @@ ONE_TO_ONE = (
     "AWS::AutoScaling::AutoScalingGroup",
     "AWS::EC2::LaunchTemplate",
     "AWS::IAM::InstanceProfile",
+    "AWS::SecretsManager::Secret",
 )
 
 
