@@ -106,9 +106,11 @@ def _bucket(text: str) -> str:
 
 
 def _prefix(text: str) -> str:
+    """A key prefix is a folder: ``models`` is read as ``models/``, so that neither the daemon nor a grant on
+    ``<prefix>*`` reaches ``models-private/...``."""
     if text.startswith("/"):
         raise ValueError("an S3 key prefix does not start with '/'")
-    return text
+    return text if not text or text.endswith("/") else text + "/"
 
 
 def _path(text: str) -> Path:
@@ -170,7 +172,7 @@ OPTIONS: tuple[Option, ...] = (
         "--prefix",
         ("MODELSYNC_PREFIX",),
         _prefix,
-        "key prefix, used literally (include a trailing '/')",
+        "key prefix, a folder: a missing trailing '/' is added (models -> models/)",
         shown="empty",
     ),
     Option(

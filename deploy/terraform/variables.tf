@@ -175,11 +175,12 @@ variable "model_sync_bucket_name" {
 
 variable "model_sync_prefix" {
   type        = string
-  description = "Key prefix of the archives, used literally (e.g. models/); empty for the whole bucket"
+  description = "Key prefix of the archives, a folder ending in / (e.g. models/); empty for the whole bucket"
   default     = ""
+  # A folder: the grants on <prefix>* must not reach models-private/... from a prefix of models.
   validation {
-    condition     = can(regex("^([^/*][^*]{0,500})?$", var.model_sync_prefix))
-    error_message = "The model_sync_prefix must not start with / and must not contain *."
+    condition     = can(regex("^([^/*][^*]{0,499}/)?$", var.model_sync_prefix))
+    error_message = "The model_sync_prefix must be empty or end with /, must not start with / and must not contain *."
   }
 }
 

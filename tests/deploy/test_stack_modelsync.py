@@ -376,3 +376,14 @@ def test_the_daemon_log_group_is_the_one_the_dashboard_queries(on: Stack) -> Non
     s = mk(on.t, **ON, LogGroupPrefix="/prod/inf")
     prod = Options(catalog=CATALOG, log_group_prefix="/prod/inf")
     assert s.ref("ModelSyncLogGroup") == modelsync_log_group(prod)
+
+
+def test_the_prefix_is_a_folder_so_its_grants_stop_at_its_slash(template) -> None:
+    """``models`` would grant ``models*``, which reaches ``models-private/...``: the stack takes folders only."""
+    pattern = template["Parameters"]["ModelSyncPrefix"]["AllowedPattern"]
+    assert [bool(re.fullmatch(pattern, p)) for p in ("", "models/", "team/models/", "models", "/models/", "m*/")] == [
+        True, True, True, False, False, False,
+    ]  # fmt: skip
+    sts = statements(mk(template, ModelSyncBucketName="example-models", ModelSyncPrefix="models/"), "TaskRole")
+    assert allowed(sts, "s3:GetObject", "arn:aws:s3:::example-models/models/add.zip")
+    assert not allowed(sts, "s3:GetObject", "arn:aws:s3:::example-models/models-private/add.zip")

@@ -1827,6 +1827,8 @@ def _probes(name: str, p: dict[str, Any]) -> list[str]:
             "a b",
             "/ecs/triton/",
             "/ecs/triton",
+            "models",  # a prefix that is no folder: refused, so no grant on models* reaches models-private/
+            "models/",
             "A" * 300,
             "Prod/Triton",
             "é",

@@ -595,3 +595,15 @@ def test_urls_follow_the_exporters_rule() -> None:
     assert load_exporter([], {"TRITON_URL": "http://triton:8000/"}).triton_url == s.triton_url
     with pytest.raises(ConfigError, match="TRITON_URL"):
         load([], env | {"TRITON_URL": "http://triton:99999"})
+
+
+def test_a_prefix_is_a_folder() -> None:
+    """``models`` is read as ``models/`` (a grant on the prefix must not reach ``models-private/``)."""
+    from modelsync.settings import load
+
+    assert [load(["--bucket", "b-models", "--prefix", p]).prefix for p in ("", "models", "models/", "a/b")] == [
+        "",
+        "models/",
+        "models/",
+        "a/b/",
+    ]
