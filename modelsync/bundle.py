@@ -64,7 +64,19 @@ from pathlib import Path
 from typing import Any
 
 from . import pbtxt
-from .archive import Limits, Plan, check_no_overlap, extract, inspect
+from .archive import (
+    END_BYTES,
+    Limits,
+    Plan,
+    check_no_overlap,
+    extract,
+    inspect,
+    judge_end,
+    open_zip,
+    read_end,
+    read_tail,
+    walk_directory,
+)
 from .errors import DiskFull, DownloadError, LoadFailed, RolledBack, SyncError, UnsafeArchive
 from .fsio import FileSystem, LocalFileSystem, fsync_dir, raise_disk_full, write_durably
 from .install import ExpectedHash, Served
@@ -76,11 +88,14 @@ from .store import Store, model_name_problem
 from .triton import Triton
 
 BUNDLES = ".bundles"
-TAIL = 64 * 1024  # bytes read from the end of a zip to find its central directory (the comment is at most 64 KiB)
+TAIL = END_BYTES  # bytes read from the end of a zip to find its end record (the comment is at most 64 KiB)
+WALK = 1024 * 1024  # bytes of a zip's central directory read at once when its names are peeked at
 
 
 class BundleConflict(UnsafeArchive):
     """A model name claimed twice: by two bundles, or by a bundle and a single-model archive or directory."""
+
+    remembered = False  # about what else is installed, not the object's bytes: a restart tries again
 
 
 @dataclass(frozen=True)
@@ -171,9 +186,11 @@ class _Ranged(io.RawIOBase):
         return len(chunk)
 
 
-def peek_names(s3: S3, archive: Archive) -> list[str] | None:
-    """The entry names of the listed zip, from its central directory (two small ranged GETs pinned to the
-    ETag); None when it is not a zip (the model path then refuses it with its usual reason)."""
+def peek_names(s3: S3, archive: Archive, limits: Limits) -> list[str] | None:
+    """The entry names of the listed zip, from its central directory (small ranged GETs pinned to the ETag);
+    None when it is not a zip, or its directory is beyond the limits (the model path then downloads it and
+    refuses it with its usual reason, remembered). Judged from its end record before the directory is read
+    (archive.py), and read without zipfile's ZipInfo per entry."""
 
     def fetch(start: int, end: int) -> bytes:
         try:
@@ -190,9 +207,11 @@ def peek_names(s3: S3, archive: Archive) -> list[str] | None:
     if archive.size < 22:
         return None
     try:
-        with zipfile.ZipFile(io.BufferedReader(_Ranged(fetch, archive.size), TAIL)) as zf:
-            return zf.namelist()
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        f = io.BufferedReader(_Ranged(fetch, archive.size), WALK)
+        end = read_end(read_tail(f, archive.size), archive.size)
+        judge_end(end, limits)
+        return walk_directory(f, end, limits, names=True)
+    except (UnsafeArchive, zipfile.BadZipFile, OSError, ValueError, EOFError):
         return None
 
 
@@ -234,7 +253,7 @@ class Bundles:
             return None
         seen = self._peeked.get(archive.key)
         if seen is None or seen[0] != archive.etag:
-            seen = self._peeked[archive.key] = (archive.etag, peek_names(self.s3, archive))
+            seen = self._peeked[archive.key] = (archive.etag, peek_names(self.s3, archive, self.limits))
         names = seen[1]
         if names is None or not is_bundle(names, name):
             return sorted(current.parts) if current is not None else None  # bundle path refuses the change
@@ -309,10 +328,7 @@ class Bundles:
                 if current is not None and sha == current.sha256:
                     self._retag(current, archive)
                     return False
-                try:
-                    zf = zipfile.ZipFile(download)
-                except (zipfile.BadZipFile, OSError) as exc:
-                    raise UnsafeArchive(f"not a zip archive: {exc}") from exc
+                zf = open_zip(download, self.limits)  # bounded by its end record before zipfile reads it
                 plans, parts = self._inspect(zf, count, name)
                 self._check_conflicts(name, parts)
             with attempt.phase("extract"):

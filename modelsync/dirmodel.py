@@ -11,7 +11,8 @@ staging directory's folders are always new, so the new model directory is
 newer than the loaded one whatever the linked files' times are, and Triton
 reloads it (link(2) also moves the shared inode's ctime forward).
 
-Phases: ``download`` (manifest, then the files that must be fetched, each
+Phases: ``download`` (manifest, refused from the listing when larger than
+:func:`~modelsync.manifest.max_manifest_bytes`, then the files that must be fetched, each
 checked against the manifest as it arrives), ``verify`` (the manifest's hash
 and its checks, manifest.py), ``extract`` (hard links, fsync, commit).
 The free-space check counts only the files to download, in whole blocks,
@@ -35,7 +36,16 @@ from typing import Any
 from .archive import Limits
 from .errors import DownloadError, HashMismatch, UnsafeArchive
 from .fsio import CHUNK, FileSystem, fsync_dir, raise_disk_full, write_durably
-from .manifest import MAX_MANIFEST_BYTES, NAME, File, Manifest, blocks, parse
+from .manifest import (
+    MANIFEST_BYTES_BASE,
+    MANIFEST_BYTES_PER_ENTRY,
+    NAME,
+    File,
+    Manifest,
+    blocks,
+    max_manifest_bytes,
+    parse,
+)
 from .metrics import Attempt
 from .pinning import verify_hash
 from .s3 import S3, Archive
@@ -124,8 +134,13 @@ class DirectoryFetcher:
         assert staging is not None
         try:
             with attempt.phase("download"):
-                if listed.size > MAX_MANIFEST_BYTES:
-                    raise UnsafeArchive(f"{listed.key} is {listed.size} bytes, above {MAX_MANIFEST_BYTES}")
+                most = max_manifest_bytes(self.limits)
+                if listed.size > most:  # refused from the listing: nothing downloaded, nothing parsed
+                    raise UnsafeArchive(
+                        f"{listed.key} is {listed.size} bytes, more than the {most} allowed for "
+                        f"{self.limits.max_entries} files (--max-entries x {MANIFEST_BYTES_PER_ENTRY} + "
+                        f"{MANIFEST_BYTES_BASE})"
+                    )
                 self.free_check(listed.size, f"downloading {listed.key}")
                 sha, count = self.s3.download(listed, staging / NAME, self.fs)
                 attempt.bytes_downloaded += count

@@ -30,10 +30,13 @@ class SyncError(Exception):
     result: Result = Result.DOWNLOAD_ERROR
     #: Worth retrying with the same archive at the next reconcile (the cause was outside the archive).
     transient: bool = False
+    #: A verdict on the object's bytes, the same for as long as the object: remembered on disk across restarts
+    #: (modelsync/refusals.py), so a restarted daemon does not download and judge it again.
+    remembered: bool = False
 
 
 class HashMismatch(SyncError):
-    result = Result.HASH_MISMATCH
+    result = Result.HASH_MISMATCH  # not remembered on disk: it costs a download, not the daemon's memory
 
 
 class MissingHash(SyncError):
@@ -53,6 +56,7 @@ class DiskFull(SyncError):
 
 class UnsafeArchive(SyncError):
     result = Result.UNSAFE_ARCHIVE
+    remembered = True
 
 
 class LoadFailed(SyncError):

@@ -14,7 +14,11 @@ only (an entry cannot describe a link or a device: entries carry no type
 other than ``file``); no duplicates, no file that is also a directory of
 another; at most ``max_entries`` files and ``max_bytes`` bytes;
 ``config.pbtxt`` and at least one numeric version directory, and only
-numeric directories directly under the model. ``manifest.json`` itself is
+numeric directories directly under the model; at most
+:func:`max_manifest_bytes` bytes (checked against the listing, before the
+download), nested at most 32 deep and holding at most 9 JSON values per
+allowed file (both counted before json.loads builds anything).
+``manifest.json`` itself is
 kept in the installed directory (it says which file has which hash, for the
 next update), so the manifest cannot list a file of that name.
 
@@ -44,7 +48,18 @@ from .errors import UnsafeArchive
 from .fsio import CHUNK
 
 NAME = "manifest.json"
-MAX_MANIFEST_BYTES = 64 * 1024 * 1024  # ~300 000 entries; a larger one is refused before it is read
+#: A manifest's size is bounded before it is read: json.loads holds the text, its decoded copy and every object at
+#: once (a 60 MB manifest of 600,000 files took 674 MB). Entries as ``python -m modelsync.manifest`` prints them
+#: take ~170 bytes plus the path; 1 KiB each on average leaves room for long paths, and the fixed 1 MiB for a
+#: few files with very long ones (and the fields around the list).
+MANIFEST_BYTES_PER_ENTRY = 1024
+MANIFEST_BYTES_BASE = 1024 * 1024
+#: Then its JSON values are counted before any is built: a file is one object of at most four fields (9 values,
+#: keys included); the rest of the document gets a few thousand. json.loads builds a 64-byte dict from the
+#: 3 bytes of ``{},``: an 8.4 MB manifest of empty entries took 205 MB before its count could be checked.
+MANIFEST_VALUES_PER_ENTRY = 9
+MANIFEST_VALUES_BASE = 4096
+MAX_DEPTH = 32  # a manifest nests 3 deep; json.loads would recurse as deep as the stack allows
 _VERSION = re.compile(r"^[0-9]+$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _KEYS = {"path", "size", "sha256", "type"}
@@ -94,10 +109,60 @@ def _entry(item: object, index: int) -> File:
     return File(path, size, digest.lower())
 
 
+def max_manifest_bytes(limits: Limits) -> int:
+    """The largest manifest read for ``limits.max_entries`` files (a larger one is refused before its download)."""
+    return MANIFEST_BYTES_BASE + limits.max_entries * MANIFEST_BYTES_PER_ENTRY
+
+
+# One JSON token: a whole string (possessive: linear however it ends), a quote that opens no complete string,
+# a bracket, or a number or literal. Valid JSON splits into these exactly as json.loads reads it.
+_TOKEN = re.compile(r'"(?:[^"\\]++|\\.)*+"|"|[\[{]|[\]}]|[^\s,:\[\]{}"]+', re.DOTALL)
+
+
+def _count(text: str, limits: Limits) -> None:
+    """Refuse, before json.loads builds anything, a document deeper than a manifest, with more files than the
+    limit, or with more values than that many files hold. Stops at the first excess: a hostile manifest costs
+    the scan of its first few thousand values, not its parse."""
+    most = MANIFEST_VALUES_BASE + MANIFEST_VALUES_PER_ENTRY * limits.max_entries
+    depth = values = entries = 0
+    for m in _TOKEN.finditer(text):
+        first = text[m.start()]
+        if first in "]}":
+            depth -= 1
+            continue
+        if first == '"' and m.end() - m.start() == 1:
+            return  # a string that never ends: json.loads refuses it there, having built only what came before
+        values += 1
+        if values > most:
+            raise UnsafeArchive(
+                f"{NAME} holds more than {most} JSON values, more than {limits.max_entries} files take "
+                f"({MANIFEST_VALUES_PER_ENTRY} each; counted before it is parsed)"
+            )
+        if first in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise UnsafeArchive(f"{NAME} is nested too deeply to be a manifest")
+            if depth == 3 and first == "{":  # an entry of the files list
+                entries += 1
+                if entries > limits.max_entries:
+                    raise UnsafeArchive(
+                        f"{NAME} lists over {limits.max_entries} files, more than the limit of {limits.max_entries} "
+                        "(counted before it is parsed)"
+                    )
+
+
 def parse(data: bytes, limits: Limits) -> Manifest:
-    """The checked manifest, or :class:`UnsafeArchive` naming the first problem."""
+    """The checked manifest, or :class:`UnsafeArchive` naming the first problem. Bounded before it is parsed:
+    its size (:func:`max_manifest_bytes`), then its depth and the count of its values (:func:`_count`)."""
+    if len(data) > max_manifest_bytes(limits):
+        raise UnsafeArchive(
+            f"{NAME} is {len(data)} bytes, more than the {max_manifest_bytes(limits)} allowed for "
+            f"{limits.max_entries} files (--max-entries x {MANIFEST_BYTES_PER_ENTRY} + {MANIFEST_BYTES_BASE})"
+        )
     try:
-        doc = json.loads(data)
+        text = data.decode(json.detect_encoding(data), "surrogatepass")  # what json.loads does with bytes
+        _count(text, limits)
+        doc = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise UnsafeArchive(f"{NAME} is not valid JSON (truncated?): {exc}") from None
     except RecursionError:  # json nests as deep as the stack allows; a manifest nests 3 deep

@@ -9,7 +9,9 @@ once for all of them:
 
 - which installer a listed object belongs to (:meth:`Syncer._installer`: a key keeps its kind);
 - a failure caused by the archive itself is remembered (:class:`Memo`) and not retried until the object
-  changes; one caused by the surroundings (S3, disk, Triton down) is retried at the next reconcile;
+  changes; one caused by the surroundings (S3, disk, Triton down) is retried at the next reconcile. A verdict
+  on the object's bytes (unsafe) is also written to the store (modelsync/refusals.py), so a
+  restarted daemon, or a new task on the instance, does not download and judge it again;
 - before the repository's first complete sync, and while Triton does not answer (in the Triton task,
   Triton starts only once this daemon is healthy), an attempt stops after the swap: Triton loads the links
   at its start (``--load-model=*``). After the first sync, an install waits for Triton to answer before it
@@ -24,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 from .archive import Limits
 from .bundle import BundleConflict, Bundles
@@ -34,6 +36,7 @@ from .health import Status
 from .install import Installer, Served
 from .metrics import Attempt, ModelState, Recorder
 from .models import Models
+from .refusals import Refusal, Refusals
 from .rollout import Plan, Rollouts
 from .s3 import S3, Archive
 from .settings import Settings
@@ -168,6 +171,10 @@ class Syncer:
         self.sleep = sleep
         self.limits = Limits(settings.max_entries, settings.max_extracted_bytes, settings.max_ratio)
         self.failed: dict[str, Memo] = {}
+        self.refusals = Refusals(store.root, log)  # the verdicts of self.failed that outlive this process
+        self.judged_under = [  # what a remembered verdict depends on besides the bytes
+            float(x) for x in (*astuple(self.limits), settings.max_archive_bytes)
+        ]
         self.last_success: float | None = None
         self.attempts = 0
         # Written by the daemon (health.py reads it); its first_sync survives restarts of the daemon.
@@ -317,6 +324,8 @@ class Syncer:
         if current is not None and current.etag == archive.etag:
             return self._settled(plan, self._loaded(installer, current, staging_start), current, False)
         memo = self.failed.get(name)
+        if memo is None or memo.etag != archive.etag:
+            memo = self._remembered(name, archive) or memo
         if memo is not None and memo.etag == archive.etag and not self._memo_outdated(memo, archive):
             return Outcome.refused(name, memo.reason, serving, memo.expected)
         if not self.triton_up and not staging_start:
@@ -339,7 +348,8 @@ class Syncer:
         assert now is not None
         if not changed:  # the same content under a new object: nothing was installed
             return self._settled(plan, self._loaded(installer, now, staging_start), now, False)
-        self.failed.pop(name, None)
+        if self.failed.pop(name, None) is not None:
+            self.refusals.forget(self.s3.bucket, archive.key)
         self._record(attempt)
         if staging_start:
             return self._settled(plan, Outcome.not_started(now), now, True)
@@ -410,6 +420,37 @@ class Syncer:
         self.log.info(installer.removal, name)
         return Outcome.removed(name)
 
+    def _remembered(self, name: str, archive: Archive) -> Memo | None:
+        """A verdict on this very object written by an earlier run (or another daemon of the instance), taken
+        into the memo: the object is not downloaded again. A new version with the same bytes (its version id
+        differs, one HEAD tells) is tried afresh."""
+        found = self.refusals.find(self.s3.bucket, archive.key, archive.etag, self.judged_under)
+        if found is None:
+            return None
+        if found.version_id:
+            try:
+                head = self.s3.head(archive)
+            except DownloadError:
+                return None  # the attempt will say what S3 says
+            if head.version_id and head.version_id != found.version_id:
+                return None
+        memo = Memo(found.etag, found.expected, found.result, found.reason)
+        self.failed[name] = memo
+        fields = {
+            "model": name,
+            "key": archive.key,
+            "etag": archive.etag,
+            "s3_version_id": found.version_id,
+            "result": found.result,
+            "refused_at": found.at,
+        }
+        self.log.warning(
+            "%s: not downloading s3://%s/%s again: refused earlier (%s: %s); a new version is tried afresh",
+            *(name, self.s3.bucket, archive.key, found.result, found.reason),
+            extra={"fields": fields},
+        )
+        return memo
+
     def _memo_outdated(self, memo: Memo, archive: Archive) -> bool:
         """A hash mismatch against a tag is retried when the tag changes (metadata cannot change)."""
         if memo.result != Result.HASH_MISMATCH:
@@ -440,6 +481,19 @@ class Syncer:
         self._record(attempt)
         if not exc.transient:
             self.failed[name] = Memo(archive.etag, attempt.sha256, exc.result, str(exc))
+            if exc.remembered:
+                verdict = Refusal(
+                    bucket=self.s3.bucket,
+                    key=archive.key,
+                    etag=archive.etag,
+                    version_id=attempt.version_id,
+                    result=str(exc.result),
+                    reason=str(exc),
+                    expected=attempt.sha256,
+                    limits=self.judged_under,
+                    at=self.wall(),
+                )
+                self.refusals.add(verdict)
         return Outcome.failure(name, exc, attempt.serving, attempt.sha256, attempt.version_id)
 
     def _fail_once(self, name: str, archive: Archive, exc: SyncError) -> Outcome:

@@ -16,6 +16,7 @@ entry; the store may be another mount: links are symbolic)::
                                      installing; its mtime is the lease (refreshed by the daemon's heartbeat)
     <store>/.claims/<sha256>         flock held while one repository downloads and extracts that archive
     <store>/.lock                    short exclusive sections: commit with its reference, collect
+    <store>/.refused.json            objects refused for their bytes, remembered across restarts (refusals.py)
 
 Why shared: the Triton tasks of one GPU instance (one per GPU) serve the same
 models; the first one to see an archive downloads and extracts it, the

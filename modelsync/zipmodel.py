@@ -2,8 +2,9 @@
 
 The counterpart of dirmodel.py for an archive; install.py picks one of the two by the listed key. Phases:
 ``download`` (free-space check for the archive, pinned and hashed GETs into staging), ``verify`` (sha256,
-then the zip's central directory: archive.py), ``extract`` (free-space check in whole blocks, every file
-fsync'd, the directory renamed into ``<store>/<model>/<sha256>``). Any failure leaves nothing in staging.
+then the zip's end record and central directory: archive.py), ``extract`` (free-space check in whole blocks,
+every file fsync'd, the directory renamed into ``<store>/<model>/<sha256>``). Any failure leaves nothing in
+staging.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .archive import Limits, extract, inspect
+from .archive import Limits, extract, inspect, open_zip
 from .bundle import is_bundle, top_level
 from .errors import UnsafeArchive
 from .fsio import FileSystem
@@ -66,10 +67,7 @@ class ZipFetcher:
                 verify_hash(sha, expected, source, attempt)
                 if installed is not None and sha == installed.sha256:  # unverified, and the same bytes
                     return None
-                try:
-                    zf = zipfile.ZipFile(download)
-                except (zipfile.BadZipFile, OSError) as exc:
-                    raise UnsafeArchive(f"not a zip archive: {exc}") from exc
+                zf = open_zip(download, self.limits)  # bounded by its end record before zipfile reads it
                 if is_bundle(zf.namelist(), model):  # a single model's key keeps its kind (Bundles.parts)
                     top = ", ".join(sorted(top_level(zf.namelist()))[:5])
                     raise UnsafeArchive(
