@@ -40,8 +40,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from cfnlint.decode.cfn_yaml import load as load_cfn_yaml
+from tritonclient.utils import InferenceServerException
 
 from telemetry.emf_validate import validate
 from tests.deploy.test_deploy import SAMPLE, TASK_DEF, substitute
@@ -71,6 +74,9 @@ BAKED_MODELS = "/opt/rehearsal/models"  # in the rehearsal Triton base (tests/su
 NO_GPU = FakeGpu(A10G_QUERY, A10G_TABLE)
 MODELSYNC_UID = 10001  # the exporter image's user, which modelsync runs as
 SYNC_ORDER = ["log_router", "modelsync-init", "modelsync", "triton-server", "exporter"]
+# What Secrets Manager holds for the task definitions' admin-key secret (the stack's Ref and the files' sample ARN).
+ADMIN_KEY = "rehearsalAdminKey0123456789abcdefABCDEF"
+SECRETS = {SAMPLE["TritonAdminKeyArn"]: ADMIN_KEY}
 
 
 # --- task definitions ------------------------------------------------------------------------
@@ -94,15 +100,21 @@ def stack_task_definition(**params: str) -> dict[str, Any]:
 
 # --- helpers ---------------------------------------------------------------------------------
 
+ADMIN = {"triton-admin-key": ADMIN_KEY}  # the header Triton's restricted APIs want (triton_http/admin.py)
+
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     return http_post(url, None, timeout)
 
 
-def http_post(url: str, data: bytes | None, timeout: float = 5.0) -> tuple[int, bytes]:
+def http_post(
+    url: str, data: bytes | None, timeout: float = 5.0, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     """(status, body); status 0 when nothing answers."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=timeout) as resp:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, data=data, headers=headers or {}), timeout=timeout
+        ) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
@@ -148,7 +160,7 @@ def exporter_exit(task: Task) -> str:
 
 @pytest.fixture(scope="module")
 def shipped(rehearsal: Rehearsal, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Task]:
-    opts = rehearsal.options(tmp_path_factory.mktemp("shipped"), fake_gpu=NO_GPU)
+    opts = rehearsal.options(tmp_path_factory.mktemp("shipped"), fake_gpu=NO_GPU, secrets=SECRETS)
     with run_task(rehearsal.docker, shipped_task_definition(), opts) as task:
         task.wait_for("triton-server", health="healthy", timeout=120)
         yield task
@@ -233,7 +245,7 @@ def host_models(opts: Any) -> None:
 @pytest.fixture(scope="module")
 def stack_task(rehearsal: Rehearsal, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Task]:
     td = stack_task_definition(ModelRepositoryHostPath="/opt/triton/models", ModelRepository="/models")
-    opts = rehearsal.options(tmp_path_factory.mktemp("stack"), fake_gpu=NO_GPU)
+    opts = rehearsal.options(tmp_path_factory.mktemp("stack"), fake_gpu=NO_GPU, secrets=SECRETS)
     host_models(opts)
     with run_task(rehearsal.docker, td, opts) as task:
         task.wait_for("triton-server", health="healthy", timeout=120)
@@ -248,6 +260,56 @@ def test_stack_task_serves_the_models_from_the_read_only_host_volume(stack_task:
     assert last["ExitCode"] == 0 and "4 model version(s) ready" in last["Output"], last
     denied = stack_task.exec("triton-server", ["sh", "-c", "touch /models/x"])
     assert denied.returncode != 0 and "Read-only file system" in denied.stderr
+
+
+def test_from_outside_the_task_the_admin_api_is_refused_and_inference_served(stack_task: Task) -> None:
+    """What a client that reaches the task's ports (through the load balancer or beside it) can do: infer, read
+    metadata and health; never load, unload or read the repository, over HTTP or gRPC, without the task's key,
+    which ECS injected from the secret and the task definition does not show."""
+    base = f"http://{stack_task.ip()}:8000"
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]}
+    status, raw = http_post(f"{base}/v2/models/add/infer", json.dumps(body).encode())
+    assert status == 200 and json.loads(raw)["outputs"], raw[:300]
+    assert http_get(f"{base}/v2/health/ready")[0] == 200 and http_get(f"{base}/v2/models/add")[0] == 200
+    hostile = json.dumps({"parameters": {"config": "{}", "file:1/model.py": "aW1wb3J0IG9zCg=="}}).encode()
+    for path, data in [
+        ("/v2/repository/index", b"{}"),
+        ("/v2/repository/models/add/unload", b"{}"),
+        ("/v2/repository/models/add/load", hostile),
+        ("/v2/models/add/config", None),
+        ("/v2/logging", None),
+    ]:
+        status, raw = http_post(base + path, data)
+        assert status == 403 and b"restricted" in raw, (path, status, raw[:200])
+        status, raw = http_post(base + path, data, headers={"triton-admin-key": "guessed0123456789abcdef"})
+        assert status == 403, (path, status, raw[:200])
+    client = grpcclient.InferenceServerClient(f"{stack_task.ip()}:8001")
+    try:
+        for call in (
+            client.get_model_repository_index,
+            lambda: client.unload_model("add"),
+            lambda: client.load_model("add", config="{}", files={"file:1/model.py": b"import os\n"}),
+        ):
+            with pytest.raises(InferenceServerException, match="restricted"):
+                call()
+        inp = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+        inp.set_data_from_numpy(np.array([[1.0]], dtype=np.float32))
+        assert client.infer("add", [inp]).as_numpy("OUTPUT0") is not None
+    finally:
+        client.close()
+    # Nothing was unloaded; the key opens the index (from outside too: the key is what guards it).
+    status, raw = http_post(f"{base}/v2/repository/index", b"{}", headers=ADMIN)
+    assert status == 200 and ("add", "READY") in {(m["name"], m.get("state")) for m in json.loads(raw)}
+    # The key came from the secret, into the three containers that need it, and the task definition shows none.
+    assert ADMIN_KEY not in json.dumps(stack_task.definition)
+    for name in ("triton-server", "exporter"):
+        env = stack_task.exec(name, ["sh", "-c", 'printf %s "$TRITON_ADMIN_KEY"']).stdout
+        assert env == ADMIN_KEY, name
+    assert stack_task.exec("log_router", ["sh", "-c", 'printf %s "$TRITON_ADMIN_KEY"']).stdout == ""
+    for name in stack_task.containers:
+        assert ADMIN_KEY not in stack_task.logs(name), f"{name}'s output shows the admin key"
+    # The exporter (with the key) still reads the index: its coverage and heartbeat come from it.
+    assert exporter_exit(stack_task) == ""
 
 
 def test_stack_task_urls_connect_from_inside_and_emf_reaches_the_router(stack_task: Task) -> None:
@@ -293,7 +355,7 @@ def test_stack_task_with_tracing_sends_tritons_spans_to_the_relay(
     exporter = next(c for c in td["containerDefinitions"] if c["name"] == "exporter")
     env = env_dict(exporter) | {"EXPORTER_INTERVAL": "5"}  # two windows in seconds (the stack says 60)
     exporter["environment"] = [{"name": k, "value": v} for k, v in env.items()]
-    opts = rehearsal.options(tmp_path_factory.mktemp("tracing"), fake_gpu=NO_GPU)
+    opts = rehearsal.options(tmp_path_factory.mktemp("tracing"), fake_gpu=NO_GPU, secrets=SECRETS)
     host_models(opts)
     with run_task(rehearsal.docker, td, opts) as task:
         task.wait_for("triton-server", health="healthy", timeout=120)
@@ -376,6 +438,7 @@ def synced(
     opts = rehearsal.options(
         tmp_path_factory.mktemp("synced"),
         fake_gpu=NO_GPU,
+        secrets=SECRETS,
         environment={"modelsync": aws | {"MODELSYNC_TOPIC_ARN": topic}},
     )
     assert not host_path(opts, "/opt/triton-models").exists()  # a fresh instance: no manual step
@@ -410,7 +473,7 @@ def test_model_sync_starts_before_triton_which_serves_the_synced_model(synced: t
     store = host_path(task.options, "/opt/triton-models")
     assert (store.stat().st_uid, store.stat().st_gid) == (MODELSYNC_UID, MODELSYNC_UID)
     assert infer_add(task) == 2.0
-    status, body = http_post(f"http://{task.ip()}:8000/v2/repository/index", b"{}")
+    status, body = http_post(f"http://{task.ip()}:8000/v2/repository/index", b"{}", headers=ADMIN)
     assert status == 200 and {(m["name"], m.get("state")) for m in json.loads(body)} == {("add", "READY")}
     last = task.health_log("triton-server")[-1]
     assert last["ExitCode"] == 0 and "1 model version(s) ready" in last["Output"], last
@@ -462,7 +525,7 @@ def test_the_json_task_definition_with_model_sync_runs_the_same(
         MODELSYNC_SAMPLE | {"ModelSyncBucketName": bucket, "ModelSyncPrefix": "triton/", "ModelSyncTopicArn": topic}
     )
     aws = aws_for(task_moto)
-    opts = rehearsal.options(tmp_path, fake_gpu=NO_GPU, environment={"modelsync": aws})
+    opts = rehearsal.options(tmp_path, fake_gpu=NO_GPU, environment={"modelsync": aws}, secrets=SECRETS)
     with run_task(rehearsal.docker, td, opts) as task:
         task.wait_for("triton-server", health="healthy", timeout=180)
         assert [e.split()[1] for e in task.events if e.startswith("started")] == SYNC_ORDER
@@ -488,6 +551,7 @@ def rolling(
     opts = rehearsal.options(
         tmp_path_factory.mktemp("rolling"),
         fake_gpu=NO_GPU,
+        secrets=SECRETS,
         environment={"modelsync": aws_for(task_moto) | {"MODELSYNC_TOPIC_ARN": topic}},
     )
     with run_task(rehearsal.docker, td, opts) as task:

@@ -32,12 +32,15 @@ Modelled, from the task definition:
   (any limit above this host's hard limit is lowered to it and recorded in ``Task.notes``:
   the VMs here cap ``memlock``), ``cpu`` (CPU shares), ``memory`` / ``memoryReservation``,
   ``privileged``, ``dockerLabels``;
+* ``secrets``: each ``valueFrom`` is looked up in ``Options.secrets`` (what Secrets Manager holds) and set as
+  the variable ``name``; one that is not there fails the task's start, as ECS's does
+  (``ResourceInitializationError: unable to pull secrets``);
 * what the agent adds to each container: ``ECS_CONTAINER_METADATA_URI_V4`` pointing at a
   small local task-metadata server (``/`` and ``/task``), ``AWS_EXECUTION_ENV``.
 
 Not modelled (each use is recorded in ``Task.notes``): GPUs (with ``Options.fake_gpu`` a
 container asking for GPUs gets placeholder device nodes and a fake ``nvidia-smi``, so a
-start-up check passes; nothing computes, and no NVML library is mounted), secrets,
+start-up check passes; nothing computes, and no NVML library is mounted),
 ``environmentFiles``, log drivers and their options (logs are read with ``docker logs``),
 FireLens options (the router's image runs with its own config), EFS, IAM roles and the
 credentials endpoint (a test passes AWS settings explicitly with ``Options.environment``),
@@ -208,6 +211,8 @@ class Options:
     metadata_host: str | None = None
     """Address the task-metadata server listens on, reachable from tasks (the task network's gateway)."""
     cluster: str = "rehearsal"
+    secrets: Mapping[str, str] = field(default_factory=dict)
+    """A secret's ``valueFrom`` (an ARN) -> its value: what Secrets Manager would hand the agent."""
 
 
 # --- task-definition helpers ------------------------------------------------------------------
@@ -553,7 +558,7 @@ def _prepare(task: Task) -> None:
         if vol.get("efsVolumeConfiguration") or vol.get("fsxWindowsFileServerVolumeConfiguration"):
             raise NotModelled(f"volume {vol['name']}: EFS / FSx")
     for c in td["containerDefinitions"]:
-        for key in ("secrets", "environmentFiles", "logConfiguration", "firelensConfiguration"):
+        for key in ("environmentFiles", "logConfiguration", "firelensConfiguration"):
             if c.get(key):
                 task.notes.append(f"{c['name']}: {key} not modelled")
     if opts.metadata_host:
@@ -650,10 +655,24 @@ def local_image(images: Mapping[str, str], image: str) -> str:
     raise NotModelled(f"no local image for {image!r} (repository {repository(image)!r}); known: {sorted(images)}")
 
 
+def _secrets(task: Task, c: Mapping[str, Any]) -> dict[str, str]:
+    """The container's ``secrets`` as variables, from ``Options.secrets``; TaskFailed for one it does not hold."""
+    out = {}
+    for secret in c.get("secrets", []):
+        value = task.options.secrets.get(secret["valueFrom"])
+        if value is None:
+            raise TaskFailed(
+                f"{task.name}: {c['name']}: ResourceInitializationError: unable to pull secrets or registry auth: "
+                f"{secret['valueFrom']} is not in the rehearsal's secrets"
+            )
+        out[secret["name"]] = value
+    return out
+
+
 def container_config(task: Task, c: Mapping[str, Any]) -> dict[str, Any]:
     """The Engine API create body for one container definition."""
     opts, name = task.options, c["name"]
-    env = {**env_dict(c), **_agent_env(task, name)}
+    env = {**env_dict(c), **_secrets(task, c), **_agent_env(task, name)}
     for var, value in opts.environment.get(name, {}).items():
         was = f" (task definition: {env[var]!r})" if var in env else ""
         task.notes.append(f"{name}: {var}={value!r} set by the rehearsal's options{was}")
