@@ -1,0 +1,127 @@
+"""Entry point: ``python -m controller [run|resume|status] [settings]``.
+
+    python -m controller            the service: one per cluster (docs/controller.md)
+    python -m controller resume     resume paused GPU drains (clears the pause and the hour's reports)
+    python -m controller status     print the state: what is draining, waiting, paused
+
+Exit codes: 0 done, 1 the state could not be read or written, 2 invalid settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from telemetry import logs
+from telemetry.sinks import SinkClosed, make_sink
+
+from .drains import resume
+from .fleet import AwsFleet
+from .inbox import SqsInbox
+from .metrics import Recorder
+from .service import Controller
+from .settings import ConfigError, Settings, load
+from .shapes import Malformed
+from .state import Conflict, FileStore, S3Store, State, Store, StoreError
+
+LOGGER = "controller"
+
+
+def make_store(settings: Settings) -> Store:
+    if settings.state_file:
+        return FileStore(Path(settings.state_file))
+    return S3Store(settings.state_bucket, settings.key)
+
+
+def resume_main(store: Store) -> int:
+    """Clear the pause, written over the version read (a running controller's write and this never mix)."""
+    for _ in range(5):
+        data, version = store.load()
+        try:
+            state = State.from_json(data) if data is not None else State()
+        except Malformed as exc:
+            sys.stderr.write(f"the state at {store.where} did not validate ({exc}): starting afresh\n")
+            state = State()
+        was = resume(state)
+        try:
+            store.save(state.to_json(), version)
+        except Conflict:
+            continue  # the controller wrote in between: read again
+        waiting = sum(1 for e in state.entries.values() if e.phase == "waiting")
+        said = "resumed GPU drains" if was else "GPU drains were not paused; the hour's reports are counted afresh"
+        sys.stdout.write(f"{said} ({store.where}); {waiting} instance(s) waiting their turn\n")
+        return 0
+    sys.stderr.write(f"error: {store.where} kept changing; try again\n")
+    return 1
+
+
+def status_main(store: Store) -> int:
+    data, _ = store.load()
+    if data is None:
+        sys.stdout.write(f"no state at {store.where} yet\n")
+        return 0
+    try:
+        state = State.from_json(data)
+    except Malformed as exc:
+        sys.stderr.write(f"error: the state at {store.where} does not validate: {exc}\n")
+        return 1
+    sys.stdout.write(json.dumps(json.loads(state.to_json()), indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logs.catch_unexpected(LOGGER)
+    try:
+        command, settings = load(list(sys.argv[1:] if argv is None else argv), os.environ)
+    except ConfigError as exc:
+        sys.stderr.write(f"error: invalid setting: {exc}\n")
+        return 2
+    store = make_store(settings)
+    try:
+        if command == "resume":
+            return resume_main(store)
+        if command == "status":
+            return status_main(store)
+    except StoreError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
+    log = logs.setup(settings.log_level, name=LOGGER)
+    sink = make_sink(settings.output, buffer_events=1000, connect_timeout=1.0)
+    controller = Controller(
+        settings.cluster,
+        SqsInbox(settings.queue_url),
+        AwsFleet(settings.cluster),
+        store,
+        Recorder(settings.namespace, sink, settings.cluster),
+        settings.bounds,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info(
+        "controller started for cluster %s: state at %s, at most %s draining, %d drains an hour, pause above %g%%",
+        settings.cluster,
+        store.where,
+        settings.max_draining,
+        settings.max_drains_per_hour,
+        settings.pause_above * 100,
+        extra={"fields": {"queue_url": settings.queue_url}},
+    )
+    try:
+        controller.run(settings.interval, stop)
+    except SinkClosed as exc:
+        log.error("%s; stopping", exc)
+        return 1
+    finally:
+        sink.close(2.0)
+    log.info("controller stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The controller's own metrics, as EMF: one event per pass, one series per metric and cluster.
+
+The names live here, in one module, rather than in a catalog pack: the catalog's loader knows the exporter's
+scopes and model sync's events only, and a controller scope would reach into render and cost as well. The
+alarms docs/controller.md lists read these names; tests/unit/controller/test_metrics.py holds them to it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from telemetry.emf import Encoder, Event, dimensions_for
+from telemetry.sinks import Sink
+
+DIMENSIONS = (("cluster",),)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A metric as telemetry's EMF encoder knows it (its MetricSpec)."""
+
+    name: str
+    unit: str
+    help: str
+    dimension_sets: tuple[tuple[str, ...], ...] = DIMENSIONS
+    resolution: int = 60
+
+
+METRICS: tuple[Spec, ...] = (
+    Spec("ControllerHeartbeat", "Count", "1 every pass of the loop: missing data means the controller is not running"),
+    Spec("GpuDrainsPaused", "None", "1 while GPU drains are paused (python -m controller resume), else 0"),
+    Spec("GpuDrainsInProgress", "Count", "instances draining or being replaced because of GPU faults"),
+    Spec("GpuDrainsWaiting", "Count", "instances with a checked GPU fault waiting their turn to drain"),
+    Spec("GpuDrainsStarted", "Count", "container instances set DRAINING in the pass"),
+    Spec("GpuReplacementsStarted", "Count", "instances marked Unhealthy in their Auto Scaling group in the pass"),
+    Spec("GpuDrainFailures", "Count", "ECS or Auto Scaling calls of a drain or replacement that failed (retried)"),
+    Spec("GpuReportsAccepted", "Count", "reports of a draining fault that passed every check"),
+    Spec("GpuReportsReportOnly", "Count", "checked reports of a fault that does not drain (XID 63, 142, DRAIN_P2P)"),
+    Spec("GpuReportsRefused", "Count", "reports refused: malformed, forged or stale (the log names the check)"),
+    Spec("ControllerStateFailures", "Count", "state reads or writes that failed or conflicted (retried)"),
+)
+NAMES = tuple(m.name for m in METRICS)
+
+
+@dataclass
+class Counts:
+    """What happened since the last event (reset when it is sent)."""
+
+    drains_started: int = 0
+    replacements_started: int = 0
+    drain_failures: int = 0
+    reports_accepted: int = 0
+    reports_report_only: int = 0
+    reports_refused: int = 0
+    state_failures: int = 0
+
+    def take(self) -> Counts:
+        out = Counts(**{f.name: getattr(self, f.name) for f in fields(self)})
+        for f in fields(self):
+            setattr(self, f.name, 0)
+        return out
+
+
+class Recorder:
+    """Encodes one event per pass and hands it to the sink."""
+
+    def __init__(self, namespace: str, sink: Sink, cluster: str, wall: Callable[[], float] = time.time) -> None:
+        self.encoder = Encoder(namespace, METRICS)
+        self.sink = sink
+        self.cluster = cluster
+        self.wall = wall
+
+    def emit(self, counts: Counts, paused: bool, in_progress: int, waiting: int) -> dict[str, float]:
+        values = {
+            "ControllerHeartbeat": 1.0,
+            "GpuDrainsPaused": 1.0 if paused else 0.0,
+            "GpuDrainsInProgress": float(in_progress),
+            "GpuDrainsWaiting": float(waiting),
+            "GpuDrainsStarted": float(counts.drains_started),
+            "GpuReplacementsStarted": float(counts.replacements_started),
+            "GpuDrainFailures": float(counts.drain_failures),
+            "GpuReportsAccepted": float(counts.reports_accepted),
+            "GpuReportsReportOnly": float(counts.reports_report_only),
+            "GpuReportsRefused": float(counts.reports_refused),
+            "ControllerStateFailures": float(counts.state_failures),
+        }
+        props: dict[str, object] = {"service": "controller"}
+        dims = dimensions_for(("cluster",), {"cluster": self.cluster}, props)
+        self.sink.send(self.encoder.encode(Event("controller", dims, values, props), int(self.wall() * 1000)))
+        return values

@@ -1,0 +1,140 @@
+"""A host's GPU fault report, read as data, and the controller's rule of which faults drain an instance.
+
+The message an exporter sends (``--gpu-fault-action drain``; exporter/gpufaults/drain.py writes it)::
+
+    {"type": "gpu_fault", "version": 1,
+     "cluster": "<cluster ARN or name>", "task_arn": "<the reporting task>",
+     "ec2_instance_id": "i-...",            # where the host could read it (optional)
+     "container_instance_arn": "...",       # optional
+     "gpu_uuid": "GPU-...", "gpu": 0, "nvml_index": 0,
+     "fault": "xid" | "recovery_action" | "lost" | "row_remap_failure",
+     "code": 79,                            # the XID or the recovery action
+     "reason": "XID 79, GPU has fallen off the bus",
+     "evidence": {"reads": 1},              # consecutive reads of the recovery action
+     "observed_at": 1760000000.0}
+
+The rule (:func:`classify`) is the controller's, whatever the host concluded: a host's verdict is evidence,
+not a decision. A lost GPU, a failed row remap and the fatal XIDs drain at once; a driver recovery action
+other than NONE drains once it read so twice in a row; XID 63 (a memory remapping event: NVIDIA's action is
+IGNORE), XID 142 (NVENC, unused by inference) and DRAIN_P2P (quiesce peer-to-peer traffic and read again)
+are reported, never drained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .shapes import Doc, Malformed, loads
+
+MAX_MESSAGE_BYTES = 16 * 1024  # a report is under 1 KiB; SQS allows 256 KiB
+NAME_LIMIT = 2048  # an ARN is at most 2,048 characters
+
+# The XIDs that take an instance out of service: the EKS node monitoring agent's fatal set (2026) less the
+# two that are report-only here. The exporter's verdict (exporter/gpufaults/verdict.py) marks the same ones;
+# tests/unit/controller/test_reports.py holds both to agree.
+DRAINING_XIDS = frozenset({46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 151, 155, 156, 158})
+REPORT_ONLY_XIDS = frozenset({63, 142})
+RECOVERY_NONE = 0
+RECOVERY_DRAIN_P2P = 3
+REPORT_ONLY_RECOVERY = frozenset({RECOVERY_DRAIN_P2P})
+RECOVERY_READS = 2  # a recovery action must read so this many times in a row
+FAULTS = ("xid", "recovery_action", "lost", "row_remap_failure")
+
+
+@dataclass(frozen=True)
+class FaultReport:
+    """One validated report: who says it (task, instance), which GPU, what was seen."""
+
+    cluster: str
+    task_arn: str
+    gpu_uuid: str
+    gpu: int
+    fault: str
+    reason: str
+    code: int | None = None
+    reads: int = 1
+    ec2_instance_id: str = ""
+    container_instance_arn: str = ""
+    observed_at: float = 0.0
+    evidence: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def task_id(self) -> str:
+        return self.task_arn.rsplit("/", 1)[-1]
+
+    def fields(self) -> dict[str, object]:
+        """What a log line carries of the report."""
+        out: dict[str, object] = {
+            "task_arn": self.task_arn,
+            "gpu_uuid": self.gpu_uuid,
+            "gpu": self.gpu,
+            "fault": self.fault,
+            "reason": self.reason,
+            "reads": self.reads,
+        }
+        if self.code is not None:
+            out["code"] = self.code
+        if self.ec2_instance_id:
+            out["reported_ec2_instance_id"] = self.ec2_instance_id
+        return out
+
+
+def parse(body: str | bytes) -> FaultReport:
+    """A message body as a report; raises Malformed naming the field."""
+    doc = Doc(loads(body, MAX_MESSAGE_BYTES))
+    kind = doc.text("type", 64)
+    if kind != "gpu_fault":
+        raise Malformed("type", f"{kind[:40]!r}: the controller reads gpu_fault reports")
+    doc.integer("version", 1, 1)
+    fault = doc.text("fault", 32)
+    if fault not in FAULTS:
+        raise Malformed("fault", f"{fault[:40]!r} is not one of {', '.join(FAULTS)}")
+    code = doc.optional_integer("code", 0, 1_000_000)
+    if fault in ("xid", "recovery_action") and code is None:
+        raise Malformed("code", f"missing (a {fault} report names its code)")
+    evidence = doc.optional_doc("evidence")
+    reads = evidence.integer("reads", 1, 1_000_000, default=1) if evidence else 1
+    task_arn = doc.text("task_arn", NAME_LIMIT)
+    if not task_arn.startswith("arn:") or ":task/" not in task_arn:
+        raise Malformed("task_arn", "not an ECS task ARN")
+    ec2 = doc.text("ec2_instance_id", 64, default="")
+    if ec2 and not (ec2.startswith("i-") and ec2[2:].isalnum()):
+        raise Malformed("ec2_instance_id", "not an EC2 instance id (i-...)")
+    return FaultReport(
+        cluster=doc.text("cluster", NAME_LIMIT),
+        task_arn=task_arn,
+        gpu_uuid=doc.text("gpu_uuid", 128),
+        gpu=doc.integer("gpu", 0, 1024),
+        fault=fault,
+        reason=doc.text("reason", 512, default=""),
+        code=code,
+        reads=reads,
+        ec2_instance_id=ec2,
+        container_instance_arn=doc.text("container_instance_arn", NAME_LIMIT, default=""),
+        observed_at=doc.number("observed_at", 0, 1e11, default=0.0),
+        evidence={"reads": reads},
+    )
+
+
+def classify(report: FaultReport) -> str:
+    """``drain`` or why not (a phrase for the log): the controller's own rule, whatever the host concluded."""
+    if report.fault in ("lost", "row_remap_failure"):
+        return "drain"
+    if report.fault == "xid":
+        if report.code in DRAINING_XIDS:
+            return "drain"
+        if report.code in REPORT_ONLY_XIDS:
+            return f"XID {report.code} is report-only (no drain)"
+        return f"XID {report.code} is not a fault that drains"
+    if report.code == RECOVERY_NONE:
+        return "recovery action NONE is no fault"
+    if report.code in REPORT_ONLY_RECOVERY:
+        return "recovery action DRAIN_P2P is report-only (quiesce peer-to-peer traffic and read again; no drain)"
+    if report.reads < RECOVERY_READS:
+        return f"a recovery action drains once it read so {RECOVERY_READS} times in a row; read {report.reads}"
+    return "drain"
+
+
+def cluster_name(cluster: str) -> str:
+    """``arn:aws:ecs:r:a:cluster/NAME`` or ``NAME`` -> ``NAME``."""
+    return cluster.rsplit("cluster/", 1)[-1] if cluster.startswith("arn:") else cluster

@@ -1,0 +1,176 @@
+"""One pass of the controller: read the state, read the queue, check and take each report, move the drains
+on, write the state, emit the pass's metrics. ``run`` repeats it until told to stop.
+
+Order matters for "never worse when a call fails": a refused or malformed message is deleted at once (it
+will never pass); an accepted one only after the state that records it is written, so a failed or
+conflicting write leaves it in the queue to be read again (taking it again is idempotent). A pass that
+cannot read the state decides nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from telemetry.logs import Throttled
+
+from .drains import Bounds, Drains
+from .fleet import Fleet, FleetError
+from .inbox import Inbox, Message
+from .metrics import Counts, Recorder
+from .reports import parse
+from .shapes import Malformed
+from .state import Conflict, State, Store, StoreError
+from .verify import Refused, check
+
+log = logging.getLogger("controller")
+
+
+@dataclass
+class Pass:
+    """What one pass did (tests read it)."""
+
+    received: int = 0
+    refused: int = 0
+    kept: int = 0  # left in the queue for later (a failing AWS call, an unwritten state)
+    metrics: dict[str, float] | None = None
+
+
+class Controller:
+    def __init__(
+        self,
+        cluster: str,
+        inbox: Inbox,
+        fleet: Fleet,
+        store: Store,
+        recorder: Recorder,
+        bounds: Bounds,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cluster = cluster
+        self.inbox = inbox
+        self.fleet = fleet
+        self.store = store
+        self.recorder = recorder
+        self.clock = clock
+        self.counts = Counts()
+        self.drains = Drains(fleet, bounds, self.counts, cluster)
+        self.refusals = Throttled(log, every=60.0, clock=clock)
+        self.paused = False
+
+    def load(self, now: float) -> tuple[State, str] | None:
+        try:
+            data, version = self.store.load()
+        except StoreError as exc:
+            self.counts.state_failures += 1
+            log.error("cannot read the state: %s; no decision this pass", exc)
+            return None
+        if data is None:
+            return State(), version
+        try:
+            return State.from_json(data), version
+        except Malformed as exc:
+            self.counts.state_failures += 1
+            reason = f"the state at {self.store.where} did not validate ({exc}); resume starts afresh"
+            log.error("GPU drains paused: %s", reason)
+            return State(paused={"since": now, "reason": reason}), version
+
+    def run_once(self, wait: float = 0.0) -> Pass:
+        out = Pass()
+        now = self.clock()
+        loaded = self.load(now)
+        if loaded is None:
+            out.metrics = self._emit(None)
+            return out
+        state, version = loaded
+        try:
+            messages = self.inbox.receive(wait)
+        except FleetError as exc:
+            log.error("cannot read the queue: %s", exc)
+            messages = []
+        out.received = len(messages)
+        now = self.clock()
+        refused: list[Message] = []
+        accepted: list[Message] = []
+        for message in messages:
+            verdict = self.handle(state, message, now)
+            if verdict == "refused":
+                refused.append(message)
+            elif verdict == "taken":
+                accepted.append(message)
+            else:
+                out.kept += 1
+        out.refused = len(refused)
+        self._delete(refused)
+        self.drains.tick(state, now)
+        try:
+            self.store.save(state.to_json(), version)
+        except (Conflict, StoreError) as exc:
+            self.counts.state_failures += 1
+            out.kept += len(accepted)
+            log.error("cannot write the state: %s; its reports are read again on a later pass", exc)
+        else:
+            self._delete(accepted)
+        out.metrics = self._emit(state)
+        return out
+
+    def handle(self, state: State, message: Message, now: float) -> str:
+        """``taken``, ``refused`` or ``kept`` (read again later)."""
+        try:
+            report = parse(message.body)
+            checked = check(report, message.sender_id, self.fleet, self.cluster)
+            self.drains.report(state, checked, now)
+        except Malformed as exc:
+            self._refuse(message, "shape", f"not a GPU fault report: {exc}")
+            return "refused"
+        except Refused as exc:
+            self._refuse(message, exc.check, exc.message)
+            return "refused"
+        except FleetError as exc:
+            self.counts.drain_failures += 1
+            log.error("cannot check a report now: %s; it stays in the queue", exc, extra={"fields": {"call": exc.call}})
+            return "kept"
+        return "taken"
+
+    def _refuse(self, message: Message, check_name: str, why: str) -> None:
+        self.counts.reports_refused += 1
+        self.refusals.log(
+            f"refused:{check_name}",
+            logging.WARNING,
+            f"report refused ({check_name}): {why}",
+            check=check_name,
+            message_id=message.id,
+            sender_id=message.sender_id,
+        )
+
+    def _delete(self, messages: list[Message]) -> None:
+        if not messages:
+            return
+        try:
+            self.inbox.delete(messages)
+        except FleetError as exc:
+            log.error("cannot delete handled messages: %s (they come back; taking them again changes nothing)", exc)
+
+    def _emit(self, state: State | None) -> dict[str, float]:
+        paused = state.paused is not None if state is not None else self.paused
+        self.paused = paused
+        entries = list(state.entries.values()) if state is not None else []
+        busy = sum(1 for e in entries if e.holds_a_slot())
+        try:
+            return self.recorder.emit(self.counts.take(), paused, busy, len(entries) - busy)
+        except Exception as exc:  # a sink that fails must not stop decisions
+            log.error("cannot emit the controller's metrics: %s: %s", type(exc).__name__, exc)
+            return {}
+
+    def run(self, interval: float, stop: threading.Event) -> None:
+        """Pass after pass until ``stop`` is set; the queue's long poll waits up to ``interval`` seconds."""
+        while not stop.is_set():
+            started = self.clock()
+            try:
+                self.run_once(wait=interval)
+            except Exception:  # a bug must not end the service: logged, and the next pass tries again
+                log.exception("unexpected error in a pass")
+            stop.wait(max(0.0, interval - (self.clock() - started)) if interval else 0.0)

@@ -1,0 +1,234 @@
+"""Settings: read once at the entry point from flags and ``CONTROLLER_*`` variables, validated, frozen.
+
+The same rule as every command (telemetry/settings.py): a flag wins over its variable, the variable over the
+default. AWS endpoints, region and credentials are not settings of ours: boto3 reads them from the standard
+chain (``AWS_ENDPOINT_URL``, ``AWS_REGION``, the task role).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from telemetry.settings import (
+    ConfigError,
+    HelpFormatter,
+    Option,
+    add_options,
+    choice,
+    cloudwatch_namespace,
+    environment_variables,
+    http_url,
+    non_negative,
+    parse,
+    positive,
+    positive_int,
+    printable,
+)
+from telemetry.sinks import Output, parse_output
+
+from . import __version__
+from .drains import DEFAULT_LIMIT, Bounds, Limit
+
+__all__ = ["ENV_VARS", "OPTIONS", "ConfigError", "Settings", "build_parser", "load"]
+
+STDOUT = Output("stdout")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+@dataclass(frozen=True)
+class Settings:
+    queue_url: str = ""
+    cluster: str = ""
+    max_draining: Limit = DEFAULT_LIMIT
+    max_drains_per_hour: int = 4
+    pause_above: float = 0.2
+    replace_timeout: float = 900.0
+    interval: float = 15.0
+    state_bucket: str = ""
+    state_key: str = ""  # empty: controller/<cluster>/state.json
+    state_file: str = ""
+    output: Output = STDOUT
+    namespace: str = "Triton"
+    log_level: str = "info"
+
+    @property
+    def bounds(self) -> Bounds:
+        return Bounds(self.max_draining, self.max_drains_per_hour, self.pause_above, self.replace_timeout)
+
+    @property
+    def key(self) -> str:
+        return self.state_key or f"controller/{self.cluster}/state.json"
+
+
+def _limit(text: str) -> Limit:
+    """``2`` (instances) or ``10%`` / ``0.1`` (of the cluster's container instances)."""
+    raw = text.strip()
+    try:
+        if raw.endswith("%"):
+            fraction = float(raw[:-1]) / 100
+        elif "." in raw:
+            fraction = float(raw)
+        else:
+            return Limit(count=positive_int(raw))
+    except ValueError:
+        raise ValueError("must be a count (2) or a share of the cluster's instances (10% or 0.1)") from None
+    if not 0 < fraction <= 1:
+        raise ValueError("a share must be above 0 and at most 100%")
+    return Limit(fraction=fraction)
+
+
+def _share(text: str) -> float:
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise ValueError("must be a share: 20% or 0.2") from None
+    if not 0 < value < 1:
+        raise ValueError("must be above 0 and below 100%")
+    return value
+
+
+def _bucket(text: str) -> str:
+    if not _BUCKET.fullmatch(text) or ".." in text:
+        raise ValueError("must be an S3 bucket name (3-63 characters: a-z, 0-9, '.', '-')")
+    return text
+
+
+def _key(text: str) -> str:
+    if not text or text.startswith("/") or len(text) > 1024:
+        raise ValueError("must be an S3 key (1-1024 characters, not starting with '/')")
+    return text
+
+
+def _file(text: str) -> str:
+    path = Path(text)
+    if not path.parent.is_dir():
+        raise ValueError(f"directory {path.parent} does not exist")
+    return str(path)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "queue_url",
+        "--controller-queue-url",
+        ("CONTROLLER_QUEUE_URL",),
+        http_url,
+        "the SQS queue the hosts report to and the controller reads (the same flag on every command naming it)",
+    ),
+    Option("cluster", "--cluster", ("CONTROLLER_CLUSTER",), printable, "the ECS cluster (name or ARN) it decides for"),
+    Option(
+        "max_draining",
+        "--max-draining",
+        ("CONTROLLER_MAX_DRAINING",),
+        _limit,
+        "instances draining or being replaced for GPU faults at once, at most: a count (2) or a share of the "
+        "cluster's container instances, rounded up, at least 1 (10%)",
+        shown="10%",
+    ),
+    Option(
+        "max_drains_per_hour",
+        "--max-drains-per-hour",
+        ("CONTROLLER_MAX_DRAINS_PER_HOUR",),
+        positive_int,
+        "drains started in any hour, at most; more wait their turn",
+    ),
+    Option(
+        "pause_above",
+        "--pause-above",
+        ("CONTROLLER_PAUSE_ABOVE",),
+        _share,
+        "pause every drain when more than this share of the cluster's instances reported a draining GPU fault "
+        "within an hour (a fleet-wide cause); python -m controller resume resumes",
+        shown="20%",
+    ),
+    Option(
+        "replace_timeout",
+        "--replace-timeout",
+        ("CONTROLLER_REPLACE_TIMEOUT",),
+        non_negative,
+        "seconds a DRAINING instance may keep tasks before it is replaced anyway (logged)",
+    ),
+    Option("interval", "--interval", ("CONTROLLER_INTERVAL",), positive, "seconds between passes over the fleet"),
+    Option(
+        "state_bucket",
+        "--state-bucket",
+        ("CONTROLLER_STATE_BUCKET",),
+        _bucket,
+        "S3 bucket of the controller's state (a small JSON object, written conditionally)",
+    ),
+    Option(
+        "state_key",
+        "--state-key",
+        ("CONTROLLER_STATE_KEY",),
+        _key,
+        "S3 key of the state",
+        shown="controller/<cluster>/state.json",
+    ),
+    Option(
+        "state_file",
+        "--state-file",
+        ("CONTROLLER_STATE_FILE",),
+        _file,
+        "keep the state in this file instead (one host; tests)",
+    ),
+    Option(
+        "output",
+        "--output",
+        ("CONTROLLER_OUTPUT", "AWS_EMF_AGENT_ENDPOINT"),
+        parse_output,
+        "where EMF goes: stdout, tcp://HOST:PORT, udp://HOST:PORT, file:PATH",
+    ),
+    Option("namespace", "--namespace", ("AWS_EMF_NAMESPACE",), cloudwatch_namespace, "CloudWatch namespace"),
+    Option(
+        "log_level",
+        "--log-level",
+        ("CONTROLLER_LOG_LEVEL",),
+        choice("debug", "info", "warning", "error"),
+        "level of the controller's JSON log lines on stderr",
+    ),
+)
+
+ENV_VARS = environment_variables(OPTIONS)
+COMMANDS = ("run", "resume", "status")
+
+DESCRIPTION = (
+    "The fleet's one controller: reads the hosts' GPU fault reports from one SQS queue, checks them against "
+    "ECS, and drains and replaces instances within fleet-wide bounds (docs/controller.md). Commands: run (the "
+    "default), resume (resume paused drains), status (print the state)."
+)
+
+
+def build_parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        formatter_class=HelpFormatter,
+        description=DESCRIPTION,
+        epilog="Every setting can also come from its environment variable; a flag wins. AWS endpoints, region and "
+        "credentials come from the standard AWS settings (AWS_ENDPOINT_URL, AWS_REGION, the task role).",
+    )
+    parser.add_argument("command", nargs="?", default="run", choices=COMMANDS, help="what to do (default: run)")
+    add_options(parser, OPTIONS, Settings())
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[str, Settings]:
+    """(command, settings) from flags and environment; raises ConfigError naming the bad setting."""
+    environ = os.environ if environ is None else environ
+    args, values = parse(build_parser(), OPTIONS, argv, environ)
+    settings = Settings(**values)
+    if not settings.cluster:
+        raise ConfigError("--cluster (or CONTROLLER_CLUSTER) is required")
+    if bool(settings.state_bucket) == bool(settings.state_file):
+        raise ConfigError(
+            "give one place for the state: --state-bucket (CONTROLLER_STATE_BUCKET) or --state-file "
+            "(CONTROLLER_STATE_FILE)"
+        )
+    if args.command == "run" and not settings.queue_url:
+        raise ConfigError("--controller-queue-url (or CONTROLLER_QUEUE_URL) is required")
+    return str(args.command), settings
