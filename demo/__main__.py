@@ -16,6 +16,8 @@ stderr.
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -62,10 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="triton-demo-"))
-    server = TritonServer(copy_models(None, work / "models"), workdir=work)
+    # As deployed: Triton's admin APIs open only to a key the sidecar holds (docs/security.md).
+    key = secrets.token_urlsafe(32)
+    server = TritonServer(copy_models(None, work / "models"), workdir=work, admin_key=key)
     print(f"starting Triton with sample models from {work / 'models'} ...", file=sys.stderr)
     server.start()
     print(f"Triton up: HTTP {server.url}, metrics {server.metrics_url}; server log {server.log_path}", file=sys.stderr)
+    print(
+        "its repository, configuration, trace and logging APIs answer only the exporter's TRITON_ADMIN_KEY",
+        file=sys.stderr,
+    )
     stop = threading.Event()
     threads = [
         threading.Thread(target=target, args=(server, stop), daemon=True) for target in (traffic, llm.traffic)
@@ -85,11 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     try:
         print(f"\n$ python -m exporter --once --interval {args.interval:g} ...\n", file=sys.stderr)
-        rc = subprocess.call([*cmd, "--once"])
+        env = {**os.environ, "TRITON_ADMIN_KEY": key}
+        rc = subprocess.call([*cmd, "--once"], env=env)
         if args.keep_running and rc == 0:
             print("\nrunning the exporter loop; Ctrl-C to stop\n", file=sys.stderr)
             try:
-                rc = subprocess.call(cmd)
+                rc = subprocess.call(cmd, env=env)
             except KeyboardInterrupt:
                 rc = 0
         return rc
