@@ -165,7 +165,8 @@ def _gpu_health(settings: Settings) -> GpuHealth:
         return GpuHealth(Report("--once never drains"))
     from .gpufaults.drain import Drainer
 
-    return GpuHealth(Drainer(settings.ecs_metadata_url, retry_interval=settings.interval))
+    drainer = Drainer(settings.ecs_metadata_url, settings.controller_queue_url, retry_interval=settings.interval)
+    return GpuHealth(drainer)
 
 
 def listens(url: str, timeout: float) -> bool:

@@ -53,7 +53,8 @@ class Settings:
     max_models: int = 500
     buffer_events: int = 20_000
     nvml: str = "auto"
-    gpu_fault_action: str = "report"  # what an unhealthy GPU leads to: report, or drain this instance (docs/gpu.md)
+    gpu_fault_action: str = "report"  # what an unhealthy GPU leads to: report, or ask the controller to drain
+    controller_queue_url: str = ""  # with drain: the controller's SQS queue (docs/controller.md)
     storage_resolution: int = 60
     ecs_metadata_url: str = ""
     log_level: str = ""  # empty: info for the loop, error for --once (its table already says what is down)
@@ -211,10 +212,19 @@ OPTIONS: tuple[Option, ...] = (
         "--gpu-fault-action",
         ("EXPORTER_GPU_FAULT_ACTION",),
         choice("report", "drain"),
-        "when a GPU turns unhealthy (a fatal XID, a driver recovery action, lost, row remapping failed): report "
-        "(GpuHealthy=0 and a log line; no AWS call), or drain: also set this ECS container instance DRAINING and "
-        "mark its EC2 instance Unhealthy in its Auto Scaling group, which replaces it (needs the ECS task metadata "
-        "endpoint and the task role's permissions; docs/gpu.md)",
+        "when a GPU turns unhealthy (a fatal XID, a driver recovery action read twice, lost, row remapping "
+        "failed): report (GpuHealthy=0 and a log line; no AWS call), or drain: also send one report to the "
+        "fleet's controller (--controller-queue-url), which checks it and drains and replaces this instance within "
+        "fleet-wide bounds (needs the ECS task metadata endpoint; docs/gpu.md, docs/controller.md). XID 63, XID 142 "
+        "and the recovery action DRAIN_P2P are report-only either way",
+    ),
+    Option(
+        "controller_queue_url",
+        "--controller-queue-url",
+        ("CONTROLLER_QUEUE_URL",),
+        http_url,
+        "the controller's SQS queue: where --gpu-fault-action drain sends its report (the same flag on every "
+        "command naming that queue)",
     ),
     Option(
         "startup_wait",
@@ -351,6 +361,11 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
         raise ConfigError(
             "--gpu-fault-action drain needs the NVML source (--nvml auto or on) and the ECS task metadata endpoint "
             "(ECS_CONTAINER_METADATA_URI_V4, set by ECS, or --ecs-metadata-url) to find this instance"
+        )
+    if settings.gpu_fault_action == "drain" and not settings.controller_queue_url and not settings.once:
+        raise ConfigError(
+            "--gpu-fault-action drain needs --controller-queue-url (CONTROLLER_QUEUE_URL): the controller's queue, "
+            "where the report goes (docs/controller.md)"
         )
     if settings.otlp_semconv != "off" and not settings.otlp_outputs:
         raise ConfigError(

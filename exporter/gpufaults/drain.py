@@ -1,30 +1,28 @@
-"""``--gpu-fault-action drain``: take this ECS container instance out of service when a GPU turns unhealthy.
+"""``--gpu-fault-action drain``: ask the fleet's controller to drain this instance when a GPU turns unhealthy.
 
-Once per process (every GPU turning unhealthy asks; the first request starts it, later ones find it done or
-under way), off the cycle's thread:
+Hosts report, the controller decides (docs/controller.md): the exporter calls neither ECS nor Auto Scaling.
+For each GPU whose verdict turns unhealthy with a draining fault it sends one SQS message to
+``--controller-queue-url``, off the cycle's thread:
 
-1. this task's cluster and ARN from the task metadata endpoint (``ECS_CONTAINER_METADATA_URI_V4/task``);
-2. ECS ``DescribeTasks`` -> ``containerInstanceArn``; ``DescribeContainerInstances`` -> ``ec2InstanceId`` and
-   the instance's status;
-3. ECS ``UpdateContainerInstancesState`` to ``DRAINING`` (skipped when it is DRAINING already: another task on
-   the instance saw the same fault, or this exporter before a restart): ECS places nothing new there and moves
-   the services' tasks away;
-4. Auto Scaling ``SetInstanceHealth`` ``Unhealthy`` with ``ShouldRespectGracePeriod=False``: the group replaces
-   the instance (scale-in protection, which the capacity provider's managed termination protection uses, does
-   not block a health replacement; docs/gpu.md).
+1. this task's cluster and ARN from the task metadata endpoint (``ECS_CONTAINER_METADATA_URI_V4/task``), and
+   the EC2 instance id from the instance metadata service (IMDSv2) where the task can reach it;
+2. SQS ``SendMessage``: the task, the instance, the GPU (uuid and index), the fault, its reason and evidence
+   (controller/reports.py reads it; the controller checks it against ECS before it acts).
 
-Every call is idempotent, so several tasks of one instance draining it at once is safe. A step that fails is
-logged and the attempt retried on a later cycle (after the interval, doubling up to 5 minutes), from the first
-step not done; the exporter keeps emitting meanwhile. Endpoints, credentials and retries of single calls come
-from botocore's usual settings (``AWS_ENDPOINT_URL`` too); the region is the task's own (from its ARN).
+A step that fails is logged and retried on a later cycle (after the interval, doubling up to 5 minutes); the
+exporter keeps emitting meanwhile. The controller takes a report twice as once, so a retry after an answer
+lost on the way is safe. Endpoints, credentials and retries of single calls come from botocore's usual
+settings (``AWS_ENDPOINT_URL``; ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` and ``AWS_EC2_METADATA_DISABLED`` for the
+instance metadata); the region is the task's own (from its ARN).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -38,12 +36,13 @@ log = get("gpu_drain")
 
 RETRY_MAX = 300.0  # seconds between attempts at most
 METADATA_MAX_BYTES = 1 << 20
+IMDS_DEFAULT = "http://169.254.169.254"
 ATTEMPTS = "exporter_gpu_drain_attempts_total"
 FAILURES = "exporter_gpu_drain_failures_total"
 
 
 class DrainFailed(Exception):
-    """One step of the drain failed; ``step`` names it (metadata, describe, draining, unhealthy)."""
+    """One step of a report failed; ``step`` names it (metadata, clients, send)."""
 
     def __init__(self, step: str, message: str) -> None:
         super().__init__(f"{step}: {message}")
@@ -53,18 +52,13 @@ class DrainFailed(Exception):
 
 @dataclass
 class Host:
-    """What the drain found out and did so far; a retry starts from the first step not done."""
+    """Who this exporter is, found out once."""
 
     cluster: str = ""
     task_arn: str = ""
     region: str = ""
-    container_instance: str = ""
-    ec2_instance: str = ""
-    was_draining: bool = False  # DRAINING before this exporter asked
-    draining: bool = False
-    unhealthy: bool = False
-    no_group: bool = False  # the instance belongs to no Auto Scaling group: drained, not replaced
-    faults: list[Fault] = field(default_factory=list)
+    ec2_instance: str = ""  # "" where the instance metadata cannot be read (awsvpc without a route, disabled)
+    looked_for_ec2: bool = False
 
 
 def region_of(arn: str) -> str:
@@ -97,8 +91,28 @@ def read_task_metadata(url: str, timeout: float) -> tuple[str, str]:
     return cluster, task
 
 
-def boto_clients(region: str, timeout: float) -> tuple[Any, Any]:
-    """ECS and Auto Scaling clients: endpoint, credentials and call retries from botocore's usual settings."""
+def read_instance_id(environ: Mapping[str, str], timeout: float = 1.0) -> str:
+    """The EC2 instance id through IMDSv2, or "" when it cannot be read (never raises: the id is optional)."""
+    if environ.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true":
+        return ""
+    base = environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "") or IMDS_DEFAULT
+    try:
+        token = Client(timeout, 4096, headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}).request(
+            "PUT", base.rstrip("/") + "/latest/api/token", timeout
+        )
+        if token.status != 200:
+            return ""
+        got = Client(timeout, 4096, headers={"X-aws-ec2-metadata-token": token.body.decode().strip()}).get(
+            base.rstrip("/") + "/latest/meta-data/instance-id", timeout
+        )
+    except (RequestFailed, UnicodeDecodeError):
+        return ""
+    text = got.body.decode("ascii", "replace").strip() if got.status == 200 else ""
+    return text if text.startswith("i-") and text[2:].isalnum() and len(text) <= 32 else ""
+
+
+def sqs_client(region: str, timeout: float) -> Any:
+    """An SQS client: endpoint, credentials and call retries from botocore's usual settings."""
     import boto3
     from botocore.config import Config
 
@@ -107,10 +121,9 @@ def boto_clients(region: str, timeout: float) -> tuple[Any, Any]:
         connect_timeout=timeout,
         read_timeout=timeout,
         retries={"mode": "standard", "max_attempts": 3},
-        user_agent_extra="triton-emf-exporter-gpu-drain",
+        user_agent_extra="triton-emf-exporter-gpu-report",
     )
-    session = boto3.session.Session()
-    return session.client("ecs", config=config), session.client("autoscaling", config=config)
+    return boto3.session.Session().client("sqs", config=config)
 
 
 def _error(exc: BaseException) -> str:
@@ -123,33 +136,63 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def message(host: Host, fault: Fault, observed_at: float) -> dict[str, object]:
+    """The report as controller/reports.py reads it."""
+    body: dict[str, object] = {
+        "type": "gpu_fault",
+        "version": 1,
+        "cluster": host.cluster,
+        "task_arn": host.task_arn,
+        "gpu_uuid": fault.uuid,
+        "gpu": fault.gpu,
+        "nvml_index": fault.nvml_index,
+        "fault": fault.kind,
+        "reason": fault.reason,
+        "evidence": {"reads": fault.reads},
+        "observed_at": round(observed_at, 3),
+    }
+    if fault.code is not None:
+        body["code"] = fault.code
+    if host.ec2_instance:
+        body["ec2_instance_id"] = host.ec2_instance
+    return body
+
+
 class Drainer:
-    """The drain action: thread-safe, never blocks the caller, never raises into it."""
+    """The drain action: a report to the controller per unhealthy GPU; thread-safe, never blocks the caller,
+    never raises into it."""
 
     name = "drain"
 
     def __init__(
         self,
         metadata_url: str,
+        queue_url: str,
         retry_interval: float = 60.0,
         timeout: float = 5.0,
-        clients: Callable[[str, float], tuple[Any, Any]] = boto_clients,
+        clients: Callable[[str, float], Any] = sqs_client,
         metadata: Callable[[str, float], tuple[str, str]] = read_task_metadata,
+        instance_id: Callable[[], str] = lambda: read_instance_id(os.environ),
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.metadata_url = metadata_url
+        self.queue_url = queue_url
         self.retry_interval = max(retry_interval, 0.1)
         self.timeout = timeout
         self._clients_for = clients
         self._metadata = metadata
+        self._instance_id = instance_id
         self.clock = clock
+        self.wall = wall
         self.host = Host()
-        self.done = False
+        self.pending: list[tuple[Fault, float]] = []  # (fault, observed at), not yet sent
+        self.sent: list[Fault] = []
         self.attempts = 0
         self.failures = 0
         self.last_error = ""
         self.next_try = 0.0
-        self._clients: tuple[Any, Any] | None = None
+        self._sqs: Any = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -158,18 +201,13 @@ class Drainer:
 
     def unhealthy(self, fault: Fault) -> str:
         with self._lock:
-            first = not self.host.faults
-            self.host.faults.append(fault)
-            if self.done:
-                return f"this instance was drained already ({self._summary()})"
-            if not first:
-                return "this instance is being drained already (for GPU " + str(self.host.faults[0].gpu) + ")"
+            self.pending.append((fault, self.wall()))
         self._start()
-        return "draining this instance: ECS DRAINING, then Auto Scaling Unhealthy (the drain logs its outcome)"
+        return "asked the controller to drain this instance (the report logs its outcome; the controller decides)"
 
     def poll(self) -> None:
         with self._lock:
-            due = self.host.faults and not self.done and self.clock() >= self.next_try
+            due = bool(self.pending) and self.clock() >= self.next_try
         if due:
             self._start()
 
@@ -179,13 +217,18 @@ class Drainer:
     def close(self) -> None:
         self._closed.set()
 
+    @property
+    def done(self) -> bool:
+        with self._lock:
+            return not self.pending and bool(self.sent)
+
     # --- the attempt ----------------------------------------------------------------------------
 
     def _start(self) -> None:
         with self._lock:
             if self._closed.is_set() or (self._thread is not None and self._thread.is_alive()):
                 return
-            self._thread = threading.Thread(target=self._attempt, name="gpu-drain", daemon=True)
+            self._thread = threading.Thread(target=self._attempt, name="gpu-report", daemon=True)
             self._thread.start()
 
     def wait(self, timeout: float) -> bool:
@@ -203,13 +246,11 @@ class Drainer:
         except DrainFailed as exc:
             self._failed(exc.step, exc.message)
         except Exception as exc:  # a bug or an unexpected answer: logged and retried like any failure
-            log.error("GPU drain: unexpected %s", type(exc).__name__, exc_info=True)
+            log.error("GPU fault report: unexpected %s", type(exc).__name__, exc_info=True)
             self._failed("unexpected", f"{type(exc).__name__}: {exc}")
         else:
             with self._lock:
-                self.done = True
                 self.last_error = ""
-            self._log_done()
 
     def _failed(self, step: str, message: str) -> None:
         with self._lock:
@@ -219,18 +260,19 @@ class Drainer:
             self.last_error = f"{step}: {message}"
             host = self.host
         log.error(
-            "GPU drain failed at %s: %s; this instance stays in service until a retry succeeds (in %gs)",
+            "GPU fault report to the controller failed at %s: %s; retried in %gs (the instance stays in service "
+            "meanwhile)",
             step,
             message,
             delay,
             extra={
                 "fields": {
-                    "drain_step": step,
+                    "report_step": step,
                     "error": message,
                     "retry_in_s": delay,
                     "cluster": host.cluster or None,
-                    "container_instance_arn": host.container_instance or None,
-                    "ec2_instance_id": host.ec2_instance or None,
+                    "task_arn": host.task_arn or None,
+                    "controller_queue_url": self.queue_url,
                 }
             },
         )
@@ -244,102 +286,44 @@ class Drainer:
             except ValueError as exc:
                 raise DrainFailed("metadata", str(exc)) from None
             host.cluster, host.task_arn, host.region = cluster, task, region
-        if self._clients is None:
+        if not host.looked_for_ec2:
+            host.ec2_instance = self._instance_id()
+            host.looked_for_ec2 = True
+        if self._sqs is None:
             try:
-                self._clients = self._clients_for(host.region, self.timeout)
+                self._sqs = self._clients_for(host.region, self.timeout)
             except Exception as exc:
                 raise DrainFailed("clients", _error(exc)) from None
-        ecs, autoscaling = self._clients
-        if not host.container_instance or not host.ec2_instance:
-            self._describe(ecs)
-        if not host.draining:
-            self._draining(ecs)
-        if not host.unhealthy and not host.no_group:
-            self._unhealthy(autoscaling)
+        while True:
+            with self._lock:
+                if not self.pending:
+                    return
+                fault, observed = self.pending[0]
+            self._send(fault, observed)
+            with self._lock:
+                self.pending.pop(0)
+                self.sent.append(fault)
 
-    def _describe(self, ecs: Any) -> None:
+    def _send(self, fault: Fault, observed: float) -> None:
         host = self.host
+        body = message(host, fault, observed)
         try:
-            tasks = ecs.describe_tasks(cluster=host.cluster, tasks=[host.task_arn])
+            answer = self._sqs.send_message(QueueUrl=self.queue_url, MessageBody=orjson.dumps(body).decode())
         except Exception as exc:
-            raise DrainFailed("describe", f"ecs:DescribeTasks: {_error(exc)}") from None
-        found = [t for t in tasks.get("tasks", []) if t.get("containerInstanceArn")]
-        if not found:
-            why = "; ".join(f"{f.get('arn', '')} {f.get('reason', '')}".strip() for f in tasks.get("failures", []))
-            raise DrainFailed(
-                "describe",
-                f"ecs:DescribeTasks: no container instance for this task ({why or 'not on EC2 capacity'})",
-            )
-        arn = str(found[0]["containerInstanceArn"])
-        try:
-            described = ecs.describe_container_instances(cluster=host.cluster, containerInstances=[arn])
-        except Exception as exc:
-            raise DrainFailed("describe", f"ecs:DescribeContainerInstances: {_error(exc)}") from None
-        instances = [c for c in described.get("containerInstances", []) if c.get("ec2InstanceId")]
-        if not instances:
-            raise DrainFailed("describe", f"ecs:DescribeContainerInstances: {arn} has no EC2 instance")
-        host.container_instance = arn
-        host.ec2_instance = str(instances[0]["ec2InstanceId"])
-        if instances[0].get("status") == "DRAINING":
-            host.was_draining = host.draining = True
-
-    def _draining(self, ecs: Any) -> None:
-        host = self.host
-        try:
-            answer = ecs.update_container_instances_state(
-                cluster=host.cluster, containerInstances=[host.container_instance], status="DRAINING"
-            )
-        except Exception as exc:
-            raise DrainFailed("draining", f"ecs:UpdateContainerInstancesState: {_error(exc)}") from None
-        if answer.get("failures"):
-            why = "; ".join(str(f.get("reason", f)) for f in answer["failures"])
-            raise DrainFailed("draining", f"ecs:UpdateContainerInstancesState: {why}")
-        host.draining = True
-
-    def _unhealthy(self, autoscaling: Any) -> None:
-        host = self.host
-        try:
-            autoscaling.set_instance_health(
-                InstanceId=host.ec2_instance, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False
-            )
-        except Exception as exc:
-            message = _error(exc)
-            if message.startswith("ValidationError") and "not found" in message.lower():
-                host.no_group = True  # nothing to retry: no group would replace it
-                return
-            raise DrainFailed("unhealthy", f"autoscaling:SetInstanceHealth: {message}") from None
-        host.unhealthy = True
-
-    def _summary(self) -> str:
-        host = self.host
-        return f"container instance {host.container_instance}, EC2 instance {host.ec2_instance}"
-
-    def _log_done(self) -> None:
-        host = self.host
-        if host.no_group:
-            outcome = (
-                "not in an Auto Scaling group, so nothing replaces it: replace or repair it by hand, then set it "
-                "ACTIVE again"
-            )
-        else:
-            outcome = "marked Unhealthy in its Auto Scaling group, which replaces it"
-        already = " (it was DRAINING already)" if host.was_draining else ""
+            raise DrainFailed("send", f"sqs:SendMessage: {_error(exc)}") from None
         log.warning(
-            "drained this instance for an unhealthy GPU: container instance %s (EC2 instance %s) DRAINING in "
-            "cluster %s%s; %s",
-            host.container_instance,
-            host.ec2_instance,
-            host.cluster,
-            already,
-            outcome,
+            "reported GPU %d (%s) to the controller: %s; it checks the report and decides whether and when this "
+            "instance drains",
+            fault.gpu,
+            fault.uuid,
+            fault.reason,
             extra={
                 "fields": {
+                    **fault.fields(),
                     "cluster": host.cluster,
-                    "container_instance_arn": host.container_instance,
-                    "ec2_instance_id": host.ec2_instance,
-                    "was_draining": host.was_draining,
-                    "auto_scaling_unhealthy": host.unhealthy,
-                    "gpus": [f.uuid for f in host.faults],
+                    "task_arn": host.task_arn,
+                    "ec2_instance_id": host.ec2_instance or None,
+                    "message_id": str(answer.get("MessageId", "")),
                     "attempts": self.attempts,
                 }
             },

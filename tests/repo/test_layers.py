@@ -11,8 +11,9 @@ settings), ``catalog`` (what is emitted, as data), ``triton_http`` (the
 bounded HTTP client both daemons call Triton with, importing nothing of ours),
 then ``exporter``, ``modelsync`` and ``render`` (the deploy artifacts'
 generator) side by side (none imports another, but for the exporter's
-``render``/``cost`` command aliases, named as strings); ``triton_side`` is
-standard library only (it runs in the Triton image).
+``render``/``cost`` command aliases, named as strings), and ``controller`` (the
+fleet's one decider, which no package imports); ``triton_side`` is standard
+library only (it runs in the Triton image).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import pytest
 from tests.support.paths import REPO
 
 ROOT = REPO
-PACKAGES = ("telemetry", "catalog", "triton_http", "exporter", "modelsync", "render", "triton_side")
+PACKAGES = ("telemetry", "catalog", "triton_http", "exporter", "modelsync", "render", "triton_side", "controller")
 # What each top-level package may import of ours (the rest of the graph must point down to these).
 ALLOWED = {
     "telemetry": set(),
@@ -37,6 +38,7 @@ ALLOWED = {
     "modelsync": {"telemetry", "catalog", "triton_http"},
     "render": {"telemetry", "catalog"},
     "triton_side": set(),
+    "controller": {"telemetry", "catalog", "triton_http"},  # nothing imports controller
 }
 COMMAND = re.compile(r"^((?:" + "|".join(PACKAGES) + r")(?:\.\w+)*):\w+$")
 

@@ -1,7 +1,8 @@
 """The GPU health verdict and GPM, against the faithful pynvml fake: every fault kind, every non-fatal XID,
 stickiness, GPM produced or not (with the reason), and both through the real pipeline (EMF, OTLP, --once table).
 
-The drain action against moto and the exporter as a process: tests/integration/test_nvml_drain.py.
+The drain action (a report to the controller) against moto and the exporter as a process:
+tests/integration/test_nvml_drain.py; the controller's own rule: tests/unit/controller/test_reports.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 
 from demo.payloads import triton_metrics
 from exporter.config import Settings
-from exporter.gpufaults import APPLICATION_XIDS, FATAL_XIDS, RECOVERY_ACTIONS, GpuHealth, Report
+from exporter.gpufaults import APPLICATION_XIDS, FATAL_XIDS, RECOVERY_ACTIONS, REPORT_ONLY_XIDS, GpuHealth, Report
 from exporter.gpufaults.drain import ATTEMPTS
 from exporter.gpus import keep_tritons_gpus
 from exporter.otlp_output import OtlpMetricsOutput
@@ -120,12 +121,35 @@ def test_each_fatal_xid_makes_its_gpu_unhealthy_for_good(xid: int) -> None:
     fields = line.fields  # type: ignore[attr-defined]
     assert fields["gpu_uuid"] == U[1] and fields["gpu"] == 1 and fields["xid"] == xid
     assert fields["reason"] == f"XID {xid}, {FATAL_XIDS[xid].meaning}"
-    assert fields["action_taken"] == "counted" and fields["gpu_fault_action"] == "report"
-    assert line.getMessage() == f"GPU 1 ({U[1]}) unhealthy: XID {xid}, {FATAL_XIDS[xid].meaning}; counted"
+    said = "report-only: GpuHealthy 0, no drain" if xid in REPORT_ONLY_XIDS else "counted"
+    assert fields["action_taken"] == said and fields["gpu_fault_action"] == "report"
+    assert fields.get("report_only", False) == (xid in REPORT_ONLY_XIDS)
+    assert line.getMessage() == f"GPU 1 ({U[1]}) unhealthy: XID {xid}, {FATAL_XIDS[xid].meaning}; {said}"
     assert got.gpus[U[1]].properties["health"] == f"unhealthy: XID {xid}, {FATAL_XIDS[xid].meaning}"
-    for _ in range(3):  # sticky, and the action is asked once
+    for _ in range(3):  # sticky, and the action is asked once (never for a report-only XID)
         assert healthy(source.collect(5.0)) == {U[0]: 1.0, U[1]: 0.0}
-    assert len(action.faults) == 1 and action.polls == 5
+    assert len(action.faults) == (0 if xid in REPORT_ONLY_XIDS else 1) and action.polls == 5
+
+
+def test_xid_63_and_142_are_report_only_and_a_draining_fault_after_them_is_acted_on() -> None:
+    assert set(REPORT_ONLY_XIDS) == {63, 142}
+    fake = fk.xid_events()
+    action = CountingAction()
+    source = started(fake, GpuHealth(action))
+    fake.inject_xid(0, 63)
+    fake.inject_xid(1, 142)
+    assert healthy(source.collect(5.0)) == {U[0]: 0.0, U[1]: 0.0}
+    assert action.faults == []
+    with Capture.on("exporter") as cap:
+        fake.inject_xid(0, 79)
+        got = source.collect(5.0)
+    assert [(f.uuid, f.code, f.drains) for f in action.faults] == [(U[0], 79, True)]  # type: ignore[attr-defined]
+    (line,) = unhealthy_lines(cap)
+    assert line.getMessage().endswith("XID 79, GPU has fallen off the bus; counted")
+    assert got.gpus[U[0]].properties["health"] == "unhealthy: XID 79, GPU has fallen off the bus"
+    fake.inject_xid(1, 63)
+    source.collect(5.0)
+    assert len(action.faults) == 1
 
 
 @pytest.mark.parametrize("xid", [13, 31, 43, 94, 999])
@@ -147,20 +171,37 @@ def test_application_and_unknown_xids_are_counted_and_leave_the_gpu_healthy(xid:
 
 
 @pytest.mark.parametrize("action", range(1, 8))
-def test_a_recovery_action_other_than_none_makes_the_gpu_unhealthy(action: int) -> None:
+def test_a_recovery_action_other_than_none_read_twice_makes_the_gpu_unhealthy(action: int) -> None:
     fake = fk.two_healthy()
-    source = started(fake)
+    counting = CountingAction()
+    source = started(fake, GpuHealth(counting))
     assert healthy(source.collect(5.0)) == {U[0]: 1.0, U[1]: 1.0}  # NONE
     with Capture.on("exporter") as cap:
         fake.set_recovery_action(0, action)
+        assert healthy(source.collect(5.0)) == {U[0]: 1.0, U[1]: 1.0}  # one read is no verdict
         got = source.collect(5.0)
     assert healthy(got) == {U[0]: 0.0, U[1]: 1.0}
     (line,) = unhealthy_lines(cap)
-    assert line.fields["recovery_action"] == action  # type: ignore[attr-defined]
+    assert line.fields["recovery_action"] == action and line.fields["reads"] == 2  # type: ignore[attr-defined]
+    assert len(counting.faults) == (0 if action == 3 else 1)  # DRAIN_P2P is report-only
+    assert line.fields.get("report_only", False) == (action == 3)  # type: ignore[attr-defined]
     assert line.fields["reason"] == f"the driver asks for a recovery action: {RECOVERY_ACTIONS[action]}"  # type: ignore[attr-defined]
     fake.set_recovery_action(0, 0)  # the driver's answer goes back to NONE (a reset elsewhere): still unhealthy here
     assert healthy(source.collect(5.0))[U[0]] == 0.0
     assert set(source.collect(5.0).samples.samples) <= set(CATALOG.families)  # field 230 makes no series
+
+
+def test_a_recovery_action_read_once_then_none_leaves_the_gpu_healthy() -> None:
+    fake = fk.two_healthy()
+    counting = CountingAction()
+    source = started(fake, GpuHealth(counting))
+    source.collect(5.0)
+    for _ in range(3):  # a misread every other cycle never makes two in a row
+        fake.set_recovery_action(0, 2)
+        assert healthy(source.collect(5.0)) == {U[0]: 1.0, U[1]: 1.0}
+        fake.set_recovery_action(0, 0)
+        assert healthy(source.collect(5.0)) == {U[0]: 1.0, U[1]: 1.0}
+    assert counting.faults == []
 
 
 def test_a_driver_without_the_recovery_action_field_is_no_fault_and_is_not_asked_again() -> None:

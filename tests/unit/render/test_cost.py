@@ -81,7 +81,7 @@ def pipeline_events(
         FixedSource("triton_index", lambda: Collected(index=index, configs=configs)),
     ]
     if n_gpus:
-        health = GpuHealth(Drainer("http://127.0.0.1:9/unused") if drain else None)
+        health = GpuHealth(Drainer("http://127.0.0.1:9/unused", "http://127.0.0.1:9/queue") if drain else None)
         nv = NvmlSource(nvml, environ={}, health=health)
         nv.start()
         srcs.append(nv)
