@@ -7,6 +7,7 @@
     python -m exporter render [...]          alias of python -m render: dashboards, alarms, deploy files
     python -m exporter cost [...]            alias of python -m render cost: custom metrics, monthly cost
     python -m exporter validate FILE         check EMF documents (one per line)
+    python -m exporter adopt TASKDEF.json    add the sidecar and the probe to a Triton task definition you run
 
 Exit codes: 0 done, 1 runtime failure (Triton unreachable in --once, output
 closed), 2 invalid settings or usage, or a required source that cannot start
@@ -47,6 +48,7 @@ COMMANDS = {
     "health": "triton_side.probe:main",  # the Triton-side probe, shipped in the wheel too
     "render": "render:main",
     "cost": "render.cost:main",
+    "adopt": "exporter.adopt:main",  # docs/adopt.md
 }
 
 
