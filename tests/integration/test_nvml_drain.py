@@ -1,10 +1,12 @@
-"""``--gpu-fault-action drain`` against moto's server (ECS and Auto Scaling), in process and with the exporter
-running as a process on the fake NVML (``python -m tests.support.nvml_fake``).
+"""``--gpu-fault-action drain`` against moto's server, in process and with the exporter running as a process on
+the fake NVML (``python -m tests.support.nvml_fake``): the exporter reports to the controller's SQS queue and
+calls neither ECS nor Auto Scaling (the controller decides: tests/integration/controller/).
 
 The fleet in moto: a cluster, an Auto Scaling group with one instance, that instance registered as the cluster's
-container instance, and Triton tasks placed on it. A proxy in front of moto records every AWS call and refuses the
-ones a test names with AccessDenied, as AWS answers a task role that lacks the permission, so calls can fail and
-then succeed. The task metadata endpoint is a loopback server answering what ECS's agent answers at ``/task``.
+container instance, Triton tasks placed on it, and the controller's queue. A proxy in front of moto records every
+AWS call and refuses the ones a test names with AccessDenied, as AWS answers a task role that lacks the
+permission, so calls can fail and then succeed. The task metadata endpoint is a loopback server answering what
+ECS's agent answers at ``/task``; the instance metadata service (IMDSv2) another.
 """
 
 from __future__ import annotations
@@ -27,11 +29,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 import pytest
-from botocore.stub import Stubber
 
 from demo.payloads import triton_metrics
 from exporter.gpufaults import GpuHealth
-from exporter.gpufaults.drain import ATTEMPTS, FAILURES, Drainer, boto_clients, read_task_metadata
+from exporter.gpufaults.drain import ATTEMPTS, FAILURES, Drainer, read_instance_id, read_task_metadata, sqs_client
 from exporter.gpufaults.verdict import Fault
 from exporter.sources.nvml import NvmlSource
 from tests.support import nvml_fake as fk
@@ -68,7 +69,14 @@ class Fleet:
     group: str
     instance: str
     container_instance: str
+    queue_url: str = ""
     tasks: list[str] = field(default_factory=list)
+
+    def reports(self) -> list[dict[str, Any]]:
+        """Every report in the controller's queue (read and left there)."""
+        sqs = self.moto.client("sqs")
+        got = sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10, VisibilityTimeout=0)
+        return [json.loads(m["Body"]) for m in got.get("Messages", [])]
 
     def status(self) -> str:
         ecs = self.moto.client("ecs")
@@ -119,7 +127,8 @@ def new_fleet(moto: Moto, tasks: int = 1) -> Fleet:
     ecs.register_task_definition(
         family=name, containerDefinitions=[{"name": "triton-server", "image": "t", "memory": 512}]
     )
-    fleet = Fleet(moto, name, cluster_arn, name, instance["InstanceId"], ci["containerInstanceArn"])
+    queue = moto.client("sqs").create_queue(QueueName=name)["QueueUrl"]
+    fleet = Fleet(moto, name, cluster_arn, name, instance["InstanceId"], ci["containerInstanceArn"], queue)
     for _ in range(tasks):
         (task,) = ecs.run_task(cluster=name, taskDefinition=name, launchType="EC2")["tasks"]
         assert task["containerInstanceArn"] == fleet.container_instance
@@ -147,7 +156,7 @@ class AwsProxy:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0") or 0))
                 target = self.headers.get("X-Amz-Target", "")
-                if target:  # ECS: JSON protocol
+                if target:  # ECS, SQS: JSON protocol
                     action, params = target.rsplit(".", 1)[1], json.loads(body or b"{}")
                 else:  # Auto Scaling: query protocol
                     form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
@@ -242,53 +251,73 @@ def fault(gpu: int = 0) -> Fault:
 
 
 def drained(drainer: Drainer) -> Drainer:
-    assert drainer.wait(DEADLINE), "the drain did not finish"
+    assert drainer.wait(DEADLINE), "the report did not finish"
     return drainer
+
+
+def no_imds() -> str:
+    return ""
 
 
 # --- in process ----------------------------------------------------------------------------------------------
 
 
-def test_drain_sets_draining_then_unhealthy_and_says_which_instance(fleet: Fleet, aws_env: AwsProxy, metadata) -> None:
-    drainer = Drainer(metadata.url + "/v4/abc")
+def test_drain_sends_one_report_and_calls_neither_ecs_nor_auto_scaling(
+    fleet: Fleet, aws_env: AwsProxy, metadata
+) -> None:
+    drainer = Drainer(metadata.url + "/v4/abc", fleet.queue_url, instance_id=lambda: fleet.instance)
     with Capture.on("exporter") as cap:
         said = drainer.unhealthy(fault())
         drained(drainer)
-    assert said.startswith("draining this instance")
-    assert fleet.status() == "DRAINING" and fleet.health() == "Unhealthy"
-    assert aws_env.actions() == [
-        "DescribeTasks",
-        "DescribeContainerInstances",
-        "UpdateContainerInstancesState",
-        "SetInstanceHealth",
-    ]
-    params = dict(aws_env.calls)
-    assert params["DescribeTasks"] == {"cluster": fleet.cluster_arn, "tasks": [fleet.tasks[0]]}
-    assert params["SetInstanceHealth"] == {
-        "InstanceId": fleet.instance,
-        "HealthStatus": "Unhealthy",
-        "ShouldRespectGracePeriod": "false",
-        "Version": "2011-01-01",
+    assert said.startswith("asked the controller to drain this instance")
+    assert aws_env.actions() == ["SendMessage"]  # no DescribeTasks, no DRAINING, no SetInstanceHealth
+    assert fleet.status() == "ACTIVE" and fleet.health() == "Healthy"
+    (report,) = fleet.reports()
+    assert report == {
+        "type": "gpu_fault",
+        "version": 1,
+        "cluster": fleet.cluster_arn,
+        "task_arn": fleet.tasks[0],
+        "ec2_instance_id": fleet.instance,
+        "gpu_uuid": U[0],
+        "gpu": 0,
+        "nvml_index": 0,
+        "fault": "xid",
+        "code": 79,
+        "reason": "XID 79, GPU has fallen off the bus",
+        "evidence": {"reads": 1},
+        "observed_at": report["observed_at"],
     }
     (line,) = [r for r in cap.records if r.name == "exporter.gpu_drain"]
-    assert line.levelno == logging.WARNING
-    assert fleet.container_instance in line.getMessage() and fleet.instance in line.getMessage()
-    assert "marked Unhealthy in its Auto Scaling group, which replaces it" in line.getMessage()
-    fields = line.fields  # type: ignore[attr-defined]
-    assert fields["ec2_instance_id"] == fleet.instance and fields["container_instance_arn"] == fleet.container_instance
-    assert fields["gpus"] == [U[0]] and fields["was_draining"] is False
-    assert drainer.series() == [(ATTEMPTS, 1.0), (FAILURES, 0.0)]
-    assert drainer.unhealthy(fault(1)).startswith("this instance was drained already (container instance")
+    assert line.levelno == logging.WARNING and line.getMessage().startswith(
+        f"reported GPU 0 ({U[0]}) to the controller"
+    )
+    assert line.fields["task_arn"] == fleet.tasks[0] and line.fields["message_id"]  # type: ignore[attr-defined]
+    assert drainer.series() == [(ATTEMPTS, 1.0), (FAILURES, 0.0)] and drainer.done
     drainer.poll()
-    assert drainer.wait(1) and len(aws_env.calls) == 4  # done: nothing more is called
+    assert drainer.wait(1) and len(aws_env.calls) == 1  # sent: nothing more
 
 
-def test_a_failing_call_is_logged_and_retried_on_later_cycles_until_it_succeeds(
+def test_the_report_parses_as_the_controller_reads_it(fleet: Fleet, aws_env: AwsProxy, metadata) -> None:
+    from controller.reports import classify, parse
+
+    drainer = Drainer(metadata.url, fleet.queue_url, instance_id=no_imds)
+    drainer.unhealthy(Fault(U[1], 1, 1, "recovery_action", "the driver asks for a recovery action: node reboot", 2,
+                            reads=2))  # fmt: skip
+    drained(drainer)
+    sqs = fleet.moto.client("sqs")
+    (m,) = sqs.receive_message(QueueUrl=fleet.queue_url, VisibilityTimeout=0)["Messages"]
+    report = parse(m["Body"])
+    assert (report.task_arn, report.gpu_uuid, report.reads, report.ec2_instance_id) == (fleet.tasks[0], U[1], 2, "")
+    assert classify(report) == "drain"
+
+
+def test_a_failing_send_is_logged_and_retried_on_later_cycles_until_it_succeeds(
     fleet: Fleet, aws_env: AwsProxy, metadata
 ) -> None:
     clock = Clock()
-    drainer = Drainer(metadata.url, retry_interval=60.0, clock=clock)
-    aws_env.deny = {"DescribeTasks"}
+    drainer = Drainer(metadata.url, fleet.queue_url, retry_interval=60.0, clock=clock, instance_id=no_imds)
+    aws_env.deny = {"SendMessage"}
     with Capture.on("exporter") as cap:
         drainer.unhealthy(fault())
         drained(drainer)
@@ -297,117 +326,77 @@ def test_a_failing_call_is_logged_and_retried_on_later_cycles_until_it_succeeds(
     assert (
         failed[0]
         .getMessage()
-        .startswith("GPU drain failed at describe: ecs:DescribeTasks: AccessDeniedException: User: ")
+        .startswith("GPU fault report to the controller failed at send: sqs:SendMessage: AccessDenied")
     )
-    assert "stays in service until a retry succeeds (in 60s)" in failed[0].getMessage()
-    assert fleet.status() == "ACTIVE" and drainer.series() == [(ATTEMPTS, 1.0), (FAILURES, 1.0)]
+    assert "retried in 60s" in failed[0].getMessage()
+    assert fleet.reports() == [] and drainer.series() == [(ATTEMPTS, 1.0), (FAILURES, 1.0)]
     drainer.poll()  # not due yet
     assert drainer.wait(1) and drainer.attempts == 1
     clock.now += 60
     drainer.poll()
     drained(drainer)
     assert drainer.failures == 2 and drainer.next_try == clock.now + 120  # doubling, up to 5 minutes
-    # The task role may describe and drain, not yet mark the instance Unhealthy: DRAINING holds.
-    aws_env.deny = {"SetInstanceHealth"}
+    aws_env.deny = set()
     clock.now += 120
     drainer.poll()
     drained(drainer)
-    assert fleet.status() == "DRAINING" and fleet.health() == "Healthy" and not drainer.done
-    assert "autoscaling:SetInstanceHealth: AccessDenied" in drainer.last_error
-    aws_env.deny = set()
-    clock.now += 240
-    before = len(aws_env.calls)
-    drainer.poll()
-    drained(drainer)
-    assert drainer.done and fleet.health() == "Unhealthy"
-    assert aws_env.actions()[before:] == ["SetInstanceHealth"]  # from the first step not done
-    assert drainer.series() == [(ATTEMPTS, 4.0), (FAILURES, 3.0)]
-    assert aws_env.actions().count("UpdateContainerInstancesState") == 1
+    assert drainer.done and len(fleet.reports()) == 1
+    assert drainer.series() == [(ATTEMPTS, 3.0), (FAILURES, 2.0)]
+    assert aws_env.actions() == ["SendMessage"] * 3
 
 
-def test_two_faults_on_one_instance_drain_it_once(fleet: Fleet, aws_env: AwsProxy, metadata) -> None:
+def test_two_faults_on_one_instance_send_one_report_per_gpu(fleet: Fleet, aws_env: AwsProxy, metadata) -> None:
     nvml = fk.xid_events()
-    drainer = Drainer(metadata.url)
+    drainer = Drainer(metadata.url, fleet.queue_url, instance_id=no_imds)
     source = NvmlSource(nvml, {}, health=GpuHealth(drainer))
     source.start()
     source.collect(5.0)
     nvml.inject_xid(0, 48)
-    nvml.inject_xid(1, 79)
+    nvml.inject_xid(1, 63)  # report-only: GpuHealthy 0, no report
     with Capture.on("exporter") as cap:
         got = source.collect(5.0)
         drained(drainer)
-        nvml.lose(1)
+        nvml.lose(1)  # a draining fault on the GPU that was report-only: reported now
+        source.collect(5.0)
+        drained(drainer)
         source.collect(5.0)
     lines = [r.getMessage() for r in cap.records if r.name == "exporter.gpu_health"]
     assert lines == [
-        f"GPU 0 ({U[0]}) unhealthy: XID 48, double bit ECC error; draining this instance: ECS DRAINING, then Auto "
-        "Scaling Unhealthy (the drain logs its outcome)",
-        f"GPU 1 ({U[1]}) unhealthy: XID 79, GPU has fallen off the bus; this instance is being drained already "
-        "(for GPU 0)",
+        f"GPU 0 ({U[0]}) unhealthy: XID 48, double bit ECC error; asked the controller to drain this instance (the "
+        "report logs its outcome; the controller decides)",
+        f"GPU 1 ({U[1]}) unhealthy: XID 63, GPU memory remapping event; report-only: GpuHealthy 0, no drain",
+        f"GPU 1 ({U[1]}) unhealthy: the GPU is lost (NVML: GPU_IS_LOST, fallen off the bus); asked the controller "
+        "to drain this instance (the report logs its outcome; the controller decides)",
     ]
-    assert aws_env.actions().count("UpdateContainerInstancesState") == 1
-    assert aws_env.actions().count("SetInstanceHealth") == 1
-    assert fleet.status() == "DRAINING" and fleet.health() == "Unhealthy"
-    assert drainer.attempts == 1 and ATTEMPTS in got.samples.samples
+    assert sorted((r["gpu_uuid"], r["fault"]) for r in fleet.reports()) == [(U[0], "xid"), (U[1], "lost")]
+    assert aws_env.actions() == ["SendMessage", "SendMessage"]
+    assert fleet.status() == "ACTIVE" and ATTEMPTS in got.samples.samples
     source.close()
 
 
-def test_two_tasks_on_the_instance_seeing_the_same_fault_drain_it_safely(fleet: Fleet, aws_env: AwsProxy) -> None:
-    servers = [FakeHttp(respond(fleet.metadata(i), content_type="application/json")) for i in range(2)]
-    try:
-        drainers = [Drainer(s.url) for s in servers]
-        for d in drainers:  # at once, as two sidecars seeing one XID do
-            d.unhealthy(fault())
-        for d in drainers:
-            drained(d)
-    finally:
-        for s in servers:
-            s.close()
-    assert all(d.done and d.failures == 0 for d in drainers)
-    assert fleet.status() == "DRAINING" and fleet.health() == "Unhealthy"
-    assert {d.host.container_instance for d in drainers} == {fleet.container_instance}
-    assert aws_env.actions().count("SetInstanceHealth") == 2  # idempotent: asked twice, replaced once
+def test_the_instance_id_comes_from_imdsv2_and_is_left_out_where_it_cannot_be_read() -> None:
+    seen: list[tuple[str, str, str]] = []
 
+    def imds(server, conn, req):  # type: ignore[no-untyped-def]
+        seen.append((req.method, req.path, req.headers.get("x-aws-ec2-metadata-token", "")))
+        if req.method == "PUT" and req.path == "/latest/api/token":
+            respond(b"TOKEN123")(server, conn, req)
+        elif req.path == "/latest/meta-data/instance-id" and req.headers.get("x-aws-ec2-metadata-token") == "TOKEN123":
+            respond(b"i-0123456789abcdef0")(server, conn, req)
+        else:
+            respond(b"", status=401)(server, conn, req)
 
-def test_an_exporter_restarted_after_the_drain_finds_the_instance_draining(
-    fleet: Fleet, aws_env: AwsProxy, metadata
-) -> None:
-    first = Drainer(metadata.url)
-    first.unhealthy(fault())
-    assert drained(first).done
-    calls = len(aws_env.calls)
-    restarted = Drainer(metadata.url)  # a new process: nothing remembered, the GPU still faulty
-    with Capture.on("exporter") as cap:
-        restarted.unhealthy(fault())
-        drained(restarted)
-    assert restarted.done and restarted.host.was_draining
-    assert aws_env.actions()[calls:] == ["DescribeTasks", "DescribeContainerInstances", "SetInstanceHealth"]
-    (line,) = [r.getMessage() for r in cap.records if r.name == "exporter.gpu_drain"]
-    assert "(it was DRAINING already)" in line and fleet.instance in line
-
-
-def test_an_instance_in_no_auto_scaling_group_is_drained_and_not_retried(
-    fleet: Fleet, aws_env: AwsProxy, metadata
-) -> None:
-    ecs, autoscaling = boto_clients(REGION, 5.0)
-    stub = Stubber(autoscaling)  # botocore's own stubber: the request is checked against the API model
-    stub.add_client_error(
-        "set_instance_health",
-        service_error_code="ValidationError",
-        service_message=f"Instance Id not found - No managed instance found for instance ID: {fleet.instance}",
-        http_status_code=400,
-        expected_params={"InstanceId": fleet.instance, "HealthStatus": "Unhealthy", "ShouldRespectGracePeriod": False},
-    )
-    stub.activate()
-    drainer = Drainer(metadata.url, clients=lambda region, timeout: (ecs, autoscaling))
-    with Capture.on("exporter") as cap:
-        drainer.unhealthy(fault())
-        drained(drainer)
-    stub.assert_no_pending_responses()
-    assert drainer.done and drainer.host.no_group and drainer.failures == 0
-    assert fleet.status() == "DRAINING"
-    (line,) = [r.getMessage() for r in cap.records if r.name == "exporter.gpu_drain"]
-    assert "not in an Auto Scaling group, so nothing replaces it: replace or repair it by hand" in line
+    with FakeHttp(imds) as server:
+        assert read_instance_id({"AWS_EC2_METADATA_SERVICE_ENDPOINT": server.url}) == "i-0123456789abcdef0"
+        assert (
+            read_instance_id({"AWS_EC2_METADATA_SERVICE_ENDPOINT": server.url, "AWS_EC2_METADATA_DISABLED": "true"})
+            == ""
+        )
+    assert [m for m, _, _ in seen] == ["PUT", "GET"] and seen[1][2] == "TOKEN123"
+    closed = f"http://127.0.0.1:{closed_port()}"
+    assert read_instance_id({"AWS_EC2_METADATA_SERVICE_ENDPOINT": closed}, timeout=0.5) == ""
+    with FakeHttp(respond(b"<html>not an id</html>")) as server:
+        assert read_instance_id({"AWS_EC2_METADATA_SERVICE_ENDPOINT": server.url}) == ""
 
 
 @pytest.mark.parametrize(
@@ -420,7 +409,7 @@ def test_an_instance_in_no_auto_scaling_group_is_drained_and_not_retried(
 )
 def test_unusable_task_metadata_is_a_failed_step_retried_later(behaviour, error: str) -> None:
     with FakeHttp(behaviour) as server:
-        drainer = Drainer(server.url, clock=Clock())
+        drainer = Drainer(server.url, "http://127.0.0.1:9/q", clock=Clock(), instance_id=no_imds)
         drainer.unhealthy(fault())
         drained(drainer)
     assert drainer.last_error == f"metadata: {error}" and not drainer.done and drainer.failures == 1
@@ -428,20 +417,21 @@ def test_unusable_task_metadata_is_a_failed_step_retried_later(behaviour, error:
 
 def test_metadata_unreachable_and_clients_that_cannot_be_made_never_reach_the_caller() -> None:
     closed = f"http://127.0.0.1:{closed_port()}"
-    drainer = Drainer(closed, clock=Clock())
+    drainer = Drainer(closed, closed, clock=Clock(), instance_id=no_imds)
     drainer.unhealthy(fault())
     drained(drainer)
     assert drainer.last_error.startswith("metadata: task metadata unreachable: ")
 
-    def broken(region: str, timeout: float) -> tuple[Any, Any]:
+    def broken(region: str, timeout: float) -> Any:
         raise RuntimeError("no botocore here")
 
     with FakeHttp(respond(b'{"Cluster": "c", "TaskARN": "arn:aws:ecs:eu-west-1:1:task/c/1"}')) as server:
-        drainer = Drainer(server.url, clients=broken, clock=Clock())
+        drainer = Drainer(server.url, closed, clients=broken, clock=Clock(), instance_id=no_imds)
         drainer.unhealthy(fault())
         drained(drainer)
     assert drainer.last_error == "clients: RuntimeError: no botocore here"
     assert drainer.host.region == "eu-west-1"  # the task's own region, from its ARN
+    assert sqs_client("eu-west-1", 1.0).meta.region_name == "eu-west-1"
 
 
 def test_read_task_metadata_reads_cluster_and_task(fleet: Fleet, metadata) -> None:
@@ -531,6 +521,7 @@ def process_env(fleet: Fleet, proxy: AwsProxy, metadata: FakeHttp) -> dict[str, 
         **CREDENTIALS,
         "AWS_ENDPOINT_URL": proxy.url,
         "ECS_CONTAINER_METADATA_URI_V4": metadata.url + "/v4/0123456789abcdef-1234567890",
+        "AWS_EC2_METADATA_DISABLED": "true",  # no instance metadata service here
     }
 
 
@@ -555,78 +546,70 @@ def test_process_report_only_reports(tmp_path: Path, fleet: Fleet, proxy: AwsPro
     assert line["level"] == "error" and line["gpu_uuid"] == U[1] and line["xid"] == 79
     assert proxy.calls == [] and fleet.status() == "ACTIVE" and fleet.health() == "Healthy"
     assert not [d for d in exporter.docs() if "GpuDrainAttempts" in d]  # no drain, no drain metrics
+    assert fleet.reports() == []
 
 
-def test_process_drain_fails_then_succeeds_keeps_emitting_and_a_restart_finds_it_drained(
+def test_process_drain_report_fails_then_succeeds_keeps_emitting_and_a_restart_reports_again(
     tmp_path: Path, fleet: Fleet, proxy: AwsProxy, process_env
 ) -> None:
-    proxy.deny = {"DescribeTasks"}  # the task role cannot yet find its instance
-    exporter = Exporter(tmp_path, "drain", process_env).start("--gpu-fault-action", "drain")
+    proxy.deny = {"SendMessage"}  # the task role cannot yet send to the controller's queue
+    drain = ("--gpu-fault-action", "drain", "--controller-queue-url", fleet.queue_url)
+    exporter = Exporter(tmp_path, "drain", process_env).start(*drain)
     try:
         wait_for("the first cycles", lambda: exporter.running() and exporter.gpu_healthy() == {"0": 1.0, "1": 1.0})
-        exporter.inject("recovery_action", 0, 2)  # the driver: node reboot required
+        exporter.inject("recovery_action", 0, 2)  # the driver: node reboot required (read on every cycle)
         wait_for(
-            "a failed drain",
+            "a failed report",
             lambda: (
                 exporter.running()
-                and any(m.startswith("GPU drain failed at describe") for m in exporter.lines("exporter.gpu_drain"))
+                and any(m.startswith("GPU fault report to the controller failed at send") for m in
+                        exporter.lines("exporter.gpu_drain"))
             ),
-        )
+        )  # fmt: skip
         beats = exporter.heartbeats()
         wait_for("cycles while it fails", lambda: exporter.running() and exporter.heartbeats() >= beats + 2)
-        assert fleet.status() == "ACTIVE"
+        assert fleet.reports() == []
         proxy.deny = set()
         wait_for(
-            "the drain",
+            "the report",
             lambda: (
-                exporter.running()
-                and any(m.startswith("drained this instance") for m in exporter.lines("exporter.gpu_drain"))
+                exporter.running() and any(m.startswith("reported GPU 0") for m in exporter.lines("exporter.gpu_drain"))
             ),
         )
-        assert fleet.status() == "DRAINING" and fleet.health() == "Unhealthy"
-        exporter.inject("xid", 1, 79)  # a second fault on the same instance
+        exporter.inject("xid", 1, 79)  # a second fault on the same instance: its own report
         wait_for("GPU 1 unhealthy too", lambda: exporter.running() and exporter.gpu_healthy() == {"0": 0.0, "1": 0.0})
+        wait_for("its report", lambda: len(exporter.lines("exporter.gpu_drain")) >= 2 and len(fleet.reports()) == 2)
         beats = exporter.heartbeats()
-        wait_for("cycles after the drain", lambda: exporter.running() and exporter.heartbeats() >= beats + 3)
+        wait_for("cycles after the reports", lambda: exporter.running() and exporter.heartbeats() >= beats + 3)
     finally:
         assert exporter.stop() == 0
     health = [e for e in exporter.log() if e.get("logger") == "exporter.gpu_health"]
     assert [e["gpu"] for e in health] == [0, 1]
-    assert health[0]["reason"] == "the driver asks for a recovery action: node reboot"
-    assert health[0]["msg"].endswith(
-        "draining this instance: ECS DRAINING, then Auto Scaling Unhealthy (the drain logs its outcome)"
-    )
-    assert "this instance was drained already (container instance " + fleet.container_instance in health[1]["msg"]
-    (done,) = [e for e in exporter.log() if e.get("logger") == "exporter.gpu_drain" and e["level"] == "warning"]
-    assert fleet.container_instance in done["msg"] and fleet.instance in done["msg"]
-    assert done["ec2_instance_id"] == fleet.instance and done["cluster"] == fleet.cluster_arn
+    assert health[0]["reason"] == "the driver asks for a recovery action: node reboot" and health[0]["reads"] == 2
+    assert health[0]["msg"].endswith("asked the controller to drain this instance (the report logs its outcome; the "
+                                     "controller decides)")  # fmt: skip
+    sent = [e for e in exporter.log() if e.get("logger") == "exporter.gpu_drain" and e["level"] == "warning"]
+    assert [e["gpu"] for e in sent] == [0, 1] and all(e["cluster"] == fleet.cluster_arn for e in sent)
     failed = [e for e in exporter.log() if e.get("logger") == "exporter.gpu_drain" and e["level"] == "error"]
-    assert failed and all("ecs:DescribeTasks: AccessDeniedException" in e["msg"] for e in failed)
+    assert failed and all("sqs:SendMessage: AccessDenied" in e["msg"] for e in failed)
     task = [d for d in exporter.docs() if "GpuDrainAttempts" in d]
     attempts, failures = sum(d["GpuDrainAttempts"] for d in task), sum(d["GpuDrainFailures"] for d in task)
-    assert failures == len(failed) and attempts == failures + 1
-    assert proxy.actions().count("UpdateContainerInstancesState") == 1
-    assert proxy.actions().count("SetInstanceHealth") == 1
+    assert failures == len(failed) and attempts >= failures + 1
+    assert {r["fault"] for r in fleet.reports()} == {"recovery_action", "xid"}
+    assert set(proxy.actions()) == {"SendMessage"}  # never ECS, never Auto Scaling
+    assert fleet.status() == "ACTIVE" and fleet.health() == "Healthy"
 
     # The exporter restarts (the container's restart policy, a new task revision): the driver still asks for a
-    # reboot, so the GPU is unhealthy at once; the instance is found DRAINING and marked Unhealthy again.
-    calls = len(proxy.calls)
+    # reboot, so the GPU turns unhealthy again after two reads and is reported again; the controller takes a
+    # second report of an instance it knows as the first (tests/unit/controller/test_drains.py).
     again = Exporter(tmp_path, "restarted", process_env)
     again.preload("recovery_action", 0, 2)
-    again.start("--gpu-fault-action", "drain")
+    again.start(*drain)
     try:
-        wait_for(
-            "the restarted drain",
-            lambda: (
-                again.running()
-                and any(m.startswith("drained this instance") for m in again.lines("exporter.gpu_drain"))
-            ),
-        )
+        wait_for("the restarted report", lambda: again.running() and again.lines("exporter.gpu_drain"))
     finally:
         assert again.stop() == 0
-    (line,) = again.lines("exporter.gpu_drain")
-    assert "(it was DRAINING already)" in line
-    assert proxy.actions()[calls:] == ["DescribeTasks", "DescribeContainerInstances", "SetInstanceHealth"]
+    assert len(fleet.reports()) == 3
 
 
 def test_process_once_shows_the_verdict_per_gpu_and_never_drains(tmp_path: Path, proxy: AwsProxy, process_env) -> None:
@@ -684,3 +667,13 @@ def test_drain_without_the_task_metadata_endpoint_is_a_setting_error(tmp_path: P
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: invalid setting: --gpu-fault-action drain needs the NVML source")
+
+
+def test_drain_without_the_controllers_queue_is_a_setting_error() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EXPORTER_", "ECS_", "CONTROLLER_"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "--gpu-fault-action", "drain", "--ecs-metadata-url", "http://127.0.0.1:9"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: invalid setting: --gpu-fault-action drain needs --controller-queue-url")
