@@ -360,7 +360,7 @@ def init_container(image: str) -> dict[str, Any]:
 
 
 def health_command(http_port: int) -> list[str]:
-    """The deep probe where Triton's image has Python 3.8+, else a plain readiness check (curl, then wget).
+    """The deep probe where Triton's image has Python 3.8+, else a plain readiness check (curl, wget or python3).
 
     Which one runs is decided at each check, in the container: adopt cannot look inside the user's image.
     """
@@ -369,9 +369,10 @@ def health_command(http_port: int) -> list[str]:
     script = (
         f"if [ -f {PROBE_SCRIPT} ] && python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))' 2>/dev/null; "
         f"then exec python3 {PROBE_SCRIPT} --deadline 4{url}; fi; "
-        "echo 'no python3 3.8+ here: readiness only (docs/adopt.md)'; "
+        "echo 'WARNING: no health probe or no python3 3.8+ here: readiness only (docs/adopt.md)'; "
         f"if command -v curl >/dev/null 2>&1; then exec curl -fsS -m 4 -o /dev/null {ready}; fi; "
-        f"exec wget -q -T 4 -O /dev/null {ready}"
+        f"if command -v wget >/dev/null 2>&1; then exec wget -q -T 4 -O /dev/null {ready}; fi; "
+        f"exec python3 -c 'import urllib.request as u; u.urlopen(\"{ready}\", timeout=4)'"
     )
     return ["CMD-SHELL", script]
 
@@ -594,7 +595,7 @@ def ensure_probe(ctx: _Context, image: str) -> None:
         if not re.search(r"tritonserver:[^/]*-py3", str(triton.get("image", ""))):
             ctx.result.notes.append(
                 f"{triton['name']}'s image is not an NGC -py3 image: without python3 3.8+ in it, the health check "
-                "only asks /v2/health/ready (curl or wget) and says so in its output (docs/adopt.md)"
+                "only asks /v2/health/ready (curl, wget or python3) and says so in its output (docs/adopt.md)"
             )
 
 
