@@ -30,9 +30,9 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from .errors import DownloadError
+from .errors import DownloadError, UnsafeArchive
 from .evidence import Snapshot, Window, snapshot_from_json, snapshot_to_json
-from .s3 import Archive
+from .s3 import MANIFEST, SUFFIX, Archive, valid_hash
 from .shapes import Doc, Malformed, items, loads, number, text
 
 STATE_DIR = ".modelsync/rollouts/"
@@ -56,6 +56,14 @@ class Conflict(Exception):
     """Another writer changed the state since it was read (412/409): read it again."""
 
 
+class UntrustedArtifact(UnsafeArchive):
+    """A state names an artifact a host must not install for its model: another key than the model's own, or a
+    sha256 the object does not hold. About the state, not the object's bytes: not remembered across restarts
+    (a corrected state is followed at once)."""
+
+    remembered = False
+
+
 def state_key(prefix: str, model: str) -> str:
     return f"{prefix}{STATE_DIR}{model}.json"
 
@@ -67,6 +75,45 @@ def model_of_state(key: str, prefix: str) -> str | None:
         return None
     name = key[len(head) : -len(".json")]
     return name if name and "/" not in name else None
+
+
+# --- what a state may name (issue 36): the model's own key, with the sha256 recorded when it was first seen ----
+#
+# Anyone who can write the state could otherwise point a host at any object: a zip planted beside the state,
+# another model's manifest. A host installs from a state only an artifact that passes :func:`artifact_problem`,
+# and only bytes that hash to the sha256 the state holds; that sha256 is written by :func:`record_artifact`
+# alone, from the listed object of the model's own key (its sha256 metadata, or the bytes a host verified).
+# Today daemons record it when they first see an artifact; a controller that takes rollouts over records it
+# through the same function.
+
+UNVERIFIED = "unverified-"  # an artifact recorded under --allow-unverified: "unverified-<ETag>", no sha256
+
+
+def own_keys(prefix: str, model: str) -> tuple[str, str]:
+    """The only keys a state of ``model`` may name: its zip (one model, or the bundle of that name, which owns
+    the models in it) and its directory model's manifest."""
+    return f"{prefix}{model}{SUFFIX}", f"{prefix}{model}/{MANIFEST}"
+
+
+def artifact_problem(prefix: str, model: str, artifact: Artifact) -> str:
+    """Why a host must not install ``artifact`` for ``model`` ("" when it may)."""
+    zipped, manifest = own_keys(prefix, model)
+    if artifact.key not in (zipped, manifest):
+        return f"it names s3 key {artifact.key!r}, not {zipped} or {manifest}: a state names only the model's own key"
+    if not (valid_hash(artifact.sha256) or artifact.sha256.startswith(UNVERIFIED)):
+        return f"its sha256 {artifact.sha256[:80]!r} is not a sha256"
+    return ""
+
+
+def record_artifact(prefix: str, model: str, sha256: str, key: str, etag: str, version_id: str) -> Artifact:
+    """The one place an artifact enters a state: the object ``key`` at ``version_id`` (listed under the model's
+    own key, or installed from it) with the sha256 its uploader gave it (``sha256``: the object's metadata, or
+    the bytes a host verified against it). Raises UntrustedArtifact for any other key."""
+    artifact = Artifact(sha256.lower() if valid_hash(sha256) else sha256, key, etag, version_id)
+    problem = artifact_problem(prefix, model, artifact)
+    if problem:
+        raise UntrustedArtifact(f"not recorded in the rollout state of {model}: {problem}")
+    return artifact
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,11 @@ from dataclasses import astuple, dataclass, field
 
 from .archive import Limits
 from .bundle import BundleConflict, Bundles
-from .errors import DownloadError, MissingHash, Result, SyncError, UnsafeArchive
+from .errors import DownloadError, HashMismatch, MissingHash, Result, SyncError, UnsafeArchive
 from .fsio import FileSystem
 from .health import Status
-from .install import Installer, Served
+from .install import ExpectedHash, Installer, Served
+from .ledger import UntrustedArtifact
 from .metrics import Attempt, ModelState, Recorder
 from .models import Models
 from .refusals import Refusal, Refusals
@@ -44,6 +45,7 @@ from .store import Store, model_name_problem
 from .triton import Triton
 
 TAG_POLL = 1.0
+Listed = Callable[[str], Archive | None]  # a name -> the object S3 lists for it (its own key), None when none
 NOT_STARTED = "installed; Triton is not running yet and loads it at its start"
 KEPT = "no longer in S3; kept (run with --delete-removed to unload and delete it)"
 REMOVED = "removed: no longer in S3, unloaded and deleted"
@@ -183,6 +185,8 @@ class Syncer:
         self.models = Models(settings, s3, store, triton, fs, log, self.limits, wall)  # zips and directories
         self.bundles = Bundles(settings, s3, store, triton, fs, log, self.limits)  # zips of several models
         self.rollouts: Rollouts | None = None  # --canary-fraction: what to install is the rollout's to say
+        self._untrusted_seen: dict[str, tuple[str, str, str, str]] = {}  # name -> the state artifact last refused
+        self._listing_refused: dict[str, tuple[str, str]] = {}  # name -> (ETag, reason) of its last listing refusal
 
     @property
     def before_first_sync(self) -> bool:
@@ -211,10 +215,10 @@ class Syncer:
         for key, why in sorted(listing.ignored.items()):
             self.log.debug("ignored s3 key %s: %s", key, why)
         for model, archive in sorted(listing.archives.items()):
-            report.outcomes[model] = self._one(model, archive)
+            report.outcomes[model] = self._one(model, archive, listing.archives.get)
         for name in [*self.store.managed_models(), *self.bundles.names()]:
             if name not in listing.archives:
-                report.outcomes[name] = self._one(name, None)
+                report.outcomes[name] = self._one(name, None, listing.archives.get)
         for outcome in report.outcomes.values():
             self._state_event(outcome)
         if self.rollouts is not None and self.triton_up:
@@ -255,19 +259,22 @@ class Syncer:
                 continue
             if archive is None and self._installed(model) is None:
                 continue
-            out[model] = self._one(model, archive, wait_for_tag, fresh=True)
+            out[model] = self._one(model, archive, self.s3.find, wait_for_tag, fresh=True)
             self._state_event(out[model])
         return out
 
     # --- one name ---------------------------------------------------------------------------
 
-    def _one(self, name: str, archive: Archive | None, wait_for_tag: bool = False, fresh: bool = False) -> Outcome:
-        """Reconcile one name with the object S3 lists for it (None: it left S3). A bug or an unexpected OS
-        error in one name must not stop the others."""
+    def _one(
+        self, name: str, archive: Archive | None, listed: Listed, wait_for_tag: bool = False, fresh: bool = False
+    ) -> Outcome:
+        """Reconcile one name with the object S3 lists for it (None: it left S3); ``listed`` answers which key
+        S3 lists for another name (the pass's listing, or a LIST of that name's keys for an event). A bug or an
+        unexpected OS error in one name must not stop the others."""
         try:
             if archive is None:
                 return self._removed(name)
-            return self._reconcile(name, archive, wait_for_tag, fresh)
+            return self._reconcile(name, archive, listed, wait_for_tag, fresh)
         except Exception as exc:
             self.log.exception("sync of %s failed unexpectedly", name)
             return Outcome.unexpected(name, exc, self._serving(name))
@@ -284,9 +291,10 @@ class Syncer:
         found = self._installed(name)
         return found[1].sha256 if found else ""
 
-    def _installer(self, name: str, archive: Archive) -> Installer:
-        """Which kind the listed object is. A key keeps its kind once installed (Bundles.parts); a model
-        already in a bundle cannot come from another archive. Raises SyncError when it cannot be told."""
+    def _installer(self, name: str, archive: Archive, listed: Listed) -> Installer:
+        """Which kind the listed object is. A key keeps its kind once installed (Bundles.parts); a bundle may
+        not hold a name another listed key owns (:meth:`_claims`); a model already in a bundle cannot come from
+        another archive. Raises SyncError when it cannot be told."""
         problem = model_name_problem(name) or archive.conflict
         if problem:
             raise UnsafeArchive(problem)
@@ -294,18 +302,43 @@ class Syncer:
         # A manifest is no zip: nothing to peek at, unless a bundle has this name (refused there).
         if not (archive.directory and self.bundles.state(name) is None):
             try:
-                if self.bundles.parts(name, archive, single) is not None:
+                parts = self.bundles.parts(name, archive, single)
+                if parts is not None:
+                    self._claims(name, archive, parts, listed)
                     return self.bundles
-            except SyncError as exc:  # the zip's directory could not be read: an attempt that failed to download
+            except DownloadError as exc:  # the zip's directory, or a listing, could not be read: a failed download
                 raise _Unread(exc) from exc
         owner = self.bundles.owner(name)
         if owner is not None:
-            raise BundleConflict(f"{archive.key} holds model {name}, which already belongs to bundle {owner}")
+            held = self.bundles.current(owner)
+            raise BundleConflict(
+                f"{archive.key} holds model {name}, which bundle {owner} ({held.key if held else '?'}) installed "
+                f"here before {archive.key} was listed: a listed key owns its name, and the bundle is refused "
+                f"now; delete {owner}'s key from S3 (with --delete-removed the bundle is then removed) and "
+                f"{archive.key} is installed"
+            )
         return self.models
 
-    def _reconcile(self, name: str, listed: Archive, wait_for_tag: bool, fresh: bool = False) -> Outcome:
+    def _claims(self, name: str, archive: Archive, parts: list[str], listed: Listed) -> None:
+        """A bundle may not take a name a listed key owns: ``<prefix><m>.zip`` or ``<prefix><m>/manifest.json``
+        is model ``m``'s, whatever else holds a directory ``m/``. Decided from S3's listing alone, so every host
+        decides alike, fresh or not, in any order (issue 36: ``0evil.zip`` holding ``resnet/`` was served as
+        resnet on a fresh host, and the real ``resnet.zip`` refused)."""
+        for model in parts:
+            owner = listed(model) if model != name else None
+            if owner is not None:
+                keys = owner.key if not owner.conflict else f"{owner.key} (and its other key)"
+                raise BundleConflict(
+                    f"bundle {archive.key} holds model {model}, whose name the listed key {keys} owns: a bundle "
+                    f"may not take a listed model's name; {archive.key} is refused (rename {model}/ in the bundle, "
+                    "or delete one of the two keys)"
+                )
+
+    def _reconcile(
+        self, name: str, listed: Archive, others: Listed, wait_for_tag: bool, fresh: bool = False
+    ) -> Outcome:
         try:
-            installer = self._installer(name, listed)
+            installer = self._installer(name, listed, others)
         except _Unread as unread:
             return self._failed(name, listed, Attempt(name, Result.OK, key=listed.key, etag=listed.etag),
                                 unread.error)  # fmt: skip
@@ -316,6 +349,8 @@ class Syncer:
         archive = listed  # what to install: S3's object, unless a rollout says otherwise
         if self.rollouts is not None:
             plan = self.rollouts.plan(name, listed, current, fresh)
+            if plan.refused and plan.named is not None:
+                return self._untrusted(name, plan, plan.named, plan.refused, current)
             if plan.install is None:
                 return Outcome.held(name, current, plan)
             archive = plan.install
@@ -326,7 +361,8 @@ class Syncer:
         memo = self.failed.get(name)
         if memo is None or memo.etag != archive.etag:
             memo = self._remembered(name, archive) or memo
-        if memo is not None and memo.etag == archive.etag and not self._memo_outdated(memo, archive):
+        recorded = plan.expected if plan is not None else ""
+        if memo is not None and memo.etag == archive.etag and not self._memo_outdated(memo, archive, recorded):
             return Outcome.refused(name, memo.reason, serving, memo.expected)
         if not self.triton_up and not staging_start:
             reason = (
@@ -336,13 +372,17 @@ class Syncer:
             self.log.warning("%s: %s", name, reason)
             return Outcome.deferred(name, reason, serving)
         attempt = Attempt(name, Result.OK, key=archive.key, etag=archive.etag, serving=serving)
+        expected_hash: ExpectedHash = lambda a: self._expected_hash(a, wait_for_tag)  # noqa: E731
+        if plan is not None and plan.expected:  # what the rollout state recorded, not what the object says
+            expected_hash = lambda a: self._recorded_hash(name, plan.expected, a)  # noqa: E731
         try:
-            changed = installer.install(
-                name, archive, attempt, lambda a: self._expected_hash(a, wait_for_tag), not staging_start
-            )
+            changed = installer.install(name, archive, attempt, expected_hash, not staging_start)
         except SyncError as exc:
             if plan is not None and self.rollouts is not None:
                 self.rollouts.failed(name, plan, archive, exc)
+                if plan.expected and isinstance(exc, (UntrustedArtifact, HashMismatch)):
+                    attempt.sha256 = plan.expected  # the memo is about this recorded hash: a new one is tried
+                    self._untrusted(name, plan, archive, str(exc), current, counted=True)
             return self._failed(name, archive, attempt, exc)
         now = installer.current(name)
         assert now is not None
@@ -362,6 +402,47 @@ class Syncer:
             if plan.reason and outcome.in_sync and not outcome.reason:
                 outcome.reason = plan.reason
         return outcome
+
+    def _recorded_hash(self, name: str, recorded: str, head: Archive) -> tuple[str, str]:
+        """The sha256 an artifact named by the rollout state must have: the one the state recorded when the
+        artifact was first seen (ledger.record_artifact). An object whose own sha256 metadata (fixed for its
+        version) says otherwise is refused before it is downloaded; its bytes are checked against it after."""
+        state = self._state_url(name)
+        if head.sha256 and head.sha256 != recorded:
+            raise UntrustedArtifact(
+                f"the rollout state {state} recorded sha256 {recorded} for s3://{self.s3.bucket}/{head.key} "
+                f"(version {head.version_id or 'none'}), whose own sha256 metadata is {head.sha256}: not installed"
+            )
+        return recorded, f"sha256 recorded in the rollout state {state}"
+
+    def _state_url(self, name: str) -> str:
+        assert self.rollouts is not None
+        return f"s3://{self.s3.bucket}/{self.rollouts.ledger.key(name)}"
+
+    def _untrusted(
+        self, name: str, plan: Plan, named: Archive, why: str, current: Served | None, counted: bool = False
+    ) -> Outcome:
+        """The rollout state names an artifact this host must not install for ``name``: nothing is installed,
+        what is served stays. One JSON line (the state, the key, why) and one ``unsafe_archive`` attempt per
+        state artifact, not per pass (``counted``: the failed install already recorded its attempt)."""
+        serving = current.sha256 if current is not None else ""
+        state = self._state_url(name)
+        reason = (
+            f"the rollout state {state} names s3://{self.s3.bucket}/{named.key} (version "
+            f"{named.version_id or 'none'}) for {name}: refused: {why}; "
+            + (f"{serving} keeps serving" if serving else "nothing of it is installed here")
+        )
+        seen = (named.key, named.etag, named.version_id, why)
+        if self._untrusted_seen.get(name) != seen:
+            self._untrusted_seen[name] = seen
+            fields = {"model": name, "refused": "rollout state artifact", "state": state, "key": named.key,
+                      "etag": named.etag, "s3_version_id": named.version_id, "reason": why, "serving": serving,
+                      "host": self.settings.host, "role": plan.role}  # fmt: skip
+            self.log.error("%s: %s", name, reason, extra={"fields": fields})
+            if not counted:
+                self.recorder.attempt(Attempt(name, Result.UNSAFE_ARCHIVE, reason, key=named.key, etag=named.etag,
+                                              version_id=named.version_id, serving=serving))  # fmt: skip
+        return Outcome.refused(name, reason, serving)
 
     def identify(self, archive: Archive) -> tuple[str, str]:
         """(the sha256 the object must hold, its version id), from a HEAD (and the tag, waited for); a rollout
@@ -451,8 +532,11 @@ class Syncer:
         )
         return memo
 
-    def _memo_outdated(self, memo: Memo, archive: Archive) -> bool:
-        """A hash mismatch against a tag is retried when the tag changes (metadata cannot change)."""
+    def _memo_outdated(self, memo: Memo, archive: Archive, recorded: str = "") -> bool:
+        """A hash mismatch against a tag is retried when the tag changes (metadata cannot change); a refusal of
+        a hash a rollout state recorded, when the state records another one."""
+        if recorded and memo.expected != recorded:
+            return True
         if memo.result != Result.HASH_MISMATCH:
             return False
         try:
@@ -497,14 +581,14 @@ class Syncer:
         return Outcome.failure(name, exc, attempt.serving, attempt.sha256, attempt.version_id)
 
     def _fail_once(self, name: str, archive: Archive, exc: SyncError) -> Outcome:
-        """A failure known from the listing alone (a bad name): one attempt event per object, not per pass."""
-        memo = self.failed.get(name)
-        if memo is None or memo.etag != archive.etag:
-            attempt = Attempt(name, exc.result, str(exc), key=archive.key, etag=archive.etag)
-            self._record(attempt)
-            self.failed[name] = Memo(archive.etag, "", exc.result, str(exc))
-        current = self.store.current(name)  # a conflict may appear after the model was installed: still served
-        return Outcome.refused(name, str(exc), current.sha256 if current else "")
+        """A failure known from the listing alone (a bad name, a name another key owns): one attempt event per
+        object and reason, not per pass. Judged afresh every pass (no memo: a conflict with another key ends
+        when that key goes, without this object changing)."""
+        if self._listing_refused.get(name) != (archive.etag, str(exc)):
+            self._listing_refused[name] = (archive.etag, str(exc))
+            self._record(Attempt(name, exc.result, str(exc), key=archive.key, etag=archive.etag))
+        # a conflict may appear after the model or bundle was installed: what is installed is still served
+        return Outcome.refused(name, str(exc), self._serving(name))
 
     def _record(self, attempt: Attempt) -> None:
         self.attempts += 1

@@ -74,9 +74,11 @@ from .ledger import (
     Rollout,
     State,
     Verdict,
+    artifact_problem,
+    record_artifact,
 )
 from .metrics import Recorder
-from .s3 import Archive
+from .s3 import Archive, valid_hash
 from .settings import Settings
 
 CAS_TRIES = 5  # compare-and-swap rounds before a decision is left to the next reconcile
@@ -109,6 +111,11 @@ class Plan:
     transient: bool = False  # kept because the state could not be read or written: retried
     left: str = ""  # the artifact this host goes back from (a rollback), for the log line
     first: bool = False  # the model's first artifact: record it as stable once installed
+    # The sha256 the state recorded for the artifact it names (ledger.record_artifact): the install refuses an
+    # object whose own metadata or bytes differ. "" : the listed object's own metadata decides, as without rollouts.
+    expected: str = ""
+    refused: str = ""  # why the artifact the state names may not be installed here (ledger.artifact_problem)
+    named: Archive | None = None  # that artifact, when refused (for the refusal's log line)
 
 
 class Rollouts:
@@ -384,7 +391,7 @@ class Rollouts:
         if state is None:
             if current is None:
                 return Plan(listed, first=True, reason="the model's first artifact: installed on every host at once")
-            state = State(name, Artifact(cur, current.key, current.etag, current.version_id))
+            state = State(name, self._record(name, cur, current.key, current.etag, current.version_id))
             if sha == cur:  # the fleet's artifact, seen for the first time with rollouts on: record it
                 self._write(state, "")
                 return Plan(listed)
@@ -400,7 +407,7 @@ class Rollouts:
                 back.rollout = None
                 self._write(back, etag)
                 self._decision(name, "superseded", ended, "the previous artifact was uploaded again", {}, {})
-            return Plan(listed)
+            return Plan(listed, expected=_recorded(stable.sha256))
         rejected = state.rejected(sha)
         if rejected is not None:
             why = f"{short(sha)} was rejected ({rejected.reason}); the previous artifact serves"
@@ -413,8 +420,8 @@ class Rollouts:
                 h: Participant(h, CANARY, now, now, before=p.before) for h, p in old.participants.items()
                 if p.role == CANARY and not p.lost
             }  # fmt: skip
-            r = new.rollout = Rollout(Artifact(sha, listed.key, listed.etag, version), stable, now, self.host,
-                                      old.wanted, old.live_hosts, carried)  # fmt: skip
+            r = new.rollout = Rollout(self._record(name, sha, listed.key, listed.etag, version), stable, now,
+                                      self.host, old.wanted, old.live_hosts, carried)  # fmt: skip
             new.add(Verdict(old.artifact.sha256, SUPERSEDED, now, self.host,
                             f"replaced by a newer upload, {short(sha)}, during its bake"))  # fmt: skip
             etag = self._write(new, etag)
@@ -427,23 +434,23 @@ class Rollouts:
             live = self.live_hosts()
             wanted = max(1, math.ceil(self.settings.canary_fraction * live)) if live else 1
             me = Participant(self.host, CANARY, now, now, before=self._before(name))
-            r = new.rollout = Rollout(Artifact(sha, listed.key, listed.etag, version), stable, now, self.host,
-                                      wanted, live or 0, {self.host: me})  # fmt: skip
+            r = new.rollout = Rollout(self._record(name, sha, listed.key, listed.etag, version), stable, now,
+                                      self.host, wanted, live or 0, {self.host: me})  # fmt: skip
             self._write(new, etag)
             self._decision(name, "started", r, f"{short(sha)} goes to {wanted} canary host(s) of {live or '?'} live "
                            f"first; this host is one", {}, {"RolloutsStarted": 1.0})  # fmt: skip
-            return Plan(listed, role=CANARY, reason=f"canary of the rollout of {short(sha)}")
+            return self._canary(listed, r)
         mine = r.participants.get(self.host)
         if mine is not None and not mine.lost:
             if mine.role == CANARY:
-                return Plan(listed, role=CANARY, reason=f"canary of the rollout of {short(sha)}")
+                return self._canary(listed, r)
             return self._to_stable(name, new, current, f"control of the rollout of {short(sha)}", role=CONTROL)
         if current is not None and cur == stable.sha256 and self.participate:
             if len(r.live(CANARY)) < r.wanted:
                 r.participants[self.host] = Participant(self.host, CANARY, now, now, before=self._before(name))
                 self._write(new, etag)
                 self._decision(name, "canary claimed", r, f"{self.host} takes a canary slot", {}, {})
-                return Plan(listed, role=CANARY, reason=f"canary of the rollout of {short(sha)}")
+                return self._canary(listed, r)
             if len(r.live(CONTROL)) < r.wanted:
                 try:
                     start = scrape(self.http, self.settings.triton_metrics_url, set(self._entries(name)))
@@ -465,8 +472,21 @@ class Rollouts:
         if not stable.version_id:
             return Plan(None, reason=f"{reason}, and the stable artifact {short(stable.sha256)} has no S3 version id "
                         "(an unversioned bucket): it cannot be fetched")  # fmt: skip
+        problem = artifact_problem(self.ledger.prefix, name, stable)
+        if problem:  # a state written by someone else than a daemon or the operator's CLI: nothing is installed
+            return Plan(None, role=role, reason=f"{reason}; the stable artifact is refused: {problem}", refused=problem,
+                        named=stable.archive(name))  # fmt: skip
         return Plan(stable.archive(name), role=role, reason=f"{reason}: installing the stable artifact "
-                    f"{short(stable.sha256)}", left=current.sha256 if current else "")  # fmt: skip
+                    f"{short(stable.sha256)}", left=current.sha256 if current else "",
+                    expected=_recorded(stable.sha256))  # fmt: skip
+
+    def _canary(self, listed: Archive, r: Rollout) -> Plan:
+        """Install S3's object (the model's own key) as a canary: its bytes must be what the rollout recorded."""
+        return Plan(listed, role=CANARY, reason=f"canary of the rollout of {short(r.artifact.sha256)}",
+                    expected=_recorded(r.artifact.sha256))  # fmt: skip
+
+    def _record(self, name: str, sha: str, key: str, etag: str, version_id: str) -> Artifact:
+        return record_artifact(self.ledger.prefix, name, sha, key, etag, version_id)
 
     def _without_versions(self, name: str, listed: Archive) -> Plan:
         if name not in self._unversioned:
@@ -510,7 +530,7 @@ class Rollouts:
     # --- after the install ---------------------------------------------------------------------------------
 
     def _first(self, name: str, served: Served) -> None:
-        state = State(name, Artifact(served.sha256, served.key, served.etag, served.version_id))
+        state = State(name, self._record(name, served.sha256, served.key, served.etag, served.version_id))
         with contextlib.suppress(Conflict):  # another host recorded it first
             self._write(state, "")
 
@@ -613,6 +633,11 @@ def _steady(cached: State | None, listed: Archive, current: Served | None) -> bo
     if cached is None:
         return True
     return cached.rollout is None and cached.stable is not None and cached.stable.sha256 == current.sha256
+
+
+def _recorded(sha: str) -> str:
+    """The sha256 an install must match; "" for an artifact recorded unverified (--allow-unverified)."""
+    return valid_hash(sha)
 
 
 def _total(windows: Any) -> Window:
