@@ -80,6 +80,8 @@ locals {
     "exporter" = concat(local.tracing_environment, local.otlp_semconv_environment)
   }
   model_volume = "model-repository"
+  # With triton_args: the user's flags after the file's (before the trace flags, as the stack has them).
+  triton_args = var.triton_args == "" ? "" : " ${var.triton_args}"
   router       = one([for c in local.task_definition.containerDefinitions : c if c.name == "log_router"])
   triton       = one([for c in local.task_definition.containerDefinitions : c if c.name == "triton-server"])
   # The volumes: with model sync, the file's (the instance's store at model_sync_host_path, and the
@@ -106,7 +108,7 @@ locals {
     # object shapes.)
     # With tracing, the trace flags after the file's command line (tracing.tf).
     "triton-server" = merge(
-      { cpu = var.triton_cpu },
+      { cpu = var.triton_cpu, memoryReservation = var.triton_memory },
       {
         for key, value in {
           mountPoints = [{ sourceVolume = local.model_volume, containerPath = var.model_repository, readOnly = true }]
@@ -114,8 +116,8 @@ locals {
       },
       {
         for key, value in {
-          command = [local.triton.command[0], local.triton.command[1], "${local.triton.command[2]}${local.trace_flags}"]
-        } : key => value if local.tracing
+          command = [local.triton.command[0], local.triton.command[1], "${local.triton.command[2]}${local.triton_args}${local.tracing ? local.trace_flags : ""}"]
+        } : key => value if local.tracing || var.triton_args != ""
       },
     )
     "exporter"       = {}

@@ -375,6 +375,27 @@ variable "desired_count" {
   }
 }
 
+variable "triton_memory" {
+  type        = number
+  description = "MiB of instance memory reserved for the Triton container (a soft reservation: it may use more when the instance has it); size it for the models' host-side copies and the Python backend's stubs"
+  default     = 8192
+  validation {
+    condition     = var.triton_memory >= 512
+    error_message = "The triton_memory must be at least 512."
+  }
+}
+
+variable "triton_args" {
+  type        = string
+  description = "More tritonserver flags, after the module's own (e.g. --backend-config=python,shm-default-byte-size=16777216 --model-load-thread-count=8); not the flags that open the admin API (--allow-sagemaker, --allow-vertex-ai, --http-restricted-api, --grpc-restricted-protocol) or that model sync owns (--model-repository, --model-control-mode, --load-model)"
+  default     = ""
+  # Letters, digits and - _ = . , : / + and blanks only: the flags go through the shell (sh -c).
+  validation {
+    condition     = can(regex("^[A-Za-z0-9 _=.,:/+-]{0,1000}$", var.triton_args)) && !can(regex("--(allow-sagemaker|allow-vertex-ai|http-restricted-api|grpc-restricted-protocol|model-repository|model-control-mode|load-model)", var.triton_args))
+    error_message = "The triton_args may hold letters, digits, blanks and - _ = . , : / + only, at most 1000 characters, and none of the flags the module owns."
+  }
+}
+
 variable "triton_cpu" {
   type        = number
   description = "CPU units (1024 = one vCPU) reserved for the Triton container, which also weighs its share under contention; the sidecars take 128 each. Leave room for them and the ECS agent on the instance type"

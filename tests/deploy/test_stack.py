@@ -675,3 +675,24 @@ def test_sample_values_are_what_the_stack_would_accept(template) -> None:
     ):
         with pytest.raises(AssertionError):
             Stack(template, **(copy.deepcopy(VALUES) | bad))
+
+
+def test_triton_args_follow_the_stacks_flags_and_cannot_reopen_the_admin_api(template) -> None:
+    """The user's flags come after the restriction (Triton takes the last of a repeated flag, so the pattern,
+    not the order, keeps --http-restricted-api the stack's) and before the trace flags; the memory is theirs."""
+    stack = mk(template, TritonArgs="--model-load-thread-count=8", TritonMemory="16384", Tracing="true")
+    triton = by_name(stack_taskdef(stack))["triton-server"]
+    line = triton["command"][2]
+    assert (
+        line.index("--grpc-restricted-protocol")
+        < line.index(" --model-load-thread-count=8 ")
+        < line.index("--trace-config")
+    )
+    assert triton["memoryReservation"] == 16384
+    assert " --model-load-thread-count" not in by_name(stack_taskdef(mk(template)))["triton-server"]["command"][2]
+    pattern = template["Parameters"]["TritonArgs"]["AllowedPattern"]
+    for refused in ("--allow-sagemaker=true", "--allow-vertex-ai=true", "--http-restricted-api=trace:k=v",
+                    "--grpc-restricted-protocol=x:k=v", "--model-control-mode=poll", "--load-model=*",
+                    "--model-repository=/tmp", "--log-verbose=1; id", "--x=$(id)", '--x="y"', "--x=`id`"):  # fmt: skip
+        assert not re.fullmatch(pattern, refused), refused
+    assert re.fullmatch(pattern, "--backend-config=python,shm-default-byte-size=16777216 --log-verbose=1")

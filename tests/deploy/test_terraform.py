@@ -94,6 +94,8 @@ SCENARIOS = {
         "TritonImage": f"{REGISTRY}/team/ml/triton-server@sha256:{'a' * 64}",
         "ExporterImage": "210987654321.dkr.ecr.eu-west-1.amazonaws.com/shared/exporter:1",
         "TritonCpu": "7168",
+        "TritonMemory": "16384",
+        "TritonArgs": "--model-load-thread-count=8 --backend-config=python,shm-default-byte-size=16777216",
         "ModelBucketKmsKeyArn": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     },
     "alarms": {
@@ -128,6 +130,7 @@ SCENARIOS = {
         "ModelSyncPrefix": "triton/v2/",
         "ModelSyncHostPath": "/local/nvme/triton",
         "TritonCpu": "4096",
+        "TritonMemory": "12288",
         "ModelBucketKmsKeyArn": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab",
         "EnableExec": "true",
         "Namespace": "Prod/Triton",
@@ -149,6 +152,7 @@ SCENARIOS = {
     "tracing": {"Tracing": "true"},
     "tracing-renamed": {
         "Tracing": "true",
+        "TritonArgs": "--log-verbose=1",  # before the trace flags, on both sides
         "TraceRate": "7",
         "ServiceName": "inference",
         "LogGroupPrefix": "/prod/inf",
@@ -1279,6 +1283,8 @@ def test_the_issue_resources_variables_and_outputs_exist() -> None:
         "model_sync_host_path",
         "model_bucket_kms_key_arn",
         "triton_cpu",
+        "triton_memory",
+        "triton_args",
     }
     outputs = {b.labels[0] for b in blocks if b.type == "output"}
     assert outputs >= {
@@ -1528,7 +1534,18 @@ MODELSYNC_DRIFTS = [
         "--model-control-mode=explicit ",
         "container triton-server.command",
     ),
-    ("main.tf", "{ cpu = var.triton_cpu }", "{}", "container triton-server.cpu"),
+    (
+        "main.tf",
+        "{ cpu = var.triton_cpu, memoryReservation = var.triton_memory }",
+        "{ memoryReservation = var.triton_memory }",
+        "container triton-server.cpu",
+    ),
+    (
+        "main.tf",
+        "{ cpu = var.triton_cpu, memoryReservation = var.triton_memory }",
+        "{ cpu = var.triton_cpu }",
+        "container triton-server.memoryReservation",
+    ),
 ]
 # Tracing, compared with its rate, the service name and the log prefix changed.
 TRACING_DRIFTS = [
@@ -1828,6 +1845,11 @@ def _probes(name: str, p: dict[str, Any]) -> list[str]:
             "/ecs/triton/",
             "/ecs/triton",
             "models",  # a prefix that is no folder: refused, so no grant on models* reaches models-private/
+            "--log-verbose=1 --model-load-thread-count=8",  # Triton's flags: taken
+            "--allow-sagemaker=true",  # flags that reopen the admin API or that the deployment owns: refused
+            "--http-restricted-api=trace:k=v",
+            "--log-verbose=1; id",  # what the shell would run
+            "--x=$(id)",
             "models/",
             "A" * 300,
             "Prod/Triton",
