@@ -678,8 +678,8 @@ def test_sample_values_are_what_the_stack_would_accept(template) -> None:
 
 
 def test_triton_args_follow_the_stacks_flags_and_cannot_reopen_the_admin_api(template) -> None:
-    """The user's flags come after the restriction (Triton takes the last of a repeated flag, so the pattern,
-    not the order, keeps --http-restricted-api the stack's) and before the trace flags; the memory is theirs."""
+    """The user's flags come after the restriction and before the trace flags; the parameter's pattern, not the
+    order, keeps the restriction the stack's (the flags that would change it are refused); the memory is theirs."""
     stack = mk(template, TritonArgs="--model-load-thread-count=8", TritonMemory="16384", Tracing="true")
     triton = by_name(stack_taskdef(stack))["triton-server"]
     line = triton["command"][2]
