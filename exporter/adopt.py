@@ -450,18 +450,19 @@ class _Context:
 
 
 def ensure_router(ctx: _Context) -> None:
-    """--logs firelens: fluentbit/'s router, and Triton's logs through it."""
+    """--logs firelens: fluentbit/'s router, and Triton's logs through it; this project's router gets
+    --log-router-image whatever --logs says."""
     router = router_of(ctx.td)
+    if router is not None and is_our_router(router):
+        _update_image(ctx, router, ctx.opts.log_router_image, "log router")
+        return
     if ctx.opts.logs != "firelens":
         return
-    if router is not None and not is_our_router(router):
+    if router is not None:
         raise AdoptError(
             f"--logs firelens: the task already has a FireLens router ({router['name']}) of its own: "
             "keep it with --logs keep"
         )
-    if router is not None:
-        _update_image(ctx, router, ctx.opts.log_router_image, "log router")
-        return
     if ctx.triton["name"] != TRITON_FOR_ROUTER:
         raise AdoptError(
             f"--logs firelens: fluentbit/triton.conf reads Triton's logs from a container named {TRITON_FOR_ROUTER}, "
@@ -478,6 +479,11 @@ def ensure_router(ctx: _Context) -> None:
     ctx.log_groups.append(f"{log_prefix}/log-router")
     ctx.result.added.append(f"log router {ROUTER} (FireLens, fluentbit/triton.conf): log groups under {log_prefix}/")
     ctx.result.added.append(f"{ctx.triton['name']} logs through the router" + (f" (was {before})" if before else ""))
+    _router_grants(ctx, region_name, log_prefix)
+
+
+def _router_grants(ctx: _Context, region_name: str, log_prefix: str) -> None:
+    """The router writes (and creates, per model) the groups under the prefix with the task role (docs/logs.md)."""
     account, partition = account_and_partition(ctx.td, ctx.opts)
     ctx.result.iam["taskRole"].append(
         {

@@ -134,6 +134,22 @@ def test_adopting_our_own_task_definitions_changes_nothing(which: str, tmp_path:
     assert (code, out) == (0, "nothing missing\n")
 
 
+def test_new_sidecar_images_on_our_own_task_definition_change_only_the_images() -> None:
+    td = OWN["task-definition.json"]()
+    router = ROUTER_IMAGE.replace(":2.32.5", ":3.0.0")
+    result = adopt(td, Options(exporter_image=IMAGE, log_router_image=router))
+    assert result.added == [] and len(result.updated) == 2
+    assert {c["name"]: c["image"] for c in result.taskdef["containerDefinitions"]} == {
+        "log_router": router,
+        "triton-server": by_name(td)["triton-server"]["image"],
+        "exporter": IMAGE,
+    }
+    for c in result.taskdef["containerDefinitions"]:
+        assert {k: v for k, v in c.items() if k != "image"} == {
+            k: v for k, v in by_name(td)[c["name"]].items() if k != "image"
+        }
+
+
 # --- network modes, GPUs ----------------------------------------------------------------------------------------
 
 
