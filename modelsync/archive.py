@@ -31,6 +31,7 @@ CRC, so the sizes checked here are the sizes written.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -39,7 +40,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from .errors import UnsafeArchive
 from .fsio import CHUNK, FileSystem, fsync_dir, raise_disk_full, write_durably
@@ -333,24 +334,40 @@ def check_no_overlap(infos: list[zipfile.ZipInfo], central_directory: int) -> No
 
 
 def extract(
-    zf: zipfile.ZipFile, plan: Plan, dest: Path, fs: FileSystem, on_bytes: Callable[[int], None] | None = None
+    zf: zipfile.ZipFile,
+    plan: Plan,
+    dest: Path,
+    fs: FileSystem,
+    on_bytes: Callable[[int], None] | None = None,
+    digests: dict[str, str] | None = None,
 ) -> int:
     """Write the plan under ``dest`` (the model directory: exists, empty); returns the bytes written.
 
     Every file is fsync'd, and so is every directory, before the caller may
     make the result visible: a crash after the flip must not find a file that
-    is only in the page cache.
+    is only in the page cache. With ``digests``, each file's sha256 is computed
+    from the bytes as they are written (POSIX path inside the model -> hex):
+    what a signature is compared with (signing.py), without reading the files again.
     """
     written = 0
     try:
         for d in plan.dirs:
             (dest / d).mkdir(mode=0o755)
-        progress = None if on_bytes is None else (lambda chunk: on_bytes(len(chunk)))
         for entry in plan.files:
             target = dest / entry.path
+            hasher = hashlib.sha256() if digests is not None else None
+
+            def progress(chunk: bytes, hasher: Any = hasher) -> None:
+                if hasher is not None:
+                    hasher.update(chunk)
+                if on_bytes is not None:
+                    on_bytes(len(chunk))
+
             with zf.open(entry.info) as src:
                 written += write_durably(fs, target, iter(lambda: src.read(CHUNK), b""), progress)
             os.chmod(target, 0o644)
+            if digests is not None and hasher is not None:
+                digests[entry.path.as_posix()] = hasher.hexdigest()
         for d in [*reversed(plan.dirs), PurePosixPath(".")]:
             fsync_dir(dest / d)
     except zipfile.BadZipFile as exc:

@@ -77,7 +77,7 @@ from .archive import (
     read_tail,
     walk_directory,
 )
-from .errors import DiskFull, DownloadError, LoadFailed, RolledBack, SyncError, UnsafeArchive
+from .errors import DiskFull, DownloadError, LoadFailed, RolledBack, SignatureRefused, SyncError, UnsafeArchive
 from .fsio import FileSystem, LocalFileSystem, fsync_dir, raise_disk_full, write_durably
 from .install import ExpectedHash, Served
 from .metrics import Attempt
@@ -309,6 +309,8 @@ class Bundles:
         """Download, verify and extract every part, then switch them together; False when the object is new
         but its content is what is installed (nothing switched). Raises a SyncError; after a failed switch,
         RolledBack (the old generation serves) or LoadFailed (nothing of the bundle was there before)."""
+        if self.settings.require_signature:  # modelsync/signing.py verifies single models only (docs: Signed models)
+            raise SignatureRefused(f"{listed.key} is a bundle: --require-signature installs only single models")
         current = self.state(name)
         with attempt.phase("download"):
             archive, expected, source = pin(self.s3, listed, self.settings, attempt, expected_hash)

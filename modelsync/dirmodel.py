@@ -16,7 +16,12 @@ Phases: ``download`` (manifest, refused from the listing when larger than
 checked against the manifest as it arrives), ``verify`` (the manifest's hash
 and its checks, manifest.py), ``extract`` (hard links, fsync, commit).
 The free-space check counts only the files to download, in whole blocks,
-and runs before any of them is fetched.
+and runs before any of them is fetched. With ``--require-signature`` the
+manifest's ``.sig`` (``<prefix><model>/manifest.json.sig``) is verified first,
+and the manifest's files and digests must be exactly the signed ones before
+any file is fetched: each file is then checked against the manifest as it
+arrives (and a linked one was checked when it was installed), so every
+installed byte is the signed byte, read once.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from .manifest import (
 from .metrics import Attempt
 from .pinning import verify_hash
 from .s3 import S3, Archive
+from .signing import Signatures, Signed
 from .store import Installed, Store
 
 
@@ -111,12 +117,14 @@ class DirectoryFetcher:
         fs: FileSystem,
         limits: Limits,
         free_check: Callable[[int, str], None],
+        signatures: Signatures | None = None,
     ) -> None:
         self.s3 = s3
         self.store = store
         self.fs = fs
         self.limits = limits
         self.free_check = free_check
+        self.signatures = signatures  # --require-signature
 
     def fetch(
         self,
@@ -132,8 +140,14 @@ class DirectoryFetcher:
         unverified manifest). Any failure leaves nothing in staging."""
         staging: Path | None = self.store.staging_dir(model)
         assert staging is not None
+        signed: Signed | None = None
         try:
             with attempt.phase("download"):
+                if self.signatures is not None:  # before the manifest: a refusal costs one small GET
+                    signed = self.signatures.fetch(self.s3, listed, model)
+                    self.signatures.check_version(
+                        signed, model, expected, [installed, self.store.previous_installed(model)]
+                    )
                 most = max_manifest_bytes(self.limits)
                 if listed.size > most:  # refused from the listing: nothing downloaded, nothing parsed
                     raise UnsafeArchive(
@@ -149,6 +163,8 @@ class DirectoryFetcher:
                 if installed is not None and sha == installed.sha256:
                     return None
                 manifest = parse((staging / NAME).read_bytes(), self.limits)
+                if signed is not None:  # the files to fetch are then checked against these very digests
+                    Signatures.compare(signed, {f.path.as_posix(): f.sha256 for f in manifest.files}, listed.key)
                 todo = plan(manifest, installed, self.store.previous_installed(model))
             with attempt.phase("download"):
                 folder = listed.key[: -len(NAME)]

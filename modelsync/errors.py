@@ -22,6 +22,7 @@ class Result(StrEnum):
     UNSAFE_ARCHIVE = "unsafe_archive"
     LOAD_FAILED = "load_failed"  # Triton refused the new version and there was nothing to roll back to
     ROLLED_BACK = "rolled_back"  # Triton refused the new version; the link points at the previous one again
+    SIGNATURE_REFUSED = "signature_refused"  # --require-signature: no .sig, a bad one, another model's, a mismatch
 
 
 class SyncError(Exception):
@@ -80,3 +81,12 @@ class RolledBack(SyncError):
     def __init__(self, message: str, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class SignatureRefused(SyncError):
+    """``--require-signature`` (modelsync/signing.py): the artifact's ``.sig`` is missing, does not verify with
+    the pinned key, names another model, is older than the rollout state's stable version, or its per-file
+    digests are not the artifact's. Not retried until the artifact changes (or the daemon restarts: a ``.sig``
+    uploaded after its artifact is read then); not remembered on disk, since the ``.sig`` may change."""
+
+    result = Result.SIGNATURE_REFUSED

@@ -117,6 +117,7 @@ def max_manifest_bytes(limits: Limits) -> int:
 # One JSON token: a whole string (possessive: linear however it ends), a quote that opens no complete string,
 # a bracket, or a number or literal. Valid JSON splits into these exactly as json.loads reads it.
 _TOKEN = re.compile(r'"(?:[^"\\]++|\\.)*+"|"|[\[{]|[\]}]|[^\s,:\[\]{}"]+', re.DOTALL)
+TOKEN = _TOKEN  # one JSON value or bracket per match, without backtracking (signing.py counts a bundle with it)
 
 
 def _count(text: str, limits: Limits) -> None:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from . import signing
 from .archive import Limits
 from .dirmodel import DirectoryFetcher
 from .errors import RolledBack, SyncError
@@ -70,6 +71,7 @@ class Models:
         self.log = log
         self.limits = limits
         self.wall = wall
+        self.signatures = signing.from_settings(settings, s3, limits)  # --require-signature, else None
 
     def current(self, name: str) -> Served | None:
         installed = self.store.current(name)
@@ -104,9 +106,9 @@ class Models:
                 path = final.path
             else:
                 fetcher = (
-                    DirectoryFetcher(self.s3, self.store, self.fs, self.limits, self._free_check)
+                    DirectoryFetcher(self.s3, self.store, self.fs, self.limits, self._free_check, self.signatures)
                     if archive.directory  # <prefix><model>/manifest.json: the changed files straight into staging
-                    else ZipFetcher(self.s3, self.store, self.fs, self.limits, self._free_check)
+                    else ZipFetcher(self.s3, self.store, self.fs, self.limits, self._free_check, self.signatures)
                 )
                 fetched = fetcher.fetch(
                     name, archive, installed, attempt, expected, source,

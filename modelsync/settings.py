@@ -10,6 +10,7 @@ reads them from the standard AWS chain (``AWS_ENDPOINT_URL``,
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import socket
@@ -84,6 +85,9 @@ class Settings:
     max_failure_increase: float = 0.01
     max_latency_ratio: float = 1.5
     triton_metrics_url: str = "http://localhost:8002/metrics"
+    # Optional provenance (modelsync/signing.py): an OpenSSF model-signing signature (<key>.sig) on every artifact
+    require_signature: bool = False
+    signature_public_key: str = ""  # the EC public key's PEM (given as text or as a path to the file)
     # Opens Triton's repository API where Triton restricts it: TRITON_ADMIN_KEY only (triton_http/admin.py)
     triton_admin_key: AdminKey | None = None
 
@@ -135,6 +139,12 @@ def _connections(text: str) -> int:
 
 def _queue_url(text: str) -> str:
     return http_url(text) if text else ""
+
+
+def _public_key(text: str) -> str:
+    from .signing import load_public_key  # cryptography is imported only when a key is given
+
+    return load_public_key(text)
 
 
 def _fraction(text: str) -> float:
@@ -371,6 +381,26 @@ OPTIONS: tuple[Option, ...] = (
         "Triton's Prometheus endpoint, the canaries' evidence (only read with --canary-fraction)",
     ),
     Option(
+        "require_signature",
+        "--require-signature",
+        ("MODELSYNC_REQUIRE_SIGNATURE",),
+        boolean,
+        "install only artifacts with a valid OpenSSF model-signing signature beside them (<key>.sig, signed by "
+        "--signature-public-key, for the model's own name, with the per-file digests of the bytes installed); "
+        "bundles are refused while it is on",
+        boolean=True,
+        shown="false",
+    ),
+    Option(
+        "signature_public_key",
+        "--signature-public-key",
+        ("MODELSYNC_SIGNATURE_PUBLIC_KEY",),
+        _public_key,
+        "the signers' EC public key (P-256/384/521): its PEM as text ('-----BEGIN PUBLIC KEY-----...', newlines "
+        "or \\n) or an absolute path to a PEM file; required by --require-signature",
+        shown="none",
+    ),
+    Option(
         "log_level",
         "--log-level",
         ("MODELSYNC_LOG_LEVEL",),
@@ -443,6 +473,18 @@ def load(
             "--canary-fraction (MODELSYNC_CANARY_FRACTION) needs --topic-arn (MODELSYNC_TOPIC_ARN): the live hosts "
             "are counted by their fan-out queues, and a verdict reaches every host through the topic"
         )
+    if settings.require_signature and not settings.signature_public_key:
+        raise ConfigError(
+            "--require-signature (MODELSYNC_REQUIRE_SIGNATURE) needs --signature-public-key "
+            "(MODELSYNC_SIGNATURE_PUBLIC_KEY): the PEM of the key the models are signed with, or a path to it"
+        )
+    if settings.signature_public_key and not settings.require_signature:
+        raise ConfigError(
+            "--signature-public-key (MODELSYNC_SIGNATURE_PUBLIC_KEY) is set but --require-signature is not: nothing "
+            "would be verified; set MODELSYNC_REQUIRE_SIGNATURE=true, or remove the key"
+        )
+    if settings.require_signature and importlib.util.find_spec("model_signing") is None:
+        raise ConfigError("--require-signature needs the model-signing package (pip install model-signing pyOpenSSL)")
     if settings.max_extracted_bytes < 1 or settings.max_archive_bytes < 1:
         raise ConfigError("archive limits must be positive")
     return settings

@@ -4,7 +4,8 @@ The counterpart of dirmodel.py for an archive; install.py picks one of the two b
 ``download`` (free-space check for the archive, pinned and hashed GETs into staging), ``verify`` (sha256,
 then the zip's end record and central directory: archive.py), ``extract`` (free-space check in whole blocks,
 every file fsync'd, the directory renamed into ``<store>/<model>/<sha256>``). Any failure leaves nothing in
-staging.
+staging. With ``--require-signature`` the ``.sig`` is fetched and verified before the archive is downloaded,
+and each entry's sha256, computed as it is extracted, is compared with the signed one before the commit.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .fsio import FileSystem
 from .metrics import Attempt
 from .pinning import verify_hash
 from .s3 import S3, Archive
+from .signing import Signatures, Signed
 from .store import Installed, Store
 
 
@@ -35,12 +37,14 @@ class ZipFetcher:
         fs: FileSystem,
         limits: Limits,
         free_check: Callable[[int, str], None],
+        signatures: Signatures | None = None,
     ) -> None:
         self.s3 = s3
         self.store = store
         self.fs = fs
         self.limits = limits
         self.free_check = free_check
+        self.signatures = signatures  # --require-signature
 
     def fetch(
         self,
@@ -57,8 +61,14 @@ class ZipFetcher:
         download: Path | None = None
         extracted: Path | None = None
         zf: zipfile.ZipFile | None = None
+        signed: Signed | None = None
         try:
             with attempt.phase("download"):
+                if self.signatures is not None:  # before the archive: a refusal costs one small GET
+                    signed = self.signatures.fetch(self.s3, archive, model)
+                    self.signatures.check_version(
+                        signed, model, expected, [installed, self.store.previous_installed(model)]
+                    )
                 self.free_check(archive.size, f"downloading {archive.key}")
                 download = self.store.staging_file(model)
                 sha, count = self.s3.download(archive, download, self.fs)
@@ -79,7 +89,10 @@ class ZipFetcher:
             with attempt.phase("extract"):
                 self.free_check(plan.disk_bytes(self.fs.block_size(self.store.staging)), f"extracting {model}")
                 extracted = self.store.staging_dir(model)
-                extract(zf, plan, extracted, self.fs)
+                digests: dict[str, str] | None = {} if signed is not None else None
+                extract(zf, plan, extracted, self.fs, digests=digests)
+                if signed is not None and digests is not None:  # before the commit: nothing installed on a mismatch
+                    Signatures.compare(signed, digests, archive.key)
                 zf.close()
                 zf = None
                 download.unlink()

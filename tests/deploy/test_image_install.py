@@ -220,21 +220,22 @@ def assert_covers(entries: dict[str, tuple[str, list[str]]], requirements: list[
 
 
 def closure(names: list[str]) -> set[str]:
-    """The installed distributions ``names`` need, transitively (markers evaluated here, no extras)."""
+    """The installed distributions ``names`` need, transitively (markers evaluated here), with the extras a
+    requirement asks for (sigstore-rekor-types needs ``pydantic[email]``: email-validator is in the closure)."""
     import importlib.metadata
 
-    seen: set[str] = set()
-    todo = [canonicalize_name(n) for n in names]
+    seen: set[tuple[str, str]] = set()
+    todo = [(canonicalize_name(n), "") for n in names]
     while todo:
-        name = todo.pop()
-        if name in seen:
+        name, extra = todo.pop()
+        if (name, extra) in seen:
             continue
-        seen.add(name)
+        seen.add((name, extra))
         for text in importlib.metadata.distribution(name).requires or []:
             req = Requirement(text)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(canonicalize_name(req.name))
-    return seen
+            if req.marker is None or req.marker.evaluate({"extra": extra}):
+                todo += [(canonicalize_name(req.name), e) for e in ("", *sorted(req.extras))]
+    return {name for name, _ in seen}
 
 
 def test_lock_pins_exactly_the_runtime_closure_with_hashes():
