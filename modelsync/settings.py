@@ -141,10 +141,38 @@ def _queue_url(text: str) -> str:
     return http_url(text) if text else ""
 
 
-def _public_key(text: str) -> str:
-    from .signing import load_public_key  # cryptography is imported only when a key is given
+_CURVES = ("secp256r1", "secp384r1", "secp521r1")  # what model_signing's EC-key signer accepts
 
-    return load_public_key(text)
+
+def _public_key(text: str) -> str:
+    """The PEM of an EC public key given as text (``-----BEGIN PUBLIC KEY-----...``, newlines or ``\\n``) or as
+    an absolute path to a PEM file; ValueError naming what is wrong. Checked at start; cryptography is
+    imported only when a key is given."""
+    text = text.strip()
+    if text.startswith("-----BEGIN"):
+        pem = text.replace("\\n", "\n")
+    elif text.startswith("/"):
+        try:
+            with open(text, "rb") as f:
+                pem = f.read(64 * 1024 + 1).decode("ascii", "replace")
+        except OSError as exc:
+            raise ValueError(f"cannot read the public key file: {exc.strerror or exc}") from None
+        if len(pem) > 64 * 1024:
+            raise ValueError("the public key file is larger than 64 KiB: not a PEM public key")
+    else:
+        raise ValueError("must be a PEM public key ('-----BEGIN PUBLIC KEY-----...') or an absolute path to one")
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+    except ImportError:  # pragma: no cover - the image installs it with model-signing
+        raise ValueError("needs the cryptography package (installed with model-signing)") from None
+    try:
+        key = serialization.load_pem_public_key(pem.encode("ascii", "replace"))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"not a PEM public key: {str(exc)[:120]}") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name not in _CURVES:
+        raise ValueError(f"must be an elliptic-curve key on {', '.join(_CURVES)} (what model_signing signs with)")
+    return pem.strip() + "\n"
 
 
 def _fraction(text: str) -> float:

@@ -53,7 +53,6 @@ SIGNATURE_BYTES_PER_ENTRY = 1536  # one signed file: its path, algorithm and hex
 _VERSION = re.compile(r"^[0-9]+$")
 BUNDLE_VALUES, BUNDLE_DEPTH = 1000, 16
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_CURVES = ("secp256r1", "secp384r1", "secp521r1")  # what model_signing's EC-key signer accepts
 
 
 def max_signature_bytes(limits: Limits) -> int:
@@ -63,36 +62,6 @@ def max_signature_bytes(limits: Limits) -> int:
 
 def signature_key(archive_key: str) -> str:
     return archive_key + SUFFIX
-
-
-def load_public_key(text: str) -> str:
-    """The PEM of an EC public key given as text (``-----BEGIN PUBLIC KEY-----...``, newlines or ``\\n``) or as
-    an absolute path to a PEM file; ValueError naming what is wrong. The settings' parser (checked at start)."""
-    text = text.strip()
-    if text.startswith("-----BEGIN"):
-        pem = text.replace("\\n", "\n")
-    elif text.startswith("/"):
-        try:
-            with open(text, "rb") as f:
-                pem = f.read(64 * 1024 + 1).decode("ascii", "replace")
-        except OSError as exc:
-            raise ValueError(f"cannot read the public key file: {exc.strerror or exc}") from None
-        if len(pem) > 64 * 1024:
-            raise ValueError("the public key file is larger than 64 KiB: not a PEM public key")
-    else:
-        raise ValueError("must be a PEM public key ('-----BEGIN PUBLIC KEY-----...') or an absolute path to one")
-    try:
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-    except ImportError:  # pragma: no cover - the image installs it with model-signing
-        raise ValueError("needs the cryptography package (installed with model-signing)") from None
-    try:
-        key = serialization.load_pem_public_key(pem.encode("ascii", "replace"))
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"not a PEM public key: {str(exc)[:120]}") from None
-    if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name not in _CURVES:
-        raise ValueError(f"must be an elliptic-curve key on {', '.join(_CURVES)} (what model_signing signs with)")
-    return pem.strip() + "\n"
 
 
 @dataclass(frozen=True)
