@@ -147,6 +147,17 @@ def is_bundle(names: list[str], key_model: str) -> bool:
     return not any(t in ("", ".", "..") or "\\" in t or "\x00" in t or re.match(r"^[A-Za-z]:", t) for t in top)
 
 
+def taken(name: str, parts: list[str], listed: Callable[[str], Archive | None]) -> tuple[str, Archive] | None:
+    """The first model of bundle ``name`` whose name a listed key owns, with that key's object; None when the
+    bundle takes no one's name. ``<prefix><m>.zip`` or ``<prefix><m>/manifest.json`` owns ``m``, whatever
+    else holds a directory ``m/``; the bundle's own name is its own key's."""
+    for model in sorted(parts):
+        owner = listed(model) if model != name else None
+        if owner is not None:
+            return model, owner
+    return None
+
+
 # --- reading the central directory without downloading the zip --------------------------------------
 
 

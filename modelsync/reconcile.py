@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import astuple, dataclass, field
 
 from .archive import Limits
-from .bundle import BundleConflict, Bundles
+from .bundle import BundleConflict, Bundles, taken
 from .errors import DownloadError, HashMismatch, MissingHash, Result, SyncError, UnsafeArchive
 from .fsio import FileSystem
 from .health import Status
@@ -312,9 +312,9 @@ class Syncer:
         if owner is not None:
             held = self.bundles.current(owner)
             raise BundleConflict(
-                f"{archive.key} holds model {name}, which bundle {owner} ({held.key if held else '?'}) installed "
-                f"here before {archive.key} was listed: a listed key owns its name, and the bundle is refused "
-                f"now; delete {owner}'s key from S3 (with --delete-removed the bundle is then removed) and "
+                f"{archive.key} holds model {name}, which belongs to bundle {owner} ({held.key if held else '?'}), "
+                f"installed here before {archive.key} was listed: a listed key owns its name, and the bundle is "
+                f"refused now; delete {owner}'s key from S3 (with --delete-removed the bundle is then removed) and "
                 f"{archive.key} is installed"
             )
         return self.models
@@ -324,15 +324,15 @@ class Syncer:
         is model ``m``'s, whatever else holds a directory ``m/``. Decided from S3's listing alone, so every host
         decides alike, fresh or not, in any order (issue 36: ``0evil.zip`` holding ``resnet/`` was served as
         resnet on a fresh host, and the real ``resnet.zip`` refused)."""
-        for model in parts:
-            owner = listed(model) if model != name else None
-            if owner is not None:
-                keys = owner.key if not owner.conflict else f"{owner.key} (and its other key)"
-                raise BundleConflict(
-                    f"bundle {archive.key} holds model {model}, whose name the listed key {keys} owns: a bundle "
-                    f"may not take a listed model's name; {archive.key} is refused (rename {model}/ in the bundle, "
-                    "or delete one of the two keys)"
-                )
+        found = taken(name, parts, listed)
+        if found is not None:
+            model, owner = found
+            keys = owner.key if not owner.conflict else f"{owner.key} (and its other key)"
+            raise BundleConflict(
+                f"bundle {archive.key} holds model {model}, whose name the listed key {keys} owns: a bundle "
+                f"may not take a listed model's name; {archive.key} is refused (rename {model}/ in the bundle, "
+                "or delete one of the two keys)"
+            )
 
     def _reconcile(
         self, name: str, listed: Archive, others: Listed, wait_for_tag: bool, fresh: bool = False
