@@ -11,4 +11,14 @@ Stopping it stops decisions only: hosts keep serving, and nothing is lost (unrea
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from telemetry import DISTRIBUTION  # the same distribution as the exporter: one version for the image
+
+
+def __getattr__(name: str) -> str:
+    if name == "__version__":  # from the package metadata, read on first use (never a copy here)
+        from telemetry import distribution_version
+
+        value = distribution_version(DISTRIBUTION)
+        globals()["__version__"] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(1200)
 ROOT = REPO
 DOCKERFILE = ROOT / "Dockerfile"
 # the packages the wheel holds
-SHIPPED = ("telemetry", "catalog", "triton_http", "exporter", "modelsync", "triton_side", "render")
+SHIPPED = ("telemetry", "catalog", "triton_http", "exporter", "modelsync", "triton_side", "render", "controller")
 TRITON_DOCKERFILE = ROOT / "deploy" / "triton.Dockerfile"
 LOCK = ROOT / "requirements.lock"
 DEV_LOCK = ROOT / "requirements-dev.lock"
@@ -255,7 +255,9 @@ def test_runtime_dependencies_are_what_the_shipped_code_imports():
     imported: set[str] = set()
     shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     packages = sorted({p.rstrip("*") for p in shipped})
-    assert packages == ["catalog", "exporter", "modelsync", "render", "telemetry", "triton_http", "triton_side"]
+    assert packages == [
+        "catalog", "controller", "exporter", "modelsync", "render", "telemetry", "triton_http", "triton_side"
+    ]  # fmt: skip
     for path in (p for package in packages for p in (ROOT / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
