@@ -21,7 +21,8 @@ from telemetry import logs
 from telemetry.sinks import SinkClosed, make_sink
 
 from .drains import resume
-from .fleet import AwsFleet
+from .fanout import FleetSize, ServiceFanout, TaskQueues
+from .fleet import AwsFleet, boto_client
 from .inbox import SqsInbox
 from .metrics import Recorder
 from .service import Controller
@@ -36,6 +37,30 @@ def make_store(settings: Settings) -> Store:
     if settings.state_file:
         return FileStore(Path(settings.state_file))
     return S3Store(settings.state_bucket, settings.key)
+
+
+def make_fanout(settings: Settings) -> ServiceFanout | None:
+    """The fan-out's parts (--service with --topic-arn and/or --bucket); None when off. The queues live in the
+    topic's region, beside it."""
+    if not settings.service:
+        return None
+    ecs = boto_client("ecs")
+    queues = None
+    if settings.topic_arn:
+        region = settings.topic_arn.split(":")[3]
+        queues = TaskQueues(
+            settings.cluster,
+            settings.service,
+            settings.topic_arn,
+            settings.queue_name_prefix,
+            ecs,
+            boto_client("sqs", region=region),
+            boto_client("sns", region=region),
+        )
+    size = None
+    if settings.bucket:
+        size = FleetSize(boto_client("s3"), settings.bucket, settings.prefix, settings.cluster, settings.service)
+    return ServiceFanout(ecs, settings.cluster, settings.service, queues, size)
 
 
 def resume_main(store: Store) -> int:
@@ -99,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         store,
         Recorder(settings.namespace, sink, settings.cluster),
         settings.bounds,
+        fanout=make_fanout(settings),
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -112,6 +138,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.pause_above * 100,
         extra={"fields": {"queue_url": settings.queue_url}},
     )
+    if settings.service:
+        log.info(
+            "fan-out on for service %s: %s; %s",
+            settings.service,
+            f"one queue per task, {settings.queue_name_prefix}<task id>, on {settings.topic_arn}"
+            if settings.topic_arn
+            else "no queues (no --topic-arn)",
+            f"its running task count published at s3://{settings.bucket}/{settings.prefix}.modelsync/fleet.json"
+            if settings.bucket
+            else "the fleet size is not published (no --bucket)",
+        )
     try:
         controller.run(settings.interval, stop)
     except SinkClosed as exc:

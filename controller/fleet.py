@@ -78,7 +78,7 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def boto_client(service: str, timeout: float = 10.0) -> Any:
+def boto_client(service: str, timeout: float = 10.0, region: str = "") -> Any:
     import boto3
     from botocore.config import Config
 
@@ -88,7 +88,7 @@ def boto_client(service: str, timeout: float = 10.0) -> Any:
         retries={"mode": "standard", "max_attempts": 3},
         user_agent_extra="triton-fleet-controller",
     )
-    return boto3.session.Session().client(service, config=config)
+    return boto3.session.Session().client(service, config=config, **({"region_name": region} if region else {}))
 
 
 class AwsFleet:

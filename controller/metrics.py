@@ -41,7 +41,16 @@ METRICS: tuple[Spec, ...] = (
     Spec("GpuReportsRefused", "Count", "reports refused: malformed, forged or stale (the log names the check)"),
     Spec("ControllerStateFailures", "Count", "state reads or writes that failed or conflicted (retried)"),
 )
-NAMES = tuple(m.name for m in METRICS)
+NAMES = tuple(m.name for m in METRICS)  # every pass
+# The fan-out (controller/fanout.py): every pass while it is on (--service with --topic-arn or --bucket).
+FANOUT_METRICS: tuple[Spec, ...] = (
+    Spec("FanoutTasks", "Count", "tasks of the Triton service ECS wants running (each has, or gets, a queue)"),
+    Spec("FanoutQueues", "Count", "fan-out queues of the exact name form listed in the pass"),
+    Spec("FanoutQueuesCreated", "Count", "fan-out queues made for new tasks in the pass"),
+    Spec("FanoutQueuesDeleted", "Count", "fan-out queues of stopped tasks removed in the pass"),
+    Spec("FanoutFailures", "Count", "fan-out calls that failed in the pass (ECS, SQS, SNS, the fleet size; retried)"),
+)
+FANOUT_NAMES = tuple(m.name for m in FANOUT_METRICS)
 
 
 @dataclass
@@ -55,6 +64,9 @@ class Counts:
     reports_report_only: int = 0
     reports_refused: int = 0
     state_failures: int = 0
+    fanout_created: int = 0
+    fanout_deleted: int = 0
+    fanout_failures: int = 0
 
     def take(self) -> Counts:
         out = Counts(**{f.name: getattr(self, f.name) for f in fields(self)})
@@ -67,12 +79,15 @@ class Recorder:
     """Encodes one event per pass and hands it to the sink."""
 
     def __init__(self, namespace: str, sink: Sink, cluster: str, wall: Callable[[], float] = time.time) -> None:
-        self.encoder = Encoder(namespace, METRICS)
+        self.encoder = Encoder(namespace, METRICS + FANOUT_METRICS)
         self.sink = sink
         self.cluster = cluster
         self.wall = wall
 
-    def emit(self, counts: Counts, paused: bool, in_progress: int, waiting: int) -> dict[str, float]:
+    def emit(
+        self, counts: Counts, paused: bool, in_progress: int, waiting: int, fanout: tuple[int, int] | None = None
+    ) -> dict[str, float]:
+        """``fanout``: (the service's tasks, queues listed) of the pass's fan-out; None while it is off."""
         values = {
             "ControllerHeartbeat": 1.0,
             "GpuDrainsPaused": 1.0 if paused else 0.0,
@@ -86,6 +101,14 @@ class Recorder:
             "GpuReportsRefused": float(counts.reports_refused),
             "ControllerStateFailures": float(counts.state_failures),
         }
+        if fanout is not None:
+            values |= {
+                "FanoutTasks": float(fanout[0]),
+                "FanoutQueues": float(fanout[1]),
+                "FanoutQueuesCreated": float(counts.fanout_created),
+                "FanoutQueuesDeleted": float(counts.fanout_deleted),
+                "FanoutFailures": float(counts.fanout_failures),
+            }
         props: dict[str, object] = {"service": "controller"}
         dims = dimensions_for(("cluster",), {"cluster": self.cluster}, props)
         self.sink.send(self.encoder.encode(Event("controller", dims, values, props), int(self.wall() * 1000)))

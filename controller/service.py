@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from telemetry.logs import Throttled
 
 from .drains import Bounds, Drains
+from .fanout import FanoutPass, ServiceFanout
 from .fleet import Fleet, FleetError
 from .inbox import Inbox, Message
 from .metrics import Counts, Recorder
@@ -37,6 +38,7 @@ class Pass:
     refused: int = 0
     kept: int = 0  # left in the queue for later (a failing AWS call, an unwritten state)
     metrics: dict[str, float] | None = None
+    fanout: FanoutPass | None = None
 
 
 class Controller:
@@ -49,8 +51,11 @@ class Controller:
         recorder: Recorder,
         bounds: Bounds,
         clock: Callable[[], float] = time.time,
+        fanout: ServiceFanout | None = None,
     ) -> None:
         self.cluster = cluster
+        self.fanout = fanout  # the fan-out's queues and the fleet's size: independent of the drains' state
+        self.fanout_gauges = (0, 0)  # (the service's tasks, queues listed), as of the last pass that read them
         self.inbox = inbox
         self.fleet = fleet
         self.store = store
@@ -80,6 +85,7 @@ class Controller:
 
     def run_once(self, wait: float = 0.0) -> Pass:
         out = Pass()
+        out.fanout = self._fan_out()  # first: a new task's queue is made before the queue's long poll waits
         now = self.clock()
         loaded = self.load(now)
         if loaded is None:
@@ -116,6 +122,23 @@ class Controller:
             self._delete(accepted)
         out.metrics = self._emit(state)
         return out
+
+    def _fan_out(self) -> FanoutPass | None:
+        """The fan-out's pass (controller/fanout.py); a bug in it never stops the drains' decisions."""
+        if self.fanout is None:
+            return None
+        try:
+            done = self.fanout.run()
+        except Exception:
+            log.exception("unexpected error in the fan-out's pass")
+            self.counts.fanout_failures += 1
+            return None
+        self.counts.fanout_created += len(done.created)
+        self.counts.fanout_deleted += len(done.deleted)
+        self.counts.fanout_failures += done.failures
+        if done.tasks is not None:
+            self.fanout_gauges = (done.tasks, done.queues)
+        return done
 
     def handle(self, state: State, message: Message, now: float) -> str:
         """``taken``, ``refused`` or ``kept`` (read again later)."""
@@ -160,7 +183,8 @@ class Controller:
         entries = list(state.entries.values()) if state is not None else []
         busy = sum(1 for e in entries if e.holds_a_slot())
         try:
-            return self.recorder.emit(self.counts.take(), paused, busy, len(entries) - busy)
+            fanout = self.fanout_gauges if self.fanout is not None else None
+            return self.recorder.emit(self.counts.take(), paused, busy, len(entries) - busy, fanout)
         except Exception as exc:  # a sink that fails must not stop decisions
             log.error("cannot emit the controller's metrics: %s: %s", type(exc).__name__, exc)
             return {}

@@ -33,6 +33,7 @@ from telemetry.sinks import Output, parse_output
 
 from . import __version__
 from .drains import DEFAULT_LIMIT, Bounds, Limit
+from .fanout import check_queue_prefix, check_topic_arn
 
 __all__ = ["ENV_VARS", "OPTIONS", "ConfigError", "Settings", "build_parser", "load"]
 
@@ -55,6 +56,12 @@ class Settings:
     output: Output = STDOUT
     namespace: str = "Triton"
     log_level: str = "info"
+    # The fan-out (controller/fanout.py): one queue per task of the Triton service on the model events' topic
+    service: str = ""
+    topic_arn: str = ""
+    queue_name_prefix: str = "modelsync-"
+    bucket: str = ""  # model sync's bucket and prefix: where the fleet's size is published for rollouts
+    prefix: str = ""
 
     @property
     def bounds(self) -> Bounds:
@@ -102,6 +109,19 @@ def _bucket(text: str) -> str:
 def _key(text: str) -> str:
     if not text or text.startswith("/") or len(text) > 1024:
         raise ValueError("must be an S3 key (1-1024 characters, not starting with '/')")
+    return text
+
+
+def _prefix(text: str) -> str:
+    """Model sync's key prefix, read as model sync reads it: a folder (``models`` is ``models/``)."""
+    if text.startswith("/"):
+        raise ValueError("an S3 key prefix does not start with '/'")
+    return text if not text or text.endswith("/") else text + "/"
+
+
+def _service(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,255}", text):
+        raise ValueError("must be an ECS service name (1-255 characters: A-Z, a-z, 0-9, '-', '_')")
     return text
 
 
@@ -177,6 +197,41 @@ OPTIONS: tuple[Option, ...] = (
         "keep the state in this file instead (one host; tests)",
     ),
     Option(
+        "service",
+        "--service",
+        ("CONTROLLER_SERVICE",),
+        _service,
+        "the Triton service's name: each of its tasks gets a fan-out queue (with --topic-arn), and its running "
+        "tasks are the live hosts a canary share is sized from (with --bucket)",
+    ),
+    Option(
+        "topic_arn",
+        "--topic-arn",
+        ("CONTROLLER_TOPIC_ARN",),
+        check_topic_arn,
+        "model sync's SNS topic of the bucket's object events: one SQS queue per task of --service is made, "
+        "secured and subscribed to it, and removed when the task stops (model sync's --fanout controller)",
+        shown="none",
+    ),
+    Option(
+        "queue_name_prefix",
+        "--queue-name-prefix",
+        ("CONTROLLER_QUEUE_NAME_PREFIX",),
+        check_queue_prefix,
+        "name prefix of the per-task queues, <prefix><task id> (model sync's same setting); only queues of that "
+        "exact form and tagged with this cluster and service are ever removed",
+    ),
+    Option(
+        "bucket",
+        "--bucket",
+        ("CONTROLLER_BUCKET",),
+        _bucket,
+        "model sync's bucket: the running task count of --service is published at <prefix>.modelsync/fleet.json "
+        "there, for the daemons' rollouts",
+        shown="none",
+    ),
+    Option("prefix", "--prefix", ("CONTROLLER_PREFIX",), _prefix, "model sync's key prefix (a folder)", shown=""),
+    Option(
         "output",
         "--output",
         ("CONTROLLER_OUTPUT", "AWS_EMF_AGENT_ENDPOINT"),
@@ -198,8 +253,9 @@ COMMANDS = ("run", "resume", "status")
 
 DESCRIPTION = (
     "The fleet's one controller: reads the hosts' GPU fault reports from one SQS queue, checks them against "
-    "ECS, and drains and replaces instances within fleet-wide bounds (docs/controller.md). Commands: run (the "
-    "default), resume (resume paused drains), status (print the state)."
+    "ECS, and drains and replaces instances within fleet-wide bounds; with --service and --topic-arn it owns "
+    "model sync's fan-out queues, one per task (docs/controller.md). Commands: run (the default), resume "
+    "(resume paused drains), status (print the state)."
 )
 
 
@@ -231,4 +287,16 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple
         )
     if args.command == "run" and not settings.queue_url:
         raise ConfigError("--controller-queue-url (or CONTROLLER_QUEUE_URL) is required")
+    if (settings.topic_arn or settings.bucket) and not settings.service:
+        raise ConfigError(
+            "--topic-arn and --bucket need --service (CONTROLLER_SERVICE): the fan-out's queues are one per task of "
+            "the Triton service, and the fleet's size is its running task count"
+        )
+    if settings.service and not (settings.topic_arn or settings.bucket):
+        raise ConfigError(
+            "--service (CONTROLLER_SERVICE) does nothing without --topic-arn (the fan-out) or --bucket (the fleet's "
+            "size for rollouts)"
+        )
+    if settings.prefix and not settings.bucket:
+        raise ConfigError("--prefix (CONTROLLER_PREFIX) is model sync's key prefix: it needs --bucket")
     return str(args.command), settings

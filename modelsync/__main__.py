@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -24,7 +24,7 @@ from telemetry import logs
 from telemetry.sinks import Sink, SinkClosed, make_sink
 
 from .events import EventFilter, Pending, QueuePoller
-from .fanout import Fanout, build_fanout
+from .fanout import Fanout, FleetHosts, TaskQueue, build_fanout, build_task_queue
 from .fsio import FileSystem, LocalFileSystem
 from .health import HEARTBEAT_EVERY, Status
 from .ledger import Ledger
@@ -52,13 +52,13 @@ class App:
     sink: Sink
     poller: QueuePoller | None
     pending: Pending
-    fanout: Fanout | None = None  # --topic-arn: this daemon's own queue on the topic
+    fanout: Fanout | TaskQueue | None = None  # --topic-arn: this daemon's own queue (self) or its task's (controller)
 
     def close(self) -> None:
         if self.poller is not None:
             self.poller.close()
         if self.fanout is not None:
-            self.fanout.close()  # unsubscribes and deletes this daemon's queue
+            self.fanout.close()  # self: unsubscribes and deletes its queue; controller: leaves it to the controller
         self.sink.close(SINK_GRACE)
         self.store.close()
 
@@ -96,8 +96,17 @@ def build(
             pending,
             logging.getLogger(f"{LOGGER}.sqs"),
         )
-    fanout = None
-    if settings.topic_arn and not settings.once:
+    fanout: Fanout | TaskQueue | None = None
+    if settings.topic_arn and not settings.once and settings.fanout == "controller":
+        fanout = build_task_queue(
+            settings.topic_arn,
+            settings.queue_name_prefix,
+            EventFilter(settings.bucket, settings.prefix),
+            pending,
+            logging.getLogger(f"{LOGGER}.fanout"),
+            sqs_client,
+        )
+    elif settings.topic_arn and not settings.once:
         fanout = build_fanout(
             settings.topic_arn,
             settings.queue_name_prefix,
@@ -109,6 +118,11 @@ def build(
             sns_client,
         )
     if settings.canary_fraction > 0:
+        live_hosts: Callable[[], int | None] = lambda: None  # noqa: E731
+        if settings.fanout == "controller":  # ECS's running tasks, as the controller counted them
+            live_hosts = FleetHosts(s3_conn, settings.bucket, settings.prefix, logging.getLogger(f"{LOGGER}.rollout"))
+        elif isinstance(fanout, Fanout):  # the daemons' own queues
+            live_hosts = fanout.live_hosts
         syncer.rollouts = Rollouts(
             settings,
             Ledger(s3_conn, settings.bucket, settings.prefix),
@@ -116,7 +130,7 @@ def build(
             logging.getLogger(f"{LOGGER}.rollout"),
             syncer.identify,
             syncer.entry_models,
-            fanout.live_hosts if fanout is not None else lambda: None,
+            live_hosts,
             participate=not settings.once,
         )
     return App(settings, store, syncer, sink, poller, pending, fanout)
@@ -205,7 +219,7 @@ def run_daemon(app: App, stop: threading.Event, log: logging.Logger) -> None:
     if app.poller is not None:
         app.poller.start()
     if app.fanout is not None:
-        app.fanout.start()  # creates and subscribes its queue in the background (retried), then polls it
+        app.fanout.start()  # finds (controller) or makes (self) its queue in the background, retried; polls it
     start = time.monotonic()
     slot = 0
     log.info(

@@ -1,4 +1,10 @@
-"""SNS fan-out: every daemon subscribes a queue of its own to one topic, so every host hears every object event.
+"""SNS fan-out: every host reads a queue of its own subscribed to one topic, so every host hears every object event.
+
+Two modes (``--fanout``): ``self`` (below: every daemon creates, tags, subscribes and sweeps its own queue;
+for use outside ECS) and ``controller`` (:class:`TaskQueue`: the fleet's controller makes one queue per ECS
+task, ``<prefix><task id>``, and the daemon only finds it by name, receives from it and deletes its messages;
+the live hosts a rollout is sized from are then the controller's count of the service's running tasks,
+:class:`FleetHosts`, not a number of queues anyone with the role could inflate). What follows is ``self``.
 
 Why: with one shared SQS queue each event reaches one host and the others
 wait for their next reconcile (``--interval``). An SNS topic copies each
@@ -104,6 +110,16 @@ METADATA_TIMEOUT = 2.0
 MAX_METADATA = 1 << 20  # bytes of the task metadata document read at most
 CLOCK_SLACK = 2.0  # seconds this host's clock may differ from SQS's before a creation tag is rewritten
 
+# --fanout controller (controller/fanout.py makes the queues; the same names there)
+TASK_ID = re.compile(r"[0-9a-f]{32}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+MAX_TASK_ID = 36
+MAX_TASK_PREFIX = MAX_QUEUE_NAME - MAX_TASK_ID  # 44
+LOOKUP_FIRST, LOOKUP_MAX = 1.0, 20.0  # seconds between looks for the queue the controller makes
+FLEET_KEY = ".modelsync/fleet.json"
+FLEET_STALE = 900.0  # seconds: an older count (the controller rewrites it every 300 s at least) is unknown
+MAX_FLEET_DOC = 4096
+MAX_HOSTS = 1_000_000
+
 _PREFIX = re.compile(r"[A-Za-z0-9_-]+")
 _TOPIC = re.compile(r"arn:(aws[a-z-]*):sns:([a-z0-9-]+):(\d{12}):([A-Za-z0-9_-]{1,256}(?:\.fifo)?)")
 _GONE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
@@ -150,6 +166,16 @@ def check_queue_prefix(text: str) -> str:
             f"{MAX_QUEUE_NAME} characters and the daemon appends a {ID_HEX}-character id)"
         )
     return text
+
+
+def check_task_queue_prefix(prefix: str) -> str:
+    """With ``--fanout controller`` the ECS task id (up to 36 characters) follows the prefix within SQS's 80."""
+    if len(prefix) > MAX_TASK_PREFIX:
+        raise ValueError(
+            f"is {len(prefix)} characters: with --fanout controller the queue is <prefix><ECS task id> (up to "
+            f"{MAX_TASK_ID} characters) within SQS's {MAX_QUEUE_NAME}, so the prefix is at most {MAX_TASK_PREFIX}"
+        )
+    return prefix
 
 
 def topic_region(topic_arn: str) -> str:
@@ -715,6 +741,193 @@ class Fanout:
         self.log.warning("fan-out sweep: %s; trying again at the next sweep", text, extra={"fields": {"queue": queue}})
 
 
+class TaskQueue:
+    """``--fanout controller``: this ECS task's queue, ``<prefix><task id>``, made and subscribed by the controller.
+
+    The daemon finds it by name (``GetQueueUrl``), long-polls it through :class:`QueuePoller` and deletes
+    what it read; it never creates, tags, reconfigures, subscribes or deletes a queue (its role cannot). Until
+    the queue exists (a task the controller has not seen yet, a stopped controller) it looks again every few
+    seconds (1 s doubling to 20 s) and says once that it waits; the reconcile at start and every
+    ``--interval`` keeps the host converging meanwhile. A queue that disappears (the controller removed it:
+    ECS says the task stopped) is waited for again.
+    """
+
+    def __init__(
+        self,
+        sqs: Any,
+        prefix: str,
+        filt: EventFilter,
+        pending: Pending,
+        log: logging.Logger,
+        *,
+        environ: Mapping[str, str] | None = None,
+        wait_seconds: int = 10,
+        retry_first: float = LOOKUP_FIRST,
+        retry_max: float = LOOKUP_MAX,
+    ) -> None:
+        self.sqs = sqs
+        self.prefix = prefix
+        self.filter = filt
+        self.pending = pending
+        self.log = log
+        self.environ = os.environ if environ is None else environ
+        self.wait_seconds = wait_seconds
+        self.retry_first = retry_first
+        self.retry_max = retry_max
+        self.conditions = Conditions(log)
+        self.queue_name = ""
+        self.queue_url = ""
+        self._poller: QueuePoller | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.queue_url)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="fanout-queue", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop polling; the queue stays (the controller removes it once ECS says the task stopped)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(0.5)
+
+    def name(self) -> str:
+        """``<prefix><task id>`` from the task metadata; empty while the task's id cannot be read."""
+        if not self.queue_name:
+            tid = task_arn(self.environ).rsplit("/", 1)[-1]
+            if TASK_ID.fullmatch(tid):
+                self.queue_name = self.prefix + tid
+        return self.queue_name
+
+    def lookup(self) -> bool:
+        """Find the queue by name; False (said once) while it does not exist. Raises FanoutError otherwise."""
+        name = self.name()
+        if not name:
+            self.conditions.set(
+                "fanout",
+                "fan-out: this task's id cannot be read from the ECS task metadata (ECS_CONTAINER_METADATA_URI_V4), "
+                "so its queue cannot be named; reconciling every --interval meanwhile",
+            )
+            return False
+        try:
+            got = self.sqs.get_queue_url(QueueName=name)
+        except ClientError as exc:
+            if _code(exc) in _GONE:
+                self.conditions.set(
+                    "fanout",
+                    f"fan-out: waiting for the controller to make queue {name} for this task; reconciling every "
+                    "--interval meanwhile",
+                    level=logging.INFO,
+                    queue=name,
+                )
+                return False
+            raise FanoutError(f"fan-out GetQueueUrl for queue {name}: {_reason(exc)}") from None
+        except Exception as exc:
+            raise FanoutError(f"fan-out GetQueueUrl for queue {name}: {_reason(exc)}") from None
+        self.queue_url = str(got["QueueUrl"])
+        self.conditions.set("fanout", None, queue=name)
+        self.log.info("fan-out queue found (made by the controller)", extra={"fields": {"queue": name}})
+        return True
+
+    def poll_once(self) -> int:
+        """One long poll of the queue; QueueGone when it no longer exists."""
+        if self._poller is None or self._poller.queue_url != self.queue_url:
+            self._poller = QueuePoller(
+                self.sqs, self.queue_url, self.filter, self.pending, self.log, wait_seconds=self.wait_seconds
+            )
+        try:
+            return self._poller.poll_once()
+        except ClientError as exc:
+            if _code(exc) in _GONE:
+                raise QueueGone(f"fan-out queue {self.queue_name} no longer exists (ReceiveMessage)") from None
+            raise FanoutError(f"fan-out receive from {self.queue_name}: {_reason(exc)}") from None
+
+    def _run(self) -> None:
+        delay = self.retry_first
+        while not self._stop.is_set():
+            try:
+                if not self.ready and not self.lookup():
+                    self._stop.wait(delay)
+                    delay = min(delay * 2, self.retry_max)
+                    continue
+                delay = self.retry_first
+                self.poll_once()
+                self.conditions.set("fanout-receive", None, queue=self.queue_name)
+            except QueueGone as exc:
+                self.log.warning("%s; waiting for the controller to make it again", exc,
+                                 extra={"fields": {"queue": self.queue_name}})  # fmt: skip
+                self.queue_url = ""
+                self._poller = None
+            except Exception as exc:  # retried: the reconcile timer covers the gap
+                if self._stop.is_set():
+                    break
+                self.conditions.set("fanout-receive", f"{exc}; retrying in {delay:.0f}s", queue=self.queue_name)
+                self._stop.wait(delay)
+                delay = min(delay * 2, self.retry_max)
+
+
+class FleetHosts:
+    """``--fanout controller``: the live hosts a canary share is sized from, as the controller counted them.
+
+    The controller writes ``<prefix>.modelsync/fleet.json`` (the Triton service's running tasks, from ECS)
+    whenever the count changes and at least every 5 minutes; nobody else may write it. A count older than
+    :data:`FLEET_STALE` on S3's clock (the object's LastModified against the Date of S3's answer), missing or
+    malformed is unknown (None): a rollout then waits rather than guess. One GET, at the start of a rollout.
+    """
+
+    def __init__(self, s3: Any, bucket: str, prefix: str, log: logging.Logger, stale_after: float = FLEET_STALE):
+        self.s3 = s3
+        self.bucket = bucket
+        self.key = prefix + FLEET_KEY
+        self.log = log
+        self.stale_after = stale_after
+        self.conditions = Conditions(log)
+
+    @property
+    def where(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    def __call__(self) -> int | None:
+        try:
+            got = self.s3.get_object(Bucket=self.bucket, Key=self.key)
+            body = got["Body"].read(MAX_FLEET_DOC + 1)
+            age = self._now(got) - got["LastModified"].timestamp()
+            running = loads(body, MAX_FLEET_DOC).get("running") if body else None
+        except ClientError as exc:
+            why = "it does not exist yet" if _code(exc) in {"NoSuchKey", "404"} else _reason(exc)
+            self._unknown(f"cannot read the fleet size at {self.where}: {why}")
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # Malformed is a ValueError
+            self._unknown(f"the fleet size at {self.where} is unreadable: {type(exc).__name__}: {exc}")
+            return None
+        if not isinstance(running, int) or isinstance(running, bool) or not 0 <= running <= MAX_HOSTS:
+            self._unknown(f"the fleet size at {self.where} has no valid running count")
+            return None
+        if age > self.stale_after:
+            self._unknown(
+                f"the fleet size at {self.where} is {age:.0f} s old (the controller rewrites it every 300 s; "
+                f"older than {self.stale_after:.0f} s is unknown): is the controller running?"
+            )
+            return None
+        self.conditions.set("fleet-size", None)
+        return running
+
+    @staticmethod
+    def _now(resp: Any) -> float:
+        """S3's clock: the Date of its answer (S3 always sends one); this host's only where it sent none."""
+        try:
+            return parsedate_to_datetime(resp["ResponseMetadata"]["HTTPHeaders"]["date"]).timestamp()
+        except (KeyError, TypeError, ValueError, IndexError):
+            return time.time()
+
+    def _unknown(self, why: str) -> None:
+        self.conditions.set("fleet-size", f"{why}; a rollout waits for a known number of hosts")
+
+
 def queue_policy(queue_arn: str, topic_arn: str) -> dict[str, Any]:
     """Only SNS, and only for this topic, may send to the queue."""
     return {
@@ -730,6 +943,16 @@ def queue_policy(queue_arn: str, topic_arn: str) -> dict[str, Any]:
             }
         ],
     }
+
+
+def build_task_queue(
+    topic_arn: str, prefix: str, filt: EventFilter, pending: Pending, log: logging.Logger, sqs: Any = None
+) -> TaskQueue:
+    """``--fanout controller``: a TaskQueue whose client is in the topic's region (the queue lives beside it)."""
+    from .s3 import make_client
+
+    return TaskQueue(sqs if sqs is not None else make_client("sqs", region=topic_region(topic_arn)), prefix, filt,
+                     pending, log)  # fmt: skip
 
 
 def build_fanout(

@@ -432,6 +432,8 @@ class Rollouts:
             if not stable.version_id:
                 return self._without_versions(name, listed)
             live = self.live_hosts()
+            if live is None and self.settings.fanout == "controller":  # never sized on a guess (FleetHosts)
+                return self._to_stable(name, new, current, f"{short(sha)} waits: the number of live hosts is unknown")
             wanted = max(1, math.ceil(self.settings.canary_fraction * live)) if live else 1
             me = Participant(self.host, CANARY, now, now, before=self._before(name))
             r = new.rollout = Rollout(self._record(name, sha, listed.key, listed.etag, version), stable, now,

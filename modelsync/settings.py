@@ -42,7 +42,7 @@ from telemetry.sinks import Output, parse_output
 from triton_http import AdminKey, key_from_env
 
 from . import __version__
-from .fanout import check_queue_prefix, check_topic_arn
+from .fanout import check_queue_prefix, check_task_queue_prefix, check_topic_arn
 
 __all__ = ["ENV_VARS", "OPTIONS", "ConfigError", "Settings", "build_parser", "load"]
 
@@ -60,6 +60,7 @@ class Settings:
     queue_url: str = ""
     topic_arn: str = ""  # SNS fan-out: each daemon subscribes a queue of its own (modelsync/fanout.py)
     queue_name_prefix: str = "modelsync-"
+    fanout: str = "self"  # "controller": the controller makes this task's queue; the daemon only reads it
     interval: float = 60.0
     output: Output = Output("stdout")  # noqa: RUF009 - a frozen dataclass
     namespace: str = "Triton"
@@ -254,7 +255,18 @@ OPTIONS: tuple[Option, ...] = (
         ("MODELSYNC_QUEUE_NAME_PREFIX",),
         check_queue_prefix,
         "name prefix of the per-daemon queues with --topic-arn (a 12-character id follows); every daemon deletes "
-        "queues named so whose heartbeat is older than 10 minutes",
+        "queues named so whose heartbeat is older than 10 minutes. With --fanout controller: <prefix><ECS task id>, "
+        "the controller's --queue-name-prefix",
+    ),
+    Option(
+        "fanout",
+        "--fanout",
+        ("MODELSYNC_FANOUT",),
+        choice("self", "controller"),
+        "who owns the --topic-arn queues: self (each daemon creates, subscribes and sweeps its own; outside ECS) "
+        "or controller (python -m controller makes one per ECS task; the daemon finds its own by name, only "
+        "receives and deletes messages, and a rollout sizes its canary share from the controller's count of "
+        "running tasks)",
     ),
     Option("interval", "--interval", ("MODELSYNC_INTERVAL",), positive, "seconds between full reconciles with S3"),
     Option(
@@ -496,6 +508,16 @@ def load(
             "--queue-url (MODELSYNC_QUEUE_URL) and --topic-arn (MODELSYNC_TOPIC_ARN) are both set: with a topic "
             "each daemon reads a queue of its own, with a shared queue each event reaches one host only; set one"
         )
+    if settings.fanout == "controller":
+        if not settings.topic_arn:
+            raise ConfigError(
+                "--fanout controller (MODELSYNC_FANOUT) needs --topic-arn (MODELSYNC_TOPIC_ARN): the queue the "
+                "controller makes for this task is subscribed to that topic, in its region"
+            )
+        try:
+            check_task_queue_prefix(settings.queue_name_prefix)
+        except ValueError as exc:
+            raise ConfigError(f"--queue-name-prefix={settings.queue_name_prefix!r}: {exc}") from None
     if settings.canary_fraction > 0 and not settings.topic_arn:
         raise ConfigError(
             "--canary-fraction (MODELSYNC_CANARY_FRACTION) needs --topic-arn (MODELSYNC_TOPIC_ARN): the live hosts "
