@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from telemetry import logs
+from telemetry.shapes import Malformed
 from telemetry.sinks import SinkClosed, make_sink
 
 from .drains import resume
@@ -27,7 +28,6 @@ from .inbox import SqsInbox
 from .metrics import Recorder
 from .service import Controller
 from .settings import ConfigError, Settings, load
-from .shapes import Malformed
 from .state import Conflict, FileStore, S3Store, State, Store, StoreError
 
 LOGGER = "controller"

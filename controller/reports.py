@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .shapes import Doc, Malformed, loads
+from telemetry.shapes import Doc, Malformed, loads
 
 MAX_MESSAGE_BYTES = 16 * 1024  # a report is under 1 KiB; SQS allows 256 KiB
 NAME_LIMIT = 2048  # an ARN is at most 2,048 characters
@@ -82,11 +82,11 @@ class FaultReport:
 def parse(body: str | bytes) -> FaultReport:
     """A message body as a report; raises Malformed naming the field."""
     doc = Doc(loads(body, MAX_MESSAGE_BYTES))
-    kind = doc.text("type", 64)
+    kind = doc.text("type", limit=64, printable=True)
     if kind != "gpu_fault":
         raise Malformed("type", f"{kind[:40]!r}: the controller reads gpu_fault reports")
     doc.integer("version", 1, 1)
-    fault = doc.text("fault", 32)
+    fault = doc.text("fault", limit=32, printable=True)
     if fault not in FAULTS:
         raise Malformed("fault", f"{fault[:40]!r} is not one of {', '.join(FAULTS)}")
     code = doc.optional_integer("code", 0, 1_000_000)
@@ -94,23 +94,23 @@ def parse(body: str | bytes) -> FaultReport:
         raise Malformed("code", f"missing (a {fault} report names its code)")
     evidence = doc.optional_doc("evidence")
     reads = evidence.integer("reads", 1, 1_000_000, default=1) if evidence else 1
-    task_arn = doc.text("task_arn", NAME_LIMIT)
+    task_arn = doc.text("task_arn", limit=NAME_LIMIT, printable=True)
     if not task_arn.startswith("arn:") or ":task/" not in task_arn:
         raise Malformed("task_arn", "not an ECS task ARN")
-    ec2 = doc.text("ec2_instance_id", 64, default="")
+    ec2 = doc.text("ec2_instance_id", limit=64, default="", printable=True)
     if ec2 and not (ec2.startswith("i-") and ec2[2:].isalnum()):
         raise Malformed("ec2_instance_id", "not an EC2 instance id (i-...)")
     return FaultReport(
-        cluster=doc.text("cluster", NAME_LIMIT),
+        cluster=doc.text("cluster", limit=NAME_LIMIT, printable=True),
         task_arn=task_arn,
-        gpu_uuid=doc.text("gpu_uuid", 128),
+        gpu_uuid=doc.text("gpu_uuid", limit=128, printable=True),
         gpu=doc.integer("gpu", 0, 1024),
         fault=fault,
-        reason=doc.text("reason", 512, default=""),
+        reason=doc.text("reason", limit=512, default="", printable=True),
         code=code,
         reads=reads,
         ec2_instance_id=ec2,
-        container_instance_arn=doc.text("container_instance_arn", NAME_LIMIT, default=""),
+        container_instance_arn=doc.text("container_instance_arn", limit=NAME_LIMIT, default="", printable=True),
         observed_at=doc.number("observed_at", 0, 1e11, default=0.0),
         evidence={"reads": reads},
     )

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from telemetry.logs import Throttled
+from telemetry.shapes import Malformed
 
 from .drains import Bounds, Drains
 from .fanout import FanoutPass, ServiceFanout
@@ -23,7 +24,6 @@ from .fleet import Fleet, FleetError
 from .inbox import Inbox, Message
 from .metrics import Counts, Recorder
 from .reports import parse
-from .shapes import Malformed
 from .state import Conflict, State, Store, StoreError
 from .verify import Refused, check
 

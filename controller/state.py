@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .shapes import Doc, Malformed, loads
+from telemetry.shapes import Doc, Malformed, loads
 
 MAX_STATE_BYTES = 1 << 20
 MAX_ENTRIES = 5000
@@ -79,7 +79,10 @@ class State:
         paused = doc.optional_doc("paused")
         state = cls(
             seq=doc.integer("seq", 0, 2**53),
-            paused={"since": paused.number("since", 0, 1e11), "reason": paused.text("reason", 2048)}
+            paused={
+                "since": paused.number("since", 0, 1e11),
+                "reason": paused.text("reason", limit=2048, printable=True),
+            }
             if paused
             else None,
         )
@@ -88,24 +91,24 @@ class State:
             raise Malformed("entries", f"more than {MAX_ENTRIES} entries")
         for key in entries.raw:
             e = entries.doc(key)
-            phase = e.text("phase", 16)
+            phase = e.text("phase", limit=16, printable=True)
             if phase not in PHASES:
                 raise Malformed(e.at("phase"), f"{phase[:20]!r} is not one of {', '.join(PHASES)}")
             evidence = e.items("evidence", MAX_EVIDENCE)
             if not all(isinstance(x, dict) for x in evidence):
                 raise Malformed(e.at("evidence"), "not a list of objects")
             state.entries[key] = Entry(
-                container_instance=e.text("container_instance", 2048),
-                ec2_instance=e.text("ec2_instance", 64),
+                container_instance=e.text("container_instance", limit=2048, printable=True),
+                ec2_instance=e.text("ec2_instance", limit=64, printable=True),
                 phase=phase,
                 seq=e.integer("seq", 0, 2**53),
                 reported_at=e.number("reported_at", 0, 1e11),
-                reason=e.text("reason", 2048, default=""),
+                reason=e.text("reason", limit=2048, default="", printable=True),
                 evidence=evidence,
                 reports=e.integer("reports", 0, 2**53, default=1),
                 drain_started_at=e.number("drain_started_at", 0, 1e11) if e.has("drain_started_at") else None,
                 replace_started_at=e.number("replace_started_at", 0, 1e11) if e.has("replace_started_at") else None,
-                waiting_why=e.text("waiting_why", 512, default=""),
+                waiting_why=e.text("waiting_why", limit=512, default="", printable=True),
             )
         state.drains = [_time(x, "drains") for x in doc.items("drains", MAX_ENTRIES)]
         for name in ("reporters", "done"):

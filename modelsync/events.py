@@ -30,10 +30,10 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from telemetry.logs import Conditions
+from telemetry.shapes import Doc, Malformed, loads
 
 from .ledger import model_of_state
 from .s3 import model_of
-from .shapes import Doc, Malformed, loads
 
 MAX_SEEN = 100_000
 
@@ -82,7 +82,10 @@ def _events(doc: Doc) -> list[ObjectEvent]:
 
 def _record(rec: Doc) -> list[ObjectEvent]:
     """One record of an S3 notification; other services' records and other S3 events are skipped."""
-    source, name = rec.text("eventSource", "", MAX_FIELD), rec.text("eventName", "", MAX_FIELD)
+    source, name = (
+        rec.text("eventSource", default="", limit=MAX_FIELD),
+        rec.text("eventName", default="", limit=MAX_FIELD),
+    )
     if not source.endswith("s3") or not name.startswith(("ObjectCreated", "ObjectRemoved")):
         return []
     s3 = rec.doc("s3")
@@ -93,8 +96,8 @@ def _record(rec: Doc) -> list[ObjectEvent]:
             unquote_plus(obj.text("key", limit=MAX_KEY)),
             name.startswith("ObjectRemoved"),
             _sequencer(obj),
-            rec.text("eventTime", "", MAX_FIELD),
-            obj.text("versionId", "", MAX_FIELD),
+            rec.text("eventTime", default="", limit=MAX_FIELD),
+            obj.text("versionId", default="", limit=MAX_FIELD),
         )
     ]
 
@@ -102,19 +105,23 @@ def _record(rec: Doc) -> list[ObjectEvent]:
 def _bridge(doc: Doc) -> list[ObjectEvent]:
     """An EventBridge S3 event; kinds other than created and deleted are skipped."""
     detail = doc.doc("detail")
-    kind = doc.text("detail-type", "", MAX_FIELD)
+    kind = doc.text("detail-type", default="", limit=MAX_FIELD)
     if kind not in ("Object Created", "Object Deleted"):
         return []
     obj = detail.doc("object")
     bucket, key = detail.doc("bucket").text("name", limit=MAX_FIELD), obj.text("key", limit=MAX_KEY)
-    sequencer, when, version = _sequencer(obj), doc.text("time", "", MAX_FIELD), obj.text("version-id", "", MAX_FIELD)
+    sequencer, when, version = (
+        _sequencer(obj),
+        doc.text("time", default="", limit=MAX_FIELD),
+        obj.text("version-id", default="", limit=MAX_FIELD),
+    )
     removed = kind == "Object Deleted"
     return [ObjectEvent(bucket, k, removed, sequencer, when, version) for k in dict.fromkeys([key, unquote_plus(key)])]
 
 
 def _sequencer(obj: Doc) -> str:
     """S3's ordering of one key's events: hex digits (compared as such by :func:`newer`)."""
-    seq = obj.text("sequencer", "", MAX_SEQUENCER)
+    seq = obj.text("sequencer", default="", limit=MAX_SEQUENCER)
     if not _HEX.fullmatch(seq):
         raise Malformed(obj.at("sequencer"), "not hexadecimal")
     return seq

@@ -88,9 +88,9 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from telemetry.logs import Conditions
+from telemetry.shapes import loads
 
 from .events import EventFilter, Pending, QueuePoller
-from .shapes import loads
 
 ID_HEX = 12  # the random part of a queue name: 48 bits
 MAX_QUEUE_NAME = 80  # SQS

@@ -30,10 +30,11 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from telemetry.shapes import Doc, Malformed, items, loads, number, text
+
 from .errors import DownloadError, UnsafeArchive
 from .evidence import Snapshot, Window, snapshot_from_json, snapshot_to_json
 from .s3 import MANIFEST, SUFFIX, Archive, valid_hash
-from .shapes import Doc, Malformed, items, loads, number, text
 
 STATE_DIR = ".modelsync/rollouts/"
 MAX_STATE = 1024 * 1024  # bytes of one state object read at most
@@ -139,7 +140,10 @@ class Artifact:
         if not sha:
             raise Malformed(doc.at("sha256"), "empty")
         return cls(
-            sha, doc.text("key", "", MAX_TEXT), doc.text("etag", "", MAX_TEXT), doc.text("version_id", "", MAX_TEXT)
+            sha,
+            doc.text("key", default="", limit=MAX_TEXT),
+            doc.text("etag", default="", limit=MAX_TEXT),
+            doc.text("version_id", default="", limit=MAX_TEXT),
         )
 
 
@@ -233,7 +237,7 @@ class Rollout:
             Artifact.from_json(doc.get("artifact"), doc.at("artifact")),
             Artifact.from_json(doc.get("previous"), doc.at("previous")),
             doc.number("started", *TIMES, default=0.0),
-            doc.text("started_by", "", MAX_TEXT),
+            doc.text("started_by", default="", limit=MAX_TEXT),
             max(1, doc.integer("wanted", 0, MAX_HOSTS, default=1)),
             doc.integer("live_hosts", 0, MAX_HOSTS, default=0),
             participants,
@@ -261,8 +265,8 @@ class Verdict:
         if verdict not in (PROMOTED, REJECTED, SUPERSEDED):
             raise Malformed(doc.at("verdict"), f"not one of {PROMOTED}, {REJECTED}, {SUPERSEDED}")
         evidence = doc.get("evidence")  # free-form, only shown: any object will do (loads bounded it)
-        return cls(doc.text("sha256", "", MAX_TEXT), verdict, doc.number("at", *TIMES, default=0.0),
-                   doc.text("by", "", MAX_TEXT), doc.text("reason", ""),
+        return cls(doc.text("sha256", default="", limit=MAX_TEXT), verdict, doc.number("at", *TIMES, default=0.0),
+                   doc.text("by", default="", limit=MAX_TEXT), doc.text("reason", default=""),
                    evidence if isinstance(evidence, dict) else {})  # fmt: skip
 
 

@@ -8,10 +8,10 @@ import pytest
 
 from controller.fleet import Task
 from controller.reports import DRAINING_XIDS, REPORT_ONLY_XIDS, classify, parse
-from controller.shapes import Malformed
 from controller.verify import Refused, check
 from exporter.gpufaults.verdict import FATAL_XIDS, REPORT_ONLY_RECOVERY_ACTIONS
 from exporter.gpufaults.verdict import REPORT_ONLY_XIDS as EXPORTER_REPORT_ONLY
+from telemetry.shapes import Malformed
 from tests.unit.controller.fakes import CLUSTER, FakeFleet, body, ci_arn, ec2, task_arn
 
 

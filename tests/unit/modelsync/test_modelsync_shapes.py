@@ -13,7 +13,7 @@ import pytest
 
 from modelsync.events import MAX_BODY, EventFilter, MalformedMessage, ObjectEvent, Pending, QueuePoller, parse
 from modelsync.ledger import MAX_STATE, Artifact, Ledger, LedgerError, Participant, Rollout, State
-from modelsync.shapes import MAX_DEPTH, Doc, Malformed, integer, loads, number
+from telemetry.shapes import MAX_DEPTH, Doc, Malformed, integer, loads, number
 from tests.support.helpers import Capture
 
 # --- helpers ------------------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ def test_typed_access_names_the_field() -> None:
         inner.text("missing")
     with pytest.raises(Malformed, match=r"top\.a\.t: a boolean, not a whole number"):
         inner.integer("t", 0, 10)
-    assert inner.integer("n", 0, 10) == 3 and inner.text("missing", "d") == "d"
+    assert inner.integer("n", 0, 10) == 3 and inner.text("missing", default="d") == "d"
     with pytest.raises(Malformed, match="out of range"):
         integer(10**400, "x", 0, 10)
     with pytest.raises(Malformed, match="out of range"):

@@ -1,11 +1,12 @@
 """Outside documents read as data: bounded JSON and typed access, one error for every wrong shape.
 
-An SQS message or a rollout state can hold anything anyone with write access put there: a string where an
-object belongs, a list 100,000 deep, ``1e999`` (inf once parsed), ``NaN``, a lone surrogate. Code that
-trusts the shape raises TypeError, OverflowError or RecursionError far from the handler meant for bad
-input, and a message whose handler raises is never deleted. So every such document is parsed by
-:func:`loads` (size, depth, finite numbers, UTF-8 strings) and read through :class:`Doc` (types, ranges),
-and everything wrong with it is one :class:`Malformed` naming the field.
+An SQS message, a rollout state, a host's report to the controller or the controller's own state can hold
+anything anyone with write access put there: a string where an object belongs, a list 100,000 deep,
+``1e999`` (inf once parsed), ``NaN``, a lone surrogate. Code that trusts the shape raises TypeError,
+OverflowError or RecursionError far from the handler meant for bad input, and a message whose handler raises
+is never deleted. So every such document is parsed by :func:`loads` (size, depth, finite numbers, UTF-8
+strings) and read through :class:`Doc` (types, ranges), and everything wrong with it is one
+:class:`Malformed` naming the field. Model sync and the controller both read through it.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def loads(data: str | bytes, limit: int, max_depth: int = MAX_DEPTH) -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise Malformed("", "not UTF-8") from None
+    _check_nesting(text, max_depth)
     try:
         doc = json.loads(text, parse_float=_finite, parse_constant=_constant)
     except Malformed:
@@ -64,6 +66,27 @@ def loads(data: str | bytes, limit: int, max_depth: int = MAX_DEPTH) -> Any:
         raise Malformed("", f"not JSON: {str(exc)[:80]}") from None
     check_tree(doc, max_depth)
     return doc
+
+
+def _check_nesting(text: str, max_depth: int) -> None:
+    """Bound the nesting before the recursive parser sees it (brackets inside strings do not count)."""
+    depth, in_string, escaped = 0, False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise Malformed("", f"nested deeper than {max_depth}")
+        elif ch in "]}":
+            depth -= 1
 
 
 def check_tree(doc: Any, max_depth: int = MAX_DEPTH) -> None:
@@ -120,17 +143,22 @@ def integer(value: Any, path: str, lo: int, hi: int) -> int:
     return value
 
 
-def text(value: Any, path: str, limit: int | None = None) -> str:
+def text(value: Any, path: str, limit: int | None = None, printable: bool = False) -> str:
+    """A string of at most ``limit`` characters; ``printable``: none that would break a log line."""
     if not isinstance(value, str):
         raise Malformed(path, f"{_kind(value)}, not a string")
     if limit is not None and len(value) > limit:
         raise Malformed(path, f"longer than {limit} characters")
+    if printable and not value.isprintable():
+        raise Malformed(path, "holds characters that are not printable")
     return value
 
 
-def items(value: Any, path: str) -> list[Any]:
+def items(value: Any, path: str, limit: int | None = None) -> list[Any]:
     if not isinstance(value, list):
         raise Malformed(path, f"{_kind(value)}, not a list")
+    if limit is not None and len(value) > limit:
+        raise Malformed(path, f"more than {limit} items")
     return value
 
 
@@ -166,14 +194,14 @@ class Doc:
     def optional_doc(self, key: str) -> Doc | None:
         return Doc(self.raw[key], self.at(key)) if self.has(key) else None
 
-    def items(self, key: str) -> list[Any]:
-        """A list, empty when absent."""
-        return items(self.raw[key], self.at(key)) if self.has(key) else []
+    def items(self, key: str, limit: int | None = None) -> list[Any]:
+        """A list of at most ``limit`` items, empty when absent."""
+        return items(self.raw[key], self.at(key), limit) if self.has(key) else []
 
-    def text(self, key: str, default: str | None = None, limit: int | None = None) -> str:
+    def text(self, key: str, *, default: str | None = None, limit: int | None = None, printable: bool = False) -> str:
         if default is not None and not self.has(key):
             return default
-        return text(self._required(key), self.at(key), limit)
+        return text(self._required(key), self.at(key), limit, printable)
 
     def number(self, key: str, lo: float, hi: float, default: float | None = None) -> float:
         if default is not None and not self.has(key):
@@ -187,6 +215,9 @@ class Doc:
         if default is not None and not self.has(key):
             return default
         return integer(self._required(key), self.at(key), lo, hi)
+
+    def optional_integer(self, key: str, lo: int, hi: int) -> int | None:
+        return self.integer(key, lo, hi) if self.has(key) else None
 
     def flag(self, key: str) -> bool:
         value = self.raw.get(key)
