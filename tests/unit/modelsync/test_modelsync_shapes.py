@@ -1,5 +1,5 @@
 """Messages and rollout states of any shape: every wrong type, depth, size or number is one Malformed, never an
-exception of another kind (modelsync/shapes.py, events.parse, ledger.State.from_json, Ledger.read)."""
+exception of another kind (telemetry/shapes.py, events.parse, ledger.State.from_json, Ledger.read)."""
 
 from __future__ import annotations
 
