@@ -109,10 +109,13 @@ def options_from(values: Mapping[str, Any]) -> Options:
     for flag, value in scaling.items():
         if value < 1:
             raise ValueError(f"need {flag} >= 1" + (" us (0.001 ms)" if "queue" in flag else ""))
-    if not 0 <= opts.scale_out_cooldown <= 3600 or not 60 <= opts.scale_in_cooldown <= 86400:
-        raise ValueError("need 0 <= --scale-out-cooldown <= 3600 and 60 <= --scale-in-cooldown <= 86400")
-    if not 0 <= opts.min_capacity <= opts.max_capacity or opts.max_capacity < 1:
-        raise ValueError("need 0 <= --min-capacity <= --max-capacity and --max-capacity >= 1")
+    if not 0 <= opts.task_start_seconds <= 3600 or not 60 <= opts.scale_in_cooldown <= 86400:
+        raise ValueError("need 0 <= --task-start-seconds <= 3600 and 60 <= --scale-in-cooldown <= 86400")
+    if opts.min_capacity < 1:
+        # With no task nothing emits the signals, missing data is not breaching: the service would never scale out.
+        raise ValueError("need --min-capacity >= 1: with no task no signal is emitted and scaling never adds one")
+    if opts.min_capacity > opts.max_capacity:
+        raise ValueError("need --min-capacity <= --max-capacity")
     if not 1 <= opts.version_skew_periods <= 288:  # CloudWatch: at most a day of 5-minute periods
         raise ValueError("need 1 <= --version-skew-periods <= 288")
     return opts

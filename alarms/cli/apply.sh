@@ -24,10 +24,12 @@ aws application-autoscaling register-scalable-target --cli-input-json file://sca
 policy() {
   aws application-autoscaling put-scaling-policy --cli-input-json "file://scaling/policy-$1.json" --query PolicyARN --output text
 }
+SCALE_OUT_EXCESS=$(policy scale-out-excess)
 SCALE_OUT_PENDING=$(policy scale-out-pending)
 SCALE_OUT_QUEUE_TIME=$(policy scale-out-queue-time)
 SCALE_OUT_LLM_WAITING=$(policy scale-out-llm-waiting)
 SCALE_IN=$(policy scale-in)
+aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-scale-out-excess.json --alarm-actions "$SCALE_OUT_EXCESS"
 aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-scale-out-pending.json --alarm-actions "$SCALE_OUT_PENDING"
 aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-scale-out-queue-time.json --alarm-actions "$SCALE_OUT_QUEUE_TIME"
 aws cloudwatch put-metric-alarm --cli-input-json file://scaling/alarm-scale-out-llm-waiting.json --alarm-actions "$SCALE_OUT_LLM_WAITING"

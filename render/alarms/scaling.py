@@ -1,25 +1,30 @@
 """ECS service scaling on what predicts overload (docs/scaling.md), as data.
 
-Scale out: one step policy per leading signal (Triton's backlog, its queue
-time, TensorRT-LLM's waiting requests), each invoked by a high-resolution
-alarm on the signal's service-wide set (10-second periods, three of three:
-30 s of sustained overload, not a burst). Target tracking is not used: its
-alarms evaluate 60-second periods (three of them) and cannot meet 30 s.
-Each policy adds one task when the signal is above its threshold and two
-when it is above twice the threshold; during the cooldown only the larger
-step adds anything, so a task that is still starting is not doubled.
+Scale out, in proportion: one step policy in ``PercentChangeInCapacity`` (at least one task) on the **excess**,
+the share of the demand the service did not serve over the last 10 s,
 
-Scale in: one policy, invoked by a standard alarm on the sum of every signal
-over its own scale-in level (pending and queue time against their scale-out
-thresholds, GPU utilisation against ``GpuScaleInUtilization``) staying below
-1 for 15 minutes: only when every signal is low, slowly, never below
-``MinCapacity`` (the scalable target's), with a cooldown that is long next
-to the scale-out's so the two cannot flap. GPU memory only notifies: a new
-task does not change a GPU's memory, and engines that reserve memory up
-front (vLLM, TensorRT-LLM) read near-full all day.
+    excess = (DIFF(backlog) [+ DIFF(TensorRT-LLM waiting)] + rejected) / served      (each the average task's)
 
-Policies are in RegisterScalableTarget / PutScalingPolicy shapes; a policy
-exists when an alarm of the render names its action.
+which is ``lambda / mu - 1`` of a saturated service whatever its size, its model or its queue policy: a backlog
+that grows, or requests Triton sheds (queue full, queue timeout), are both demand it did not serve. Tasks still
+starting serve nothing and add nothing to either side, so they do not dilute it. The steps add the excess,
+rounded up to the next step, as a percentage of the current count: a 50 % surge on 20 tasks adds 12.
+
+Scale out, the backstop: the level alarms on the backlog, the queue time and TensorRT-LLM's waiting requests
+(30 s above their thresholds) add one task: a service exactly at capacity with a standing queue has no excess.
+
+Every scale-out policy's cooldown is ``TaskStartSeconds``: Application Auto Scaling counts what a scale-out added
+as capacity during its cooldown and only adds what a larger step adds beyond it, so tasks still starting are not
+doubled, and a larger excess still adds the difference. A rate, the excess does not grow while tasks start.
+
+Scale in: one policy, invoked by a standard alarm on the sum of every signal over its own scale-in level, each
+the average task's (a per-task measure: it does not grow with the number of tasks), staying below 1 for 15
+minutes: only when every signal is low, one task at a time, never below ``MinCapacity`` (at least 1: with no task
+nothing emits the signals). GPU memory only notifies.
+
+Target tracking is not used: its alarms evaluate 60-second periods and scale in on their own.
+Policies are in RegisterScalableTarget / PutScalingPolicy shapes; a policy exists when an alarm of the render
+names its action.
 """
 
 from __future__ import annotations
@@ -27,14 +32,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from catalog import Catalog
+
 from ..base.params import Ref
-from .spec import MathAlarm, MetricAlarm, Spec, Term
+from ..base.widgets import emitted
+from .spec import MathAlarm, MetricAlarm, Spec, Term, check_period
 
 SCALE_OUT_PERIOD = 10  # seconds: a high-resolution alarm (the signals are emitted every 10 s)
 SCALE_OUT_POINTS = 3  # of 3: 30 s of sustained overload
 SCALE_IN_PERIOD = 60
 SCALE_IN_POINTS = 15  # of 15: 15 minutes of every signal low
 SCALE_IN_BELOW = 1.0  # the scale-in alarm's threshold on the sum of normalised signals
+EXCESS_THRESHOLD = 0.05  # 5 % of the demand unserved, 30 s long
+# (upper edge of the excess, percent added): each step adds its upper edge, so the step covers the excess it
+# was chosen for, at most one step's width (5 points up to 20 %) above it. The last adds 400 % (five times).
+EXCESS_STEPS: tuple[tuple[float | None, int], ...] = (
+    (0.10, 10), (0.15, 15), (0.20, 20), (0.30, 30), (0.40, 40), (0.50, 50), (0.60, 60), (0.80, 80),
+    (1.00, 100), (1.50, 150), (2.00, 200), (3.00, 300), (None, 400),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -47,40 +62,43 @@ class Policy:
     aggregation: str
     steps: tuple[dict[str, Any], ...]
     cooldown: Ref
+    adjustment: str = "ChangeInCapacity"
+    min_magnitude: int | None = None  # PercentChangeInCapacity: at least this many tasks
 
 
-def _out(key: str, suffix: str, logical: str, aggregation: str, threshold: str) -> Policy:
-    # Step bounds are offsets from the alarm threshold T: [0, T) adds one task, [T, +inf) (the signal above 2T)
-    # two.
-    return Policy(
-        key,
-        suffix,
-        logical,
-        aggregation,
-        (
-            {"MetricIntervalLowerBound": 0, "MetricIntervalUpperBound": Ref(threshold), "ScalingAdjustment": 1},
-            {"MetricIntervalLowerBound": Ref(threshold), "ScalingAdjustment": 2},
-        ),
-        Ref("ScaleOutCooldown"),
-    )
+def _out(key: str, suffix: str, logical: str) -> Policy:
+    # The backstop adds one task; the excess policy adds in proportion.
+    steps = ({"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1},)
+    return Policy(key, suffix, logical, "Average", steps, Ref("TaskStartSeconds"))
+
+
+def excess_steps() -> tuple[dict[str, Any], ...]:
+    """:data:`EXCESS_STEPS` as step adjustments: bounds are offsets from the alarm's threshold."""
+    out, lower = [], 0.0
+    for upper, percent in EXCESS_STEPS:
+        step: dict[str, Any] = {"MetricIntervalLowerBound": round(lower, 6)}
+        if upper is not None:
+            step["MetricIntervalUpperBound"] = round(upper - EXCESS_THRESHOLD, 6)
+            lower = upper - EXCESS_THRESHOLD
+        step["ScalingAdjustment"] = percent
+        out.append(step)
+    return tuple(out)
 
 
 POLICIES: tuple[Policy, ...] = (
-    _out("scale_out_pending", "scale-out-pending", "ScaleOutPendingPolicy", "Average", "PendingRequestsScaleOut"),
-    _out(
-        "scale_out_queue_time",
-        "scale-out-queue-time",
-        "ScaleOutQueueTimePolicy",
+    Policy(
+        "scale_out_excess",
+        "scale-out-excess",
+        "ScaleOutExcessPolicy",
         "Average",
-        "QueueTimeScaleOutMicroseconds",
+        excess_steps(),
+        Ref("TaskStartSeconds"),
+        adjustment="PercentChangeInCapacity",
+        min_magnitude=1,
     ),
-    _out(
-        "scale_out_llm_waiting",
-        "scale-out-llm-waiting",
-        "ScaleOutLlmWaitingPolicy",
-        "Average",
-        "RequestsWaitingScaleOut",
-    ),
+    _out("scale_out_pending", "scale-out-pending", "ScaleOutPendingPolicy"),
+    _out("scale_out_queue_time", "scale-out-queue-time", "ScaleOutQueueTimePolicy"),
+    _out("scale_out_llm_waiting", "scale-out-llm-waiting", "ScaleOutLlmWaitingPolicy"),
     Policy(
         "scale_in",
         "scale-in",
@@ -93,12 +111,80 @@ POLICIES: tuple[Policy, ...] = (
 SCALING_ACTIONS = tuple(p.key for p in POLICIES)
 SCALE_OUT_ACTIONS = tuple(k for k in SCALING_ACTIONS if k.startswith("scale_out"))
 
-SCALING_ALARMS: tuple[MetricAlarm | MathAlarm, ...] = (
+
+@dataclass(frozen=True)
+class ExcessAlarm:
+    """The proportional scale-out's alarm: ``(DIFF(backlog) [+ DIFF(waiting)] + rejected) / served``.
+
+    Every input is the average task's over 10 s. Metric math treats a missing value as 0 in arithmetic and
+    drops a datapoint that divides by zero: a service that served nothing has no excess (the backstop
+    alarms cover it), and an idle TensorRT-LLM pack adds nothing.
+    """
+
+    suffix: str
+    description: str
+    period: int
+    points: int
+    threshold: float
+
+    TERMS = (
+        Term("pending", "TaskPendingRequests", "Average", Ref("PendingRequestsScaleOut")),
+        Term("waiting", "TaskRequestsWaiting", "Average", Ref("RequestsWaitingScaleOut"), optional=True),
+        Term("rejected", "TaskRequestsRejected", "Average", Ref("PendingRequestsScaleOut")),
+        Term("served", "TaskRequestsServed", "Average", Ref("PendingRequestsScaleOut")),
+    )
+
+    def spec(self, catalog: Catalog) -> Spec | None:
+        kept = []
+        for t in self.TERMS:
+            metric = emitted(catalog, t.metric, (), t.optional)
+            if metric is None and not t.optional:
+                return None
+            if metric is not None:
+                check_period(catalog, metric, self.period, self.suffix)
+                kept.append(t)
+        ids = {t.id for t in kept}
+        grown = " + ".join(f"DIFF({i})" for i in ("pending", "waiting") if i in ids)
+        expression = f"({grown} + rejected) / served"
+        queries: list[dict[str, Any]] = [
+            {"Id": "e1", "Expression": expression, "Label": "excess (unserved share of demand)", "ReturnData": True}
+        ]
+        for t in kept:
+            stat = {"Metric": {"Namespace": "${Namespace}", "MetricName": t.metric, "Dimensions": []}}
+            queries.append(
+                {"Id": t.id, "MetricStat": {**stat, "Period": self.period, "Stat": t.stat}, "ReturnData": False}
+            )
+        body = {
+            "AlarmName": f"${{AlarmNamePrefix}}-{self.suffix}",
+            "AlarmDescription": self.description,
+            "Metrics": queries,
+            "EvaluationPeriods": self.points,
+            "DatapointsToAlarm": self.points,
+            "Threshold": self.threshold,
+            "ComparisonOperator": "GreaterThanThreshold",
+            "TreatMissingData": "notBreaching",
+        }
+        return Spec(
+            self.suffix, body, ("scale_out_excess",), metric=kept[0].metric, terms=tuple(t.metric for t in kept)
+        )
+
+
+SCALING_ALARMS: tuple[ExcessAlarm | MetricAlarm | MathAlarm, ...] = (
+    ExcessAlarm(
+        suffix="scale-out-excess",
+        description="The share of the demand the service did not serve (the average task's backlog growth and "
+        "rejected requests over its served ones, 10 s) stayed above 5 % for 30 s: add that share of tasks, rounded "
+        "up to the next step, at least one (docs/scaling.md). Tasks still starting serve nothing and do not dilute "
+        "it; during the cooldown (TaskStartSeconds) only a larger excess adds more.",
+        period=SCALE_OUT_PERIOD,
+        points=SCALE_OUT_POINTS,
+        threshold=EXCESS_THRESHOLD,
+    ),
     MetricAlarm(
         suffix="scale-out-pending",
         description="Requests waiting in Triton's queue per task (every model; the service's average over 10 s) "
-        "stayed above PendingRequestsScaleOut for 30 s: add a task (two above twice the threshold). The backlog "
-        "grows as soon as arrivals outpace the model instances (docs/scaling.md).",
+        "stayed above PendingRequestsScaleOut for 30 s: add a task (the backstop of the excess policy, for a "
+        "standing queue that no longer grows; docs/scaling.md).",
         metric="TaskPendingRequests",
         stat="Average",
         period=SCALE_OUT_PERIOD,
@@ -109,8 +195,8 @@ SCALING_ALARMS: tuple[MetricAlarm | MathAlarm, ...] = (
     MetricAlarm(
         suffix="scale-out-queue-time",
         description="The time requests waited in Triton's queue (each task's worst model, 10-second averages; the "
-        "service's average) stayed above QueueTimeScaleOutMicroseconds for 30 s: add a task (two above twice the "
-        "threshold).",
+        "service's average) stayed above QueueTimeScaleOutMicroseconds for 30 s: add a task (the backstop of the "
+        "excess policy).",
         metric="TaskQueueLatencyMax",
         stat="Average",
         period=SCALE_OUT_PERIOD,
@@ -122,7 +208,7 @@ SCALING_ALARMS: tuple[MetricAlarm | MathAlarm, ...] = (
         suffix="scale-out-llm-waiting",
         description="TensorRT-LLM requests admitted but not scheduled, per task (every model; the service's "
         "average over 10 s), stayed above RequestsWaitingScaleOut for 30 s: the engines' batches or KV caches are "
-        "full; add a task (two above twice the threshold).",
+        "full; add a task (the backstop of the excess policy).",
         metric="TaskRequestsWaiting",
         stat="Average",
         period=SCALE_OUT_PERIOD,
@@ -133,17 +219,17 @@ SCALING_ALARMS: tuple[MetricAlarm | MathAlarm, ...] = (
     ),
     MathAlarm(
         suffix="scale-in",
-        description="Every signal low for 15 minutes: pending requests (worst task and sample) over "
-        "PendingRequestsScaleOut, queue time (worst) over QueueTimeScaleOutMicroseconds, GPU utilization (service "
-        "average) over "
-        "GpuScaleInUtilization, and TensorRT-LLM's waiting requests and KV cache where present, summed, stayed "
-        "below 1: remove a task (never below MinCapacity). No data: no scale-in.",
+        description="Every signal low for 15 minutes, each the average task's (a per-task measure that does not "
+        "grow with the number of tasks): pending requests over PendingRequestsScaleOut, queue time over "
+        "QueueTimeScaleOutMicroseconds, GPU utilization over GpuScaleInUtilization, and TensorRT-LLM's waiting "
+        "requests and KV cache where present, summed, stayed below 1: remove a task (never below MinCapacity). "
+        "No data: no scale-in.",
         terms=(
-            Term("pending", "TaskPendingRequests", "Maximum", Ref("PendingRequestsScaleOut")),
-            Term("queue", "TaskQueueLatencyMax", "Maximum", Ref("QueueTimeScaleOutMicroseconds")),
+            Term("pending", "TaskPendingRequests", "Average", Ref("PendingRequestsScaleOut")),
+            Term("queue", "TaskQueueLatencyMax", "Average", Ref("QueueTimeScaleOutMicroseconds")),
             Term("gpu", "GpuUtilization", "Average", Ref("GpuScaleInUtilization"), optional=True),
-            Term("waiting", "TaskRequestsWaiting", "Maximum", Ref("RequestsWaitingScaleOut"), optional=True),
-            Term("kvcache", "KvCacheUtilization", "Maximum", Ref("KvCacheUtilizationThreshold"), optional=True),
+            Term("waiting", "TaskRequestsWaiting", "Average", Ref("RequestsWaitingScaleOut"), optional=True),
+            Term("kvcache", "KvCacheUtilization", "Average", Ref("KvCacheUtilizationThreshold"), optional=True),
         ),
         period=SCALE_IN_PERIOD,
         points=SCALE_IN_POINTS,
@@ -173,9 +259,10 @@ def scaling_specs(specs: list[Spec]) -> dict[str, Any]:
             "ScalableDimension": "ecs:service:DesiredCount",
             "PolicyType": "StepScaling",
             "StepScalingPolicyConfiguration": {
-                "AdjustmentType": "ChangeInCapacity",
+                "AdjustmentType": p.adjustment,
                 "Cooldown": p.cooldown,
                 "MetricAggregationType": p.aggregation,
+                **({"MinAdjustmentMagnitude": p.min_magnitude} if p.min_magnitude is not None else {}),
                 "StepAdjustments": list(p.steps),
             },
         }

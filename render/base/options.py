@@ -59,13 +59,19 @@ class Options:
         40.0,
         "GPU utilization % under which, every other signal low for 15 min, a task is removed (default: {default:g})",
     )
-    scale_out_cooldown: int = _opt(120, "seconds a scale-out waits before adding more (default: {default})")
+    task_start_seconds: int = _opt(
+        600,
+        "seconds from a scale-out until its new tasks serve and show in the signals: the scale-out cooldown, so "
+        "tasks still starting count as capacity (default: {default}, the stack's health-check grace)",
+    )
     scale_in_cooldown: int = _opt(600, "seconds between scale-ins, and after a scale-out (default: {default})")
     gpu_memory: float = _opt(95.0, "GPU memory used % that alarms after 10 min (default: {default:g})")
     load_success_rate: float = _opt(100.0, "alarm below this model load success % (default: {default:g})")
     ttft_p95_ms: float = _opt(2000.0, "time to first token p95 alarm, ms (default: {default:g})")
     kv_cache_utilization: float = _opt(90.0, "KV-cache utilization % alarm per model (default: {default:g})")
-    min_capacity: int = _opt(1, "fewest tasks scaling leaves the service (MinCapacity; default: {default})")
+    min_capacity: int = _opt(
+        1, "fewest tasks scaling leaves the service, at least 1: no task, no signal (MinCapacity; default: {default})"
+    )
     max_capacity: int = _opt(4, "most tasks scaling gives the service (MaxCapacity; default: {default})")
     version_skew_periods: int = _opt(
         3, "5-minute periods in which a model's tasks serve different artifacts before the alarm (default: {default})"

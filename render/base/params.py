@@ -51,19 +51,19 @@ PARAMETERS: dict[str, Param] = {
     "PendingRequestsScaleOut": Param(
         "Number",
         "Requests waiting in Triton's queue per task (every model; the service's average) that add a task when held "
-        "for 30 s; twice this adds two",
+        "for 30 s (the backstop: the excess policy adds in proportion)",
         1,
     ),
     "QueueTimeScaleOutMicroseconds": Param(
         "Number",
         "Triton queue time (each task's worst model over 10 s; the service's average) that adds a task when held for "
-        "30 s; twice this adds two; microseconds",
+        "30 s (the backstop: the excess policy adds in proportion); microseconds",
         1,
     ),
     "RequestsWaitingScaleOut": Param(
         "Number",
         "TensorRT-LLM requests waiting per task (every model; the service's average) that add a task when held for "
-        "30 s; twice this adds two",
+        "30 s (the backstop: the excess policy adds in proportion)",
         1,
     ),
     "GpuScaleInUtilization": Param(
@@ -73,9 +73,11 @@ PARAMETERS: dict[str, Param] = {
         1,
         100,
     ),
-    "ScaleOutCooldown": Param(
+    "TaskStartSeconds": Param(
         "Number",
-        "Seconds after adding tasks before a scale-out adds more than it already did (a task's start)",
+        "Seconds from a scale-out until its new tasks serve and show in the signals (image pull, model load, a "
+        "minute of metrics): the scale-out cooldown, during which tasks still starting count as capacity and only "
+        "a larger excess adds more",
         0,
         3600,
     ),
@@ -86,7 +88,12 @@ PARAMETERS: dict[str, Param] = {
     "KvCacheUtilizationThreshold": Param(
         "Number", "Alarm when a model's KV-cache utilization stays above this percent (5 minutes)", 0, 100
     ),
-    "MinCapacity": Param("Number", "Fewest tasks scaling may leave", 0),
+    "MinCapacity": Param(
+        "Number",
+        "Fewest tasks scaling may leave; at least 1: with no task nothing emits the scaling signals, so the service "
+        "would never scale out again",
+        1,
+    ),
     "MaxCapacity": Param("Number", "Most tasks scaling may start", 1),
     "ModelSync": Param(
         "String",
@@ -126,7 +133,7 @@ def parameter_values(opts: Options) -> dict[str, Any]:
         "QueueTimeScaleOutMicroseconds": opts.queue_time_scale_out_us,
         "RequestsWaitingScaleOut": opts.requests_waiting_scale_out,
         "GpuScaleInUtilization": opts.gpu_scale_in,
-        "ScaleOutCooldown": opts.scale_out_cooldown,
+        "TaskStartSeconds": opts.task_start_seconds,
         "ScaleInCooldown": opts.scale_in_cooldown,
         "TtftP95Milliseconds": opts.ttft_p95_ms,
         "KvCacheUtilizationThreshold": opts.kv_cache_utilization,

@@ -239,7 +239,7 @@ def test_the_brief_parameters_exist(template) -> None:
         "LogRouterImage",
         "ModelRepository",
         "ModelRepositoryHostPath",
-        "DesiredCount",
+        "TaskStartSeconds",
         "MinCapacity",
         "MaxCapacity",
         "AlarmTopicArn",
@@ -584,6 +584,50 @@ def test_service_target_group_and_listener_rule(template, stack) -> None:
         "Field": "host-header",
         "HostHeaderConfig": {"Values": ["triton.example.com"]},
     }
+
+
+# --- deploys keep the count (issue 37) --------------------------------------------------------
+
+
+def desired_after_update(template: dict[str, Any], running: int, before: dict[str, str], after: dict[str, str]) -> int:
+    """The service's desired count after a stack update from ``before`` to ``after`` parameter values, as
+    CloudFormation documents AWS::ECS::Service: a resource whose evaluated properties did not change is not
+    updated; an updated service with ``DesiredCount`` set is set to it; with ``DesiredCount`` unset the update
+    keeps the count the service had (scaling's), and only a creation starts one task (the facts: aws-cdk PR
+    #13130, containers-roadmap #493)."""
+    one, two = mk(template, **before), mk(template, **after)
+    old, new = one.props("Service"), two.props("Service")
+    if old == new and one.props("TaskDefinition") == two.props("TaskDefinition"):
+        return running  # a new task definition is a new Ref in the service's TaskDefinition: an update
+    return int(new["DesiredCount"]) if "DesiredCount" in new else running
+
+
+def test_an_update_keeps_the_scaled_count(template) -> None:
+    """Scaling took the service to 7 tasks; a stack update that changes a scaling threshold, and a deploy that
+    also changes the image (the service's task definition changes), leave 7 running."""
+    assert "DesiredCount" not in template["Resources"]["Service"]["Properties"]
+    assert "DesiredCount" not in template["Parameters"]
+    threshold = {"PendingRequestsScaleOut": "20"}
+    deploy = threshold | {"TritonImage": f"{REGISTRY}/triton-server:25.01"}
+    assert desired_after_update(template, 7, {}, threshold) == 7
+    assert desired_after_update(template, 7, {}, deploy) == 7
+    # The check is live: the service as it was (DesiredCount from a parameter) drops to 1 on the deploy.
+    old = copy.deepcopy(template)
+    old["Resources"]["Service"]["Properties"]["DesiredCount"] = {"Ref": "MinCapacity"}
+    assert desired_after_update(old, 7, {}, deploy) == 1
+
+
+def test_min_capacity_is_at_least_one(template, alarms_template) -> None:
+    """No task, no signal: MinCapacity 0 would strand the service; the stack refuses it."""
+    for t in (template, alarms_template):
+        assert t["Parameters"]["MinCapacity"]["MinValue"] == 1
+    with pytest.raises(AssertionError):
+        _check_number(template, "MinCapacity", "0")
+
+
+def _check_number(template: dict[str, Any], name: str, value: str) -> None:
+    p = template["Parameters"][name]
+    assert float(value) >= float(p.get("MinValue", "-inf")) and float(value) <= float(p.get("MaxValue", "inf"))
 
 
 # --- the nested alarms stack -----------------------------------------------------------------

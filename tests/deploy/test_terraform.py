@@ -69,7 +69,9 @@ DATA: dict[str, Any] = {
         "random_password": f"<random:{json.dumps(args, sort_keys=True)}>"
     },
 }
-TF_ONLY = {"task_family", "tags"}  # variables with no stack parameter, documented in docs/deploy.md
+# Variables with no stack parameter, documented in docs/deploy.md. desired_count: the count at creation (the
+# stack sets none: CloudFormation then starts one task and keeps the count on update; issue 37).
+TF_ONLY = {"task_family", "tags", "desired_count"}
 
 # Scenarios: the same CloudFormation parameter values go into both.
 SCENARIOS = {
@@ -88,7 +90,6 @@ SCENARIOS = {
         "ModelRepositoryHostPath": "/mnt/efs/models",
         "ModelRepository": "/models",
         "ListenerHostHeader": "triton.example.com",
-        "DesiredCount": "2",
         "ListenerRulePriority": "7",
         "HealthCheckGracePeriodSeconds": "900",
         "TritonImage": f"{REGISTRY}/team/ml/triton-server@sha256:{'a' * 64}",
@@ -448,7 +449,9 @@ def service(stack: Stack, plan: dict[str, Any]) -> list[str]:
             "TaskDefinition": m.take("task_definition"),
             "LaunchType": m.take("launch_type"),
             "SchedulingStrategy": m.take("scheduling_strategy"),
-            "DesiredCount": m.take("desired_count"),
+            # The Triton service's is the count at creation only (lifecycle ignore_changes): the stack sets none and
+            # keeps the count. The controller's is 1 on both sides, compared.
+            "DesiredCount": desired if "DesiredCount" in stack.props(logical) else None,
             "EnableExecuteCommand": m.take("enable_execute_command"),
             "HealthCheckGracePeriodSeconds": m.take("health_check_grace_period_seconds"),
             "PropagateTags": m.take("propagate_tags"),
@@ -475,6 +478,7 @@ def service(stack: Stack, plan: dict[str, Any]) -> list[str]:
                     "TargetGroupArn": lb.take("target_group_arn"),
                 }
             ]
+        desired = m.take("desired_count")
         if breaker:
             tf["DeploymentConfiguration"]["DeploymentCircuitBreaker"] = {
                 "Enable": breaker.take("enable"),
@@ -1274,7 +1278,7 @@ def test_the_issue_resources_variables_and_outputs_exist() -> None:
         "queue_time_scale_out_microseconds",
         "requests_waiting_scale_out",
         "gpu_scale_in_utilization",
-        "scale_out_cooldown",
+        "task_start_seconds",
         "scale_in_cooldown",
         "load_success_rate_threshold",
         "alarm_topic_arn",
@@ -1456,8 +1460,8 @@ DRIFTS = [
     ("alarms.tf.json", '"evaluation_periods": 15', '"evaluation_periods": 14', "alarm triton-scale-in"),
     (
         "alarms.tf.json",
-        '"metric_interval_upper_bound": 0',
-        '"metric_interval_upper_bound": 5',
+        '"metric_interval_upper_bound": 0,',
+        '"metric_interval_upper_bound": 5,',
         "scaling policy triton-scale-in",
     ),
     ("../../dashboards/triton.json.tftpl", '"period": 60', '"period": 300', "dashboards differ"),
@@ -1657,6 +1661,13 @@ CLUSTER_DRIFTS = [
 @pytest.mark.parametrize(
     ("scenario", "path", "old", "new", "expect"),
     [("renamed", *d) for d in DRIFTS]
+    # The proportional scale-out's minimum of one task (issue 37).
+    (
+        "alarms.tf.json",
+        '"min_adjustment_magnitude": 1',
+        '"min_adjustment_magnitude": 2',
+        "scaling policy triton-scale-out-excess",
+    ),
     + [("modelsync-renamed", *d) for d in MODELSYNC_DRIFTS]
     + [("cluster-renamed", *d) for d in CLUSTER_DRIFTS]
     + [("tracing-renamed", *d) for d in TRACING_DRIFTS]

@@ -24,6 +24,9 @@ User Guide, "Using Amazon CloudWatch alarms" and "Publish custom metrics"; "Usin
   "Missing values in a time series are treated as 0. If the value of a data point causes a function to
   attempt to divide by zero, the data point is dropped." So a missing input counts as 0 when another input
   has a value at that period; no input with a value: no datapoint (there is no timestamp to compute at).
+  ``DIFF(id)`` ("Metric math syntax and functions": the difference between each value and the preceding one)
+  is the value at this period minus the one at the period before; with either missing it is missing, so 0 in
+  the arithmetic around it.
 
 Not modelled: percentile low-sample handling (``EvaluateLowSampleCountPercentile``), anomaly detection,
 Metrics Insights queries, and the two AWS tables' one disagreeing row (a later revision of the first table
@@ -196,7 +199,12 @@ class Alarm:
             return values[self.queries[0].id]
         if all(v is None for v in values.values()):
             return None
-        return math_expression(self.expression, {k: 0.0 if v is None else v for k, v in values.items()})
+        filled = {k: 0.0 if v is None else v for k, v in values.items()}
+        if "DIFF(" in self.expression:
+            before = {q.id: store.datapoint(q.key, q.stat, start - self.period, self.period, now) for q in self.queries}
+            for k, v in values.items():
+                filled[f"DIFF:{k}"] = 0.0 if v is None or before[k] is None else v - before[k]  # type: ignore[operator]
+        return math_expression(self.expression, filled)
 
     def evaluate(self, store: Store, now: float) -> str:
         """One evaluation at ``now``; records and returns the state."""
@@ -254,7 +262,8 @@ _OPS: dict[type[ast.AST], Callable[[float, float], float]] = {
 
 
 def math_expression(expression: str, values: Mapping[str, float]) -> float | None:
-    """``+ - * /``, numbers and ids; None when a division by zero drops the datapoint."""
+    """``+ - * /``, numbers, ids and ``DIFF(id)`` (its value given as ``DIFF:id``); None when a division by zero
+    drops the datapoint."""
 
     def ev(node: ast.AST) -> float:
         if isinstance(node, ast.Expression):
@@ -270,6 +279,14 @@ def math_expression(expression: str, values: Mapping[str, float]) -> float | Non
             return float(node.value)
         if isinstance(node, ast.Name):
             return values[node.id]
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "DIFF"
+            and len(node.args) == 1
+            and isinstance(node.args[0], ast.Name)
+        ):
+            return values[f"DIFF:{node.args[0].id}"]
         raise ValueError(f"expression {expression!r}: only + - * /, numbers and metric ids are modelled")
 
     try:

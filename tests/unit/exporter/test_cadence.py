@@ -89,7 +89,13 @@ def test_the_catalog_puts_the_scaling_signals_on_a_10_second_cadence() -> None:
     p, *_ = pipeline()
     assert p.periods == (60.0, 10.0)
     fast = {m.name for m in p.cadences[1].catalog.metrics}
-    assert fast == {"TaskPendingRequests", "TaskQueueLatencyMax", "TaskRequestsWaiting"}
+    assert fast == {
+        "TaskPendingRequests",
+        "TaskQueueLatencyMax",
+        "TaskRequestsWaiting",
+        "TaskRequestsServed",  # the excess's denominator and shed load (issue 37, docs/scaling.md)
+        "TaskRequestsRejected",
+    }
     assert all(m.high_resolution for m in p.cadences[1].catalog.metrics)
     assert not any(m.interval for m in p.cadences[0].catalog.metrics)
     # A fast interval at or above the full cycle's merges into it: one cadence.
@@ -126,7 +132,7 @@ def test_scrapes_between_full_cycles_carry_only_the_fast_metrics_at_high_resolut
     between = documents(p.cycle(due={10.0}))
     assert len(between) == 1  # the task's event; no model, GPU or source events
     (doc,) = between
-    assert set(resolutions(doc)) == {"TaskPendingRequests", "TaskQueueLatencyMax"}
+    assert set(resolutions(doc)) == {"TaskPendingRequests", "TaskQueueLatencyMax", "TaskRequestsServed"}
     assert set(resolutions(doc).values()) == {1}
     assert [k for k in doc if k[0].islower() and k != "_aws"] == ["exporter_version"]  # no other property
     for t in range(20, 70, 10):
@@ -408,7 +414,7 @@ def test_the_exporter_as_the_task_definition_runs_it_writes_the_fast_signals(tmp
             proc.terminate()
             _, err = proc.communicate(timeout=10)
     assert fast is not None, err.decode()[-2000:]
-    assert resolutions(fast) == {"TaskPendingRequests": 1, "TaskQueueLatencyMax": 1}
+    assert resolutions(fast) == {"TaskPendingRequests": 1, "TaskQueueLatencyMax": 1, "TaskRequestsServed": 1}
     full = next(orjson.loads(x) for x in out.read_bytes().splitlines() if b"ExporterHeartbeat" in x)
     assert resolutions(full)["ExporterHeartbeat"] == 60 and resolutions(full)["TaskPendingRequests"] == 1
     # The fast scrape's slot is 10 s after the full one's: not with it (0 s), not at the next full one (60 s).

@@ -220,13 +220,14 @@ def test_metric_tiers() -> None:
 
 def test_alarms_bill_insights_alarms_per_model() -> None:
     e = cost.estimate(cost.Deployment(200, gpus=8), OPTS)
-    assert e.alarms == 16  # 8 exporter alarms, 4 scaling; model sync's failure, version-skew and two rollout ones
+    assert e.alarms == 17  # 8 exporter alarms, 5 scaling; model sync's failure, version-skew and two rollout ones
     # Standard: 8 classic alarms (GPU health, the TTFT one, model sync's and the two of rollouts included: billed
     # without data too), the
     # scale-in's metric math over 5 metrics, 2 GROUP BY model alarms x 200 models, the skew alarm's two
     # INSIGHT_RULE_METRIC; the KV-cache GROUP BY alarm analyzes nothing without TensorRT-LLM models. High
-    # resolution: the three scale-out alarms (10 s periods; the TensorRT-LLM one is billed without data too).
-    standard, high = 8 + 5 + 2 * 200 + 2, 3
+    # resolution: the three scale-out alarms (10 s periods; the TensorRT-LLM one is billed without data too) and
+    # the excess alarm's four metrics (backlog, TensorRT-LLM waiting, rejected, served).
+    standard, high = 8 + 5 + 2 * 200 + 2, 3 + 4
     assert (e.alarm_metrics, e.high_res_alarm_metrics) == (standard + high, high)
     # ...plus the skew alarm's two rules: $0.50 each and $0.02 per million events (2 rules x 200 models x
     # 1 task x 12 reconciles an hour x 730 hours).

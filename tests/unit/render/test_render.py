@@ -271,7 +271,7 @@ def _alarms(files: dict[str, str]) -> dict[str, dict[str, Any]]:
 def test_cli_files_pass_botocore_validation(which: str, request: pytest.FixtureRequest) -> None:
     files = request.getfixturevalue(which)
     alarms = _alarms(files)
-    assert len(alarms) == (16 if which == "default_files" else 25)
+    assert len(alarms) == (17 if which == "default_files" else 26)
     for body in alarms.values():
         _validate(CLOUDWATCH, "PutMetricAlarm", body)
     rules = {rel: json.loads(t) for rel, t in files.items() if "/insight-rule-" in rel}
@@ -343,11 +343,12 @@ def test_alarm_semantics(default_files) -> None:
     assert e1["Expression"] == "pending / 10.0 + queue / 100000.0 + gpu / 40.0 + waiting / 4.0 + kvcache / 90.0"
     stats = {q["Id"]: q["MetricStat"] for q in into["Metrics"] if not q["ReturnData"]}
     assert {k: (v["Metric"]["MetricName"], v["Stat"], v["Period"]) for k, v in stats.items()} == {
-        "pending": ("TaskPendingRequests", "Maximum", 60),
-        "queue": ("TaskQueueLatencyMax", "Maximum", 60),
+        # The average task's: a per-task measure that does not grow with the number of tasks (issue 37).
+        "pending": ("TaskPendingRequests", "Average", 60),
+        "queue": ("TaskQueueLatencyMax", "Average", 60),
         "gpu": ("GpuUtilization", "Average", 60),
-        "waiting": ("TaskRequestsWaiting", "Maximum", 60),
-        "kvcache": ("KvCacheUtilization", "Maximum", 60),
+        "waiting": ("TaskRequestsWaiting", "Average", 60),
+        "kvcache": ("KvCacheUtilization", "Average", 60),
     }
     load = a["model-load-failed"]
     assert (load["MetricName"], load["Threshold"], load["ComparisonOperator"]) == (
@@ -413,28 +414,26 @@ def test_model_sync_render_refuses_a_metric_modelsync_does_not_emit() -> None:
         emitted(CATALOG, "SyncFailures", ())  # the exporter's catalog does not emit model sync's metrics
 
 
-def test_scaling_steps_add_one_or_two_tasks_and_remove_one(default_files) -> None:
+def test_scaling_backstop_adds_one_task_and_scale_in_removes_one(default_files) -> None:
+    """The level alarms' policy adds one task (the excess policy adds in proportion: test_scaling_policy.py);
+    every scale-out cooldown is TaskStartSeconds (600 s by default)."""
     out = json.loads(default_files["alarms/cli/scaling/policy-scale-out-pending.json"])
     into = json.loads(default_files["alarms/cli/scaling/policy-scale-in.json"])
     target = json.loads(default_files["alarms/cli/scaling/register-scalable-target.json"])
     assert target["ResourceId"] == "service/triton/triton"
     assert target["ScalableDimension"] == "ecs:service:DesiredCount"
     assert (target["MinCapacity"], target["MaxCapacity"]) == (1, 4)
-    # Offsets from the threshold T = 10: [T, 2T) adds one task, 2T and above two.
     config = out["StepScalingPolicyConfiguration"]
-    assert config["StepAdjustments"] == [
-        {"MetricIntervalLowerBound": 0, "MetricIntervalUpperBound": 10.0, "ScalingAdjustment": 1},
-        {"MetricIntervalLowerBound": 10.0, "ScalingAdjustment": 2},
-    ]
+    assert config["StepAdjustments"] == [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}]
     assert (config["AdjustmentType"], config["Cooldown"], config["MetricAggregationType"]) == (
         "ChangeInCapacity",
-        120,
+        600,
         "Average",
     )
     assert into["StepScalingPolicyConfiguration"]["StepAdjustments"] == [
         {"MetricIntervalUpperBound": 0, "ScalingAdjustment": -1}
     ]
-    assert into["StepScalingPolicyConfiguration"]["Cooldown"] == 600  # scale-in far slower than scale-out
+    assert into["StepScalingPolicyConfiguration"]["Cooldown"] == 600
 
 
 def test_sns_topic_goes_into_notification_alarms_only(rich_files) -> None:
