@@ -11,6 +11,8 @@
 # The same image runs the model-repository sync daemon (modelsync/, docs/modelsync.md) with another
 # entry point:  docker run --entrypoint /opt/venv/bin/python IMAGE -m modelsync --bucket B ...
 # (ECS: "entryPoint": ["/opt/venv/bin/python", "-m", "modelsync"], as deploy/stack.yaml does).
+# And the fleet's controller (controller/, docs/controller.md): "entryPoint": ["/opt/venv/bin/python", "-m",
+# "controller"], as deploy/task-definition-controller.json and the stack's ControllerTaskDefinition do.
 #
 # Two stages: "build" has pip, setuptools, a C compiler and the project source; the
 # final stage gets only the finished virtual environment (locked dependencies + our
@@ -40,6 +42,7 @@ COPY triton_http/ ./triton_http/
 COPY exporter/ ./exporter/
 COPY triton_side/ ./triton_side/
 COPY modelsync/ ./modelsync/
+COPY controller/ ./controller/
 COPY render/ ./render/
 
 # A C compiler for the optional /metrics scanner (exporter/sources/_scan.c, ~2x faster parsing);

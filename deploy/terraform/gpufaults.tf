@@ -1,43 +1,32 @@
 # GPU faults (docs/gpu.md), as deploy/stack.yaml has them: the exporter's EXPORTER_GPU_FAULT_ACTION, and with
-# gpu_fault_action = "drain" the task role may find this task's container instance, set it DRAINING, and mark its
-# EC2 instance Unhealthy in the Auto Scaling group (the module's own with create_cluster, else
-# gpu_fault_auto_scaling_group_name), which replaces it. gpu_fault_action = "report" (the default): no AWS call, no
-# permission.
+# gpu_fault_action = "drain" the exporter reports a GPU turning unhealthy to the fleet's controller (controller.tf,
+# docs/controller.md), which alone drains and replaces instances. The Triton task role may send to the
+# controller's queue and nothing more: it can neither drain an instance nor mark one Unhealthy.
+# gpu_fault_action = "report" (the default): no AWS call, no permission, no controller.
 
 locals {
   gpu_drain = var.gpu_fault_action == "drain"
-  # The group whose instances the exporter may mark Unhealthy; none: drained instances are not replaced.
-  gpu_fault_group = local.create_cluster ? one(aws_autoscaling_group.gpu[*].name) : var.gpu_fault_auto_scaling_group_name
+  # The group whose instances the controller may mark Unhealthy; none: drained instances are not replaced.
+  gpu_fault_group    = local.create_cluster ? one(aws_autoscaling_group.gpu[*].name) : var.gpu_fault_auto_scaling_group_name
   gpu_drain_replaces = local.gpu_drain && (local.create_cluster || var.gpu_fault_auto_scaling_group_name != "")
   # The file's EXPORTER_GPU_FAULT_ACTION is "report" (main.tf replaces the value by name).
   gpu_fault_environment = { EXPORTER_GPU_FAULT_ACTION = var.gpu_fault_action }
+  # With the controller: its queue, after the file's variables (main.tf's added_environment), as the stack has it.
+  controller_report_environment = [for queue in aws_sqs_queue.controller : { name = "CONTROLLER_QUEUE_URL", value = queue.url }]
 }
 
-# The ECS actions take the cluster's tasks and container instances as resources; SetInstanceHealth takes the group.
-resource "aws_iam_role_policy" "task_gpu_drain" {
-  count = local.gpu_drain ? 1 : 0
-  name  = "gpu-fault-drain"
+# The exporter's reports, to the controller's queue.
+resource "aws_iam_role_policy" "task_controller_report" {
+  count = local.controller ? 1 : 0
+  name  = "report-to-controller"
   role  = aws_iam_role.task.id
   policy = jsonencode({
     Version = "2012-10-17"
-    Statement = concat([
-      {
-        Sid      = "FindThisContainerInstance"
-        Effect   = "Allow"
-        Action   = "ecs:DescribeTasks"
-        Resource = "arn:${local.partition}:ecs:${local.region}:${local.account_id}:task/${var.cluster_name}/*"
-      },
-      {
-        Sid      = "DrainThisContainerInstance"
-        Effect   = "Allow"
-        Action   = ["ecs:DescribeContainerInstances", "ecs:UpdateContainerInstancesState"]
-        Resource = "arn:${local.partition}:ecs:${local.region}:${local.account_id}:container-instance/${var.cluster_name}/*"
-      },
-      ], local.gpu_drain_replaces ? [{
-        Sid      = "ReplaceThisInstance"
-        Effect   = "Allow"
-        Action   = "autoscaling:SetInstanceHealth"
-        Resource = "arn:${local.partition}:autoscaling:${local.region}:${local.account_id}:autoScalingGroup:*:autoScalingGroupName/${local.gpu_fault_group}"
-    }] : [])
+    Statement = [{
+      Sid      = "ReportToTheController"
+      Effect   = "Allow"
+      Action   = "sqs:SendMessage"
+      Resource = aws_sqs_queue.controller[0].arn
+    }]
   })
 }

@@ -64,3 +64,20 @@ output "capacity_provider_name" {
   description = "The capacity provider of the service, which scales the Auto Scaling group (null without create_cluster)"
   value       = one(aws_ecs_capacity_provider.gpu[*].name)
 }
+
+# --- the fleet's controller: null while gpu_fault_action is not drain ---------------------------------------
+
+output "controller_queue_url" {
+  description = "The fleet controller's queue, where the hosts report: CONTROLLER_QUEUE_URL (null without the controller)"
+  value       = one(aws_sqs_queue.controller[*].url)
+}
+
+output "controller_service_name" {
+  description = "The fleet controller's ECS service: scale it to 0 to stop its decisions (null without the controller)"
+  value       = one(aws_ecs_service.controller[*].name)
+}
+
+output "controller_state_bucket" {
+  description = "The bucket of the controller's state: CONTROLLER_STATE_BUCKET, for python -m controller status and resume (null without the controller)"
+  value       = one(aws_s3_bucket.controller_state[*].id)
+}

@@ -175,12 +175,22 @@ SCENARIOS = {
     "genai-without-otlp": {"OtlpSemconv": "genai"},
     # GPU faults drain the instance: on an existing cluster without and with its group, and with the stack's own.
     "gpu-drain": {"GpuFaultAction": "drain"},
+    # The controller's alarms read the alarm prefix and topic, its container the namespace, its group the prefix.
     "gpu-drain-group": {
         "GpuFaultAction": "drain",
         "GpuFaultAutoScalingGroupName": "gpu-fleet",
         "ClusterName": "inference-gpus",
+        "AlarmNamePrefix": "prod-triton",
+        "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops",
+        "Namespace": "Prod/Triton",
+        "LogGroupPrefix": "/prod/inf",
     },
-    "cluster-gpu-drain": {"GpuFaultAction": "drain", "CreateCluster": "true", "ClusterName": "inference-gpus"},
+    "cluster-gpu-drain": {
+        "GpuFaultAction": "drain",
+        "CreateCluster": "true",
+        "ClusterName": "inference-gpus",
+        "AlarmNamePrefix": "prod-triton",
+    },
     # A cluster from zero with its defaults.
     "cluster": {"CreateCluster": "true"},
     # A cluster from zero with every one of its parameters and the ones it reads (the store's path, the
@@ -297,6 +307,16 @@ _PLACEHOLDERS = {
         "<aws_autoscaling_group.gpu[0].name>"
     ),
     "<LaunchTemplate>": "<aws_launch_template.gpu[0].id>",
+    # The fleet's controller (controller.tf): the Ref of a queue is its URL, of a bucket its name (its id).
+    "<ControllerQueue>": "<aws_sqs_queue.controller[0].url>",
+    "<ControllerQueue.Arn>": "<aws_sqs_queue.controller[0].arn>",
+    "<ControllerDeadLetterQueue>": "<aws_sqs_queue.controller_dead_letter[0].url>",
+    "<ControllerDeadLetterQueue.Arn>": "<aws_sqs_queue.controller_dead_letter[0].arn>",
+    "<ControllerStateBucket>": "<aws_s3_bucket.controller_state[0].id>",
+    "<ControllerStateBucket.Arn>": "<aws_s3_bucket.controller_state[0].arn>",
+    "<ControllerTaskRole.Arn>": "<aws_iam_role.controller_task[0].arn>",
+    "<ControllerExecutionRole.Arn>": "<aws_iam_role.controller_execution[0].arn>",
+    "<ControllerTaskDefinition>": "<aws_ecs_task_definition.controller[0].arn>",
     "<LaunchTemplate.LatestVersionNumber>": "<aws_launch_template.gpu[0].latest_version>",
     "<InstanceRole>": "<aws_iam_role.instance[0].name>",
     "<InstanceProfile.Arn>": "<aws_iam_instance_profile.instance[0].arn>",
@@ -304,10 +324,20 @@ _PLACEHOLDERS = {
 }
 
 
+_TOKEN = re.compile(r"<[A-Za-z0-9]+(?:\.[A-Za-z0-9.]+)?>")
+
+
+def _placeholder(x: str) -> str:
+    """A whole-string placeholder, else each one inside the string (an ARN built on a bucket's: ``<B.Arn>/key``)."""
+    if x in _PLACEHOLDERS:
+        return _PLACEHOLDERS[x]
+    return _TOKEN.sub(lambda m: _PLACEHOLDERS.get(m.group(0), m.group(0)), x) if "<" in x else x
+
+
 def placeholders(x: Any) -> Any:
     """Only the CloudFormation placeholders replaced: for values compared exactly (container definitions)."""
     if isinstance(x, str):
-        return _PLACEHOLDERS.get(x, x)
+        return _placeholder(x)
     if isinstance(x, list):
         return [placeholders(i) for i in x]
     if isinstance(x, dict):
@@ -328,7 +358,7 @@ def norm(x: Any) -> Any:
     if isinstance(x, str):
         if _NUMBER.fullmatch(x):
             return float(x)
-        return _PLACEHOLDERS.get(x, x)
+        return _placeholder(x)
     if isinstance(x, list):
         return [norm(i) for i in x]
     if isinstance(x, dict):
@@ -407,6 +437,9 @@ def task_definition(stack: Stack, plan: dict[str, Any]) -> list[str]:
             "requiresCompatibilities": td.take("requires_compatibilities"),
             "executionRoleArn": td.take("execution_role_arn"),
             "taskRoleArn": td.take("task_role_arn"),
+            # Fargate's task-level size (the controller's); the Triton task has none.
+            "cpu": td.take("cpu"),
+            "memory": td.take("memory"),
         }
         containers = json.loads(td.take("container_definitions"))
         volumes = [
@@ -443,6 +476,7 @@ def service(stack: Stack, plan: dict[str, Any]) -> list[str]:
         m = Mapper(address, plan[address])
         net, lb = m.optional_block("network_configuration"), m.optional_block("load_balancer")
         breaker = m.optional_block("deployment_circuit_breaker")
+        desired = m.take("desired_count")
         tf: dict[str, Any] = {
             "ServiceName": m.take("name"),
             "Cluster": m.take("cluster"),
@@ -478,7 +512,6 @@ def service(stack: Stack, plan: dict[str, Any]) -> list[str]:
                     "TargetGroupArn": lb.take("target_group_arn"),
                 }
             ]
-        desired = m.take("desired_count")
         if breaker:
             tf["DeploymentConfiguration"]["DeploymentCircuitBreaker"] = {
                 "Enable": breaker.take("enable"),
@@ -683,6 +716,128 @@ def event_rules(stack: Stack, plan: dict[str, Any]) -> list[str]:
     ]
 
 
+def queues(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    """SQS queues (the controller's and its dead-letter queue): the redrive policy compared as JSON."""
+    diffs = []
+    for logical, address in matched(stack, plan, "AWS::SQS::Queue"):
+        m = Mapper(address, plan[address])
+        tf = {
+            "SqsManagedSseEnabled": m.take("sqs_managed_sse_enabled"),
+            "KmsMasterKeyId": m.take("kms_master_key_id"),
+            "VisibilityTimeout": m.take("visibility_timeout_seconds"),
+            "MessageRetentionPeriod": m.take("message_retention_seconds"),
+            "DelaySeconds": m.take("delay_seconds"),
+            "ReceiveMessageWaitTimeSeconds": m.take("receive_wait_time_seconds"),
+            "FifoQueue": m.take("fifo_queue"),
+        }
+        if (redrive := m.take("redrive_policy")) is not None:
+            tf["RedrivePolicy"] = json.loads(redrive)
+        diffs += m.done() + compare(f"queue {logical}", stack.props(logical), tf)
+    return diffs
+
+
+def _resource_policies(
+    stack: Stack, plan: dict[str, Any], cfn_type: str, target: tuple[str, str], kind: str
+) -> list[str]:
+    """Queue and bucket policies: the stack's one target (Queues: [url] or Bucket: name) and the document."""
+    cfn_key, tf_key = target
+    diffs = []
+    for logical, address in matched(stack, plan, cfn_type):
+        m = Mapper(address, plan[address], ignore=())
+        tf = {cfn_key: m.take(tf_key), "PolicyDocument": _policy(json.loads(m.take("policy")))}
+        cfn = stack.props(logical)
+        cfn["PolicyDocument"] = _policy(cfn["PolicyDocument"])
+        if cfn_key == "Queues":
+            tf["Queues"] = [tf["Queues"]]
+        diffs += m.done() + compare(f"{kind} {logical}", cfn, tf)
+    return diffs
+
+
+def queue_policies(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    return _resource_policies(stack, plan, "AWS::SQS::QueuePolicy", ("Queues", "queue_url"), "queue policy")
+
+
+def bucket_policies(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    return _resource_policies(stack, plan, "AWS::S3::BucketPolicy", ("Bucket", "bucket"), "bucket policy")
+
+
+# The Terraform resources that stand for the properties of one AWS::S3::Bucket (provider 4 and later).
+BUCKET_PARTS = (
+    "aws_s3_bucket_server_side_encryption_configuration",
+    "aws_s3_bucket_public_access_block",
+    "aws_s3_bucket_ownership_controls",
+    "aws_s3_bucket_versioning",
+    "aws_s3_bucket_lifecycle_configuration",
+)
+
+
+def _bucket_part(rtype: str, m: Mapper) -> dict[str, Any]:
+    """One of BUCKET_PARTS as the AWS::S3::Bucket property it stands for (what it leaves is a difference)."""
+    if rtype == "aws_s3_bucket_server_side_encryption_configuration":
+        rules = []
+        for rule in m.take("rule", []):
+            rm = Mapper(f"{m.where}.rule", rule, ignore=())
+            default = rm.block("apply_server_side_encryption_by_default")
+            by_default = {
+                "SSEAlgorithm": default.take("sse_algorithm"),
+                "KMSMasterKeyID": default.take("kms_master_key_id"),
+            }
+            rules.append(
+                {"ServerSideEncryptionByDefault": by_default, "BucketKeyEnabled": rm.take("bucket_key_enabled")}
+            )
+            assert not rm.done() + default.done(), rm.done() + default.done()
+        return {"BucketEncryption": {"ServerSideEncryptionConfiguration": rules}}
+    if rtype == "aws_s3_bucket_public_access_block":
+        names = ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets")
+        snake = ("block_public_acls", "block_public_policy", "ignore_public_acls", "restrict_public_buckets")
+        return {"PublicAccessBlockConfiguration": {n: m.take(s) for n, s in zip(names, snake, strict=True)}}
+    if rtype == "aws_s3_bucket_ownership_controls":
+        return {
+            "OwnershipControls": {"Rules": [{"ObjectOwnership": r["object_ownership"]} for r in m.take("rule", [])]}
+        }
+    if rtype == "aws_s3_bucket_versioning":
+        return {"VersioningConfiguration": {"Status": m.block("versioning_configuration").take("status")}}
+    rules = []
+    for rule in m.take("lifecycle_rule", []) + m.take("rule", []):
+        rm = Mapper(f"{m.where}.rule", rule, ignore=())
+        out: dict[str, Any] = {"Id": rm.take("id"), "Status": rm.take("status")}
+        if rm.take("filter") not in ([{}], None):  # an empty filter: the whole bucket, as no Prefix or Filter
+            out["Filter"] = "a filter the test does not map"
+        if (noncurrent := rm.optional_block("noncurrent_version_expiration")) is not None:
+            out["NoncurrentVersionExpiration"] = {"NoncurrentDays": noncurrent.take("noncurrent_days")}
+            assert not noncurrent.done(), noncurrent.done()
+        if (abort := rm.optional_block("abort_incomplete_multipart_upload")) is not None:
+            out["AbortIncompleteMultipartUpload"] = {"DaysAfterInitiation": abort.take("days_after_initiation")}
+            assert not abort.done(), abort.done()
+        for left in rm.args:
+            out[left] = rm.args[left]  # anything else: shown as a difference
+        rules.append(out)
+    return {"LifecycleConfiguration": {"Rules": rules}}
+
+
+def buckets(stack: Stack, plan: dict[str, Any]) -> list[str]:
+    """A bucket with its settings: properties of the AWS::S3::Bucket there, resources of their own here."""
+    diffs = []
+    pairs = matched(stack, plan, "AWS::S3::Bucket")
+    parts = {a: r for rtype in BUCKET_PARTS for a, r in of_type(plan, rtype).items()}
+    for logical, address in pairs:
+        m = Mapper(address, plan[address])
+        tf: dict[str, Any] = {"BucketName": m.take("bucket")}
+        if m.take("bucket_prefix") is not None:
+            diffs.append(f"{address}: bucket_prefix, where the stack lets CloudFormation name the bucket")
+        for paddress, part in parts.items():
+            if str(part.get("bucket")) == f"<{address}.id>":
+                pm = Mapper(paddress, part, ignore=())
+                pm.take("bucket")
+                tf |= _bucket_part(paddress.split(".")[0], pm)
+                diffs += pm.done()
+        diffs += m.done() + compare(f"bucket {logical}", stack.props(logical), tf)
+    known = {f"<{address}.id>" for _, address in pairs}
+    return diffs + [
+        f"{a} on an unknown bucket {p.get('bucket')}" for a, p in parts.items() if str(p.get("bucket")) not in known
+    ]
+
+
 ALARM_FIELDS = {  # aws_cloudwatch_metric_alarm argument -> AWS::CloudWatch::Alarm property
     "alarm_name": "AlarmName",
     "alarm_description": "AlarmDescription",
@@ -772,9 +927,12 @@ def _sorted_dims(props: dict[str, Any]) -> dict[str, Any]:
     return props
 
 
-def alarms(nested: Stack, plan: dict[str, Any]) -> list[str]:
+def alarms(nested: Stack, plan: dict[str, Any], main: Stack | None = None) -> list[str]:
+    """Every alarm by name: the nested stack's, and the main stack's own (the controller's) where given."""
     cfn = {
-        nested.props(n)["AlarmName"]: _sorted_dims(nested.props(n)) for n in nested.resources("AWS::CloudWatch::Alarm")
+        s.props(n)["AlarmName"]: _sorted_dims(s.props(n))
+        for s in (nested, *([main] if main else []))
+        for n in s.resources("AWS::CloudWatch::Alarm")
     }
     tf, diffs = {}, []
     for address, args in of_type(plan, "aws_cloudwatch_metric_alarm").items():
@@ -1047,6 +1205,11 @@ COMPARED = {
     "aws_iam_instance_profile": instance_profiles,
     "aws_secretsmanager_secret": admin_key,
     "aws_secretsmanager_secret_version": admin_key,
+    "aws_sqs_queue": queues,
+    "aws_sqs_queue_policy": queue_policies,
+    "aws_s3_bucket": buckets,
+    **dict.fromkeys(BUCKET_PARTS, buckets),
+    "aws_s3_bucket_policy": bucket_policies,
 }
 NESTED = {
     "aws_cloudwatch_metric_alarm": alarms,
@@ -1078,6 +1241,10 @@ CFN_TYPES = {
     "AWS::EC2::LaunchTemplate": "aws_launch_template",
     "AWS::IAM::InstanceProfile": "aws_iam_instance_profile",
     "AWS::SecretsManager::Secret": "aws_secretsmanager_secret",
+    "AWS::SQS::Queue": "aws_sqs_queue",
+    "AWS::SQS::QueuePolicy": "aws_sqs_queue_policy",
+    "AWS::S3::Bucket": "aws_s3_bucket",
+    "AWS::S3::BucketPolicy": "aws_s3_bucket_policy",
 }
 # Stack logical id -> the Terraform address that stands for it, for the types matched one to one (log
 # groups, policies, alarms, scaling and the dashboard are matched by name). Conditional resources are
@@ -1101,6 +1268,16 @@ COUNTERPARTS = {
     "LaunchTemplate": "aws_launch_template.gpu[0]",
     "InstanceRole": "aws_iam_role.instance[0]",
     "InstanceProfile": "aws_iam_instance_profile.instance[0]",
+    "ControllerQueue": "aws_sqs_queue.controller[0]",
+    "ControllerDeadLetterQueue": "aws_sqs_queue.controller_dead_letter[0]",
+    "ControllerQueuePolicy": "aws_sqs_queue_policy.controller[0]",
+    "ControllerDeadLetterQueuePolicy": "aws_sqs_queue_policy.controller_dead_letter[0]",
+    "ControllerStateBucket": "aws_s3_bucket.controller_state[0]",
+    "ControllerStateBucketPolicy": "aws_s3_bucket_policy.controller_state[0]",
+    "ControllerExecutionRole": "aws_iam_role.controller_execution[0]",
+    "ControllerTaskRole": "aws_iam_role.controller_task[0]",
+    "ControllerTaskDefinition": "aws_ecs_task_definition.controller[0]",
+    "ControllerService": "aws_ecs_service.controller[0]",
 }
 ONE_TO_ONE = (
     "AWS::ECS::TaskDefinition",
@@ -1118,6 +1295,10 @@ ONE_TO_ONE = (
     "AWS::EC2::LaunchTemplate",
     "AWS::IAM::InstanceProfile",
     "AWS::SecretsManager::Secret",
+    "AWS::SQS::Queue",
+    "AWS::SQS::QueuePolicy",
+    "AWS::S3::Bucket",
+    "AWS::S3::BucketPolicy",
 )
 
 
@@ -1192,7 +1373,7 @@ def differences(stack: Stack, nested: Stack, plan: dict[str, Any]) -> list[str]:
     for fn in dict.fromkeys(COMPARED.values()):
         diffs += fn(stack, plan)
     for fn in dict.fromkeys(NESTED.values()):
-        diffs += fn(nested, plan)
+        diffs += alarms(nested, plan, stack) if fn is alarms else fn(nested, plan)
     return diffs
 
 
@@ -1302,6 +1483,9 @@ def test_the_issue_resources_variables_and_outputs_exist() -> None:
         "model_sync_topic_arn",
         "model_sync_log_group",
         "namespace",
+        "controller_queue_url",
+        "controller_service_name",
+        "controller_state_bucket",
     }
     # What the issue names in the task definition, as the plan has it.
     plan = module_for(VALUES).plan()
@@ -1354,18 +1538,29 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
         for e in c["environment"]
     }
     # The exporter starts with it (it refuses EXPORTER_OTLP_SEMCONV without an OTLP output), with what ECS adds.
-    settings = load_settings([], exporter_env | {"ECS_CONTAINER_METADATA_URI_V4": "http://169.254.170.2/v4/c0ffee"})
+    known = {"ECS_CONTAINER_METADATA_URI_V4": "http://169.254.170.2/v4/c0ffee"}
+    if "CONTROLLER_QUEUE_URL" in exporter_env:  # the queue's URL, known after apply
+        known["CONTROLLER_QUEUE_URL"] = f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/terraform-20250101"
+    settings = load_settings([], exporter_env | known)
     assert settings.otlp_semconv == exporter_env.get("EXPORTER_OTLP_SEMCONV", "off")
     assert settings.otlp_semconv == ("genai" if scenario == "otlp-genai" else "off")
-    drain = plan.get("aws_iam_role_policy.task_gpu_drain[0]")
-    assert exporter_env["EXPORTER_GPU_FAULT_ACTION"] == ("drain" if "gpu-drain" in scenario else "report")
-    assert (drain is not None) == ("gpu-drain" in scenario)
-    if drain is not None:  # the cluster's tasks and instances; the group only where one is known
-        sids = {st["Sid"]: st for st in json.loads(drain["policy"])["Statement"]}
-        assert sids["DrainThisContainerInstance"]["Resource"].endswith(":container-instance/inference-gpus/*") or (
-            scenario == "gpu-drain"
-        )
-        assert ("ReplaceThisInstance" in sids) == (scenario != "gpu-drain")
+    # GPU drains: the exporter reports to the controller's queue; the controller, all of it, only then.
+    drain = "gpu-drain" in scenario
+    assert exporter_env["EXPORTER_GPU_FAULT_ACTION"] == ("drain" if drain else "report")
+    assert ("CONTROLLER_QUEUE_URL" in exporter_env) == drain
+    controller = sorted(a for a in plan if "controller" in a.split(".")[1])
+    assert len(controller) == (len(CONTROLLER_RESOURCES) if drain else 0), controller
+    if drain:  # the cluster's tasks and instances; the group only where one is known
+        assert exporter_env["CONTROLLER_QUEUE_URL"] == "<aws_sqs_queue.controller[0].url>"
+        sids = {
+            st["Sid"]: st for st in json.loads(plan["aws_iam_role_policy.controller_task[0]"]["policy"])["Statement"]
+        }
+        assert sids["DrainTheInstance"]["Resource"].endswith(f":container-instance/{params['ClusterName']}/*")
+        assert ("ReplaceTheInstance" in sids) == (scenario != "gpu-drain")
+        report = json.loads(plan["aws_iam_role_policy.task_controller_report[0]"]["policy"])["Statement"]
+        assert [(s["Action"], s["Resource"]) for s in report] == [
+            ("sqs:SendMessage", "<aws_sqs_queue.controller[0].arn>")
+        ]
     if scenario == "defaults":
         # Every alarm but model sync's four (no bucket: no sync-failure, version-skew or rollout alarm, no rules).
         specs = alarm_specs(Options(catalog=CATALOG))
@@ -1424,7 +1619,12 @@ def _copy_module(tmp: Path) -> Path:
     """The module with the files it reads, at the same relative places, to edit without touching the repository."""
     tmp.mkdir(parents=True, exist_ok=True)
     shutil.copytree(TF, tmp / "deploy" / "terraform")
-    for name in ("task-definition.json", "task-definition-modelsync.json", "user-data.sh"):
+    for name in (
+        "task-definition.json",
+        "task-definition-modelsync.json",
+        "task-definition-controller.json",
+        "user-data.sh",
+    ):
         shutil.copy(ROOT / "deploy" / name, tmp / "deploy" / name)
     (tmp / "dashboards").mkdir()
     shutil.copy(ROOT / "dashboards" / "triton.json.tftpl", tmp / "dashboards" / "triton.json.tftpl")
@@ -1464,6 +1664,13 @@ DRIFTS = [
         '"metric_interval_upper_bound": 5,',
         "scaling policy triton-scale-in",
     ),
+    # The proportional scale-out's minimum of one task (issue 37).
+    (
+        "alarms.tf.json",
+        '"min_adjustment_magnitude": 1',
+        '"min_adjustment_magnitude": 2',
+        "scaling policy triton-scale-out-excess",
+    ),
     ("../../dashboards/triton.json.tftpl", '"period": 60', '"period": 300', "dashboards differ"),
     # The X-Ray policy attached without tracing, where the stack attaches none.
     (
@@ -1480,6 +1687,28 @@ DRIFTS = [
         "terraform creates aws_cloudwatch_event_rule.modelsync[0]",
     ),
 ]
+# The controller's resources (controller.tf and the Triton task role's report policy), none of which exists without it.
+CONTROLLER_RESOURCES = (
+    *(
+        f"aws_cloudwatch_metric_alarm.controller_{n}[0]"
+        for n in ("drains_paused", "drain_failures", "not_running", "reports_refused", "state_failures")
+    ),
+    "aws_cloudwatch_log_group.controller[0]",
+    "aws_ecs_service.controller[0]",
+    "aws_ecs_task_definition.controller[0]",
+    "aws_iam_role.controller_execution[0]",
+    "aws_iam_role.controller_task[0]",
+    "aws_iam_role_policy.controller_execution[0]",
+    "aws_iam_role_policy.controller_task[0]",
+    "aws_iam_role_policy.task_controller_report[0]",
+    "aws_s3_bucket.controller_state[0]",
+    *(f"{part}.controller_state[0]" for part in BUCKET_PARTS),
+    "aws_s3_bucket_policy.controller_state[0]",
+    "aws_sqs_queue.controller[0]",
+    "aws_sqs_queue.controller_dead_letter[0]",
+    "aws_sqs_queue_policy.controller[0]",
+    "aws_sqs_queue_policy.controller_dead_letter[0]",
+)
 # The Terraform types of a cluster from zero (cluster.tf), none of which exists without create_cluster.
 CLUSTER_TYPES = (
     "aws_ecs_cluster",
@@ -1576,8 +1805,8 @@ OTLP_DRIFTS = [
     ),
     (
         "main.tf",
-        "concat(local.tracing_environment, local.otlp_semconv_environment)",
-        "local.tracing_environment",
+        "concat(local.tracing_environment, local.otlp_semconv_environment, local.controller_report_environment)",
+        "concat(local.tracing_environment, local.controller_report_environment)",
         "container exporter.environment",
     ),
     ("alarms.tf.json", '"pending_period": 600', '"pending_period": 60', "alarm prod-triton-promql-gpu-memory-high"),
@@ -1588,12 +1817,131 @@ OTLP_DRIFTS = [
         "alarm prod-triton-promql-model-failures",
     ),
 ]
-# The GPU fault drain, compared on a cluster from zero (its own group) and on an existing one with a group named.
+# GPU drains and the fleet's controller, compared on a cluster from zero (its own group) and on an existing one
+# with a group named: each edit of the module (or of the controller's task definition file) is a difference.
 GPU_DRAIN_DRIFTS = [
-    ("gpufaults.tf", 'Action   = "autoscaling:SetInstanceHealth"', 'Action = "autoscaling:*"', "TaskRole policies"),
-    ("gpufaults.tf", "count = local.gpu_drain ? 1 : 0", "count = 0", "TaskRole policies"),
-    ("gpufaults.tf", "task/${var.cluster_name}/*", "task/*", "TaskRole policies"),
+    (
+        "controller.tf",
+        'Action   = "autoscaling:SetInstanceHealth"',
+        'Action = "autoscaling:*"',
+        "ControllerTaskRole policies",
+    ),
+    ("gpufaults.tf", "count = local.controller ? 1 : 0", "count = 0", "TaskRole policies"),
+    ("gpufaults.tf", 'Action   = "sqs:SendMessage"', 'Action = "sqs:*"', "TaskRole policies"),
+    ("controller.tf", "task/${var.cluster_name}/*", "task/*", "ControllerTaskRole policies"),
+    (
+        "controller.tf",
+        'Condition = { ArnEquals = { "ecs:cluster" = local.cluster_arn } }',
+        "",
+        "ControllerTaskRole policies",
+    ),
+    ("controller.tf", '"s3:GetObject", "s3:PutObject"]', '"s3:*"]', "ControllerTaskRole policies"),
+    ("controller.tf", 'Sid      = "EcrPullTheExporterImage"', 'Sid = "EcrPull"', "ControllerExecutionRole policies"),
     ("gpufaults.tf", "EXPORTER_GPU_FAULT_ACTION = var", "EXPORTER_GPU_FAULT_ACTIONS = var", "container exporter"),
+    ("gpufaults.tf", 'name = "CONTROLLER_QUEUE_URL"', 'name = "CONTROLLER_QUEUE"', "container exporter.environment"),
+    ("controller.tf", "visibility_timeout_seconds = 120", "visibility_timeout_seconds = 30", "queue ControllerQueue"),
+    ("controller.tf", "maxReceiveCount     = 10", "maxReceiveCount = 3", "queue ControllerQueue.RedrivePolicy"),
+    (
+        "controller.tf",
+        "sqs_managed_sse_enabled   = true",
+        "sqs_managed_sse_enabled = false",
+        "queue ControllerDeadLetter",
+    ),
+    (
+        "controller.tf",
+        '"aws:PrincipalArn" = aws_iam_role.task.arn',
+        '"aws:PrincipalArn" = "*"',
+        "queue policy ControllerQueuePolicy",
+    ),
+    (
+        "controller.tf",
+        'status = "Enabled"\n  }',
+        'status = "Suspended"\n  }',
+        "bucket ControllerStateBucket.VersioningConfiguration",
+    ),
+    (
+        "controller.tf",
+        "restrict_public_buckets = true",
+        "restrict_public_buckets = false",
+        "bucket ControllerStateBucket.PublicAccess",
+    ),
+    (
+        "controller.tf",
+        'sse_algorithm = "AES256"',
+        'sse_algorithm = "aws:kms"',
+        "bucket ControllerStateBucket.BucketEncryption",
+    ),
+    (
+        "controller.tf",
+        "noncurrent_days = 7",
+        "noncurrent_days = 30",
+        "bucket ControllerStateBucket.LifecycleConfiguration",
+    ),
+    (
+        "controller.tf",
+        'object_ownership = "BucketOwnerEnforced"',
+        'object_ownership = "ObjectWriter"',
+        "bucket ControllerStateBucket.Ownership",
+    ),
+    (
+        "controller.tf",
+        '"${aws_s3_bucket.controller_state[0].arn}/*"]',
+        "]",
+        "bucket policy ControllerStateBucketPolicy",
+    ),
+    (
+        "controller.tf",
+        "deployment_maximum_percent         = 100",
+        "deployment_maximum_percent = 200",
+        "service ControllerService.Deployment",
+    ),
+    (
+        "controller.tf",
+        'launch_type                        = "FARGATE"',
+        'launch_type = "EC2"',
+        "service ControllerService.LaunchType",
+    ),
+    (
+        "controller.tf",
+        "desired_count                      = 1",
+        "desired_count = 2",
+        "service ControllerService.DesiredCount",
+    ),
+    ("controller.tf", "image       = var.exporter_image", "image = var.triton_image", "container controller.image"),
+    ("controller.tf", "CONTROLLER_STATE_BUCKET = one(", "CONTROLLER_STATE = one(", "container controller.environment"),
+    (
+        "../task-definition-controller.json",
+        '"memory": "512"',
+        '"memory": "1024"',
+        "task definition ControllerTaskDefinition.memory",
+    ),
+    (
+        "../task-definition-controller.json",
+        '"readonlyRootFilesystem": true',
+        '"readonlyRootFilesystem": false',
+        "container controller.readonlyRootFilesystem",
+    ),
+    ("../task-definition-controller.json", '"user": "10001:10001"', '"user": "0:0"', "container controller.user"),
+    ("controller.tf", 'name              = "${var.log_group_prefix}/controller"', 'name = "/controller"', "log groups"),
+    (
+        "controller.tf",
+        'treat_missing_data  = "breaching"',
+        'treat_missing_data = "missing"',
+        "alarm prod-triton-controller-not-running",
+    ),
+    ("controller.tf", "threshold           = 3", "threshold = 5", "alarm prod-triton-controller-state-failures"),
+    (
+        "controller.tf",
+        'metric_name         = "GpuDrainsPaused"',
+        'metric_name = "GpuDrainPaused"',
+        "alarm prod-triton-gpu-drains-paused",
+    ),
+    (
+        "controller.tf",
+        "dimensions          = { cluster = var.cluster_name }",
+        "dimensions = {}",
+        "alarm prod-triton-gpu-drain",
+    ),
 ]
 CLUSTER_DRIFTS = [
     (
@@ -1661,13 +2009,6 @@ CLUSTER_DRIFTS = [
 @pytest.mark.parametrize(
     ("scenario", "path", "old", "new", "expect"),
     [("renamed", *d) for d in DRIFTS]
-    # The proportional scale-out's minimum of one task (issue 37).
-    (
-        "alarms.tf.json",
-        '"min_adjustment_magnitude": 1',
-        '"min_adjustment_magnitude": 2',
-        "scaling policy triton-scale-out-excess",
-    ),
     + [("modelsync-renamed", *d) for d in MODELSYNC_DRIFTS]
     + [("cluster-renamed", *d) for d in CLUSTER_DRIFTS]
     + [("tracing-renamed", *d) for d in TRACING_DRIFTS]
@@ -1778,6 +2119,44 @@ def test_a_drifted_stack_fails_the_comparison_with_a_cluster(template, alarms_te
         d.startswith("stack resource Cluster (AWS::ECS::Cluster) exists; terraform plan has no aws_ecs_cluster.this[0]")
         for d in diffs
     ), diffs
+
+
+def test_a_drifted_stack_fails_the_comparison_with_the_controller(template, alarms_template) -> None:
+    params = VALUES | SCENARIOS["gpu-drain-group"]
+    plan = module_for(params).plan()
+    t = copy.deepcopy(template)
+    r = t["Resources"]
+    r["ControllerQueue"]["Properties"]["RedrivePolicy"]["maxReceiveCount"] = 5
+    r["ControllerStateBucket"]["Properties"]["VersioningConfiguration"]["Status"] = "Suspended"
+    r["ControllerStateBucketPolicy"]["Properties"]["PolicyDocument"]["Statement"][0]["Action"] = "s3:GetObject"
+    r["ControllerQueuePolicy"]["Properties"]["PolicyDocument"]["Statement"].pop()
+    r["ControllerService"]["Properties"]["DeploymentConfiguration"]["MinimumHealthyPercent"] = 100
+    r["ControllerTaskDefinition"]["Properties"]["Cpu"] = "512"
+    r["ControllerAlarmNotRunning"]["Properties"]["EvaluationPeriods"] = 3
+    r["ControllerTaskRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"][0]["Action"].append(
+        "sqs:PurgeQueue"
+    )
+    stack, nested = stacks_for(t, alarms_template, params)
+    diffs = differences(stack, nested, plan)
+    for expect in (
+        "queue ControllerQueue.RedrivePolicy",
+        "bucket ControllerStateBucket.VersioningConfiguration",
+        "bucket policy ControllerStateBucketPolicy",
+        "queue policy ControllerQueuePolicy",
+        "service ControllerService.DeploymentConfiguration",
+        "task definition ControllerTaskDefinition.cpu",
+        "alarm prod-triton-controller-not-running.EvaluationPeriods",
+        "ControllerTaskRole policies",
+    ):
+        assert any(d.startswith(expect) for d in diffs), (expect, diffs)
+    # The controller deployed without drain, where the module deploys none.
+    t = copy.deepcopy(template)
+    del t["Resources"]["ControllerQueue"]["Condition"]
+    stack, nested = stacks_for(t, alarms_template, VALUES)
+    diffs = differences(stack, nested, module_for(VALUES).plan())
+    assert any(
+        d.startswith("stack resource ControllerQueue (AWS::SQS::Queue) exists; terraform plan has no") for d in diffs
+    )
 
 
 def test_a_rich_render_is_the_same_in_both(tmp_path: Path) -> None:

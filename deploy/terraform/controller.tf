@@ -1,0 +1,480 @@
+# The fleet's controller (docs/controller.md), as deploy/stack.yaml has it under ControllerEnabled: one small
+# Fargate task per cluster (python -m controller from the exporter image) that reads the hosts' reports from its
+# SQS queue, checks each against ECS and alone drains and replaces GPU instances within fleet-wide bounds; its
+# dead-letter queue, a small versioned bucket for its state, its log group, its two roles and its alarms.
+# tests/deploy/test_terraform.py compares every one of them with the stack's.
+#
+# Its containers are deploy/task-definition-controller.json's, read with templatefile() as main.tf reads the
+# Triton task's, then patched with what is known only after apply (the queue's URL, the bucket's name) and the
+# log group the module creates.
+#
+# On with gpu_fault_action = "drain"; safe rollouts (local.rollouts) will join it (issue 35, section 3).
+
+locals {
+  controller = local.gpu_drain
+  controller_template_vars = {
+    for name, value in {
+      AccountId             = local.account_id
+      Region                = local.region
+      ExporterTag           = ""
+      ClusterName           = var.cluster_name
+      Namespace             = local.namespace
+      ControllerQueueUrl    = ""
+      ControllerStateBucket = ""
+    } : name => trimsuffix(trimprefix(jsonencode(value), "\""), "\"")
+  }
+  controller_task_definition = jsondecode(templatefile("${path.module}/../task-definition-controller.json", local.controller_template_vars))
+  # Known after apply: the queue's URL and the bucket's name, replaced by name in the file's environment.
+  controller_environment = {
+    CONTROLLER_QUEUE_URL    = one(aws_sqs_queue.controller[*].url)
+    CONTROLLER_STATE_BUCKET = one(aws_s3_bucket.controller_state[*].id)
+  }
+  controller_containers = [for c in local.controller_task_definition.containerDefinitions : merge(c, {
+    image       = var.exporter_image
+    environment = [for e in c.environment : { name = e.name, value = lookup(local.controller_environment, e.name, e.value) }]
+    # The module creates the group, so the awslogs driver creates none (and the execution role may not).
+    logConfiguration = merge(c.logConfiguration, {
+      options = merge(
+        { for key, value in c.logConfiguration.options : key => value if key != "awslogs-create-group" },
+        { "awslogs-group" = one(aws_cloudwatch_log_group.controller[*].name) },
+      )
+    })
+  })]
+  cluster_arn = "arn:${local.partition}:ecs:${local.region}:${local.account_id}:cluster/${var.cluster_name}"
+  # ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPOSITORY[:TAG|@sha256:DIGEST] -> the exporter image's repository.
+  exporter_repository_arn = format(
+    "arn:%s:ecr:%s:%s:repository/%s", local.partition,
+    regex("^[0-9]{12}\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com/", var.exporter_image)[0],
+    regex("^([0-9]{12})\\.", var.exporter_image)[0],
+    regex("\\.amazonaws\\.com/([^:@]+)", var.exporter_image)[0],
+  )
+  controller_alarm_actions = var.alarm_topic_arn == "" ? [] : [var.alarm_topic_arn]
+}
+
+resource "aws_cloudwatch_log_group" "controller" {
+  count             = local.controller ? 1 : 0
+  name              = "${var.log_group_prefix}/controller"
+  retention_in_days = var.log_retention_days
+  tags              = var.tags
+}
+
+# --- the queue the hosts report to ---------------------------------------------------------------
+# Unread reports wait while the controller is stopped (14 days, SQS's most); a message no pass can take comes back
+# after the visibility timeout (several passes of --interval 15 s), and after 10 receives goes to the dead-letter
+# queue instead of coming back for ever.
+
+resource "aws_sqs_queue" "controller" {
+  count                      = local.controller ? 1 : 0
+  sqs_managed_sse_enabled    = true
+  visibility_timeout_seconds = 120
+  message_retention_seconds  = 1209600
+  redrive_policy = jsonencode({
+    deadLetterTargetArn = aws_sqs_queue.controller_dead_letter[0].arn
+    maxReceiveCount     = 10
+  })
+  tags = var.tags
+}
+
+resource "aws_sqs_queue" "controller_dead_letter" {
+  count                     = local.controller ? 1 : 0
+  sqs_managed_sse_enabled   = true
+  message_retention_seconds = 1209600
+  tags                      = var.tags
+}
+
+# Only the Triton task role sends, only the controller's role receives and deletes, only over TLS, whatever
+# else identity policies in the account allow. Rollouts will add model sync's topic as a sender here.
+resource "aws_sqs_queue_policy" "controller" {
+  count     = local.controller ? 1 : 0
+  queue_url = aws_sqs_queue.controller[0].url
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [
+      {
+        Sid       = "DenyInsecureTransport"
+        Effect    = "Deny"
+        Principal = "*"
+        Action    = "sqs:*"
+        Resource  = aws_sqs_queue.controller[0].arn
+        Condition = { Bool = { "aws:SecureTransport" = "false" } }
+      },
+      {
+        Sid       = "OnlyTheHostsSend"
+        Effect    = "Deny"
+        Principal = "*"
+        Action    = "sqs:SendMessage"
+        Resource  = aws_sqs_queue.controller[0].arn
+        Condition = { ArnNotEquals = { "aws:PrincipalArn" = aws_iam_role.task.arn } }
+      },
+      {
+        Sid       = "OnlyTheControllerReceives"
+        Effect    = "Deny"
+        Principal = "*"
+        Action    = ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"]
+        Resource  = aws_sqs_queue.controller[0].arn
+        Condition = { ArnNotEquals = { "aws:PrincipalArn" = aws_iam_role.controller_task[0].arn } }
+      },
+    ]
+  })
+}
+
+resource "aws_sqs_queue_policy" "controller_dead_letter" {
+  count     = local.controller ? 1 : 0
+  queue_url = aws_sqs_queue.controller_dead_letter[0].url
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [{
+      Sid       = "DenyInsecureTransport"
+      Effect    = "Deny"
+      Principal = "*"
+      Action    = "sqs:*"
+      Resource  = aws_sqs_queue.controller_dead_letter[0].arn
+      Condition = { Bool = { "aws:SecureTransport" = "false" } }
+    }]
+  })
+}
+
+# --- its state ---------------------------------------------------------------------------------------
+# One small JSON object (controller/state.py), written conditionally (If-Match). A bucket of the module's own,
+# holding nothing else (the controller's role may list it, so that S3 answers a missing state with 404, without
+# seeing anything else); versioned, old states kept a week. terraform destroy deletes it only once it is empty,
+# old versions included (docs/controller.md, "Deploy"), as the stack's deletion.
+
+resource "aws_s3_bucket" "controller_state" {
+  count = local.controller ? 1 : 0
+  #checkov:skip=CKV_AWS_18:Access logging needs a second bucket; the one object's every write is the controller's, logged in its JSON lines
+  #checkov:skip=CKV_AWS_144:Cross-region replication of a state the controller rebuilds (resume starts afresh) would cost a second bucket and replication role
+  #checkov:skip=CKV_AWS_145:SSE-S3 encrypts the state; a customer managed key adds a key policy without changing who can read it (the bucket policy and roles decide)
+  #checkov:skip=CKV2_AWS_62:No consumer of event notifications: the controller is the one writer and reader
+  tags = var.tags
+}
+
+resource "aws_s3_bucket_server_side_encryption_configuration" "controller_state" {
+  count  = local.controller ? 1 : 0
+  bucket = aws_s3_bucket.controller_state[0].id
+  rule {
+    apply_server_side_encryption_by_default {
+      sse_algorithm = "AES256"
+    }
+  }
+}
+
+resource "aws_s3_bucket_public_access_block" "controller_state" {
+  count                   = local.controller ? 1 : 0
+  bucket                  = aws_s3_bucket.controller_state[0].id
+  block_public_acls       = true
+  block_public_policy     = true
+  ignore_public_acls      = true
+  restrict_public_buckets = true
+}
+
+resource "aws_s3_bucket_ownership_controls" "controller_state" {
+  count  = local.controller ? 1 : 0
+  bucket = aws_s3_bucket.controller_state[0].id
+  rule {
+    object_ownership = "BucketOwnerEnforced"
+  }
+}
+
+resource "aws_s3_bucket_versioning" "controller_state" {
+  count  = local.controller ? 1 : 0
+  bucket = aws_s3_bucket.controller_state[0].id
+  versioning_configuration {
+    status = "Enabled"
+  }
+}
+
+resource "aws_s3_bucket_lifecycle_configuration" "controller_state" {
+  count  = local.controller ? 1 : 0
+  bucket = aws_s3_bucket.controller_state[0].id
+  rule {
+    id     = "old-states"
+    status = "Enabled"
+    filter {}
+    noncurrent_version_expiration {
+      noncurrent_days = 7
+    }
+    abort_incomplete_multipart_upload {
+      days_after_initiation = 1
+    }
+  }
+}
+
+resource "aws_s3_bucket_policy" "controller_state" {
+  count  = local.controller ? 1 : 0
+  bucket = aws_s3_bucket.controller_state[0].id
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [{
+      Sid       = "DenyInsecureTransport"
+      Effect    = "Deny"
+      Principal = "*"
+      Action    = "s3:*"
+      Resource  = [aws_s3_bucket.controller_state[0].arn, "${aws_s3_bucket.controller_state[0].arn}/*"]
+      Condition = { Bool = { "aws:SecureTransport" = "false" } }
+    }]
+  })
+}
+
+# --- its roles -----------------------------------------------------------------------------------------
+
+# The ECS agent on Fargate: pull the exporter image, write the controller's log group.
+resource "aws_iam_role" "controller_execution" {
+  count              = local.controller ? 1 : 0
+  description        = "ECS agent for the fleet's controller - pull the exporter image, write the controller's log group"
+  assume_role_policy = local.ecs_tasks_trust
+  tags               = var.tags
+}
+
+resource "aws_iam_role_policy" "controller_execution" {
+  count = local.controller ? 1 : 0
+  name  = "pull-image-and-logs"
+  role  = aws_iam_role.controller_execution[0].id
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [
+      # ecr:GetAuthorizationToken has no resource-level permissions (the Service Authorization
+      # Reference lists no resource type for it); the token alone grants no repository access.
+      { Sid = "EcrAuthToken", Effect = "Allow", Action = "ecr:GetAuthorizationToken", Resource = "*" },
+      {
+        Sid      = "EcrPullTheExporterImage"
+        Effect   = "Allow"
+        Action   = ["ecr:BatchCheckLayerAvailability", "ecr:GetDownloadUrlForLayer", "ecr:BatchGetImage"]
+        Resource = local.exporter_repository_arn
+      },
+      {
+        Sid      = "ControllerOwnLogs"
+        Effect   = "Allow"
+        Action   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+        Resource = "arn:${local.partition}:logs:${local.region}:${local.account_id}:log-group:${aws_cloudwatch_log_group.controller[0].name}:*"
+      },
+    ]
+  })
+}
+
+# The controller's own rights (docs/controller.md, "What the deployment must give it"): each action it calls
+# (controller/inbox.py, fleet.py, state.py), on this cluster, its queue, its state and the GPU instances' group.
+resource "aws_iam_role" "controller_task" {
+  count              = local.controller ? 1 : 0
+  description        = "The fleet's controller - read its queue, check reports against ECS, drain and replace GPU instances of this cluster, keep its state"
+  assume_role_policy = local.ecs_tasks_trust
+  tags               = var.tags
+}
+
+resource "aws_iam_role_policy" "controller_task" {
+  count = local.controller ? 1 : 0
+  name  = "controller"
+  role  = aws_iam_role.controller_task[0].id
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = concat([
+      # The hosts' reports: long-poll, delete once handled (DeleteMessageBatch authorizes DeleteMessage).
+      {
+        Sid      = "ReadTheReports"
+        Effect   = "Allow"
+        Action   = ["sqs:ReceiveMessage", "sqs:DeleteMessage"]
+        Resource = aws_sqs_queue.controller[0].arn
+      },
+      # A report's task must be RUNNING in this cluster (DescribeTasks).
+      {
+        Sid      = "CheckTheReportingTask"
+        Effect   = "Allow"
+        Action   = "ecs:DescribeTasks"
+        Resource = "arn:${local.partition}:ecs:${local.region}:${local.account_id}:task/${var.cluster_name}/*"
+      },
+      # Its container instance registered here with the EC2 instance named; set DRAINING in its turn.
+      {
+        Sid      = "DrainTheInstance"
+        Effect   = "Allow"
+        Action   = ["ecs:DescribeContainerInstances", "ecs:UpdateContainerInstancesState"]
+        Resource = "arn:${local.partition}:ecs:${local.region}:${local.account_id}:container-instance/${var.cluster_name}/*"
+      },
+      # The cluster's size, which --max-draining and --pause-above are shares of.
+      {
+        Sid      = "CountTheInstances"
+        Effect   = "Allow"
+        Action   = "ecs:ListContainerInstances"
+        Resource = local.cluster_arn
+      },
+      # Whether a DRAINING instance still has tasks. Resource "*" narrowed by the ecs:cluster condition to this
+      # cluster, as AWS CDK's ECS drain hook grants it (a container-instance ARN as its resource is refused).
+      {
+        Sid       = "ListTheInstancesTasks"
+        Effect    = "Allow"
+        Action    = "ecs:ListTasks"
+        Resource  = "*"
+        Condition = { ArnEquals = { "ecs:cluster" = local.cluster_arn } }
+      },
+      # Whether a replaced instance has left its group. A Describe action: no resource-level permissions.
+      {
+        Sid      = "IsItStillInItsGroup"
+        Effect   = "Allow"
+        Action   = "autoscaling:DescribeAutoScalingInstances"
+        Resource = "*"
+      },
+      ],
+      # Mark the EC2 instance Unhealthy: its group replaces it. Only with a group known.
+      local.gpu_drain_replaces ? [{
+        Sid      = "ReplaceTheInstance"
+        Effect   = "Allow"
+        Action   = "autoscaling:SetInstanceHealth"
+        Resource = "arn:${local.partition}:autoscaling:${local.region}:${local.account_id}:autoScalingGroup:*:autoScalingGroupName/${local.gpu_fault_group}"
+      }] : [],
+      [
+        # Its state: read and write the one object (the default key, controller/<cluster>/state.json) ...
+        {
+          Sid      = "TheState"
+          Effect   = "Allow"
+          Action   = ["s3:GetObject", "s3:PutObject"]
+          Resource = "${aws_s3_bucket.controller_state[0].arn}/controller/${var.cluster_name}/state.json"
+        },
+        # ... and list its bucket, so that S3 answers the first read with 404 (no state yet), not 403.
+        {
+          Sid      = "TellAMissingStateFromADeniedOne"
+          Effect   = "Allow"
+          Action   = "s3:ListBucket"
+          Resource = aws_s3_bucket.controller_state[0].arn
+        },
+    ])
+  })
+}
+
+# --- the task and its service ---------------------------------------------------------------------------
+
+resource "aws_ecs_task_definition" "controller" {
+  count                    = local.controller ? 1 : 0
+  family                   = "${local.family}-controller"
+  network_mode             = local.controller_task_definition.networkMode
+  requires_compatibilities = local.controller_task_definition.requiresCompatibilities
+  cpu                      = local.controller_task_definition.cpu
+  memory                   = local.controller_task_definition.memory
+  execution_role_arn       = aws_iam_role.controller_execution[0].arn
+  task_role_arn            = aws_iam_role.controller_task[0].arn
+  container_definitions    = jsonencode(local.controller_containers)
+  tags                     = var.tags
+}
+
+# Desired count 1, and a deployment stops the old task before it starts the new one (100 % / 0 %): two
+# controllers never decide at once. No load balancer; its ENI in the module's subnets, which reach ECR, ECS, SQS,
+# S3 and CloudWatch Logs as the Triton tasks'. desired_count is the module's: no scaling owns it.
+resource "aws_ecs_service" "controller" {
+  count                              = local.controller ? 1 : 0
+  name                               = "${var.service_name}-controller"
+  cluster                            = local.create_cluster ? aws_ecs_cluster.this[0].name : var.cluster_name
+  task_definition                    = aws_ecs_task_definition.controller[0].arn
+  launch_type                        = "FARGATE"
+  desired_count                      = 1
+  deployment_minimum_healthy_percent = 0
+  deployment_maximum_percent         = 100
+  propagate_tags                     = "SERVICE"
+
+  deployment_circuit_breaker {
+    enable   = true
+    rollback = true
+  }
+
+  network_configuration {
+    subnets          = var.subnet_ids
+    security_groups  = var.security_group_ids
+    assign_public_ip = false
+  }
+
+  tags = var.tags
+}
+
+# --- its alarms (docs/controller.md, "How to watch it") ---------------------------------------------------
+# Its metrics, named in controller/metrics.py, in the deployment's namespace with the dimension cluster. Here
+# rather than in alarms.tf.json, which render/ generates from the metric catalog: the catalog does not know the
+# controller's metrics yet.
+
+resource "aws_cloudwatch_metric_alarm" "controller_drains_paused" {
+  count               = local.controller ? 1 : 0
+  alarm_name          = "${var.alarm_name_prefix}-gpu-drains-paused"
+  alarm_description   = "GPU drains are paused: more than --pause-above of the cluster's instances reported a draining GPU fault within an hour (a driver, an AMI?). Find the cause, then python -m controller resume (docs/controller.md)."
+  namespace           = local.namespace
+  metric_name         = "GpuDrainsPaused"
+  dimensions          = { cluster = var.cluster_name }
+  statistic           = "Maximum"
+  period              = 60
+  evaluation_periods  = 1
+  threshold           = 1
+  comparison_operator = "GreaterThanOrEqualToThreshold"
+  treat_missing_data  = "notBreaching"
+  alarm_actions       = local.controller_alarm_actions
+  ok_actions          = local.controller_alarm_actions
+  tags                = var.tags
+}
+
+resource "aws_cloudwatch_metric_alarm" "controller_drain_failures" {
+  count               = local.controller ? 1 : 0
+  alarm_name          = "${var.alarm_name_prefix}-gpu-drain-failures"
+  alarm_description   = "An ECS or Auto Scaling call of a GPU drain or replacement failed (a missing permission, throttling); the controller retries on its next pass. Its log line says which call and why."
+  namespace           = local.namespace
+  metric_name         = "GpuDrainFailures"
+  dimensions          = { cluster = var.cluster_name }
+  statistic           = "Sum"
+  period              = 60
+  evaluation_periods  = 1
+  threshold           = 1
+  comparison_operator = "GreaterThanOrEqualToThreshold"
+  treat_missing_data  = "notBreaching"
+  alarm_actions       = local.controller_alarm_actions
+  ok_actions          = local.controller_alarm_actions
+  tags                = var.tags
+}
+
+resource "aws_cloudwatch_metric_alarm" "controller_not_running" {
+  count               = local.controller ? 1 : 0
+  alarm_name          = "${var.alarm_name_prefix}-controller-not-running"
+  alarm_description   = "No controller heartbeat for 5 minutes: nothing decides GPU drains (hosts keep serving; reports wait in the queue). Missing data is breaching: silence is a failure."
+  namespace           = local.namespace
+  metric_name         = "ControllerHeartbeat"
+  dimensions          = { cluster = var.cluster_name }
+  statistic           = "Sum"
+  period              = 60
+  evaluation_periods  = 5
+  datapoints_to_alarm = 5
+  threshold           = 1
+  comparison_operator = "LessThanThreshold"
+  treat_missing_data  = "breaching"
+  alarm_actions       = local.controller_alarm_actions
+  ok_actions          = local.controller_alarm_actions
+  tags                = var.tags
+}
+
+resource "aws_cloudwatch_metric_alarm" "controller_reports_refused" {
+  count               = local.controller ? 1 : 0
+  alarm_name          = "${var.alarm_name_prefix}-gpu-reports-refused"
+  alarm_description   = "The controller refused a GPU fault report: malformed, naming another cluster, a task not running, or sent by another role session than the reporting task's. Its log line names the check."
+  namespace           = local.namespace
+  metric_name         = "GpuReportsRefused"
+  dimensions          = { cluster = var.cluster_name }
+  statistic           = "Sum"
+  period              = 60
+  evaluation_periods  = 1
+  threshold           = 1
+  comparison_operator = "GreaterThanOrEqualToThreshold"
+  treat_missing_data  = "notBreaching"
+  alarm_actions       = local.controller_alarm_actions
+  ok_actions          = local.controller_alarm_actions
+  tags                = var.tags
+}
+
+resource "aws_cloudwatch_metric_alarm" "controller_state_failures" {
+  count               = local.controller ? 1 : 0
+  alarm_name          = "${var.alarm_name_prefix}-controller-state-failures"
+  alarm_description   = "The controller could not read or write its state for 3 minutes in a row (S3, its rights, or a conflict that does not clear); it decides nothing new until it can."
+  namespace           = local.namespace
+  metric_name         = "ControllerStateFailures"
+  dimensions          = { cluster = var.cluster_name }
+  statistic           = "Sum"
+  period              = 60
+  evaluation_periods  = 3
+  datapoints_to_alarm = 3
+  threshold           = 3
+  comparison_operator = "GreaterThanOrEqualToThreshold"
+  treat_missing_data  = "notBreaching"
+  alarm_actions       = local.controller_alarm_actions
+  ok_actions          = local.controller_alarm_actions
+  tags                = var.tags
+}
