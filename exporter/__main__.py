@@ -284,7 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from telemetry.sinks import SinkClosed, StreamSink, make_sinks
 
-    from .pipeline import Pipeline
+    from .pipeline import Pipeline, ScrapeOutput
+    from .protection import make as task_protection
     from .runner import Runner, TritonUnreachable, run_once
 
     logs.setup(settings.log_level or ("error" if settings.once else "info"))
@@ -293,12 +294,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SourceRequired as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
-    outputs = []
+    outputs: list[ScrapeOutput] = []
     if settings.otlp_outputs:
         from .otlp_output import OtlpMetricsOutput
 
         genai = settings.otlp_semconv == "genai"
         outputs.append(OtlpMetricsOutput(catalog, settings.otlp_outputs, settings.traces_container, genai=genai))
+    protection = task_protection(settings)  # None unless --task-protection on, on ECS
+    if protection is not None:
+        outputs.append(protection)
     pipeline = Pipeline(settings, catalog, sources, outputs=outputs)
     if settings.once:
         try:

@@ -69,6 +69,11 @@ class Settings:
     traces_log_groups: tuple[str, ...] = ()  # aws.log.group.names on every span's resource
     traces_container: str = "triton-server"
     otlp_semconv: str = "off"  # genai: the OTLP outputs also send OpenTelemetry's GenAI server metrics
+    task_protection: str = "off"  # on: ECS task scale-in protection while work outlasts the drain (docs/scaling.md)
+    ecs_agent_uri: str = ""  # ECS_AGENT_URI, set by ECS (agent 1.65+): where task protection is asked for
+    task_protection_drain: float = 60.0  # seconds a stopping task gives its requests (deregistration + exit timeout)
+    task_protection_idle: float = 120.0  # seconds without such work before the protection is cleared
+    task_protection_max: float = 60.0  # minutes of protection on end at most
     # Opens Triton's restricted APIs (index, model configuration, trace settings): TRITON_ADMIN_KEY only, never a
     # flag (a secret; triton_http/admin.py)
     triton_admin_key: AdminKey | None = None
@@ -309,6 +314,48 @@ OPTIONS: tuple[Option, ...] = (
         choice(*SEMCONVS),
         "genai: each OTLP output also sends OpenTelemetry's GenAI server metrics (gen_ai.server.time_to_first_token, "
         ".time_per_output_token, .request.duration) of every generative model (docs/otlp.md); needs an otlp+ --output",
+    ),
+    Option(
+        "task_protection",
+        "--task-protection",
+        ("EXPORTER_TASK_PROTECTION",),
+        choice("off", "on"),
+        "on: ECS task scale-in protection while this task's work in flight lasts longer than "
+        "--task-protection-drain (Little's law on Triton's pending requests, TensorRT-LLM's active ones and the "
+        "completions), so a scale-in or a deployment does not cut it; renewed before it expires, cleared when "
+        "idle; needs ECS_AGENT_URI (off outside ECS) and ecs:UpdateTaskProtection on the task role "
+        "(docs/scaling.md)",
+    ),
+    Option(
+        "ecs_agent_uri",
+        "--ecs-agent-uri",
+        ("ECS_AGENT_URI",),
+        http_url,
+        "the ECS agent's endpoint (set by ECS, agent 1.65+): --task-protection calls its task-protection/v1/state",
+        shown="",
+    ),
+    Option(
+        "task_protection_drain",
+        "--task-protection-drain",
+        ("EXPORTER_TASK_PROTECTION_DRAIN",),
+        positive,
+        "seconds a stopping task gives its requests: the load balancer's deregistration delay plus Triton's "
+        "--exit-timeout-secs (60 in the shipped stack); work that lasts longer is protected",
+    ),
+    Option(
+        "task_protection_idle",
+        "--task-protection-idle",
+        ("EXPORTER_TASK_PROTECTION_IDLE",),
+        non_negative,
+        "seconds without work outlasting the drain before the protection is cleared",
+    ),
+    Option(
+        "task_protection_max",
+        "--task-protection-max",
+        ("EXPORTER_TASK_PROTECTION_MAX",),
+        positive,
+        "minutes a task stays protected on end at most; then cleared and left alone 5 minutes, so scale-in and "
+        "deployments are held this long at most",
     ),
     *catalog_cli.OPTIONS,
     Option(
