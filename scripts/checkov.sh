@@ -6,11 +6,11 @@
 # checkov pins old versions of common packages (e.g. `packaging`), so it never
 # goes into the main .venv: it lives in .venv-checkov, created here on first use.
 # What is scanned: the sidecar's Dockerfile, fluentbit/Dockerfile,
-# deploy/triton.Dockerfile, deploy/task-definition.json and
-# deploy/task-definition-modelsync.json, the CloudFormation
+# deploy/triton.Dockerfile, deploy/task-definition.json,
+# deploy/task-definition-modelsync.json and deploy/task-definition-controller.json, the CloudFormation
 # templates (alarms/*.template.json, deploy/*.yaml|yml|json templates) and the
 # Terraform module deploy/terraform (through its examples/ root module); then both once more with the
-# optional cluster (CreateCluster / create_cluster) on, from a copy.
+# optional cluster (CreateCluster / create_cluster) and the fleet's controller (GpuFaultAction=drain) on, from a copy.
 # Skipped checks, each with its reason, are listed in .checkov.yaml (or in the resource they concern).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,7 @@ fi
 [ -f "$VENV/.gitignore" ] || printf '*\n' > "$VENV/.gitignore"
 
 files=(Dockerfile fluentbit/Dockerfile deploy/triton.Dockerfile deploy/task-definition.json
-       deploy/task-definition-modelsync.json)
+       deploy/task-definition-modelsync.json deploy/task-definition-controller.json)
 for f in alarms/*.template.json deploy/*.yaml deploy/*.yml deploy/*.template.json; do
   [ -f "$f" ] && files+=("$f")
 done
@@ -45,17 +45,23 @@ scan files "${args[@]}" "$@"
 # The Terraform module as a directory, so checkov resolves the examples/ module call, variables and
 # locals (checkov ignores --file arguments once --directory is given, hence a second run).
 scan module --framework terraform terraform_json --directory deploy/terraform "$@"
-# The optional cluster (CreateCluster / create_cluster, off by default): checkov leaves out what a condition or a
-# count that is false with the defaults creates, so a copy with it on by default is scanned too.
+# The optional cluster (CreateCluster / create_cluster, off by default) and the fleet's controller (GpuFaultAction /
+# gpu_fault_action = drain, report by default): checkov leaves out what a condition or a count that is false with
+# the defaults creates, so a copy with both on by default is scanned too.
 mkdir -p "$on/deploy" "$on/dashboards"
 cp -r deploy/terraform "$on/deploy/"
 cp deploy/*.json deploy/user-data.sh "$on/deploy/"
 cp dashboards/triton.json.tftpl "$on/dashboards/"
-sed '/^  CreateCluster:$/,/^    Default:/ s/Default: "false"/Default: "true"/' deploy/stack.yaml >"$on/deploy/stack.yaml"
+sed -e '/^  CreateCluster:$/,/^    Default:/ s/Default: "false"/Default: "true"/' \
+    -e '/^  GpuFaultAction:$/,/^    Default:/ s/Default: report$/Default: drain/' deploy/stack.yaml >"$on/deploy/stack.yaml"
+sed '/^variable "gpu_fault_action" {$/,/^}$/ s/default     = "report"/default     = "drain"/' \
+  deploy/terraform/variables.tf >"$on/deploy/terraform/variables.tf"
 sed '/^variable "create_cluster" {$/,/^}$/ s/default     = false/default     = true/' \
   deploy/terraform/examples/main.tf >"$on/deploy/terraform/examples/main.tf"
-if cmp -s deploy/stack.yaml "$on/deploy/stack.yaml" || cmp -s deploy/terraform/examples/main.tf "$on/deploy/terraform/examples/main.tf"; then
-  echo "checkov.sh: could not turn CreateCluster / create_cluster on in the copy" >&2
+if cmp -s deploy/stack.yaml "$on/deploy/stack.yaml" || cmp -s deploy/terraform/examples/main.tf "$on/deploy/terraform/examples/main.tf" \
+  || cmp -s deploy/terraform/variables.tf "$on/deploy/terraform/variables.tf" \
+  || ! grep -q '^    Default: drain$' "$on/deploy/stack.yaml"; then
+  echo "checkov.sh: could not turn CreateCluster / create_cluster and GpuFaultAction / gpu_fault_action on in the copy" >&2
   wait
   exit 2
 fi

@@ -286,7 +286,7 @@ variable "otlp_semconv" {
 
 variable "gpu_fault_action" {
   type        = string
-  description = "What an exporter does when a GPU turns unhealthy (a fatal XID, a driver recovery action, a lost GPU, a failed row remap): report (GpuHealthy=0, the GpuUnhealthy alarm, a log line; no AWS call), or drain: also set its ECS container instance DRAINING and mark the EC2 instance Unhealthy in its Auto Scaling group, which replaces it (EXPORTER_GPU_FAULT_ACTION; the task role may then do exactly that, on this cluster and that group)"
+  description = "What an exporter does when a GPU turns unhealthy (a fatal XID, a driver recovery action, a lost GPU, a failed row remap): report (GpuHealthy=0, the GpuUnhealthy alarm, a log line; no AWS call), or drain: also report it to the fleet's controller, which the module then deploys (a Fargate service, its queue, state bucket, roles and alarms; controller.tf, docs/controller.md) and which alone sets container instances DRAINING and marks EC2 instances Unhealthy in their Auto Scaling group, one at a time within fleet-wide bounds (EXPORTER_GPU_FAULT_ACTION)"
   default     = "report"
   validation {
     condition     = contains(["report", "drain"], var.gpu_fault_action)
@@ -296,7 +296,7 @@ variable "gpu_fault_action" {
 
 variable "gpu_fault_auto_scaling_group_name" {
   type        = string
-  description = "With gpu_fault_action = drain and an existing cluster (create_cluster = false): the Auto Scaling group of its GPU instances, which the task role may mark an instance of Unhealthy. Empty: the module's own group with create_cluster; on an existing cluster, drained instances are then not replaced (the call is refused)"
+  description = "With gpu_fault_action = drain and an existing cluster (create_cluster = false): the Auto Scaling group of its GPU instances, which the controller's role may mark an instance of Unhealthy. Empty: the module's own group with create_cluster; on an existing cluster, drained instances are then not replaced (the call is refused)"
   default     = ""
   validation {
     condition     = can(regex("^[A-Za-z0-9 ._/+=@:-]{0,255}$", var.gpu_fault_auto_scaling_group_name))
