@@ -447,6 +447,12 @@ def test_replayed_image_has_only_the_lock_and_runs_help(image):
     proc = subprocess.run([*modelsync, "--once"], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--bucket (or MODELSYNC_BUCKET) is required" in proc.stderr
     assert {"boto3", "botocore", "s3transfer"} <= installed.keys()
+    # The fleet's controller: same image, other entry point (deploy/task-definition-controller.json).
+    controller = [str(venv / "bin" / "python"), "-m", "controller"]
+    proc = subprocess.run([*controller, "--help"], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("CONTROLLER_QUEUE_URL", "CONTROLLER_CLUSTER", "CONTROLLER_STATE_BUCKET"):
+        assert name in proc.stdout
 
     for script in ("health.py", "startup_check.py"):
         proc = subprocess.run(
