@@ -25,7 +25,8 @@ from .drains import resume
 from .fanout import FleetSize, ServiceFanout, TaskQueues
 from .fleet import AwsFleet, boto_client
 from .inbox import SqsInbox
-from .metrics import Recorder
+from .metrics import Counts, Recorder
+from .rollouts import RolloutDecider, ecs_stop
 from .service import Controller
 from .settings import ConfigError, Settings, load
 from .state import Conflict, FileStore, S3Store, State, Store, StoreError
@@ -61,6 +62,40 @@ def make_fanout(settings: Settings) -> ServiceFanout | None:
     if settings.bucket:
         size = FleetSize(boto_client("s3"), settings.bucket, settings.prefix, settings.cluster, settings.service)
     return ServiceFanout(ecs, settings.cluster, settings.service, queues, size)
+
+
+class Unversioned(Exception):
+    """Rollouts on with a bucket that keeps no versions: a rejected artifact could not be taken back."""
+
+
+def make_rollouts(settings: Settings, counts: Counts) -> RolloutDecider | None:
+    """The rollouts' decider (--rollouts on); raises Unversioned when the bucket is not versioned."""
+    if settings.rollouts != "on":
+        return None
+    from modelsync.ledger import Ledger
+    from modelsync.s3 import S3
+
+    s3 = boto_client("s3")
+    try:
+        status = s3.get_bucket_versioning(Bucket=settings.bucket).get("Status", "")
+    except Exception as exc:
+        raise Unversioned(f"cannot read the versioning of s3://{settings.bucket}: {exc}") from None
+    if status != "Enabled":
+        raise Unversioned(
+            f"--rollouts on needs a versioned bucket: s3://{settings.bucket} versioning is "
+            f"{status or 'never enabled'}, so a rejected artifact could not be taken back and the canaries could not "
+            "install the stable one pinned to its version. Turn versioning on (aws s3api put-bucket-versioning "
+            "--versioning-configuration Status=Enabled) or turn rollouts off"
+        )
+    return RolloutDecider(
+        Ledger(s3, settings.bucket, settings.prefix),
+        S3(s3, settings.bucket, settings.prefix),
+        settings.cluster,
+        settings.rules,
+        settings.canary_fraction,
+        counts,
+        ecs_stop(boto_client("ecs"), settings.cluster),
+    )
 
 
 def resume_main(store: Store) -> int:
@@ -116,6 +151,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"error: {exc}\n")
         return 1
     log = logs.setup(settings.log_level, name=LOGGER)
+    counts = Counts()
+    try:
+        rollouts = make_rollouts(settings, counts)
+    except Unversioned as exc:
+        sys.stderr.write(f"error: invalid setting: {exc}\n")
+        return 2
     sink = make_sink(settings.output, buffer_events=1000, connect_timeout=1.0)
     controller = Controller(
         settings.cluster,
@@ -125,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         Recorder(settings.namespace, sink, settings.cluster),
         settings.bounds,
         fanout=make_fanout(settings),
+        rollouts=rollouts,
+        counts=counts,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -149,6 +192,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if settings.bucket
             else "the fleet size is not published (no --bucket)",
         )
+    if rollouts is not None:
+        log.info(
+            "rollouts decided here: canary share %g of the running tasks, bake %g s, at least %d requests, failure "
+            "increase %g (95 %% confidence), latency ratio %g, failure ceiling %g",
+            settings.canary_fraction, settings.bake_seconds, settings.bake_min_requests,
+            settings.max_failure_increase, settings.max_latency_ratio, settings.max_failure_ratio,
+        )  # fmt: skip
     try:
         controller.run(settings.interval, stop)
     except SinkClosed as exc:

@@ -123,6 +123,7 @@ class ServiceTask:
     arn: str
     id: str
     last_status: str  # PROVISIONING, PENDING, ACTIVATING, RUNNING, ...
+    container_instance_arn: str = ""  # EC2 capacity: where it runs (a rollout's canaries go to distinct ones)
 
 
 @dataclass
@@ -140,6 +141,7 @@ class FanoutPass:
     kept: list[str] = field(default_factory=list)  # of the form, not listed as a task, not confirmed ours to remove
     deferred: int = 0  # changes left for the next pass (the bound)
     failures: int = 0
+    live: dict[str, ServiceTask] | None = None  # task id -> the service's tasks as ECS listed them (rollouts)
 
 
 @dataclass
@@ -184,7 +186,9 @@ def service_tasks(ecs: Any, cluster: str, service: str) -> dict[str, ServiceTask
         for t in got.get("tasks", []):
             arn = str(t.get("taskArn", ""))
             if t.get("group") == f"service:{service}" and t.get("desiredStatus") == "RUNNING":
-                out[task_id(arn)] = ServiceTask(arn, task_id(arn), str(t.get("lastStatus", "")))
+                out[task_id(arn)] = ServiceTask(
+                    arn, task_id(arn), str(t.get("lastStatus", "")), str(t.get("containerInstanceArn", ""))
+                )
     return out
 
 
@@ -561,6 +565,7 @@ class ServiceFanout:
             return out
         out = self.queues.reconcile(tasks) if self.queues is not None else FanoutPass(tasks=len(tasks))
         out.tasks = len(tasks)
+        out.live = tasks
         out.running = sum(1 for t in tasks.values() if t.last_status == "RUNNING")
         if self.size is not None:
             try:

@@ -51,6 +51,17 @@ FANOUT_METRICS: tuple[Spec, ...] = (
     Spec("FanoutFailures", "Count", "fan-out calls that failed in the pass (ECS, SQS, SNS, the fleet size; retried)"),
 )
 FANOUT_NAMES = tuple(m.name for m in FANOUT_METRICS)
+# Rollouts (controller/rollouts.py): every pass while --rollouts is on.
+ROLLOUT_METRICS: tuple[Spec, ...] = (
+    Spec("RolloutsInFlight", "Count", "models with a rollout in flight"),
+    Spec("RolloutsStarted", "Count", "rollouts started in the pass"),
+    Spec("RolloutsPromoted", "Count", "rollouts promoted on evidence in the pass"),
+    Spec("RolloutsRejected", "Count", "rollouts rejected in the pass (evidence, a failed install, crashes)"),
+    Spec("RolloutCrashes", "Count", "canaries whose Triton exited while serving a rollout's artifact (alarm: > 0)"),
+    Spec("RolloutStateRepairs", "Count", "rollout states that did not parse or validate, rewritten from the copy"),
+    Spec("RolloutReportsRefused", "Count", "rollout reports refused (malformed, another task's, a duplicate identity)"),
+)
+ROLLOUT_NAMES = tuple(m.name for m in ROLLOUT_METRICS)
 
 
 @dataclass
@@ -67,6 +78,12 @@ class Counts:
     fanout_created: int = 0
     fanout_deleted: int = 0
     fanout_failures: int = 0
+    rollouts_started: int = 0
+    rollouts_promoted: int = 0
+    rollouts_rejected: int = 0
+    rollout_crashes: int = 0
+    rollout_state_repairs: int = 0
+    rollout_reports_refused: int = 0
 
     def take(self) -> Counts:
         out = Counts(**{f.name: getattr(self, f.name) for f in fields(self)})
@@ -79,15 +96,22 @@ class Recorder:
     """Encodes one event per pass and hands it to the sink."""
 
     def __init__(self, namespace: str, sink: Sink, cluster: str, wall: Callable[[], float] = time.time) -> None:
-        self.encoder = Encoder(namespace, METRICS + FANOUT_METRICS)
+        self.encoder = Encoder(namespace, METRICS + FANOUT_METRICS + ROLLOUT_METRICS)
         self.sink = sink
         self.cluster = cluster
         self.wall = wall
 
     def emit(
-        self, counts: Counts, paused: bool, in_progress: int, waiting: int, fanout: tuple[int, int] | None = None
+        self,
+        counts: Counts,
+        paused: bool,
+        in_progress: int,
+        waiting: int,
+        fanout: tuple[int, int] | None = None,
+        rollouts: int | None = None,
     ) -> dict[str, float]:
-        """``fanout``: (the service's tasks, queues listed) of the pass's fan-out; None while it is off."""
+        """``fanout``: (the service's tasks, queues listed) of the pass's fan-out; None while it is off.
+        ``rollouts``: models with a rollout in flight; None while the controller does not decide rollouts."""
         values = {
             "ControllerHeartbeat": 1.0,
             "GpuDrainsPaused": 1.0 if paused else 0.0,
@@ -108,6 +132,16 @@ class Recorder:
                 "FanoutQueuesCreated": float(counts.fanout_created),
                 "FanoutQueuesDeleted": float(counts.fanout_deleted),
                 "FanoutFailures": float(counts.fanout_failures),
+            }
+        if rollouts is not None:
+            values |= {
+                "RolloutsInFlight": float(rollouts),
+                "RolloutsStarted": float(counts.rollouts_started),
+                "RolloutsPromoted": float(counts.rollouts_promoted),
+                "RolloutsRejected": float(counts.rollouts_rejected),
+                "RolloutCrashes": float(counts.rollout_crashes),
+                "RolloutStateRepairs": float(counts.rollout_state_repairs),
+                "RolloutReportsRefused": float(counts.rollout_reports_refused),
             }
         props: dict[str, object] = {"service": "controller"}
         dims = dimensions_for(("cluster",), {"cluster": self.cluster}, props)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from telemetry.shapes import Doc, Malformed, loads
+from telemetry.shapes import Doc, Malformed, items, loads, number, text
 
 MAX_MESSAGE_BYTES = 16 * 1024  # a report is under 1 KiB; SQS allows 256 KiB
 NAME_LIMIT = 2048  # an ARN is at most 2,048 characters
@@ -138,3 +138,90 @@ def classify(report: FaultReport) -> str:
 def cluster_name(cluster: str) -> str:
     """``arn:aws:ecs:r:a:cluster/NAME`` or ``NAME`` -> ``NAME``."""
     return cluster.rsplit("cluster/", 1)[-1] if cluster.startswith("arn:") else cluster
+
+
+# --- a model-sync daemon's rollout report ---------------------------------------------------------------------
+#
+#     {"type": "rollout", "version": 1, "cluster": "...", "task_arn": "<the reporting task: its identity>",
+#      "daemon": "<a random id of the daemon process>", "model": "<model>",
+#      "event": "seen" | "serving" | "evidence" | "load_failed" | "triton_gone",
+#      "artifact": {"sha256": "...", "key": "...", "etag": "...", "version_id": "..."},
+#      "counters": {"<triton model>\u001f<version>": [successes, failures, duration_us], ...},   # evidence
+#      "reason": "...", "observed_at": 1760000000.0}
+#
+# ``seen``: S3's object differs from what the state calls stable (a hint: the controller reads S3 itself);
+# ``serving``/``evidence``: what the host serves, and its Triton's cumulative counters for the model (the
+# controller takes the differences); ``load_failed``: a canary could not install the artifact; ``triton_gone``:
+# the host's Triton stopped answering while serving the artifact.
+
+ROLLOUT_EVENTS = ("seen", "serving", "evidence", "load_failed", "triton_gone")
+MAX_SERIES = 256  # Triton model versions of one model's counters (a bundle's steps)
+
+
+@dataclass(frozen=True)
+class RolloutReport:
+    cluster: str
+    task_arn: str
+    daemon: str
+    model: str
+    event: str
+    sha256: str
+    key: str = ""
+    etag: str = ""
+    version_id: str = ""
+    counters: dict[tuple[str, str], tuple[float, float, float]] = field(default_factory=dict)
+    reason: str = ""
+
+    @property
+    def task_id(self) -> str:
+        return self.task_arn.rsplit("/", 1)[-1]
+
+
+def kind(body: str | bytes) -> str:
+    """The message's ``type`` (``gpu_fault`` or ``rollout``); raises Malformed."""
+    doc = Doc(loads(body, MAX_MESSAGE_BYTES))
+    return doc.text("type", limit=64, printable=True)
+
+
+def parse_rollout(body: str | bytes) -> RolloutReport:
+    """A rollout report read as data; raises Malformed naming the field."""
+    doc = Doc(loads(body, MAX_MESSAGE_BYTES))
+    if doc.text("type", limit=64, printable=True) != "rollout":
+        raise Malformed("type", "not a rollout report")
+    doc.integer("version", 1, 1)
+    event = doc.text("event", limit=32, printable=True)
+    if event not in ROLLOUT_EVENTS:
+        raise Malformed("event", f"{event[:40]!r} is not one of {', '.join(ROLLOUT_EVENTS)}")
+    task_arn = doc.text("task_arn", limit=NAME_LIMIT, printable=True)
+    if not task_arn.startswith("arn:") or ":task/" not in task_arn:
+        raise Malformed("task_arn", "not an ECS task ARN")
+    model = doc.text("model", limit=NAME_LIMIT, printable=True)
+    if not model or model.startswith(".") or "/" in model:
+        raise Malformed("model", "not a model name")
+    art = doc.doc("artifact")
+    counters: dict[tuple[str, str], tuple[float, float, float]] = {}
+    raw = doc.optional_doc("counters")
+    if raw is not None:
+        if len(raw.raw) > MAX_SERIES:
+            raise Malformed("counters", f"more than {MAX_SERIES} series")
+        for i, (name, values) in enumerate(raw.raw.items()):
+            where = f"counters#{i}"
+            triton_model, _, version = text(name, where, NAME_LIMIT).partition("\x1f")
+            got = items(values, where)
+            if len(got) != 3:
+                raise Malformed(where, "not 3 counters")
+            s, f, d = (number(v, f"{where}[{j}]", 0.0, 1e20) for j, v in enumerate(got))
+            counters[(triton_model, version)] = (s, f, d)
+    return RolloutReport(
+        cluster=doc.text("cluster", limit=NAME_LIMIT, default="", printable=True),
+        task_arn=task_arn,
+        daemon=doc.text("daemon", limit=64, printable=True),
+        model=model,
+        event=event,
+        sha256=art.text("sha256", limit=256, printable=True),
+        key=art.text("key", limit=NAME_LIMIT, default="", printable=True),
+        etag=art.text("etag", limit=256, default="", printable=True),
+        version_id=art.text("version_id", limit=1024, default="", printable=True),
+        counters=counters,
+        reason=doc.text("reason", limit=1024, default="", printable=True),
+    )

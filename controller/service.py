@@ -19,15 +19,18 @@ from telemetry.logs import Throttled
 from telemetry.shapes import Malformed
 
 from .drains import Bounds, Drains
-from .fanout import FanoutPass, ServiceFanout
+from .fanout import FanoutPass, ServiceFanout, ServiceTask
 from .fleet import Fleet, FleetError
 from .inbox import Inbox, Message
 from .metrics import Counts, Recorder
-from .reports import parse
+from .reports import kind, parse, parse_rollout
+from .rollouts import Refused as RolloutRefused
+from .rollouts import RolloutDecider
 from .state import Conflict, State, Store, StoreError
 from .verify import Refused, check
 
 log = logging.getLogger("controller")
+MAX_BATCHES = 50  # receives of 10 messages in one pass at most: the rollouts' reports keep the queue busy
 
 
 @dataclass
@@ -52,16 +55,19 @@ class Controller:
         bounds: Bounds,
         clock: Callable[[], float] = time.time,
         fanout: ServiceFanout | None = None,
+        rollouts: RolloutDecider | None = None,
+        counts: Counts | None = None,
     ) -> None:
         self.cluster = cluster
         self.fanout = fanout  # the fan-out's queues and the fleet's size: independent of the drains' state
         self.fanout_gauges = (0, 0)  # (the service's tasks, queues listed), as of the last pass that read them
+        self.rollouts = rollouts  # --rollouts on: the fleet's rollouts are decided here (controller/rollouts.py)
         self.inbox = inbox
         self.fleet = fleet
         self.store = store
         self.recorder = recorder
         self.clock = clock
-        self.counts = Counts()
+        self.counts = counts if counts is not None else Counts()  # shared with the rollouts' decider
         self.drains = Drains(fleet, bounds, self.counts, cluster)
         self.refusals = Throttled(log, every=60.0, clock=clock)
         self.paused = False
@@ -92,25 +98,30 @@ class Controller:
             out.metrics = self._emit(None)
             return out
         state, version = loaded
-        try:
-            messages = self.inbox.receive(wait)
-        except FleetError as exc:
-            log.error("cannot read the queue: %s", exc)
-            messages = []
+        messages = self._receive(wait)
         out.received = len(messages)
         now = self.clock()
         refused: list[Message] = []
         accepted: list[Message] = []
+        absorbed: list[Message] = []  # rollout reports: in the decider's memory once taken (idempotent, repeated)
+        live = out.fanout.live if out.fanout is not None else None
         for message in messages:
-            verdict = self.handle(state, message, now)
+            verdict = self.handle(state, message, now, live)
             if verdict == "refused":
                 refused.append(message)
             elif verdict == "taken":
                 accepted.append(message)
+            elif verdict == "absorbed":
+                absorbed.append(message)
             else:
                 out.kept += 1
         out.refused = len(refused)
-        self._delete(refused)
+        self._delete(refused + absorbed)
+        if self.rollouts is not None:
+            try:
+                self.rollouts.run(live, out.fanout.running if out.fanout is not None else None)
+            except Exception:  # a bug in the rollouts never stops the drains' decisions
+                log.exception("unexpected error in the rollouts' pass")
         self.drains.tick(state, now)
         try:
             self.store.save(state.to_json(), version)
@@ -140,9 +151,39 @@ class Controller:
             self.fanout_gauges = (done.tasks, done.queues)
         return done
 
-    def handle(self, state: State, message: Message, now: float) -> str:
-        """``taken``, ``refused`` or ``kept`` (read again later)."""
+    def _receive(self, wait: float) -> list[Message]:
+        """The queue's messages: a long poll for the first batch, then what is waiting, up to MAX_BATCHES."""
+        out: list[Message] = []
+        for i in range(MAX_BATCHES if self.rollouts is not None else 1):
+            try:
+                got = self.inbox.receive(wait if i == 0 else 0.0)
+            except FleetError as exc:
+                log.error("cannot read the queue: %s", exc)
+                break
+            out += got
+            if len(got) < 10:
+                break
+        return out
+
+    def _rollout(self, message: Message, live: dict[str, ServiceTask] | None) -> str:
+        assert self.rollouts is not None
         try:
+            verdict = self.rollouts.take(parse_rollout(message.body), message.sender_id, live)
+        except Malformed as exc:
+            self.counts.rollout_reports_refused += 1
+            self._refuse(message, "shape", f"not a rollout report: {exc}", count=False)
+            return "refused"
+        except RolloutRefused as exc:
+            self.counts.rollout_reports_refused += 1
+            self._refuse(message, exc.check, exc.message, count=False)
+            return "refused"
+        return "absorbed" if verdict == "taken" else "kept"
+
+    def handle(self, state: State, message: Message, now: float, live: dict[str, ServiceTask] | None = None) -> str:
+        """``taken``, ``absorbed`` (a rollout report), ``refused`` or ``kept`` (read again later)."""
+        try:
+            if self.rollouts is not None and kind(message.body) == "rollout":
+                return self._rollout(message, live)
             report = parse(message.body)
             checked = check(report, message.sender_id, self.fleet, self.cluster)
             self.drains.report(state, checked, now)
@@ -158,8 +199,9 @@ class Controller:
             return "kept"
         return "taken"
 
-    def _refuse(self, message: Message, check_name: str, why: str) -> None:
-        self.counts.reports_refused += 1
+    def _refuse(self, message: Message, check_name: str, why: str, count: bool = True) -> None:
+        if count:
+            self.counts.reports_refused += 1
         self.refusals.log(
             f"refused:{check_name}",
             logging.WARNING,
@@ -184,7 +226,8 @@ class Controller:
         busy = sum(1 for e in entries if e.holds_a_slot())
         try:
             fanout = self.fanout_gauges if self.fanout is not None else None
-            return self.recorder.emit(self.counts.take(), paused, busy, len(entries) - busy, fanout)
+            rollouts = len(self.rollouts.in_flight) if self.rollouts is not None else None
+            return self.recorder.emit(self.counts.take(), paused, busy, len(entries) - busy, fanout, rollouts)
         except Exception as exc:  # a sink that fails must not stop decisions
             log.error("cannot emit the controller's metrics: %s: %s", type(exc).__name__, exc)
             return {}

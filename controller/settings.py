@@ -34,6 +34,7 @@ from telemetry.sinks import Output, parse_output
 from . import __version__
 from .drains import DEFAULT_LIMIT, Bounds, Limit
 from .fanout import check_queue_prefix, check_topic_arn
+from .rules import Rules
 
 __all__ = ["ENV_VARS", "OPTIONS", "ConfigError", "Settings", "build_parser", "load"]
 
@@ -62,6 +63,19 @@ class Settings:
     queue_name_prefix: str = "modelsync-"
     bucket: str = ""  # model sync's bucket and prefix: where the fleet's size is published for rollouts
     prefix: str = ""
+    # Rollouts (controller/rollouts.py): decided here for every daemon in --rollouts controller mode
+    rollouts: str = "off"
+    canary_fraction: float = 0.25
+    bake_seconds: float = 600.0
+    bake_min_requests: int = 100
+    max_failure_increase: float = 0.01
+    max_latency_ratio: float = 1.5
+    max_failure_ratio: float = 0.05
+
+    @property
+    def rules(self) -> Rules:
+        return Rules(self.bake_seconds, self.bake_min_requests, self.max_failure_increase, self.max_latency_ratio,
+                     self.max_failure_ratio)  # fmt: skip
 
     @property
     def bounds(self) -> Bounds:
@@ -117,6 +131,27 @@ def _prefix(text: str) -> str:
     if text.startswith("/"):
         raise ValueError("an S3 key prefix does not start with '/'")
     return text if not text or text.endswith("/") else text + "/"
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError("must be above 0 and at most 1")
+    return value
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise ValueError("must be above 0 and below 1")
+    return value
+
+
+def _latency(text: str) -> float:
+    value = float(text)
+    if not 1 < value < 1e6:
+        raise ValueError("must be above 1")
+    return value
 
 
 def _service(text: str) -> str:
@@ -232,6 +267,57 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("prefix", "--prefix", ("CONTROLLER_PREFIX",), _prefix, "model sync's key prefix (a folder)", shown=""),
     Option(
+        "rollouts",
+        "--rollouts",
+        ("CONTROLLER_ROLLOUTS",),
+        choice("off", "on"),
+        "on: decide model sync's rollouts for the daemons run with --rollouts controller (assign canaries, judge, "
+        "write the state under <prefix>.modelsync/rollouts/); needs --bucket and --service, and a versioned bucket",
+    ),
+    Option(
+        "canary_fraction",
+        "--canary-fraction",
+        ("CONTROLLER_CANARY_FRACTION",),
+        _fraction,
+        "a new artifact goes first to ceil(F x running tasks of --service) hosts, at least one",
+    ),
+    Option(
+        "bake_seconds",
+        "--bake-seconds",
+        ("CONTROLLER_BAKE_SECONDS",),
+        positive,
+        "how long every canary serves a new artifact before it may be promoted (an early abort does not wait)",
+    ),
+    Option(
+        "bake_min_requests",
+        "--bake-min-requests",
+        ("CONTROLLER_BAKE_MIN_REQUESTS",),
+        positive_int,
+        "fewer requests on the canaries is no evidence: no verdict (nor early abort) before",
+    ),
+    Option(
+        "max_failure_increase",
+        "--max-failure-increase",
+        ("CONTROLLER_MAX_FAILURE_INCREASE",),
+        _ratio,
+        "the failure increase over the baseline that matters: rejected when the canaries fail more at 95 % "
+        "confidence by at least half of it (docs/modelsync.md gives the test's rates)",
+    ),
+    Option(
+        "max_latency_ratio",
+        "--max-latency-ratio",
+        ("CONTROLLER_MAX_LATENCY_RATIO",),
+        _latency,
+        "reject when the canaries' average latency over the bake exceeds the baseline's by this factor",
+    ),
+    Option(
+        "max_failure_ratio",
+        "--max-failure-ratio",
+        ("CONTROLLER_MAX_FAILURE_RATIO",),
+        _ratio,
+        "reject a canary failing more than this share of its requests, whatever its baseline",
+    ),
+    Option(
         "output",
         "--output",
         ("CONTROLLER_OUTPUT", "AWS_EMF_AGENT_ENDPOINT"),
@@ -296,6 +382,11 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple
         raise ConfigError(
             "--service (CONTROLLER_SERVICE) does nothing without --topic-arn (the fan-out) or --bucket (the fleet's "
             "size for rollouts)"
+        )
+    if settings.rollouts == "on" and not (settings.bucket and settings.service):
+        raise ConfigError(
+            "--rollouts on (CONTROLLER_ROLLOUTS) needs --bucket (model sync's bucket, where the state lives) and "
+            "--service (the Triton service: its running tasks are the hosts)"
         )
     if settings.prefix and not settings.bucket:
         raise ConfigError("--prefix (CONTROLLER_PREFIX) is model sync's key prefix: it needs --bucket")

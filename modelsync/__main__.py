@@ -24,7 +24,8 @@ from telemetry import logs
 from telemetry.sinks import Sink, SinkClosed, make_sink
 
 from .events import EventFilter, Pending, QueuePoller
-from .fanout import Fanout, FleetHosts, TaskQueue, build_fanout, build_task_queue
+from .fanout import Fanout, FleetHosts, TaskQueue, build_fanout, build_task_queue, task_arn
+from .follow import Follower, sqs_sender
 from .fsio import FileSystem, LocalFileSystem
 from .health import HEARTBEAT_EVERY, Status
 from .ledger import Ledger
@@ -42,6 +43,31 @@ SINK_GRACE = 1.0
 BUFFER_EVENTS = 20_000
 CONNECT_TIMEOUT = 1.0
 FIRST_SYNC_RETRY = 5.0  # seconds between passes until the first sync is complete (Triton waits for it)
+
+
+class NoIdentity(Exception):
+    """--rollouts controller outside an ECS task: no task ARN to report under."""
+
+
+class Unversioned(Exception):
+    """Rollouts on with a bucket that keeps no versions."""
+
+
+def check_versioned(settings: Settings, client: object) -> None:
+    """Rollouts decided by the daemons need a versioned bucket (a rejected artifact is taken back by version):
+    refused at start rather than installed everywhere at once."""
+    if not (settings.canary_fraction > 0 and settings.rollouts == "self"):
+        return
+    try:
+        status = client.get_bucket_versioning(Bucket=settings.bucket).get("Status", "")  # type: ignore[attr-defined]
+    except Exception as exc:
+        raise Unversioned(f"cannot read the versioning of s3://{settings.bucket}: {exc}") from None
+    if status != "Enabled":
+        raise Unversioned(
+            f"--canary-fraction needs a versioned bucket: s3://{settings.bucket} versioning is "
+            f"{status or 'never enabled'}, so a rejected artifact could not be taken back. Turn versioning on, or "
+            "rollouts off"
+        )
 
 
 @dataclass
@@ -117,7 +143,34 @@ def build(
             sqs_client,
             sns_client,
         )
-    if settings.canary_fraction > 0:
+    if settings.rollouts == "controller":
+        arn = task_arn(os.environ)
+        if not arn:
+            raise NoIdentity(
+                "--rollouts controller needs this task's ARN from the ECS task metadata "
+                "(ECS_CONTAINER_METADATA_URI_V4): the controller assigns canaries by task ARN"
+            )
+        rlog = logging.getLogger(f"{LOGGER}.rollout")
+        if settings.ignored:
+            rlog.warning(
+                "rollout settings %s are given but rollouts are the controller's (--rollouts controller): ignored; "
+                "set them on the controller (CONTROLLER_*)",
+                ", ".join("--" + f.replace("_", "-") for f in settings.ignored),
+                extra={"fields": {"ignored": list(settings.ignored)}},
+            )  # fmt: skip
+        reports = sqs_client or make_client("sqs", region_hint=_queue_region(settings.controller_queue_url))
+        syncer.rollouts = Follower(
+            settings,
+            Ledger(s3_conn, settings.bucket, settings.prefix),
+            recorder,
+            rlog,
+            syncer.identify,
+            syncer.entry_models,
+            sqs_sender(reports, settings.controller_queue_url),
+            arn,
+            arn.split(":")[5].split("/")[1] if arn.count("/") >= 2 else "",
+        )
+    elif settings.canary_fraction > 0:
         live_hosts: Callable[[], int | None] = lambda: None  # noqa: E731
         if settings.fanout == "controller":  # ECS's running tasks, as the controller counted them
             live_hosts = FleetHosts(s3_conn, settings.bucket, settings.prefix, logging.getLogger(f"{LOGGER}.rollout"))
@@ -274,10 +327,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     log = logs.setup(settings.log_level, name=LOGGER)
     try:
+        if not settings.once:
+            check_versioned(settings, make_client("s3"))
         app = build(settings, log=log)
     except StoreError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 1 if exc.busy else 2
+    except (NoIdentity, Unversioned) as exc:
+        sys.stderr.write(f"error: invalid setting: {exc}\n")
+        return 2
     try:
         if settings.once:
             return run_once(app, sys.stderr)

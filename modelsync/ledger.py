@@ -47,10 +47,16 @@ COUNTS = (0.0, 1e20)  # request counters and durations (Triton's are 64-bit)
 MAX_HOSTS = 1_000_000  # canaries wanted, live hosts
 MAX_TEXT = 4096  # characters of a sha256, key, ETag, version id, host name
 PROMOTED, REJECTED, SUPERSEDED = "promoted", "rejected", "superseded"
+MAX_CRASHES = 100
+STABLE_DIR = ".modelsync/stable/"  # the last stable artifact per model, as the controller published it
 
 
 class LedgerError(DownloadError):
     """The state could not be read or written (S3 unreachable, refused, or the object is not ours)."""
+
+
+class InvalidState(LedgerError):
+    """The state object exists but does not parse or validate: a controller repairs it from the stable copy."""
 
 
 class Conflict(Exception):
@@ -209,6 +215,7 @@ class Rollout:
     live_hosts: int
     participants: dict[str, Participant] = field(default_factory=dict)
     waiting_since: float | None = None  # the bake ended without enough requests (S3 time)
+    crashes: list[str] = field(default_factory=list)  # canaries whose Triton exited serving it (the controller's)
 
     def live(self, role: str) -> list[Participant]:
         return [p for p in self.participants.values() if p.role == role and not p.lost]
@@ -223,6 +230,7 @@ class Rollout:
             "live_hosts": self.live_hosts,
             "participants": {h: p.to_json() for h, p in sorted(self.participants.items())},
             "waiting_since": self.waiting_since,
+            "crashes": list(self.crashes),
         }
 
     @classmethod
@@ -242,6 +250,9 @@ class Rollout:
             doc.integer("live_hosts", 0, MAX_HOSTS, default=0),
             participants,
             doc.optional_number("waiting_since", *TIMES),
+            [text(c, f"{doc.at('crashes')}[{i}]", MAX_TEXT) for i, c in enumerate(doc.items("crashes"))][:MAX_CRASHES]
+            if doc.has("crashes")
+            else [],
         )
 
 
@@ -317,7 +328,11 @@ class State:
         """A deep enough copy to modify and write (participants and verdicts are new containers)."""
         rollout = None
         if self.rollout is not None:
-            rollout = replace(self.rollout, participants={h: replace(p) for h, p in self.rollout.participants.items()})
+            rollout = replace(
+                self.rollout,
+                participants={h: replace(p) for h, p in self.rollout.participants.items()},
+                crashes=list(self.rollout.crashes),
+            )
         return State(self.model, self.stable, rollout, list(self.verdicts))
 
 
@@ -415,7 +430,7 @@ class Ledger:
         try:
             state = State.from_json(model, loads(body, MAX_STATE))
         except (ValueError, TypeError, KeyError, ArithmeticError, RecursionError) as exc:  # Malformed is a ValueError
-            raise LedgerError(
+            raise InvalidState(
                 f"s3://{self.bucket}/{key} is not a valid rollout state ({exc}): fix or delete it, or run "
                 f"python -m modelsync rollout promote|reject {model} to rewrite it"
             ) from exc
@@ -453,3 +468,70 @@ class Ledger:
         except Exception as exc:
             raise LedgerError(f"cannot list s3://{self.bucket}/{head}: {_code(exc) or type(exc).__name__}") from exc
         return sorted(out)
+
+    # --- the stable copy: what a new host installs whatever the state says --------------------------------
+
+    def copy_key(self, model: str) -> str:
+        return f"{self.prefix}{STABLE_DIR}{model}.json"
+
+    def read_copy(self, model: str) -> Copy | None:
+        """The last stable artifact the controller published for ``model`` (None: none yet); raises LedgerError."""
+        key = self.copy_key(model)
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=key)
+            body = resp["Body"].read(MAX_STATE + 1)
+        except Exception as exc:
+            if _code(exc) in ("NoSuchKey", "404"):
+                return None
+            raise LedgerError(f"cannot read s3://{self.bucket}/{key}: {_code(exc) or type(exc).__name__}") from exc
+        try:
+            return Copy.from_json(model, loads(body, MAX_STATE))
+        except (ValueError, TypeError, KeyError, ArithmeticError, RecursionError) as exc:
+            raise InvalidState(f"s3://{self.bucket}/{key} is not a valid stable copy ({exc})") from exc
+
+    def write_copy(self, state: State) -> None:
+        """Publish the state's stable artifact and rejections (the controller, after each verdict); LedgerError."""
+        if state.stable is None:
+            return
+        key = self.copy_key(state.model)
+        body = json.dumps(Copy.of(state).to_json(), separators=(",", ":"), sort_keys=True).encode()
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
+        except Exception as exc:
+            raise LedgerError(f"cannot write s3://{self.bucket}/{key}: {_code(exc) or type(exc).__name__}") from exc
+
+
+@dataclass(frozen=True)
+class Copy:
+    """``<prefix>.modelsync/stable/<model>.json``: the stable artifact and the rejected sha256s, published by the
+    controller beside the state. A state that does not parse or validate (or a hand-edited ``"stable": null``)
+    never bypasses a rejection nor blocks a new host: the daemons and the controller fall back to this copy."""
+
+    model: str
+    stable: Artifact
+    rejected: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, state: State) -> Copy:
+        assert state.stable is not None
+        shas = {v.sha256 for v in state.verdicts}
+        rejected = tuple(sorted(s for s in shas if state.rejected(s) is not None and s != state.stable.sha256))
+        return cls(state.model, state.stable, rejected)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": 1, "model": self.model, "stable": self.stable.to_json(), "rejected": list(self.rejected)}
+
+    @classmethod
+    def from_json(cls, model: str, raw: Any) -> Copy:
+        doc = Doc(raw)
+        if doc.get("format") != 1 or doc.get("model") != model:
+            raise Malformed("", "not a stable copy of this model (format 1)")
+        rejected = tuple(text(s, f"rejected[{i}]", MAX_TEXT) for i, s in enumerate(doc.items("rejected")))
+        return cls(model, Artifact.from_json(doc.get("stable"), "stable"), rejected[:MAX_VERDICTS])
+
+    def state(self, at: float) -> State:
+        """A state rebuilt from the copy: its stable artifact, its rejections (the repair's starting point)."""
+        verdicts = [
+            Verdict(s, REJECTED, at, "controller", "rejected before the state was repaired") for s in self.rejected
+        ]
+        return State(self.model, self.stable, None, verdicts)

@@ -15,7 +15,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from telemetry.settings import (
@@ -86,11 +86,21 @@ class Settings:
     max_failure_increase: float = 0.01
     max_latency_ratio: float = 1.5
     triton_metrics_url: str = "http://localhost:8002/metrics"
+    # Who decides rollouts: self (the daemons, by compare-and-swap on the state; outside ECS) or controller
+    # (python -m controller decides; this daemon reports to --controller-queue-url and follows the state)
+    rollouts: str = "self"
+    controller_queue_url: str = ""
+    ignored: tuple[str, ...] = ()  # rollout settings given in controller mode: the controller's (warned once)
     # Optional provenance (modelsync/signing.py): an OpenSSF model-signing signature (<key>.sig) on every artifact
     require_signature: bool = False
     signature_public_key: str = ""  # the EC public key's PEM (given as text or as a path to the file)
     # Opens Triton's repository API where Triton restricts it: TRITON_ADMIN_KEY only (triton_http/admin.py)
     triton_admin_key: AdminKey | None = None
+
+    @property
+    def rollouts_on(self) -> bool:
+        """Safe rollouts, decided by the daemons (--canary-fraction) or by the controller."""
+        return self.canary_fraction > 0 or self.rollouts == "controller"
 
     @property
     def store_root(self) -> Path:
@@ -414,6 +424,23 @@ OPTIONS: tuple[Option, ...] = (
         "or more) exceeds the baseline's by this factor",
     ),
     Option(
+        "rollouts",
+        "--rollouts",
+        ("MODELSYNC_ROLLOUTS",),
+        choice("self", "controller"),
+        "who decides safe rollouts: self (the daemons, with --canary-fraction; outside ECS) or controller (python -m "
+        "controller decides; this daemon reports its evidence to --controller-queue-url, follows the state and "
+        "never writes it; the rollout settings are then the controller's)",
+    ),
+    Option(
+        "controller_queue_url",
+        "--controller-queue-url",
+        ("MODELSYNC_CONTROLLER_QUEUE_URL", "CONTROLLER_QUEUE_URL"),
+        http_url,
+        "the controller's SQS queue (--rollouts controller): rollout evidence and events are sent there",
+        shown="none",
+    ),
+    Option(
         "triton_metrics_url",
         "--triton-metrics-url",
         ("TRITON_METRICS_URL",),
@@ -450,6 +477,8 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 ENV_VARS = environment_variables(OPTIONS)
+# The settings a controller-decided rollout takes from the controller (accepted here, warned once, ignored).
+ROLLOUT_SETTINGS = ("canary_fraction", "bake_seconds", "bake_min_requests", "max_failure_increase", "max_latency_ratio")
 
 
 DESCRIPTION = (
@@ -518,7 +547,15 @@ def load(
             check_task_queue_prefix(settings.queue_name_prefix)
         except ValueError as exc:
             raise ConfigError(f"--queue-name-prefix={settings.queue_name_prefix!r}: {exc}") from None
-    if settings.canary_fraction > 0 and not settings.topic_arn:
+    if settings.rollouts == "controller":
+        if not settings.controller_queue_url:
+            raise ConfigError(
+                "--rollouts controller (MODELSYNC_ROLLOUTS) needs --controller-queue-url "
+                "(MODELSYNC_CONTROLLER_QUEUE_URL): the controller's queue the evidence is sent to"
+            )
+        given = tuple(f for f in ROLLOUT_SETTINGS if f in values)
+        settings = replace(settings, canary_fraction=0.0, ignored=given)
+    elif settings.canary_fraction > 0 and not settings.topic_arn:
         raise ConfigError(
             "--canary-fraction (MODELSYNC_CANARY_FRACTION) needs --topic-arn (MODELSYNC_TOPIC_ARN): the live hosts "
             "are counted by their fan-out queues, and a verdict reaches every host through the topic"

@@ -96,7 +96,7 @@ def from_settings(settings: Settings, s3: S3, limits: Limits) -> Signatures | No
     if not settings.require_signature:
         return None
     ledger = None
-    if settings.canary_fraction > 0:  # rollouts: the state's stable artifact bounds the signed version
+    if settings.rollouts_on:  # rollouts: the state's stable artifact bounds the signed version
         from .ledger import Ledger
 
         ledger = Ledger(s3.client, s3.bucket, s3.prefix)

@@ -12,8 +12,9 @@ bounded HTTP client both daemons call Triton with, importing nothing of ours),
 then ``exporter``, ``modelsync`` and ``render`` (the deploy artifacts'
 generator) side by side (none imports another, but for the exporter's
 ``render``/``cost`` command aliases, named as strings), and ``controller`` (the
-fleet's one decider, which no package imports); ``triton_side`` is standard
-library only (it runs in the Triton image).
+fleet's one decider, which no package imports; it writes model sync's rollout
+state with model sync's own ledger); ``triton_side`` is standard library only
+(it runs in the Triton image).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ ALLOWED = {
     "modelsync": {"telemetry", "catalog", "triton_http"},
     "render": {"telemetry", "catalog"},
     "triton_side": set(),
-    "controller": {"telemetry", "catalog", "triton_http"},  # nothing imports controller
+    # nothing imports controller; it writes model sync's rollout state through model sync's own ledger
+    "controller": {"telemetry", "catalog", "triton_http", "modelsync"},
 }
 COMMAND = re.compile(r"^((?:" + "|".join(PACKAGES) + r")(?:\.\w+)*):\w+$")
 
