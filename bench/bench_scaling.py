@@ -24,6 +24,12 @@ Scenarios, each ``--trials`` times with other seeds and phases:
   time a few ms (busy but healthy: no scaling should happen);
 - idle: 5 requests/s per task for 20 minutes (only scale-in should happen).
 
+``--fleet`` (issue 37): for 2, 20 and 100 tasks and surges of 10, 50 and 200 % over their capacity, the rendered
+policies (alarms/cli/scaling/) beside the previous ones (the same files at commit d83eb08: fixed +1/+2 steps,
+120 s cooldown), in the same run: time from the surge until the serving tasks carry the demand, the peak desired
+count against the tasks needed, and scaling actions that reverse the one before (a fluid model of the fleet,
+CloudWatch's alarms from tests/support/cwalarm.py, Application Auto Scaling from tests/support/aas.py; seconds).
+
 It prints, per scenario and policy, when scale-out first fired relative to the step (or that it fired
 before it, or never) and whether scale-in fired, as median and range over the trials.
 """
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import json
 import math
 import random
@@ -55,7 +62,7 @@ from exporter.config import load as load_settings  # noqa: E402
 from exporter.pipeline import Pipeline  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
 from telemetry import logs  # noqa: E402
-from tests.support.cwalarm import ALARM, Alarm, Store  # noqa: E402
+from tests.support.cwalarm import ALARM, Alarm, Key, Store, statistic  # noqa: E402
 
 MAX_BATCH = 16
 BATCH_FIXED = 0.004  # seconds per batch
@@ -366,6 +373,205 @@ SCENARIOS: dict[str, tuple[list[tuple[float, float]], float, float | None]] = {
 }
 
 
+# --- the fleet bench (issue 37): how much capacity, how soon, and whether it is kept ------------------------------
+
+FLEET_SIZES = (2, 20, 100)
+FLEET_SURGES = (0.10, 0.50, 2.00)
+PREVIOUS = "d83eb08"  # the last commit rendering the fixed +1/+2 steps with a 120 s scale-out cooldown
+TASK_RATE = 100.0  # requests/s one task serves (the unit: only demand over capacity matters)
+BEFORE = 0.9  # the fleet's load before the surge, share of its capacity
+WARM_S = 1200.0  # before the surge: the alarms have their history
+AFTER_S = 3600.0  # simulated after the surge
+KEPT_S = 1800.0  # oscillations counted in the 30 minutes after the fleet first serves the demand
+QUEUE_S = 2.0  # Triton's queue holds this many seconds of a task's service (max_queue_size); the rest is REJECTED
+
+
+class SecondStore(Store):
+    """:class:`Store` indexed by the second: the same datapoints, without scanning every value at each one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_second: dict[tuple[object, int], list[tuple[float, float]]] = {}
+
+    def add(self, key: Key, timestamp: float, value: float, arrival: float, high_resolution: bool) -> None:
+        stored = math.floor(timestamp) if high_resolution else math.floor(timestamp / 60) * 60
+        self.by_second.setdefault((key, stored), []).append((value, arrival))
+
+    def datapoint(self, key: Key, stat: str, start: float, period: float, now: float) -> float | None:
+        got = [
+            v for s in range(int(start), int(start + period)) for v, a in self.by_second.get((key, s), ()) if a <= now
+        ]
+        return statistic(stat, got)
+
+
+def policy_set(read: Callable[[str], str]) -> tuple[dict[str, dict[str, object]], dict[str, dict[str, object]], int]:
+    """(alarm bodies, PutScalingPolicy bodies) by alarm name from a render of alarms/cli/scaling/, and the
+    scale-in cooldown."""
+    names = [
+        line.removeprefix("alarm-").removesuffix(".json") for line in read("").split() if line.startswith("alarm-")
+    ]
+    alarms = {n: json.loads(read(f"alarm-{n}.json")) for n in names}
+    policies = {n: json.loads(read(f"policy-{n}.json")) for n in names}
+    cooldown = int(policies["scale-in"]["StepScalingPolicyConfiguration"]["Cooldown"])
+    return alarms, policies, cooldown
+
+
+def _read_now(name: str) -> str:
+    folder = ROOT / "alarms" / "cli" / "scaling"
+    return "\n".join(sorted(p.name for p in folder.iterdir())) if not name else (folder / name).read_text()
+
+
+def _read_previous(name: str) -> str:
+    import subprocess
+
+    if not name:
+        cmd = ["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{PREVIOUS}:alarms/cli/scaling/"]
+    else:
+        cmd = ["git", "-C", str(ROOT), "show", f"{PREVIOUS}:alarms/cli/scaling/{name}"]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+@dataclass
+class FleetRun:
+    to_capacity: float | None  # seconds from the surge until the ready tasks serve the demand
+    needed: int
+    peak: int  # the most tasks desired
+    reversals: int  # scaling actions that reverse the previous one, within KEPT_S of meeting the demand
+    actions: list[tuple[float, int]]
+    final: int
+
+
+def fleet_run(policy: tuple[dict[str, dict[str, object]], dict[str, dict[str, object]], int], tasks: int,
+              surge: float, start_s: float, delay: float, seed: int) -> FleetRun:  # fmt: skip
+    """One service of ``tasks`` tasks, its demand stepping from BEFORE to (1 + surge) times their capacity.
+
+    A fluid model, one second a step: the balancer spreads the demand over the tasks that serve (all alike), each
+    task's queue holds :data:`QUEUE_S` seconds of its service and rejects the rest (Triton's REJECTED); a task
+    serves ``start_s`` after ECS starts it and reports nothing before
+    (its exporter waits for Triton). Each serving task writes what its exporter writes (10 s: backlog, queue
+    time, served, rejected; 60 s: GPU utilization), CloudWatch stores them (``delay`` s later) and evaluates the
+    policy's alarms (tests/support/cwalarm.py); Application Auto Scaling applies its policies
+    (tests/support/aas.py); ECS starts and stops tasks to the desired count (starting ones stopped first).
+    """
+    from tests.support.aas import StepPolicy, Target
+
+    alarm_bodies, policy_bodies, in_cooldown = policy
+    alarms = {n: Alarm.from_api(b) for n, b in alarm_bodies.items()}
+    target = Target(1, tasks * 10, tasks, {n: StepPolicy.from_api(b) for n, b in policy_bodies.items()},
+                    scale_in_cooldown=in_cooldown)  # fmt: skip
+    rng = random.Random(seed)
+    epoch = 1_800_000_000.0
+    surge_at = WARM_S + rng.uniform(0, 10)
+    end = WARM_S + AFTER_S
+    store = SecondStore()
+    ready: list[float] = [0.0] * tasks  # when each task serves (0: already)
+    backlog = served10 = served60 = rejected10 = 0.0
+    wait_sum10 = 0.0
+    needed = math.ceil((1 + surge) * tasks - 1e-9)
+    to_capacity: float | None = None
+    high = math.pi  # the exporters' phase in their 10 s grid
+    t = 0.0
+    while t < end:
+        demand = tasks * TASK_RATE * (BEFORE if t < surge_at else 1 + surge) * (1 + rng.gauss(0, 0.01))
+        serving = sum(1 for r in ready if r <= t)
+        capacity = serving * TASK_RATE
+        done = min(capacity, backlog + demand)
+        backlog += demand - done
+        shed = max(0.0, backlog - QUEUE_S * capacity)  # no task serving: the balancer answers 503, not counted
+        backlog -= shed
+        rejected10 += shed
+        served10 += done
+        served60 += done
+        wait_sum10 += backlog / capacity if capacity else 0.0
+        if to_capacity is None and t >= surge_at and capacity >= (1 + surge) * tasks * TASK_RATE:
+            to_capacity = t - surge_at
+        tick = t + 1
+        if serving and int(tick - high) % 10 == 0:
+            stamp = epoch + tick
+            per = 1.0 / serving
+            for name, value in (
+                ("TaskPendingRequests", backlog * per),
+                ("TaskRequestsServed", served10 * per),
+                ("TaskRequestsRejected", rejected10 * per),
+                ("TaskQueueLatencyMax", wait_sum10 / 10 * 1e6),
+            ):
+                store.add(("Triton", name, frozenset()), stamp, value, stamp + delay, True)  # fmt: skip
+            served10 = wait_sum10 = rejected10 = 0.0
+            if int(tick - high) % 60 == 0:
+                util = 100.0 * served60 / (capacity * 60) if capacity else 0.0
+                store.add(("Triton", "GpuUtilization", frozenset()), stamp, min(100.0, util), stamp + delay, False)
+                served60 = 0.0
+        now = epoch + tick
+        invoked = []
+        for name, alarm in alarms.items():
+            if int(tick) % alarm.evaluation_interval:
+                continue
+            state = alarm.evaluate(store, now)
+            if target.due(name, state == ALARM, now):
+                last = math.floor(now / alarm.period) * alarm.period - alarm.period
+                points = [alarm.value(store, last - i * alarm.period, now) for i in range(alarm.evaluation_periods)]
+                real = [p for p in points if p is not None]
+                if real:
+                    invoked.append((name, statistics.fmean(real) - alarm.threshold))
+        if invoked:
+            desired = target.invoke(invoked, now)
+            while len(ready) < desired:
+                ready.append(tick + start_s)
+            while len(ready) > desired:  # ECS stops a starting task first, else a serving one
+                ready.remove(max(ready))
+        t = tick
+    actions = [(a - epoch - surge_at, n) for a, n in target.history if a - epoch >= surge_at]
+    met = to_capacity if to_capacity is not None else AFTER_S
+    kept = [n for a, n in actions if a <= met + KEPT_S]
+    moves = [b - a for a, b in zip([tasks, *kept], kept, strict=False)]
+    reversals = sum(1 for x, y in itertools.pairwise(moves) if x * y < 0)
+    peak = max([tasks, *(n for _, n in actions)])
+    return FleetRun(to_capacity, needed, peak, reversals, actions, target.desired)
+
+
+def fleet_main(args: argparse.Namespace) -> None:
+    now = policy_set(_read_now)
+    previous = policy_set(_read_previous)
+    cooldown = float(now[1]["scale-out-excess"]["StepScalingPolicyConfiguration"]["Cooldown"])  # type: ignore[index]
+    start_s = cooldown if args.task_start is None else args.task_start
+    print(
+        f"fleet bench: TaskStartSeconds {cooldown:g} s (the rendered default), a new task serves {start_s:g} s after "
+        f"ECS starts it, EMF ingestion delay {args.ingestion_delay:g} s, load {BEFORE:.0%} of capacity before the "
+        f"surge, a task's queue {QUEUE_S:g} s of its service (the rest rejected), MaxCapacity 10 x the fleet; "
+        f"seed {args.seed}"
+    )
+    print(
+        f"now: alarms/cli/scaling/ ({', '.join(sorted(now[0]))}); "
+        f"previous: {PREVIOUS} ({', '.join(sorted(previous[0]))})"
+    )
+    wall = time.perf_counter()
+    rows = []
+    for tasks in FLEET_SIZES:
+        for surge in FLEET_SURGES:
+            seed = args.seed * 1000 + tasks * 10 + int(surge * 10)
+            runs = {name: fleet_run(p, tasks, surge, start_s, args.ingestion_delay, seed)
+                    for name, p in (("previous", previous), ("now", now))}  # fmt: skip
+            rows.append((tasks, surge, runs))
+    elapsed = time.perf_counter() - wall
+
+    def cap(r: FleetRun) -> str:
+        return "never" if r.to_capacity is None else f"{r.to_capacity:.0f} s"
+
+    print()
+    print(
+        "| tasks | surge | needed | time to capacity: previous / now | peak desired (overshoot): previous / now "
+        "| reversals: previous / now | actions in 1 h: previous / now |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for tasks, surge, runs in rows:
+        p, n = runs["previous"], runs["now"]
+        print(
+            f"| {tasks} | {surge:.0%} | {n.needed} | {cap(p)} / {cap(n)} | {p.peak} ({p.peak - p.needed:+d}) / "
+            f"{n.peak} ({n.peak - n.needed:+d}) | {p.reversals} / {n.reversals} | {len(p.actions)} / {len(n.actions)} |"
+        )
+    print(f"\n({elapsed:.1f} s of wall clock)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", type=int, default=2)
@@ -375,7 +581,12 @@ def main() -> None:
         "--also-delays", type=float, nargs="*", default=[1.0, 15.0], help="the step's detection at these delays too"
     )
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--fleet", action="store_true", help="the fleet bench: 2, 20, 100 tasks, surges of 10, 50, 200 %%")
+    p.add_argument("--task-start", type=float, help="--fleet: seconds a new task takes to serve (TaskStartSeconds)")
     args = p.parse_args()
+    if args.fleet:
+        fleet_main(args)
+        return
     logs.setup("error")  # NVML's absence here (EXPORTER_NVML=auto, as shipped) is not news
     epoch = float(int(time.time()) // 3600 * 3600 - 3 * 3600)  # a round hour, recent enough for EMF
     print(
