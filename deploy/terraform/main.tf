@@ -75,9 +75,11 @@ locals {
       TRITON_LOG_RETENTION_DAYS = tostring(var.log_retention_days)
     }
   }
-  # Environment variables a container gets beyond the file's (tracing.tf, otlp.tf, gpufaults.tf), after them.
+  # Environment variables a container gets beyond the file's (tracing.tf, otlp.tf, gpufaults.tf, protection.tf),
+  # after them.
   added_environment = {
-    "exporter" = concat(local.tracing_environment, local.otlp_semconv_environment, local.controller_report_environment)
+    "exporter" = concat(local.tracing_environment, local.otlp_semconv_environment, local.controller_report_environment,
+    local.task_protection_environment)
   }
   model_volume = "model-repository"
   # With triton_args: the user's flags after the file's (before the trace flags, as the stack has them).

@@ -191,6 +191,9 @@ SCENARIOS = {
         "ClusterName": "inference-gpus",
         "AlarmNamePrefix": "prod-triton",
     },
+    # Task scale-in protection: the exporter's variable and the task role's statement, on a renamed cluster
+    # (the statement's resource reads it).
+    "task-protection": {"TaskProtection": "true", "ClusterName": "inference-gpus"},
     # A cluster from zero with its defaults.
     "cluster": {"CreateCluster": "true"},
     # A cluster from zero with every one of its parameters and the ones it reads (the store's path, the
@@ -1544,6 +1547,10 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
     settings = load_settings([], exporter_env | known)
     assert settings.otlp_semconv == exporter_env.get("EXPORTER_OTLP_SEMCONV", "off")
     assert settings.otlp_semconv == ("genai" if scenario == "otlp-genai" else "off")
+    # Task scale-in protection: the exporter's switch and the task role's statement, only in its scenario.
+    protection = scenario == "task-protection"
+    assert settings.task_protection == ("on" if protection else "off")
+    assert ("aws_iam_role_policy.task_protection[0]" in plan) == protection
     # GPU drains: the exporter reports to the controller's queue; the controller, all of it, only then.
     drain = "gpu-drain" in scenario
     assert exporter_env["EXPORTER_GPU_FAULT_ACTION"] == ("drain" if drain else "report")
