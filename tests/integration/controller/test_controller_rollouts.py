@@ -133,7 +133,7 @@ def _transition(moto: Moto, path: str, doc: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def fleet(moto: Moto, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlledFleet]:  # noqa: F811
+def fleet(moto: Moto, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlledFleet]:
     # Moto advances a task's status on every DescribeTasks; keep the tasks RUNNING, as ECS does (the whole module).
     _transition(moto, "/moto-api/state-manager/set-transition",
                 {"model_name": "ecs::task", "transition": {"progression": "manual", "times": 1_000_000}})  # fmt: skip
