@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from telemetry.settings import HelpFormatter
+from telemetry.settings import HelpFormatter, parse
 
 EXPORTER = "exporter"
 EXPORTER_FALLBACK = "triton-emf-exporter"  # when the task already has an unrelated container named exporter
@@ -708,7 +708,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str], prog: str = "python -m exporter adopt") -> int:
-    args = parser(prog).parse_args(argv)
+    args, _ = parse(parser(prog), (), argv, {})  # the one way commands read their flags (no variables here)
     opts = Options(
         exporter_image=args.exporter_image,
         triton_container=args.triton_container,

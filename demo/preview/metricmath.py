@@ -28,6 +28,7 @@ rates come out per second of the demo.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -72,6 +73,15 @@ class Series:
 
 
 Value = float | Series | list[Series]
+
+
+def _diff(value: Value) -> Value:
+    if isinstance(value, list):
+        return [s for s in (_diff(v) for v in value) if isinstance(s, Series)]
+    if not isinstance(value, Series):
+        raise Unsupported("DIFF of a number: the preview takes DIFF of a series")
+    times = sorted(value.points)
+    return Series(value.label, {t: value.points[t] - value.points[p] for p, t in itertools.pairwise(times)})
 
 
 @dataclass
@@ -131,7 +141,7 @@ class Neg:
 
 
 Node = Num | Ref | Call | BinOp | Neg
-FUNCTIONS = {"SEARCH": 3, "PERIOD": 1, "INSIGHT_RULE_METRIC": 2}
+FUNCTIONS = {"SEARCH": 3, "PERIOD": 1, "INSIGHT_RULE_METRIC": 2, "DIFF": 1}
 
 
 def tokens(text: str) -> list[tuple[str, str]]:
@@ -383,6 +393,11 @@ class Evaluator:
             return _apply(ops[node.op], self.node(node.left, row), self.node(right, row))
         if node.name == "SEARCH":
             return self.search(str(_arg(node, 0)), str(_arg(node, 1)), float(_arg(node, 2)))
+        if node.name == "DIFF":  # each value minus the one before it; the first has none ("Metric math functions")
+            arg = node.args[0]
+            if isinstance(arg, str):
+                raise Unsupported(f"DIFF({arg!r}): the preview takes DIFF of a series")
+            return _diff(self.node(arg, row))
         if node.name == "PERIOD":
             target = node.args[0]
             if not isinstance(target, Ref) or target.id not in self.rows:

@@ -14,7 +14,15 @@ import orjson
 import pytest
 
 from telemetry.emf_validate import validate
-from tests.support.helpers import documents, metric_names, model_doc, pipeline_for, task_doc
+from tests.support.helpers import (
+    documents,
+    metric_names,
+    model_doc,
+    pipeline_for,
+    success_count,
+    task_doc,
+    wait_counted,
+)
 from tests.support.paths import REPO
 from tests.support.render_refs import alarm_refs
 
@@ -33,8 +41,11 @@ def test_interval_deltas_equal_requests_sent(triton):
     first = pipe.cycle()
     assert first.elapsed is None  # baseline: no counter-derived value yet
     assert all("RequestSuccess" not in d for d in documents(first))
+    add_before, slow_before = success_count(triton, "add"), success_count(triton, "slow")
     triton.infer_add(7)
     slow(triton, 3)
+    wait_counted(triton, "add", add_before + 7)
+    wait_counted(triton, "slow", slow_before + 3)
     second = pipe.cycle()
     docs = documents(second)
     add = model_doc(docs, "add")
@@ -120,9 +131,11 @@ def test_triton_restart_between_scrapes_gives_no_negative_or_inflated_values(tri
     pipe = pipeline_for(server)
     pipe.cycle()
     server.infer_add(5)
+    wait_counted(server, "add", 5)
     assert model_doc(documents(pipe.cycle()), "add")["RequestSuccess"] == 5
     server.restart()
     server.infer_add(2)  # counters now read 2 < 5: a reset, not -3 and not +2
+    wait_counted(server, "add", 2)
     after = pipe.cycle()
     docs = documents(after)
     for doc in docs:
@@ -131,6 +144,7 @@ def test_triton_restart_between_scrapes_gives_no_negative_or_inflated_values(tri
     assert "RequestSuccess" not in model_doc(docs, "add")
     assert task_doc(docs)["CounterResets"] == 1
     server.infer_add(3)
+    wait_counted(server, "add", 5)
     assert model_doc(documents(pipe.cycle()), "add")["RequestSuccess"] == 3  # next window is right again
 
 
@@ -148,6 +162,7 @@ def test_triton_down_marks_sources_failed_and_keeps_going(triton_factory):
     server.start()
     pipe.cycle()  # first scrape after an outage is a new baseline
     server.infer_add(4)
+    wait_counted(server, "add", 4)
     assert model_doc(documents(pipe.cycle()), "add")["RequestSuccess"] == 4
 
 

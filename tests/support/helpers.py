@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
@@ -151,3 +152,23 @@ class Capture(logging.Handler):
         finally:
             logger.removeHandler(capture)
             logger.setLevel(old)
+
+
+def success_count(server, model: str) -> float:
+    """``nv_inference_request_success`` of ``model`` (all versions) as Triton's own /metrics shows it now."""
+    total = 0.0
+    prefix = f'nv_inference_request_success{{model="{model}",'
+    for line in server.metrics_text().splitlines():
+        if line.startswith(prefix):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_counted(server, model: str, total: float, timeout: float = 10.0) -> None:
+    """Wait until Triton counts ``total`` successes of ``model``: it counts a request after answering it, so a
+    scrape right after the last answer may miss it (seen: 4 of 5 in a cold full run)."""
+    deadline = time.monotonic() + timeout
+    while (seen := success_count(server, model)) < total:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Triton counts {seen:g} successes of {model}, not {total:g}, after {timeout:g}s")
+        time.sleep(0.02)

@@ -198,6 +198,19 @@ def test_period_math_is_per_second_of_the_demo_window() -> None:
     assert points(lines, "math") == [10.0, 21.0]
 
 
+def test_diff_is_each_value_minus_the_one_before() -> None:
+    """``DIFF(id)`` as CloudWatch's metric math has it (the scale-out excess alarm's expression uses it)."""
+    data = data_of(*two_windows())
+    lines = evaluate(
+        widget(
+            ["Triton", "RequestSuccess", {"id": "ok", "stat": "Sum", "visible": False}],
+            [{"expression": "DIFF(ok)", "label": "diff", "id": "d"}],
+        ),
+        data,
+    )
+    assert points(lines, "diff") == [25.0 - 14.0]  # the first value has none before it
+
+
 def test_a_longer_period_spans_several_windows() -> None:
     data = data_of(*two_windows())
     lines = evaluate(widget(["Triton", "RequestFailure", {"stat": "Sum", "period": 120}]), data)
