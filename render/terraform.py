@@ -34,7 +34,7 @@ from .alarms import (
     used_policies,
 )
 from .base.options import Options
-from .base.params import PARAMETERS, Param, Ref, parameter_values
+from .base.params import PARAMETERS, Param, Ref, RefPlus, parameter_values
 from .template import dashboard_body_template, dashboard_parameters
 
 ALARMS_FILE = "deploy/terraform/alarms.tf.json"
@@ -142,6 +142,8 @@ def tf_string(value: str) -> str:
 def tf_value(value: Any) -> Any:
     if isinstance(value, Ref):
         return "${" + reference(value.name) + "}"
+    if isinstance(value, RefPlus):
+        return "${" + reference(value.name) + f" + {value.plus}" + "}"
     if isinstance(value, str):
         return tf_string(value)
     if isinstance(value, list | tuple):

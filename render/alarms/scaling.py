@@ -8,14 +8,17 @@ the share of the demand the service did not serve over the last 10 s,
 which is ``lambda / mu - 1`` of a saturated service whatever its size, its model or its queue policy: a backlog
 that grows, or requests Triton sheds (queue full, queue timeout), are both demand it did not serve. Tasks still
 starting serve nothing and add nothing to either side, so they do not dilute it. The steps add the excess,
-rounded up to the next step, as a percentage of the current count: a 50 % surge on 20 tasks adds 12.
+rounded up to the step's upper edge, as a percentage of the current count; each step is at most one tenth of
+the tasks needed wide (geometric steps), so a step overshoots by at most one task per ten: a 50 % surge on 20
+tasks adds 10 (the step [38, 51) %), a 200 % surge on 100 adds 221.
 
 Scale out, the backstop: the level alarms on the backlog, the queue time and TensorRT-LLM's waiting requests
 (30 s above their thresholds) add one task: a service exactly at capacity with a standing queue has no excess.
 
-Every scale-out policy's cooldown is ``TaskStartSeconds``: Application Auto Scaling counts what a scale-out added
-as capacity during its cooldown and only adds what a larger step adds beyond it, so tasks still starting are not
-doubled, and a larger excess still adds the difference. A rate, the excess does not grow while tasks start.
+Every scale-out policy's cooldown is ``TaskStartSeconds`` plus the time the excess alarm needs to see the new tasks
+(:data:`SCALE_OUT_SIGHT`): Application Auto Scaling counts what a scale-out added as capacity during its cooldown
+and only adds what a larger step adds beyond it, so tasks still starting are not doubled, and a larger excess still
+adds the difference. A rate, the excess does not grow while tasks start.
 
 Scale in: one policy, invoked by a standard alarm on the sum of every signal over its own scale-in level, each
 the average task's (a per-task measure: it does not grow with the number of tasks), staying below 1 for 15
@@ -29,12 +32,13 @@ names its action.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from catalog import Catalog
 
-from ..base.params import Ref
+from ..base.params import Ref, RefPlus
 from ..base.widgets import emitted
 from .spec import MathAlarm, MetricAlarm, Spec, Term, check_period
 
@@ -44,12 +48,29 @@ SCALE_IN_PERIOD = 60
 SCALE_IN_POINTS = 15  # of 15: 15 minutes of every signal low
 SCALE_IN_BELOW = 1.0  # the scale-in alarm's threshold on the sum of normalised signals
 EXCESS_THRESHOLD = 0.05  # 5 % of the demand unserved, 30 s long
-# (upper edge of the excess, percent added): each step adds its upper edge, so the step covers the excess it
-# was chosen for, at most one step's width (5 points up to 20 %) above it. The last adds 400 % (five times).
-EXCESS_STEPS: tuple[tuple[float | None, int], ...] = (
-    (0.10, 10), (0.15, 15), (0.20, 20), (0.30, 30), (0.40, 40), (0.50, 50), (0.60, 60), (0.80, 80),
-    (1.00, 100), (1.50, 150), (2.00, 200), (3.00, 300), (None, 400),
-)  # fmt: skip
+OVERSHOOT = 0.10  # issue 37: a step adds at most one task per ten the service needs above that need
+MAX_STEPS = 20  # Application Auto Scaling: step adjustments per policy
+# Seconds from a new task's first served request until the excess alarm has seen it: its evaluation window, and one
+# period more for the last period's value (written when the period ends) to reach CloudWatch. The scale-out
+# cooldown is TaskStartSeconds plus this: a cooldown that ends before the alarm sees the new capacity lets its
+# re-invocation add the same excess again.
+SCALE_OUT_SIGHT = SCALE_OUT_PERIOD * (SCALE_OUT_POINTS + 1)
+
+
+def excess_table() -> tuple[tuple[int, int], ...]:
+    """(lower edge of the excess, percent added), in percent, derived from :data:`OVERSHOOT`.
+
+    Each step adds its upper edge (the next step's lower), so it covers every excess it is chosen for; and at its
+    lower edge ``l`` adds at most ``(1 + OVERSHOOT)(1 + l) - 1``: the tasks after the step exceed the tasks needed
+    by at most one in ten. Geometric steps reach 300 % (and beyond) within :data:`MAX_STEPS`; equal steps of ten
+    points would need thirty.
+    """
+    out, lower = [], round(EXCESS_THRESHOLD * 100)
+    for _ in range(MAX_STEPS):
+        percent = math.floor(round((100 + lower) * (1 + OVERSHOOT), 9)) - 100
+        out.append((lower, percent))
+        lower = percent
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -61,25 +82,28 @@ class Policy:
     logical: str
     aggregation: str
     steps: tuple[dict[str, Any], ...]
-    cooldown: Ref
+    cooldown: Ref | RefPlus
     adjustment: str = "ChangeInCapacity"
     min_magnitude: int | None = None  # PercentChangeInCapacity: at least this many tasks
+
+
+SCALE_OUT_COOLDOWN = RefPlus("TaskStartSeconds", SCALE_OUT_SIGHT)
 
 
 def _out(key: str, suffix: str, logical: str) -> Policy:
     # The backstop adds one task; the excess policy adds in proportion.
     steps = ({"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1},)
-    return Policy(key, suffix, logical, "Average", steps, Ref("TaskStartSeconds"))
+    return Policy(key, suffix, logical, "Average", steps, SCALE_OUT_COOLDOWN)
 
 
 def excess_steps() -> tuple[dict[str, Any], ...]:
-    """:data:`EXCESS_STEPS` as step adjustments: bounds are offsets from the alarm's threshold."""
-    out, lower = [], 0.0
-    for upper, percent in EXCESS_STEPS:
-        step: dict[str, Any] = {"MetricIntervalLowerBound": round(lower, 6)}
-        if upper is not None:
-            step["MetricIntervalUpperBound"] = round(upper - EXCESS_THRESHOLD, 6)
-            lower = upper - EXCESS_THRESHOLD
+    """:func:`excess_table` as step adjustments: bounds are offsets from the alarm's threshold, the last open."""
+    table = excess_table()
+    out = []
+    for i, (lower, percent) in enumerate(table):
+        step: dict[str, Any] = {"MetricIntervalLowerBound": round(lower / 100 - EXCESS_THRESHOLD, 6)}
+        if i + 1 < len(table):
+            step["MetricIntervalUpperBound"] = round(table[i + 1][0] / 100 - EXCESS_THRESHOLD, 6)
         step["ScalingAdjustment"] = percent
         out.append(step)
     return tuple(out)
@@ -92,7 +116,7 @@ POLICIES: tuple[Policy, ...] = (
         "ScaleOutExcessPolicy",
         "Average",
         excess_steps(),
-        Ref("TaskStartSeconds"),
+        SCALE_OUT_COOLDOWN,
         adjustment="PercentChangeInCapacity",
         min_magnitude=1,
     ),
@@ -174,8 +198,9 @@ SCALING_ALARMS: tuple[ExcessAlarm | MetricAlarm | MathAlarm, ...] = (
         suffix="scale-out-excess",
         description="The share of the demand the service did not serve (the average task's backlog growth and "
         "rejected requests over its served ones, 10 s) stayed above 5 % for 30 s: add that share of tasks, rounded "
-        "up to the next step, at least one (docs/scaling.md). Tasks still starting serve nothing and do not dilute "
-        "it; during the cooldown (TaskStartSeconds) only a larger excess adds more.",
+        "up to the step's edge, at least one (docs/scaling.md). Tasks still starting serve nothing and do not dilute "
+        f"it; during the cooldown (TaskStartSeconds + {SCALE_OUT_SIGHT} s, until this alarm sees them) only a larger "
+        "excess adds more.",
         period=SCALE_OUT_PERIOD,
         points=SCALE_OUT_POINTS,
         threshold=EXCESS_THRESHOLD,

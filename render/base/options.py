@@ -61,8 +61,8 @@ class Options:
     )
     task_start_seconds: int = _opt(
         600,
-        "seconds from a scale-out until its new tasks serve and show in the signals: the scale-out cooldown, so "
-        "tasks still starting count as capacity (default: {default}, the stack's health-check grace)",
+        "seconds from a scale-out until its new tasks serve; the scale-out cooldown adds the time the alarm takes to "
+        "see them, so tasks still starting count as capacity (default: {default}, the stack's health-check grace)",
     )
     scale_in_cooldown: int = _opt(600, "seconds between scale-ins, and after a scale-out (default: {default})")
     gpu_memory: float = _opt(95.0, "GPU memory used % that alarms after 10 min (default: {default:g})")

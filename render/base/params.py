@@ -23,6 +23,18 @@ class Ref:
 
 
 @dataclass(frozen=True)
+class RefPlus:
+    """A number parameter plus a number the render derives (``TaskStartSeconds`` + the alarm's sight).
+
+    CloudFormation has no addition: the template selects the sum from a list (render/template.py); Terraform and
+    the CLI files add.
+    """
+
+    name: str
+    plus: int
+
+
+@dataclass(frozen=True)
 class Param:
     type: str
     description: str
@@ -75,9 +87,9 @@ PARAMETERS: dict[str, Param] = {
     ),
     "TaskStartSeconds": Param(
         "Number",
-        "Seconds from a scale-out until its new tasks serve and show in the signals (image pull, model load, a "
-        "minute of metrics): the scale-out cooldown, during which tasks still starting count as capacity and only "
-        "a larger excess adds more",
+        "Seconds from a scale-out until its new tasks serve (image pull, model load; whole seconds): the scale-out "
+        "cooldown is this plus the time the scale-out alarm takes to see them, so tasks still starting count as "
+        "capacity and only a larger excess adds more",
         0,
         3600,
     ),
@@ -154,6 +166,8 @@ def resolve(value: Any, values: dict[str, Any]) -> Any:
     """Replace :class:`Ref` and ``${Name}`` tokens by the render option values."""
     if isinstance(value, Ref):
         return values[value.name]
+    if isinstance(value, RefPlus):
+        return values[value.name] + value.plus
     if isinstance(value, str):
         return _TOKEN.sub(lambda m: str(values[m.group(1)]), value)
     if isinstance(value, list):

@@ -160,6 +160,9 @@ class Stack:
                 return str(self.ev(arg[1])).split(arg[0])
             if key == "Fn::Select":
                 return self.ev(arg[1])[int(self.ev(arg[0]))]
+            if key == "Fn::FindInMap":
+                name, top, second = (self.ev(a) for a in arg)
+                return self.t["Mappings"][name][top][second]
             if key == "Fn::Base64":
                 return base64.b64encode(str(self.ev(arg)).encode()).decode()
             if key == "Fn::Join":

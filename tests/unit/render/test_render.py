@@ -416,7 +416,7 @@ def test_model_sync_render_refuses_a_metric_modelsync_does_not_emit() -> None:
 
 def test_scaling_backstop_adds_one_task_and_scale_in_removes_one(default_files) -> None:
     """The level alarms' policy adds one task (the excess policy adds in proportion: test_scaling_policy.py);
-    every scale-out cooldown is TaskStartSeconds (600 s by default)."""
+    every scale-out cooldown is TaskStartSeconds (600 s by default) plus the alarm's sight (40 s)."""
     out = json.loads(default_files["alarms/cli/scaling/policy-scale-out-pending.json"])
     into = json.loads(default_files["alarms/cli/scaling/policy-scale-in.json"])
     target = json.loads(default_files["alarms/cli/scaling/register-scalable-target.json"])
@@ -427,7 +427,7 @@ def test_scaling_backstop_adds_one_task_and_scale_in_removes_one(default_files) 
     assert config["StepAdjustments"] == [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}]
     assert (config["AdjustmentType"], config["Cooldown"], config["MetricAggregationType"]) == (
         "ChangeInCapacity",
-        600,
+        640,
         "Average",
     )
     assert into["StepScalingPolicyConfiguration"]["StepAdjustments"] == [

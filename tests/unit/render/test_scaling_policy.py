@@ -2,7 +2,9 @@
 documented rules (tests/support/aas.py, tests/support/cwalarm.py), not only their shape.
 
 - proportional scale-out: the excess policy adds the unserved share of the demand, one action;
-- its cooldown is the task's start: a repeat adds nothing while tasks start, a larger excess adds the rest;
+- its steps overshoot the need by at most one task per ten, within Application Auto Scaling's 20 steps;
+- its cooldown is the task's start plus the alarm's sight: a repeat adds nothing until the alarm has seen the new
+  tasks, a larger excess adds the rest;
 - the excess: shed requests count, a standing queue does not, starting tasks do not dilute it;
 - scale-in on per-task averages: a larger fleet with the same per-task load still scales in;
 - a minimum of 1, refused below.
@@ -79,30 +81,107 @@ def test_the_excess_policy_is_percent_with_a_minimum_of_one(files) -> None:
     assert rounded(0.3) == 1 and rounded(12.7) == 12 and rounded(-0.4) == -1  # AAS's documented rounding
 
 
-def test_cooldown_is_the_task_start_and_counts_starting_tasks(files) -> None:
-    """Within TaskStartSeconds a repeat of the same excess adds nothing (the tasks it added are starting); a
-    larger excess adds only the difference; after it, the same excess adds again."""
-    for name in ("scale-out-excess", "scale-out-pending", "scale-out-queue-time", "scale-out-llm-waiting"):
-        assert scaling_file(files, f"policy-{name}")["StepScalingPolicyConfiguration"]["Cooldown"] == 600
+def test_no_step_adds_more_than_one_task_per_ten_above_need(files) -> None:
+    """For excesses from 10 % to 300 % (on a grid, and at every step's edge), one action leaves the service at most
+    one task per ten of the tasks it needs above that need (the one-task minimum aside): a step wider than that
+    (an excess of exactly 2.0 landing in a step that adds 300 %) gives 401 tasks where 300 serve."""
+    threshold = scaling_file(files, "alarm-scale-out-excess")["Threshold"]
+    steps = scaling_file(files, "policy-scale-out-excess")["StepScalingPolicyConfiguration"]["StepAdjustments"]
+    edges = [round(s["MetricIntervalLowerBound"] + threshold, 6) for s in steps]
+    grid = sorted({*(round(0.10 + 0.01 * i, 6) for i in range(291)), *(e for e in edges if 0.10 <= e <= 3.0)})
+    for tasks, excess in itertools.product([1, 2, 3, 7, 10, 20, 33, 100, 250, 1000], grid):
+        t = target(files, tasks)
+        t.invoke([("scale-out-excess", excess - threshold)], EPOCH)
+        need = needed(tasks, excess)
+        minimum = t.desired == tasks + 1
+        assert t.desired - need <= need // 10 + minimum, (tasks, excess, t.desired, need)
+
+
+def test_the_steps_fit_application_auto_scaling(files) -> None:
+    """PutScalingPolicy takes at most 20 step adjustments; the steps reach past a 300 % excess."""
+    steps = scaling_file(files, "policy-scale-out-excess")["StepScalingPolicyConfiguration"]["StepAdjustments"]
+    assert len(steps) <= 20
+    assert steps[-1]["MetricIntervalLowerBound"] >= 3.0
+
+
+def sight(files: dict[str, str]) -> int:
+    """Seconds the excess alarm needs to see new capacity: its evaluation window, and one period for the last
+    period's value to be written and reach CloudWatch."""
+    alarm = scaling_file(files, "alarm-scale-out-excess")
+    period = {m["MetricStat"]["Period"] for m in alarm["Metrics"] if "MetricStat" in m}
+    assert len(period) == 1
+    return int(period.pop()) * (int(alarm["EvaluationPeriods"]) + 1)
+
+
+SCALE_OUT = ("scale-out-excess", "scale-out-pending", "scale-out-queue-time", "scale-out-llm-waiting")
+
+
+@pytest.mark.parametrize("start", [600, 0, 900, 3600])
+def test_cooldown_is_the_task_start_plus_the_alarms_sight(start: int) -> None:
+    """A cooldown equal to the start ends while the alarm still reads the overload the new tasks have just met
+    (their values are 10 to 40 s from its evaluation): the next invocation adds the step again. Every scale-out
+    cooldown is TaskStartSeconds plus the excess alarm's window and a period, in the CLI files, the template (no
+    addition in CloudFormation: a lookup) and Terraform."""
+    files = render(Options(catalog=CATALOG, task_start_seconds=start))
+    want = start + sight(files)
+    template = json.loads(files["alarms/triton-alarms.template.json"])
+    terraform = json.loads(files["deploy/terraform/alarms.tf.json"])
+    tf_policies = terraform["resource"]["aws_appautoscaling_policy"]
+    for name in SCALE_OUT:
+        assert scaling_file(files, f"policy-{name}")["StepScalingPolicyConfiguration"]["Cooldown"] == want
+        logical = "ScaleOut" + "".join(p.title() for p in name.split("-")[2:]) + "Policy"
+        cooldown = template["Resources"][logical]["Properties"]["StepScalingPolicyConfiguration"]["Cooldown"]
+        index, (sep, lookup) = cooldown["Fn::Select"][0], cooldown["Fn::Select"][1]["Fn::Split"]
+        table, key, column = lookup["Fn::FindInMap"]
+        assert index == {"Ref": "TaskStartSeconds"}
+        assert int(template["Mappings"][table][key][column].split(sep)[start]) == want
+        tf = tf_policies[name.replace("-", "_")]["step_scaling_policy_configuration"][0]["cooldown"]
+        assert tf == f"${{var.task_start_seconds + {sight(files)}}}"
+    maximum = template["Parameters"]["TaskStartSeconds"]["MaxValue"]
+    assert len(template["Mappings"]["Sums"]["TaskStartSeconds"]["Plus40"].split(",")) == maximum + 1
+
+
+def test_the_excess_alarm_sees_new_capacity_within_the_sight(files) -> None:
+    """Twenty tasks shed a third of the demand (excess 0.5); at ``S`` thirty serve it all. Whatever the phase and an
+    ingestion delay up to a period, the alarm is still in ALARM at ``S`` (a cooldown of the start alone ends too
+    early) and leaves it within :func:`sight`."""
+    for phase, delay in itertools.product((0.0, 3.3, 7.7, 9.9), (1.0, 5.0, 9.0)):
+        s_at = EPOCH + 300 + phase
+        store = Store()
+        for k in range(60):
+            for i in range(30):
+                ts = EPOCH + 10 * k + 1 + i * 0.1
+                before = ts < s_at
+                if before and i >= 20:
+                    continue  # still starting: writes nothing
+                values = serving(pending=64, rejected=SERVED / 2) if before else serving()
+                for name, value in values.items():
+                    store.add(("Triton", name, frozenset()), ts, value, ts + delay, True)
+        a = excess_alarm(files)
+        a.run(store, EPOCH, EPOCH + 600)
+        assert a.first(ALARM) is not None and a.first(ALARM) < s_at
+        left = a.first(OK, after=a.first(ALARM))
+        assert left is not None and s_at < left <= s_at + sight(files), (phase, delay, left - s_at)
+
+
+def test_cooldown_counts_starting_tasks(files) -> None:
+    """Within the cooldown a repeat of the same excess adds nothing (the tasks it added are starting); a larger
+    excess adds only the difference; after it, the same excess adds again."""
+    cooldown = scaling_file(files, "policy-scale-out-excess")["StepScalingPolicyConfiguration"]["Cooldown"]
     t = target(files, 20)
-    # Both alarms see the surge at the same evaluation (30 s held); the larger wins: excess 0.5, +60 % -> 32.
+    # Both alarms see the surge at the same evaluation (30 s held); the larger wins: excess 0.5, +51 % -> 30.
     t.invoke([("scale-out-excess", 0.45), ("scale-out-pending", 100.0)], EPOCH)
-    assert t.desired == 32
-    for minute in range(1, 10):  # the alarm stays in ALARM while the 12 tasks load their model
+    assert t.desired == 30
+    for minute in range(1, 10):  # the alarm stays in ALARM while the 10 tasks load their model
         t.invoke([("scale-out-excess", 0.45)], EPOCH + 60 * minute)
         t.invoke([("scale-out-pending", 100.0)], EPOCH + 60 * minute)  # the backstop adds nothing either
-    assert t.desired == 32
-    t.invoke([("scale-out-excess", 0.75)], EPOCH + 300)  # the excess grew to 0.8: +100 % of 20, 8 more
-    assert t.desired == 40
-    t.invoke([("scale-out-excess", 0.45)], EPOCH + 300 + 601)
-    assert t.desired > 40
-    longer = render(Options(catalog=CATALOG, task_start_seconds=900))
-    assert (
-        json.loads(longer["alarms/cli/scaling/policy-scale-out-excess.json"])["StepScalingPolicyConfiguration"][
-            "Cooldown"
-        ]
-        == 900
-    )
+    assert t.desired == 30
+    t.invoke([("scale-out-excess", 0.75)], EPOCH + 300)  # the excess grew to 0.8: +82 % of 20, 6 more
+    assert t.desired == 36
+    t.invoke([("scale-out-excess", 0.45)], EPOCH + 300 + cooldown - 1)
+    assert t.desired == 36
+    t.invoke([("scale-out-excess", 0.45)], EPOCH + 300 + cooldown)
+    assert t.desired > 36
 
 
 def test_the_backstop_adds_one_task(files) -> None:
