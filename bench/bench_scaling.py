@@ -532,10 +532,13 @@ def fleet_run(policy: tuple[dict[str, dict[str, object]], dict[str, dict[str, ob
 def fleet_main(args: argparse.Namespace) -> None:
     now = policy_set(_read_now)
     previous = policy_set(_read_previous)
+    template = json.loads((ROOT / "alarms" / "triton-alarms.template.json").read_text())
+    task_start = float(template["Parameters"]["TaskStartSeconds"]["Default"])
     cooldown = float(now[1]["scale-out-excess"]["StepScalingPolicyConfiguration"]["Cooldown"])  # type: ignore[index]
-    start_s = cooldown if args.task_start is None else args.task_start
+    start_s = task_start if args.task_start is None else args.task_start
     print(
-        f"fleet bench: TaskStartSeconds {cooldown:g} s (the rendered default), a new task serves {start_s:g} s after "
+        f"fleet bench: TaskStartSeconds {task_start:g} s (the rendered default; scale-out cooldown {cooldown:g} s), "
+        f"a new task serves {start_s:g} s after "
         f"ECS starts it, EMF ingestion delay {args.ingestion_delay:g} s, load {BEFORE:.0%} of capacity before the "
         f"surge, a task's queue {QUEUE_S:g} s of its service (the rest rejected), MaxCapacity 10 x the fleet; "
         f"seed {args.seed}"
