@@ -1,17 +1,18 @@
 # The fleet's controller (docs/controller.md), as deploy/stack.yaml has it under ControllerEnabled: one small
 # Fargate task per cluster (python -m controller from the exporter image) that reads the hosts' reports from its
-# SQS queue, checks each against ECS and alone drains and replaces GPU instances within fleet-wide bounds; its
-# dead-letter queue, a small versioned bucket for its state, its log group, its two roles and its alarms.
-# tests/deploy/test_terraform.py compares every one of them with the stack's.
+# SQS queue, checks each against ECS and alone drains and replaces GPU instances within fleet-wide bounds, and with
+# model sync owns its fan-out (one queue per Triton task, subscribed to the topic, removed when the task stops; the
+# running task count); its dead-letter queue, a small versioned bucket for its state, its log group, its two roles
+# and its alarms. tests/deploy/test_terraform.py compares every one of them with the stack's.
 #
 # Its containers are deploy/task-definition-controller.json's, read with templatefile() as main.tf reads the
 # Triton task's, then patched with what is known only after apply (the queue's URL, the bucket's name) and the
 # log group the module creates.
 #
-# On with gpu_fault_action = "drain"; safe rollouts (local.rollouts) will join it (issue 35, section 3).
+# On with gpu_fault_action = "drain" or with model sync (its topic's fan-out).
 
 locals {
-  controller = local.gpu_drain
+  controller = local.gpu_drain || local.model_sync
   controller_template_vars = {
     for name, value in {
       AccountId             = local.account_id
@@ -21,17 +22,29 @@ locals {
       Namespace             = local.namespace
       ControllerQueueUrl    = ""
       ControllerStateBucket = ""
+      ServiceName           = var.service_name
+      ModelSyncTopicArn     = ""
+      ModelSyncQueuePrefix  = local.queue_prefix
+      ModelSyncBucketName   = var.model_sync_bucket_name
+      ModelSyncPrefix       = var.model_sync_prefix
     } : name => trimsuffix(trimprefix(jsonencode(value), "\""), "\"")
   }
   controller_task_definition = jsondecode(templatefile("${path.module}/../task-definition-controller.json", local.controller_template_vars))
-  # Known after apply: the queue's URL and the bucket's name, replaced by name in the file's environment.
+  # Known after apply: the queue's URL, the bucket's name and model sync's topic, replaced by name in the file's
+  # environment.
   controller_environment = {
     CONTROLLER_QUEUE_URL    = one(aws_sqs_queue.controller[*].url)
     CONTROLLER_STATE_BUCKET = one(aws_s3_bucket.controller_state[*].id)
+    CONTROLLER_TOPIC_ARN    = one(aws_sns_topic.modelsync[*].arn)
   }
+  # The fan-out's variables of the file: only with model sync (the stack's !If ModelSyncEnabled).
+  controller_fanout_variables = ["CONTROLLER_SERVICE", "CONTROLLER_TOPIC_ARN", "CONTROLLER_QUEUE_NAME_PREFIX", "CONTROLLER_BUCKET", "CONTROLLER_PREFIX"]
   controller_containers = [for c in local.controller_task_definition.containerDefinitions : merge(c, {
-    image       = var.exporter_image
-    environment = [for e in c.environment : { name = e.name, value = lookup(local.controller_environment, e.name, e.value) }]
+    image = var.exporter_image
+    environment = [
+      for e in c.environment : { name = e.name, value = lookup(local.controller_environment, e.name, e.value) }
+      if local.model_sync || !contains(local.controller_fanout_variables, e.name)
+    ]
     # The module creates the group, so the awslogs driver creates none (and the execution role may not).
     logConfiguration = merge(c.logConfiguration, {
       options = merge(
@@ -83,7 +96,8 @@ resource "aws_sqs_queue" "controller_dead_letter" {
 }
 
 # Only the Triton task role sends, only the controller's role receives and deletes, only over TLS, whatever
-# else identity policies in the account allow. Rollouts will add model sync's topic as a sender here.
+# else identity policies in the account allow. The per-task fan-out queues are not the module's: the controller
+# makes each with a policy that admits only model sync's topic (controller/fanout.py).
 resource "aws_sqs_queue_policy" "controller" {
   count     = local.controller ? 1 : 0
   queue_url = aws_sqs_queue.controller[0].url
@@ -253,10 +267,11 @@ resource "aws_iam_role_policy" "controller_execution" {
 }
 
 # The controller's own rights (docs/controller.md, "What the deployment must give it"): each action it calls
-# (controller/inbox.py, fleet.py, state.py), on this cluster, its queue, its state and the GPU instances' group.
+# (controller/inbox.py, fleet.py, state.py, fanout.py), on this cluster, its queue, its state, the GPU instances'
+# group and model sync's queue prefix, topic and fleet size.
 resource "aws_iam_role" "controller_task" {
   count              = local.controller ? 1 : 0
-  description        = "The fleet's controller - read its queue, check reports against ECS, drain and replace GPU instances of this cluster, keep its state"
+  description        = "The fleet's controller - read its queue, check reports against ECS, drain and replace GPU instances of this cluster, keep its state, make and remove model sync's per-task queues"
   assume_role_policy = local.ecs_tasks_trust
   tags               = var.tags
 }
@@ -275,50 +290,110 @@ resource "aws_iam_role_policy" "controller_task" {
         Action   = ["sqs:ReceiveMessage", "sqs:DeleteMessage"]
         Resource = aws_sqs_queue.controller[0].arn
       },
-      # A report's task must be RUNNING in this cluster (DescribeTasks).
+      # The cluster's tasks: a report's task must be RUNNING here; the fan-out's tasks of the Triton service, and
+      # whether a task whose queue remains has stopped (DescribeTasks).
       {
-        Sid      = "CheckTheReportingTask"
+        Sid      = "DescribeTheClustersTasks"
         Effect   = "Allow"
         Action   = "ecs:DescribeTasks"
         Resource = "arn:${local.partition}:ecs:${local.region}:${local.account_id}:task/${var.cluster_name}/*"
       },
-      # Its container instance registered here with the EC2 instance named; set DRAINING in its turn.
+      # Whether a DRAINING instance still has tasks; the Triton service's tasks (the fan-out). Resource "*" narrowed
+      # by the ecs:cluster condition to this cluster, as AWS CDK's ECS drain hook grants it (a container-instance
+      # ARN as its resource is refused).
       {
-        Sid      = "DrainTheInstance"
-        Effect   = "Allow"
-        Action   = ["ecs:DescribeContainerInstances", "ecs:UpdateContainerInstancesState"]
-        Resource = "arn:${local.partition}:ecs:${local.region}:${local.account_id}:container-instance/${var.cluster_name}/*"
-      },
-      # The cluster's size, which --max-draining and --pause-above are shares of.
-      {
-        Sid      = "CountTheInstances"
-        Effect   = "Allow"
-        Action   = "ecs:ListContainerInstances"
-        Resource = local.cluster_arn
-      },
-      # Whether a DRAINING instance still has tasks. Resource "*" narrowed by the ecs:cluster condition to this
-      # cluster, as AWS CDK's ECS drain hook grants it (a container-instance ARN as its resource is refused).
-      {
-        Sid       = "ListTheInstancesTasks"
+        Sid       = "ListTheClustersTasks"
         Effect    = "Allow"
         Action    = "ecs:ListTasks"
         Resource  = "*"
         Condition = { ArnEquals = { "ecs:cluster" = local.cluster_arn } }
       },
-      # Whether a replaced instance has left its group. A Describe action: no resource-level permissions.
-      {
-        Sid      = "IsItStillInItsGroup"
-        Effect   = "Allow"
-        Action   = "autoscaling:DescribeAutoScalingInstances"
-        Resource = "*"
-      },
       ],
+      # GPU drains only (gpu_fault_action = "drain").
+      local.gpu_drain ? [
+        # Its container instance registered here with the EC2 instance named; set DRAINING in its turn.
+        {
+          Sid      = "DrainTheInstance"
+          Effect   = "Allow"
+          Action   = ["ecs:DescribeContainerInstances", "ecs:UpdateContainerInstancesState"]
+          Resource = "arn:${local.partition}:ecs:${local.region}:${local.account_id}:container-instance/${var.cluster_name}/*"
+        },
+        # The cluster's size, which --max-draining and --pause-above are shares of.
+        {
+          Sid      = "CountTheInstances"
+          Effect   = "Allow"
+          Action   = "ecs:ListContainerInstances"
+          Resource = local.cluster_arn
+        },
+        # Whether a replaced instance has left its group. A Describe action: no resource-level permissions.
+        {
+          Sid      = "IsItStillInItsGroup"
+          Effect   = "Allow"
+          Action   = "autoscaling:DescribeAutoScalingInstances"
+          Resource = "*"
+        },
+      ] : [],
       # Mark the EC2 instance Unhealthy: its group replaces it. Only with a group known.
       local.gpu_drain_replaces ? [{
         Sid      = "ReplaceTheInstance"
         Effect   = "Allow"
         Action   = "autoscaling:SetInstanceHealth"
         Resource = "arn:${local.partition}:autoscaling:${local.region}:${local.account_id}:autoScalingGroup:*:autoScalingGroupName/${local.gpu_fault_group}"
+      }] : [],
+      # Model sync's fan-out (controller/fanout.py), on the queues of the module's own prefix only.
+      local.model_sync ? [
+        # Make each Triton task's queue with its tags (a tagged CreateQueue needs TagQueue too), read and correct its
+        # policy (only the topic may send) and encryption, read its tags (whose queue it is, before removing it),
+        # GetQueueUrl (whether a subscribed queue still exists).
+        {
+          Sid      = "MakeAndCheckTheTasksQueues"
+          Effect   = "Allow"
+          Action   = ["sqs:CreateQueue", "sqs:TagQueue", "sqs:GetQueueAttributes", "sqs:SetQueueAttributes", "sqs:ListQueueTags", "sqs:GetQueueUrl"]
+          Resource = "arn:${local.partition}:sqs:${local.region}:${local.account_id}:${local.queue_prefix}*"
+        },
+        # Remove a stopped task's queue (once ECS confirms it stopped and its tags name this service).
+        {
+          Sid      = "RemoveStoppedTasksQueues"
+          Effect   = "Allow"
+          Action   = "sqs:DeleteQueue"
+          Resource = "arn:${local.partition}:sqs:${local.region}:${local.account_id}:${local.queue_prefix}*"
+        },
+        # sqs:ListQueues supports no resource-level permissions (the Service Authorization Reference lists no
+        # resource type for it); it reveals queue URLs only, and the controller lists with the module's own prefix.
+        { Sid = "ListTheTasksQueues", Effect = "Allow", Action = "sqs:ListQueues", Resource = "*" },
+        # Subscribe only queues of the prefix, over SQS, to model sync's topic.
+        {
+          Sid      = "SubscribeTheTasksQueues"
+          Effect   = "Allow"
+          Action   = "sns:Subscribe"
+          Resource = aws_sns_topic.modelsync[0].arn
+          Condition = {
+            StringEquals = { "sns:Protocol" = "sqs" }
+            StringLike   = { "sns:Endpoint" = "arn:${local.partition}:sqs:${local.region}:${local.account_id}:${local.queue_prefix}*" }
+          }
+        },
+        # List the topic's subscriptions; unsubscribe a queue before it is removed.
+        {
+          Sid      = "TheTopicsSubscriptions"
+          Effect   = "Allow"
+          Action   = ["sns:ListSubscriptionsByTopic", "sns:Unsubscribe"]
+          Resource = [aws_sns_topic.modelsync[0].arn, "${aws_sns_topic.modelsync[0].arn}:*"]
+        },
+        # The count of the service's running tasks, which a canary share is sized from: the one object.
+        {
+          Sid      = "PublishTheFleetSize"
+          Effect   = "Allow"
+          Action   = "s3:PutObject"
+          Resource = "arn:${local.partition}:s3:::${var.model_sync_bucket_name}/${var.model_sync_prefix}.modelsync/fleet.json"
+        },
+      ] : [],
+      # A model bucket encrypted with a customer managed key: S3 asks KMS for a data key to write that object.
+      local.model_sync && var.model_bucket_kms_key_arn != "" ? [{
+        Sid       = "EncryptTheFleetSize"
+        Effect    = "Allow"
+        Action    = "kms:GenerateDataKey"
+        Resource  = var.model_bucket_kms_key_arn
+        Condition = { StringEquals = { "kms:ViaService" = "s3.${local.region}.amazonaws.com" } }
       }] : [],
       [
         # Its state: read and write the one object (the default key, controller/<cluster>/state.json) ...
@@ -426,7 +501,7 @@ resource "aws_cloudwatch_metric_alarm" "controller_drain_failures" {
 resource "aws_cloudwatch_metric_alarm" "controller_not_running" {
   count               = local.controller ? 1 : 0
   alarm_name          = "${var.alarm_name_prefix}-controller-not-running"
-  alarm_description   = "No controller heartbeat for 5 minutes: nothing decides GPU drains (hosts keep serving; reports wait in the queue). Missing data is breaching: silence is a failure."
+  alarm_description   = "No controller heartbeat for 5 minutes: nothing decides GPU drains or makes a new task's model-sync queue (hosts keep serving; reports wait in the queue). Missing data is breaching: silence is a failure."
   namespace           = local.namespace
   metric_name         = "ControllerHeartbeat"
   dimensions          = { cluster = var.cluster_name }
@@ -472,6 +547,27 @@ resource "aws_cloudwatch_metric_alarm" "controller_state_failures" {
   evaluation_periods  = 3
   datapoints_to_alarm = 3
   threshold           = 3
+  comparison_operator = "GreaterThanOrEqualToThreshold"
+  treat_missing_data  = "notBreaching"
+  alarm_actions       = local.controller_alarm_actions
+  ok_actions          = local.controller_alarm_actions
+  tags                = var.tags
+}
+
+# With model sync: a fan-out call that keeps failing (a missing right, a throttle that does not pass) leaves new tasks
+# without their queue (they still sync every interval) or stopped tasks' queues behind.
+resource "aws_cloudwatch_metric_alarm" "controller_fanout_failures" {
+  count               = local.model_sync ? 1 : 0
+  alarm_name          = "${var.alarm_name_prefix}-controller-fanout-failures"
+  alarm_description   = "The controller's fan-out calls (ECS, SQS, SNS, the fleet size in S3) failed in 3 of 5 minutes: new Triton tasks may have no model-sync queue (they sync every interval instead) or the canary share no fleet size. Its log line says which call and why."
+  namespace           = local.namespace
+  metric_name         = "FanoutFailures"
+  dimensions          = { cluster = var.cluster_name }
+  statistic           = "Sum"
+  period              = 60
+  evaluation_periods  = 5
+  datapoints_to_alarm = 3
+  threshold           = 1
   comparison_operator = "GreaterThanOrEqualToThreshold"
   treat_missing_data  = "notBreaching"
   alarm_actions       = local.controller_alarm_actions

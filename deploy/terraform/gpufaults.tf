@@ -12,12 +12,13 @@ locals {
   # The file's EXPORTER_GPU_FAULT_ACTION is "report" (main.tf replaces the value by name).
   gpu_fault_environment = { EXPORTER_GPU_FAULT_ACTION = var.gpu_fault_action }
   # With the controller: its queue, after the file's variables (main.tf's added_environment), as the stack has it.
-  controller_report_environment = [for queue in aws_sqs_queue.controller : { name = "CONTROLLER_QUEUE_URL", value = queue.url }]
+  controller_report_environment = [for queue in aws_sqs_queue.controller : { name = "CONTROLLER_QUEUE_URL", value = queue.url } if local.gpu_drain]
 }
 
-# The exporter's reports, to the controller's queue.
+# The exporter's reports, to the controller's queue (which also runs for model sync's fan-out alone: nothing in the
+# task sends to it then).
 resource "aws_iam_role_policy" "task_controller_report" {
-  count = local.controller ? 1 : 0
+  count = local.gpu_drain ? 1 : 0
   name  = "report-to-controller"
   role  = aws_iam_role.task.id
   policy = jsonencode({

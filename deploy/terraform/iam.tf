@@ -119,11 +119,12 @@ resource "aws_iam_role_policy" "task_model_bucket" {
   })
 }
 
-# modelsync (a container of the task): read the archives under the prefix (GET by version id, HEAD,
-# the sha256 tag), list the prefix; its own queue, subscribed to the topic, created at its start and
-# deleted at its stop, and the queues of daemons that died (their names share the prefix); with
-# canary_fraction, write the rollouts' state objects (<prefix>.modelsync/rollouts/); nothing else: no
-# other write to S3, no other queue, no other topic.
+# modelsync (a container of the task): read the archives under the prefix (GET by version id, HEAD, the sha256
+# tag; and <prefix>.modelsync/fleet.json, the controller's count of running tasks), list the prefix; receive from
+# and delete on its task's queue, which the controller makes, subscribes and removes (MODELSYNC_FANOUT=controller:
+# GetQueueUrl, ReceiveMessage, DeleteMessageBatch, nothing else); with canary_fraction, write the rollouts' state
+# objects (<prefix>.modelsync/rollouts/). It cannot create, tag, reconfigure, delete, list or subscribe a queue
+# (issue 36, finding 5), nor write anything else.
 resource "aws_iam_role_policy" "task_modelsync" {
   count = local.model_sync ? 1 : 0
   name  = "modelsync"
@@ -145,34 +146,17 @@ resource "aws_iam_role_policy" "task_modelsync" {
         Resource = "arn:${local.partition}:s3:::${var.model_sync_bucket_name}/${var.model_sync_prefix}*"
       },
       {
-        Sid      = "OwnQueues"
+        # Its task's queue, <prefix><task id> (IAM has no variable for the task id, so the grant covers the
+        # prefix: a daemon could read another task's queue by name, which steals hints, never a queue).
+        Sid      = "ReadItsTasksQueue"
         Effect   = "Allow"
-        Action   = ["sqs:CreateQueue", "sqs:DeleteQueue", "sqs:GetQueueAttributes", "sqs:SetQueueAttributes", "sqs:GetQueueUrl", "sqs:TagQueue", "sqs:ListQueueTags", "sqs:ReceiveMessage", "sqs:DeleteMessage"]
+        Action   = ["sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:DeleteMessage"]
         Resource = "arn:${local.partition}:sqs:${local.region}:${local.account_id}:${local.queue_prefix}*"
       },
-      # sqs:ListQueues supports no resource-level permissions (the Service Authorization Reference
-      # lists no resource type for it); it reveals queue URLs only, each further call is limited to
-      # the deployment's own name prefix.
-      { Sid = "FindQueues", Effect = "Allow", Action = "sqs:ListQueues", Resource = "*" },
-      {
-        # Subscribe only queues of this deployment's daemons, over SQS.
-        Sid      = "SubscribeOwnQueues"
-        Effect   = "Allow"
-        Action   = "sns:Subscribe"
-        Resource = aws_sns_topic.modelsync[0].arn
-        Condition = {
-          StringEquals = { "sns:Protocol" = "sqs" }
-          StringLike   = { "sns:Endpoint" = "arn:${local.partition}:sqs:${local.region}:${local.account_id}:${local.queue_prefix}*" }
-        }
-      },
-      {
-        Sid      = "TheTopicsSubscriptions"
-        Effect   = "Allow"
-        Action   = ["sns:ListSubscriptionsByTopic", "sns:Unsubscribe"]
-        Resource = [aws_sns_topic.modelsync[0].arn, "${aws_sns_topic.modelsync[0].arn}:*"]
-      },
       ], local.rollouts ? [{
-        # Safe rollouts: each model's state, changed only by conditional writes (If-Match/If-None-Match).
+        # Safe rollouts: each model's state, changed only by conditional writes (If-Match/If-None-Match). It goes
+        # when the rollouts are decided by the controller (issue 35 section 3: MODELSYNC_ROLLOUTS=controller),
+        # whose role then holds this write.
         Sid      = "RolloutState"
         Effect   = "Allow"
         Action   = "s3:PutObject"

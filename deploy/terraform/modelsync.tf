@@ -2,14 +2,16 @@
 # two more containers in the Triton task (main.tf reads deploy/task-definition-modelsync.json: the
 # init container gives the volumes to uid 10001, the daemon turns HEALTHY after its first sync and
 # Triton starts only then), the daemon's log group, an SNS topic that an EventBridge rule on the
-# bucket's object events publishes to (every daemon subscribes a queue of its own, created at its
-# start, deleted at its stop), and the daemon's permissions on the task role (iam.tf).
+# bucket's object events publishes to (the controller, controller.tf, makes one queue per Triton task,
+# subscribes it and removes it when the task stops; the daemon only reads it), and the daemon's
+# permissions on the task role (iam.tf).
 # model_sync_bucket_name = "" (the default): none of it.
 
 locals {
   model_sync = var.model_sync_bucket_name != ""
-  # The daemons' own queues are <queue_prefix><12 hex>: a prefix of fixed length (SQS names stop at 80)
-  # that no other deployment shares (the task role's scope). The stack uses its stack id the same way.
+  # Each task's queue is <queue_prefix><task id>, made by the controller: a prefix of fixed length (27
+  # characters; SQS names stop at 80, and the task id takes up to 36) that no other deployment shares (the
+  # roles' scope). The stack uses its stack id the same way.
   queue_prefix = "modelsync-${substr(sha1("${local.account_id}/${local.region}/${local.family}"), 0, 16)}-"
   # Safe rollouts: the daemons write each model's state under <prefix>.modelsync/rollouts/ (iam.tf).
   rollouts = local.model_sync && var.canary_fraction != "0"

@@ -1,5 +1,6 @@
 """The fleet's controller in the deployment (docs/controller.md, "Deploy"): its own Fargate service, queue, state
-bucket, roles and alarms, with GpuFaultAction=drain; the Triton task role only reports.
+bucket, roles and alarms, with GpuFaultAction=drain or model sync (its fan-out); the Triton task role only reports
+and reads its task's queue.
 
 Same evaluator as tests/deploy/test_stack.py (intrinsics resolved for given parameters). What is proven here,
 offline, with the real validators:
@@ -27,7 +28,8 @@ import botocore.session
 import pytest
 from botocore.validate import validate_parameters
 
-from controller.metrics import METRICS, NAMES, Counts, Recorder
+from controller.fanout import FLEET_KEY
+from controller.metrics import FANOUT_NAMES, METRICS, NAMES, Counts, Recorder
 from controller.settings import load
 from tests.deploy.test_deploy import PLACEHOLDER, SAMPLE, substitute
 from tests.deploy.test_stack import ACCOUNT, REGION, Stack, _as_list, allowed, api_shape, integer_fields, mk
@@ -42,6 +44,8 @@ DRAIN = {"GpuFaultAction": "drain"}
 QUEUE_URL = f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/triton-ControllerQueue-1A2B3C4D5E6F"
 QUEUE_ARN = f"arn:aws:sqs:{REGION}:{ACCOUNT}:triton-ControllerQueue-1A2B3C4D5E6F"
 BUCKET = "triton-controllerstatebucket-1a2b3c4d5e6f"
+TOPIC = f"arn:aws:sns:{REGION}:{ACCOUNT}:triton-ModelSyncTopic-1A2B3C4D5E6F"
+QUEUE_PREFIX = "modelsync-51af3dc0da7711e4872e1234567890ab-"  # the stack's id (test_stack.PSEUDO), its 32 hex digits
 # The file's placeholders -> values of the shape a user would substitute (docs/controller.md, "Deploy").
 CONTROLLER_SAMPLE = {
     "AccountId": SAMPLE["AccountId"],
@@ -51,7 +55,20 @@ CONTROLLER_SAMPLE = {
     "ClusterName": "gpu-cluster",
     "ControllerQueueUrl": QUEUE_URL,
     "ControllerStateBucket": BUCKET,
+    # model sync's fan-out (empty without model sync: an empty variable is unset)
+    "ServiceName": "triton",
+    "ModelSyncTopicArn": TOPIC,
+    "ModelSyncQueuePrefix": QUEUE_PREFIX,
+    "ModelSyncBucketName": "example-models",
+    "ModelSyncPrefix": "triton/",
 }
+FANOUT_VARIABLES = (
+    "CONTROLLER_SERVICE",
+    "CONTROLLER_TOPIC_ARN",
+    "CONTROLLER_QUEUE_NAME_PREFIX",
+    "CONTROLLER_BUCKET",
+    "CONTROLLER_PREFIX",
+)
 # The stack's own resources with GpuFaultAction=drain, none of which exists without it.
 CONTROLLER_RESOURCES = {
     "ControllerLogGroup",
@@ -71,11 +88,17 @@ CONTROLLER_RESOURCES = {
     "ControllerAlarmReportsRefused",
     "ControllerAlarmStateFailures",
 }
-# Every scenario with the controller: an existing cluster with and without its group, and the stack's own.
+# Every scenario with GPU drains: an existing cluster with and without its group, and the stack's own (with model sync).
 DRAIN_SCENARIOS = {
     "existing": DRAIN,
     "existing-group": DRAIN | {"GpuFaultAutoScalingGroupName": "gpu-fleet", "ClusterName": "inference-gpus"},
     "own-cluster": DRAIN | {"CreateCluster": "true", "ModelSyncBucketName": "example-models"},
+}
+SYNC = {"ModelSyncBucketName": "example-models", "ModelSyncPrefix": "triton/"}
+# ... and every scenario with the controller: model sync alone (its fan-out), and with drains on a renamed service.
+SCENARIOS = DRAIN_SCENARIOS | {
+    "sync": SYNC,
+    "sync-drain": SYNC | DRAIN | {"ServiceName": "inference", "ClusterName": "inference-gpus"},
 }
 
 
@@ -102,8 +125,8 @@ def controller_container(s: Stack) -> dict[str, Any]:
 
 
 def as_deployed(env: dict[str, str]) -> dict[str, str]:
-    """The environment as ECS gives it: the queue's Ref is its URL, the bucket's its name."""
-    refs = {"<ControllerQueue>": QUEUE_URL, "<ControllerStateBucket>": BUCKET}
+    """The environment as ECS gives it: the queue's Ref is its URL, the bucket's its name, the topic's its ARN."""
+    refs = {"<ControllerQueue>": QUEUE_URL, "<ControllerStateBucket>": BUCKET, "<ModelSyncTopic>": TOPIC}
     return {k: refs.get(v, v) for k, v in env.items()}
 
 
@@ -115,12 +138,17 @@ def controller_file(values: dict[str, str] = CONTROLLER_SAMPLE) -> dict[str, Any
 # --- what exists, and where ----------------------------------------------------------------------------------
 
 
-def test_nothing_of_it_exists_without_drain(template, on: Stack) -> None:
+def test_nothing_of_it_exists_without_drain_or_model_sync(template, on: Stack) -> None:
     off = mk(template)
     assert not CONTROLLER_RESOURCES & set(off.resources()) and set(on.resources()) >= CONTROLLER_RESOURCES
     assert not {n for n in off.resources() if n.startswith("Controller")}
     assert {n for n in on.resources() if n.startswith("Controller")} == CONTROLLER_RESOURCES
-    for s in (off, mk(template, GpuFaultAction="report", CreateCluster="true")):
+    # Model sync alone: the controller for its fan-out, with the fan-out's alarm; nothing in the Triton task reports.
+    sync = mk(template, **SYNC)
+    assert {n for n in sync.resources() if n.startswith("Controller")} == CONTROLLER_RESOURCES | {
+        "ControllerAlarmFanoutFailures"
+    }
+    for s in (off, sync, mk(template, GpuFaultAction="report", CreateCluster="true")):
         exporter = next(c for c in s.props("TaskDefinition")["ContainerDefinitions"] if c["Name"] == "exporter")
         assert "CONTROLLER_QUEUE_URL" not in {e["Name"] for e in exporter["Environment"]}
         assert not any(p["PolicyName"] == "report-to-controller" for p in s.props("TaskRole")["Policies"])
@@ -128,12 +156,19 @@ def test_nothing_of_it_exists_without_drain(template, on: Stack) -> None:
     assert outputs == {"ControllerQueueUrl", "ControllerServiceName", "ControllerStateBucketName"}
 
 
-def test_task_definition_equals_the_json_file(on: Stack) -> None:
-    """The stack's controller task is deploy/task-definition-controller.json's, field by field."""
-    ours = controller_taskdef(on)
+@pytest.mark.parametrize("scenario", ["existing", "sync", "sync-drain"])
+def test_task_definition_equals_the_json_file(template, scenario: str) -> None:
+    """The stack's controller task is deploy/task-definition-controller.json's, field by field: with model sync, the
+    fan-out's five variables with the stack's values; without, the file with those five left out (or empty)."""
+    s = mk(template, **SCENARIOS[scenario])
+    sync = s.condition("ModelSyncEnabled")
+    ours = controller_taskdef(s)
     theirs = controller_file(
         CONTROLLER_SAMPLE
         | {"ControllerQueueUrl": "<ControllerQueue>", "ControllerStateBucket": "<ControllerStateBucket>"}
+        | {"ClusterName": s.params["ClusterName"], "ServiceName": s.params["ServiceName"]}
+        | {"ModelSyncTopicArn": "<ModelSyncTopic>", "ModelSyncBucketName": s.params["ModelSyncBucketName"]}
+        | {"ModelSyncPrefix": s.params["ModelSyncPrefix"]}
     )
     for key in ("networkMode", "requiresCompatibilities", "cpu", "memory"):
         assert ours[key] == theirs[key], key
@@ -141,7 +176,10 @@ def test_task_definition_equals_the_json_file(on: Stack) -> None:
     # The stack creates the group, so its awslogs driver creates none (and the execution role may not).
     assert expected["logConfiguration"]["options"].pop("awslogs-create-group") == "true"
     expected["logConfiguration"]["options"]["awslogs-group"] = "/ecs/triton/controller"
-    assert controller_container(on) == expected
+    if not sync:
+        expected["environment"] = [e for e in expected["environment"] if e["name"] not in FANOUT_VARIABLES]
+    assert controller_container(s) == expected
+    assert sync == (scenario != "existing") and (len(expected["environment"]) == 11) == sync
 
 
 def test_the_json_file_is_valid_for_ecs_and_its_placeholders_are_documented() -> None:
@@ -161,7 +199,7 @@ def test_the_json_file_is_valid_for_ecs_and_its_placeholders_are_documented() ->
 
 def test_the_stack_task_definition_is_valid_for_ecs(template) -> None:
     shape = SESSION.get_service_model("ecs").operation_model("RegisterTaskDefinition").input_shape
-    for params in DRAIN_SCENARIOS.values():
+    for params in SCENARIOS.values():
         td = controller_taskdef(mk(template, **params))
         td |= {"executionRoleArn": f"arn:aws:iam::{ACCOUNT}:role/exec", "taskRoleArn": f"arn:aws:iam::{ACCOUNT}:role/t"}
         (c,) = td["containerDefinitions"]
@@ -212,9 +250,10 @@ def test_the_image_runs_python_m_controller() -> None:
 # --- its settings --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario", list(DRAIN_SCENARIOS))
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_container_environment_is_a_valid_controller_configuration(template, scenario: str) -> None:
-    s = mk(template, **DRAIN_SCENARIOS[scenario])
+    s = mk(template, **SCENARIOS[scenario])
+    drain, sync = s.condition("GpuDrainEnabled"), s.condition("ModelSyncEnabled")
     env = env_of(controller_container(s))
     assert (env["CONTROLLER_QUEUE_URL"], env["CONTROLLER_STATE_BUCKET"]) == (
         "<ControllerQueue>",
@@ -224,11 +263,35 @@ def test_container_environment_is_a_valid_controller_configuration(template, sce
     assert command == "run" and settings.queue_url == QUEUE_URL and settings.state_bucket == BUCKET
     assert settings.cluster == s.params["ClusterName"] and not settings.state_file
     assert str(settings.output) == "stdout"  # awslogs: each stdout line one event, CloudWatch extracts the EMF
-    exporter = next(c for c in s.props("TaskDefinition")["ContainerDefinitions"] if c["Name"] == "exporter")
-    exporter_env = {e["Name"]: e["Value"] for e in exporter["Environment"]}
+    containers = {c["Name"]: c for c in s.props("TaskDefinition")["ContainerDefinitions"]}
+    exporter_env = {e["Name"]: e["Value"] for e in containers["exporter"]["Environment"]}
     assert settings.namespace == exporter_env["AWS_EMF_NAMESPACE"]
-    assert exporter_env["CONTROLLER_QUEUE_URL"] == env["CONTROLLER_QUEUE_URL"]  # the hosts report where it reads
-    assert exporter_env["EXPORTER_GPU_FAULT_ACTION"] == "drain"
+    if drain:
+        assert exporter_env["CONTROLLER_QUEUE_URL"] == env["CONTROLLER_QUEUE_URL"]  # the hosts report where it reads
+    assert exporter_env["EXPORTER_GPU_FAULT_ACTION"] == ("drain" if drain else "report")
+    assert ("CONTROLLER_QUEUE_URL" in exporter_env) == drain
+    # The fan-out, with model sync: the Triton service's tasks, the daemons' own topic, queue names, bucket and prefix
+    # (model sync's settings parser reads the daemon's side).
+    assert set(FANOUT_VARIABLES) & set(env) == (set(FANOUT_VARIABLES) if sync else set())
+    if sync:
+        from modelsync.settings import load as load_modelsync
+
+        daemon = {e["Name"]: e["Value"] for e in containers["modelsync"]["Environment"]}
+        sync_settings = load_modelsync([], as_deployed(daemon))
+        assert sync_settings.fanout == "controller"
+        assert settings.service == s.props("Service")["ServiceName"] == s.params["ServiceName"]
+        assert settings.topic_arn == sync_settings.topic_arn == TOPIC
+        assert settings.queue_name_prefix == sync_settings.queue_name_prefix == QUEUE_PREFIX
+        assert (settings.bucket, settings.prefix) == (sync_settings.bucket, sync_settings.prefix)
+        # The task's queue the controller makes is the one the daemon's role may read, and no other's.
+        queue = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{settings.queue_name_prefix}0123456789abcdef0123456789abcdef"
+        controller_sts, triton_sts = resolved(statements(s, "ControllerTaskRole")), statements(s, "TaskRole")
+        assert allowed(controller_sts, "sqs:CreateQueue", queue) and allowed(triton_sts, "sqs:ReceiveMessage", queue)
+        fleet = f"arn:aws:s3:::{settings.bucket}/{settings.prefix}{FLEET_KEY}"
+        assert allowed(controller_sts, "s3:PutObject", fleet) and allowed(triton_sts, "s3:GetObject", fleet)
+        assert not allowed(triton_sts, "s3:PutObject", fleet)
+    else:
+        assert not settings.service and not settings.topic_arn and not settings.bucket
     # The one object it reads and writes is the one its role may.
     sts = statements(s, "ControllerTaskRole")
     state = f"arn:aws:s3:::{BUCKET}/{settings.key}"
@@ -256,22 +319,36 @@ def resolved(sts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [st | {"Resource": [fix(r) for r in _as_list(st["Resource"])]} for st in sts]
 
 
-# What controller/ calls (inbox.py, fleet.py, state.py), on what: the resource as IAM evaluates the call.
-def calls(cluster: str, group: str | None) -> list[tuple[str, str]]:
+# What controller/ calls (inbox.py, fleet.py, state.py, fanout.py), on what: the resource as IAM evaluates the call.
+def calls(cluster: str, group: str | None, drain: bool = True, sync: str | None = None) -> list[tuple[str, str]]:
     base = f"arn:aws:ecs:{REGION}:{ACCOUNT}"
     out = [
         ("sqs:ReceiveMessage", QUEUE_ARN),
         ("sqs:DeleteMessage", QUEUE_ARN),
         ("ecs:DescribeTasks", f"{base}:task/{cluster}/0123456789abcdef0123456789abcdef"),
-        ("ecs:DescribeContainerInstances", f"{base}:container-instance/{cluster}/0123456789abcdef"),
-        ("ecs:UpdateContainerInstancesState", f"{base}:container-instance/{cluster}/0123456789abcdef"),
-        ("ecs:ListContainerInstances", f"{base}:cluster/{cluster}"),
         ("ecs:ListTasks", "*"),
-        ("autoscaling:DescribeAutoScalingInstances", "*"),
         ("s3:GetObject", f"arn:aws:s3:::{BUCKET}/controller/{cluster}/state.json"),
         ("s3:PutObject", f"arn:aws:s3:::{BUCKET}/controller/{cluster}/state.json"),
         ("s3:ListBucket", f"arn:aws:s3:::{BUCKET}"),
     ]
+    if drain:
+        out += [
+            ("ecs:DescribeContainerInstances", f"{base}:container-instance/{cluster}/0123456789abcdef"),
+            ("ecs:UpdateContainerInstancesState", f"{base}:container-instance/{cluster}/0123456789abcdef"),
+            ("ecs:ListContainerInstances", f"{base}:cluster/{cluster}"),
+            ("autoscaling:DescribeAutoScalingInstances", "*"),
+        ]
+    if sync is not None:  # the fan-out (controller/fanout.py): sync is the model prefix
+        queue = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{QUEUE_PREFIX}0123456789abcdef0123456789abcdef"
+        out += [(f"sqs:{a}", queue) for a in ("CreateQueue", "TagQueue", "GetQueueAttributes", "SetQueueAttributes",
+                                             "ListQueueTags", "GetQueueUrl", "DeleteQueue")]  # fmt: skip
+        out += [
+            ("sqs:ListQueues", "*"),
+            ("sns:Subscribe", "<ModelSyncTopic>"),
+            ("sns:ListSubscriptionsByTopic", "<ModelSyncTopic>"),
+            ("sns:Unsubscribe", "<ModelSyncTopic>:5d3e8f2a-0b1c-4d5e-8f9a-0b1c2d3e4f5a"),
+            ("s3:PutObject", f"arn:aws:s3:::example-models/{sync}{FLEET_KEY}"),
+        ]
     if group:
         out.append(
             ("autoscaling:SetInstanceHealth", f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:"
@@ -280,13 +357,14 @@ def calls(cluster: str, group: str | None) -> list[tuple[str, str]]:
     return out
 
 
-@pytest.mark.parametrize("scenario", list(DRAIN_SCENARIOS))
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_the_controller_role_may_make_exactly_its_calls(template, scenario: str) -> None:
-    s = mk(template, **DRAIN_SCENARIOS[scenario])
+    s = mk(template, **SCENARIOS[scenario])
     sts = resolved(statements(s, "ControllerTaskRole"))
     cluster = s.params["ClusterName"]
-    group = {"existing": None, "existing-group": "gpu-fleet", "own-cluster": "triton-AutoScalingGroup-1A2B3C4D5E6F"}
-    expected = calls(cluster, group[scenario])
+    group = {"existing-group": "gpu-fleet", "own-cluster": "triton-AutoScalingGroup-1A2B3C4D5E6F"}.get(scenario)
+    sync = s.params["ModelSyncPrefix"] if s.condition("ModelSyncEnabled") else None
+    expected = calls(cluster, group, s.condition("GpuDrainEnabled"), sync)
     for action, resource in expected:
         assert allowed(sts, action, resource), (action, resource)
     assert {a for st in sts for a in _as_list(st["Action"])} == {a for a, _ in expected}
@@ -303,8 +381,21 @@ def test_the_controller_role_may_make_exactly_its_calls(template, scenario: str)
         ("sqs:ReceiveMessage", f"arn:aws:sqs:{REGION}:{ACCOUNT}:other"),
         ("s3:PutObject", f"arn:aws:s3:::{BUCKET}/other.json"),
         ("s3:GetObject", "arn:aws:s3:::example-models/triton/model.tar.gz"),
+        ("s3:PutObject", "arn:aws:s3:::example-models/triton/model.zip"),
+        ("s3:PutObject", "arn:aws:s3:::example-models/triton/.modelsync/rollouts/model.json"),
+        ("sqs:CreateQueue", f"arn:aws:sqs:{REGION}:{ACCOUNT}:modelsync-0123456789abcdef-0123"),  # another deployment's
+        ("sqs:DeleteQueue", f"arn:aws:sqs:{REGION}:{ACCOUNT}:other"),
+        ("sqs:SetQueueAttributes", QUEUE_ARN),
+        ("sns:Subscribe", f"arn:aws:sns:{REGION}:{ACCOUNT}:other-topic"),
+        ("sns:Publish", "<ModelSyncTopic>"),
     ):
         assert not allowed(sts, action, resource), (action, resource)
+    if sync is not None:  # Subscribe only queues of the prefix, over SQS
+        (sub,) = [st for st in sts if "sns:Subscribe" in _as_list(st["Action"])]
+        assert sub["Condition"] == {
+            "StringEquals": {"sns:Protocol": "sqs"},
+            "StringLike": {"sns:Endpoint": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{QUEUE_PREFIX}*"},
+        }
     # The two Resource "*" grants: ListTasks only on this cluster (its condition), the Describe needs none.
     (list_tasks,) = [st for st in sts if "ecs:ListTasks" in _as_list(st["Action"])]
     assert list_tasks["Condition"] == {"ArnEquals": {"ecs:cluster": f"{base}:cluster/{cluster}"}}
@@ -344,8 +435,6 @@ def triton_role_violations(sts: list[dict[str, Any]], queue_arn: str) -> list[st
                 out.append(f"{st.get('Sid')}: {action}")
             elif action.lower().startswith("sqs:"):
                 if action == "sqs:SendMessage" and _as_list(st["Resource"]) == [queue_arn]:
-                    continue
-                if action == "sqs:ListQueues":  # model sync's: queue URLs only, no resource-level permissions
                     continue
                 # Model sync's own queues (modelsync-<stack id>-*): never the controller's queue, never all queues.
                 resources = _as_list(st["Resource"])
@@ -426,15 +515,16 @@ class _Kept:
         pass
 
 
-@pytest.mark.parametrize("scenario", list(DRAIN_SCENARIOS))
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_every_alarm_reads_a_metric_the_controller_emits(template, scenario: str) -> None:
     """The controller's own encoder, with the container's settings, writes one EMF document; each alarm's
     namespace, metric name and dimensions are among what that document declares (CloudWatch would otherwise
     alarm on a series nobody writes)."""
-    s = mk(template, **DRAIN_SCENARIOS[scenario] | {"Namespace": "Prod/Triton"})
+    s = mk(template, **SCENARIOS[scenario] | {"Namespace": "Prod/Triton"})
     _, settings = load([], as_deployed(env_of(controller_container(s))))
     kept = _Kept()
-    Recorder(settings.namespace, kept, settings.cluster, wall=lambda: 1.7e9).emit(Counts(), False, 0, 0)
+    fanout = (0, 0) if settings.topic_arn else None  # the fan-out's gauges, emitted while it runs (service.py)
+    Recorder(settings.namespace, kept, settings.cluster, wall=lambda: 1.7e9).emit(Counts(), False, 0, 0, fanout)
     (doc,) = kept.docs
     emitted = {
         (d["Namespace"], m["Name"], tuple(sorted((k, doc[k]) for k in dims)))
@@ -443,7 +533,8 @@ def test_every_alarm_reads_a_metric_the_controller_emits(template, scenario: str
         for dims in d["Dimensions"]
     }
     alarms = [s.props(n) for n in s.resources("AWS::CloudWatch::Alarm")]
-    assert len(alarms) == 5
+    assert len(alarms) == (6 if settings.topic_arn else 5)
+    assert any(a["MetricName"] in FANOUT_NAMES for a in alarms) == bool(settings.topic_arn)
     for alarm in alarms:
         key = (
             alarm["Namespace"],
@@ -451,7 +542,7 @@ def test_every_alarm_reads_a_metric_the_controller_emits(template, scenario: str
             tuple(sorted((d["Name"], d["Value"]) for d in alarm["Dimensions"])),
         )
         assert key in emitted, (alarm["AlarmName"], key, sorted(emitted))
-        assert alarm["MetricName"] in NAMES
+        assert alarm["MetricName"] in NAMES + FANOUT_NAMES
     by_metric = {a["MetricName"]: a for a in alarms}
     assert by_metric["ControllerHeartbeat"]["TreatMissingData"] == "breaching"
     assert by_metric["GpuDrainsPaused"]["Statistic"] == "Maximum"

@@ -48,7 +48,7 @@ ROOT = REPO
 TASK_DEF = ROOT / "deploy" / "task-definition.json"
 MODELSYNC_TASK_DEF = ROOT / "deploy" / "task-definition-modelsync.json"
 DOCS = ROOT / "docs" / "modelsync.md"
-QUEUE_PREFIX = "modelsync-51af3dc0-da77-11e4-872e-1234567890ab-"  # the stack's id: test_stack.PSEUDO
+QUEUE_PREFIX = "modelsync-51af3dc0da7711e4872e1234567890ab-"  # the stack's id (test_stack.PSEUDO), its 32 hex digits
 TOPIC = f"arn:aws:sns:{REGION}:{ACCOUNT}:triton-ModelSyncTopic-1A2B3C4D5E6F"
 # The file's placeholders -> values of the shape a user would substitute (see docs/modelsync.md).
 MODELSYNC_SAMPLE = SAMPLE.copy() | {
@@ -153,8 +153,10 @@ def test_the_two_json_files_differ_only_where_model_sync_needs_it() -> None:
 def test_model_sync_runs_inside_every_triton_task_and_nowhere_else(on: Stack) -> None:
     """No daemon service: a separate host-network task could not reach an awsvpc Triton on localhost, ran on
     every instance of a mixed cluster, and could not tell the Triton tasks of one instance apart."""
-    assert set(on.resources("AWS::ECS::Service")) == {"Service"}
-    assert set(on.resources("AWS::ECS::TaskDefinition")) == {"TaskDefinition"}
+    # The controller's service (Fargate, no GPU) makes the daemons' queues; no daemon runs outside the Triton task.
+    assert set(on.resources("AWS::ECS::Service")) == {"Service", "ControllerService"}
+    assert set(on.resources("AWS::ECS::TaskDefinition")) == {"TaskDefinition", "ControllerTaskDefinition"}
+    assert [c["Name"] for c in on.props("ControllerTaskDefinition")["ContainerDefinitions"]] == ["controller"]
     td = stack_taskdef(on)
     assert td["networkMode"] == "awsvpc"  # one network namespace: localhost is this task's Triton
     daemon = by_name(td)["modelsync"]
@@ -251,12 +253,17 @@ def test_container_environment_is_a_valid_modelsync_configuration(on: Stack) -> 
     settings = load([], env | {"MODELSYNC_TOPIC_ARN": TOPIC})
     assert (settings.bucket, settings.prefix, settings.topic_arn) == ("example-models", "triton/", TOPIC)
     assert settings.queue_name_prefix == QUEUE_PREFIX and not settings.queue_url
+    # The controller makes, subscribes and removes the task's queue; the daemon only finds and reads it.
+    assert settings.fanout == "controller"
     assert str(settings.output) == "stdout"  # awslogs: each stdout line is one event, CloudWatch extracts the EMF
     assert settings.namespace == "Triton/triton" == env_of(by_name(stack_taskdef(on))["exporter"])["AWS_EMF_NAMESPACE"]
     assert daemon["logConfiguration"]["options"]["awslogs-group"] == modelsync_log_group(Options(catalog=CATALOG))
 
 
-def test_task_role_reads_only_the_prefix_and_owns_only_its_queues(on: Stack) -> None:
+def test_task_role_reads_only_the_prefix_and_its_tasks_queue(on: Stack) -> None:
+    """The daemon's calls with --fanout controller (GetQueueUrl, ReceiveMessage, DeleteMessageBatch) on queues of
+    the stack's prefix; no queue it could create, tag, reconfigure, delete, list or subscribe (issue 36, finding 5).
+    tests/deploy/test_roles.py holds the whole role to a named allowlist, in the stack and the module alike."""
     sts = [
         st
         for p in on.props("TaskRole")["Policies"]
@@ -270,22 +277,22 @@ def test_task_role_reads_only_the_prefix_and_owns_only_its_queues(on: Stack) -> 
         assert not allowed(sts, action, "arn:aws:s3:::other-bucket/triton/add.zip")
     for action in ("s3:PutObject", "s3:DeleteObject", "s3:PutObjectTagging"):
         assert not allowed(sts, action, obj)
+    assert not allowed(sts, "s3:PutObject", "arn:aws:s3:::example-models/triton/.modelsync/fleet.json")
     (listing,) = [st for st in sts if st["Action"] == "s3:ListBucket"]
     assert listing["Resource"] == "arn:aws:s3:::example-models"
     assert listing["Condition"] == {"StringLike": {"s3:prefix": "triton/*"}}
-    own = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{QUEUE_PREFIX}0123456789ab"
-    for action in ("sqs:CreateQueue", "sqs:DeleteQueue", "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:TagQueue"):
+    own = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{QUEUE_PREFIX}0123456789abcdef0123456789abcdef"
+    for action in ("sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:DeleteMessage"):
         assert allowed(sts, action, own), action
         assert not allowed(sts, action, f"arn:aws:sqs:{REGION}:{ACCOUNT}:other-queue"), action
-    assert not allowed(sts, "sqs:SendMessage", own)
-    assert allowed(sts, "sns:Subscribe", "<ModelSyncTopic>") and not allowed(sts, "sns:Publish", "<ModelSyncTopic>")
-    (sub,) = [st for st in sts if st["Action"] == "sns:Subscribe"]
-    assert sub["Condition"]["StringEquals"] == {"sns:Protocol": "sqs"}
-    assert sub["Condition"]["StringLike"] == {"sns:Endpoint": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{QUEUE_PREFIX}*"}
-    assert len(QUEUE_PREFIX) + 12 <= 80  # SQS's limit on queue names, whatever the stack's name
-    assert allowed(sts, "sns:Unsubscribe", "<ModelSyncTopic>:5d3e8f2a-0b1c-4d5e-8f9a-0b1c2d3e4f5a")
-    # The one wildcard: sqs:ListQueues has no resource-level permissions (justified in the template).
-    assert [st["Action"] for st in sts if "*" in _as_list(st["Resource"])] == ["sqs:ListQueues"]
+    for action in ("sqs:CreateQueue", "sqs:DeleteQueue", "sqs:TagQueue", "sqs:SetQueueAttributes",
+                   "sqs:GetQueueAttributes", "sqs:ListQueueTags", "sqs:SendMessage", "sqs:ListQueues"):  # fmt: skip
+        assert not allowed(sts, action, own) and not allowed(sts, action, "*"), action
+    for action in ("sns:Subscribe", "sns:Unsubscribe", "sns:ListSubscriptionsByTopic", "sns:Publish"):
+        assert not allowed(sts, action, "<ModelSyncTopic>"), action
+    # The queue of a task is <prefix><task id> within SQS's 80 characters, whatever the stack's name.
+    assert len(QUEUE_PREFIX) <= 44 and len(QUEUE_PREFIX) + 32 <= 80
+    assert not [st for st in sts if "*" in _as_list(st["Resource"])]
     # Its logs go through the execution role's awslogs driver, to its own group only.
     ex = statements(on, "ExecutionRole")
     group = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/ecs/triton/modelsync:log-stream:modelsync/x"

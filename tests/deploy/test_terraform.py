@@ -191,6 +191,17 @@ SCENARIOS = {
         "ClusterName": "inference-gpus",
         "AlarmNamePrefix": "prod-triton",
     },
+    # The controller with both jobs: GPU drains (no group known) and model sync's fan-out, on a customer managed
+    # key (the fleet size's write asks KMS for a data key), with the names its grants and variables read changed.
+    "modelsync-drain": {
+        "GpuFaultAction": "drain",
+        "ModelSyncBucketName": "prod.models-1",
+        "ModelSyncPrefix": "triton/v2/",
+        "ModelBucketKmsKeyArn": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+        "ServiceName": "inference",
+        "ClusterName": "inference-gpus",
+        "AlarmNamePrefix": "prod-triton",
+    },
     # Task scale-in protection: the exporter's variable and the task role's statement, on a renamed cluster
     # (the statement's resource reads it).
     "task-protection": {"TaskProtection": "true", "ClusterName": "inference-gpus"},
@@ -1351,7 +1362,7 @@ def deployment_names(stack: Stack, plan: dict[str, Any]) -> dict[str, str]:
         tf = json.loads(plan["aws_ecs_task_definition.this"]["container_definitions"])
         (daemon,) = [c for c in tf if c["name"] == "modelsync"]
         theirs = {e["name"]: e["value"] for e in daemon["environment"]}["MODELSYNC_QUEUE_NAME_PREFIX"]
-        assert re.fullmatch(r"modelsync-[0-9a-f-]{16,36}-", ours) and re.fullmatch(r"modelsync-[0-9a-f]{16}-", theirs)
+        assert re.fullmatch(r"modelsync-[0-9a-f]{32}-", ours) and re.fullmatch(r"modelsync-[0-9a-f]{16}-", theirs)
         names[theirs] = ours
     if "CapacityProvider" in stack.resources():  # gpu-<stack name> there, gpu-<task family> here
         ours, theirs = stack.props("CapacityProvider")["Name"], plan["aws_ecs_capacity_provider.gpu[0]"]["name"]
@@ -1510,7 +1521,8 @@ def test_the_issue_resources_variables_and_outputs_exist() -> None:
     assert outputs["log_groups"]["modelsync"] == outputs["model_sync_log_group"] == "/ecs/triton/modelsync"
     assert outputs["namespace"] == "Triton/gpu-cluster-triton"  # var.namespace empty: one per deployment
     plan = on.plan()
-    assert not of_type(plan, "aws_ecs_service").keys() - {"aws_ecs_service.this"}  # no daemon service
+    # No daemon service: the controller's (Fargate, which makes the daemons' queues) beside the Triton service.
+    assert set(of_type(plan, "aws_ecs_service")) == {"aws_ecs_service.this", "aws_ecs_service.controller[0]"}
     td = plan["aws_ecs_task_definition.this"]
     containers = {c["name"]: c for c in json.loads(td["container_definitions"])}
     assert list(containers) == ["log_router", "modelsync-init", "modelsync", "triton-server", "exporter"]
@@ -1551,19 +1563,37 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
     protection = scenario == "task-protection"
     assert settings.task_protection == ("on" if protection else "off")
     assert ("aws_iam_role_policy.task_protection[0]" in plan) == protection
-    # GPU drains: the exporter reports to the controller's queue; the controller, all of it, only then.
-    drain = "gpu-drain" in scenario
+    # GPU drains: the exporter reports to the controller's queue. The controller, all of it, with drains or with
+    # model sync (its fan-out), and only then; the drain grants and the report policy only with drains, the
+    # fan-out's grants, variables and alarm only with model sync.
+    drain = params.get("GpuFaultAction") == "drain"
+    sync = bool(params.get("ModelSyncBucketName"))
     assert exporter_env["EXPORTER_GPU_FAULT_ACTION"] == ("drain" if drain else "report")
     assert ("CONTROLLER_QUEUE_URL" in exporter_env) == drain
-    controller = sorted(a for a in plan if "controller" in a.split(".")[1])
-    assert len(controller) == (len(CONTROLLER_RESOURCES) if drain else 0), controller
-    if drain:  # the cluster's tasks and instances; the group only where one is known
-        assert exporter_env["CONTROLLER_QUEUE_URL"] == "<aws_sqs_queue.controller[0].url>"
+    controller = set(a for a in plan if "controller" in a.split(".")[1])
+    expected = set(CONTROLLER_RESOURCES) if drain or sync else set()
+    expected -= set() if drain else {"aws_iam_role_policy.task_controller_report[0]"}
+    expected |= {"aws_cloudwatch_metric_alarm.controller_fanout_failures[0]"} if sync else set()
+    assert controller == expected
+    if drain or sync:
         sids = {
             st["Sid"]: st for st in json.loads(plan["aws_iam_role_policy.controller_task[0]"]["policy"])["Statement"]
         }
+        drains = {"DrainTheInstance", "CountTheInstances", "IsItStillInItsGroup"}
+        fanout = {"MakeAndCheckTheTasksQueues", "RemoveStoppedTasksQueues", "ListTheTasksQueues",
+                  "SubscribeTheTasksQueues", "TheTopicsSubscriptions", "PublishTheFleetSize"}  # fmt: skip
+        assert (drains <= set(sids), drains.isdisjoint(sids)) == (drain, not drain)
+        assert (fanout <= set(sids), fanout.isdisjoint(sids)) == (sync, not sync)
+        assert ("ReplaceTheInstance" in sids) == (drain and scenario not in ("gpu-drain", "modelsync-drain"))
+        (container,) = json.loads(plan["aws_ecs_task_definition.controller[0]"]["container_definitions"])
+        env = {e["name"]: e["value"] for e in container["environment"]}
+        assert ("CONTROLLER_TOPIC_ARN" in env) == sync
+        if sync:
+            assert env["CONTROLLER_TOPIC_ARN"] == "<aws_sns_topic.modelsync[0].arn>"
+            assert env["CONTROLLER_SERVICE"] == plan["aws_ecs_service.this"]["name"]
+    if drain:  # the cluster's tasks and instances; the group only where one is known
+        assert exporter_env["CONTROLLER_QUEUE_URL"] == "<aws_sqs_queue.controller[0].url>"
         assert sids["DrainTheInstance"]["Resource"].endswith(f":container-instance/{params['ClusterName']}/*")
-        assert ("ReplaceTheInstance" in sids) == (scenario != "gpu-drain")
         report = json.loads(plan["aws_iam_role_policy.task_controller_report[0]"]["policy"])["Statement"]
         assert [(s["Action"], s["Resource"]) for s in report] == [
             ("sqs:SendMessage", "<aws_sqs_queue.controller[0].arn>")
@@ -1694,7 +1724,8 @@ DRIFTS = [
         "terraform creates aws_cloudwatch_event_rule.modelsync[0]",
     ),
 ]
-# The controller's resources (controller.tf and the Triton task role's report policy), none of which exists without it.
+# The controller's resources (controller.tf and the Triton task role's report policy), none of which exists without it
+# (and, with model sync, its fan-out's alarm).
 CONTROLLER_RESOURCES = (
     *(
         f"aws_cloudwatch_metric_alarm.controller_{n}[0]"
@@ -1745,7 +1776,7 @@ MODELSYNC_DRIFTS = [
     ("iam.tf", '"s3:GetObjectVersionTagging"]', '"s3:PutObject"]', "TaskRole policies"),
     ("iam.tf", '"${var.model_sync_prefix}*"', '"*"', "TaskRole policies"),
     ("iam.tf", '"sqs:GetQueueUrl", ', "", "TaskRole policies"),
-    ("iam.tf", 'StringEquals = { "sns:Protocol" = "sqs" }', "", "TaskRole policies"),
+    ("controller.tf", 'StringEquals = { "sns:Protocol" = "sqs" }', "", "ControllerTaskRole policies"),
     ("iam.tf", 'Sid      = "ModelSyncOwnLogs"', 'Sid      = "ModelSyncLogs"', "ExecutionRole policies"),
     ("modelsync.tf", "prefix = var.model_sync_prefix", 'prefix = ""', "event rule ModelSyncEventRule.EventPattern"),
     ("modelsync.tf", 'target_id = "modelsync-topic"', 'target_id = "topic"', "event rule ModelSyncEventRule.Targets"),
@@ -1824,6 +1855,30 @@ OTLP_DRIFTS = [
         "alarm prod-triton-promql-model-failures",
     ),
 ]
+# The controller's fan-out (model sync with GPU drains and a customer managed key): each edit of its grants, its
+# variables, the daemon's switch or the Triton task role's queue grant is a difference.
+FANOUT_DRIFTS = [
+    (
+        "controller.tf",
+        '"sqs:ListQueueTags", "sqs:GetQueueUrl"]',
+        '"sqs:ListQueueTags", "sqs:GetQueueUrl", "sqs:SendMessage"]',
+        "ControllerTaskRole policies",
+    ),
+    ("controller.tf", '.modelsync/fleet.json"', '.modelsync/*"', "ControllerTaskRole policies"),
+    ("controller.tf", 'Action    = "kms:GenerateDataKey"', 'Action = "kms:*"', "ControllerTaskRole policies"),
+    ("controller.tf", 'Sid       = "EncryptTheFleetSize"', 'Sid = "Encrypt"', "ControllerTaskRole policies"),
+    ("controller.tf", "CONTROLLER_TOPIC_ARN    = one(", "CONTROLLER_TOPIC = one(", "container controller.environment"),
+    ("controller.tf", "if local.model_sync || !contains", "if !contains", "container controller.environment"),
+    ("controller.tf", "ServiceName           = var.service_name", 'ServiceName = "triton"',
+     "container controller.environment"),
+    ("controller.tf", "count               = local.model_sync ? 1 : 0", "count = 0", "alarms"),
+    ("iam.tf", '"sqs:ReceiveMessage", "sqs:DeleteMessage"]', '"sqs:ReceiveMessage", "sqs:DeleteMessage", '
+     '"sqs:CreateQueue"]', "TaskRole policies"),
+    ("../task-definition-modelsync.json", '"MODELSYNC_FANOUT", "value": "controller"',
+     '"MODELSYNC_FANOUT", "value": "self"', "container modelsync.environment"),
+    ("../task-definition-controller.json", '"CONTROLLER_PREFIX", "value": "${ModelSyncPrefix}"',
+     '"CONTROLLER_PREFIX", "value": ""', "container controller.environment"),
+]  # fmt: skip
 # GPU drains and the fleet's controller, compared on a cluster from zero (its own group) and on an existing one
 # with a group named: each edit of the module (or of the controller's task definition file) is a difference.
 GPU_DRAIN_DRIFTS = [
@@ -1833,7 +1888,7 @@ GPU_DRAIN_DRIFTS = [
         'Action = "autoscaling:*"',
         "ControllerTaskRole policies",
     ),
-    ("gpufaults.tf", "count = local.controller ? 1 : 0", "count = 0", "TaskRole policies"),
+    ("gpufaults.tf", "count = local.gpu_drain ? 1 : 0", "count = 0", "TaskRole policies"),
     ("gpufaults.tf", 'Action   = "sqs:SendMessage"', 'Action = "sqs:*"', "TaskRole policies"),
     ("controller.tf", "task/${var.cluster_name}/*", "task/*", "ControllerTaskRole policies"),
     (
@@ -1914,7 +1969,7 @@ GPU_DRAIN_DRIFTS = [
         "desired_count = 2",
         "service ControllerService.DesiredCount",
     ),
-    ("controller.tf", "image       = var.exporter_image", "image = var.triton_image", "container controller.image"),
+    ("controller.tf", "image = var.exporter_image", "image = var.triton_image", "container controller.image"),
     ("controller.tf", "CONTROLLER_STATE_BUCKET = one(", "CONTROLLER_STATE = one(", "container controller.environment"),
     (
         "../task-definition-controller.json",
@@ -2030,7 +2085,8 @@ CLUSTER_DRIFTS = [
             "container exporter.environment",
         )
     ]
-    + [(scenario, *d) for d in GPU_DRAIN_DRIFTS for scenario in ("cluster-gpu-drain", "gpu-drain-group")],
+    + [(scenario, *d) for d in GPU_DRAIN_DRIFTS for scenario in ("cluster-gpu-drain", "gpu-drain-group")]
+    + [("modelsync-drain", *d) for d in FANOUT_DRIFTS],
 )
 def test_a_drifted_module_fails_the_comparison(
     template, alarms_template, tmp_path: Path, scenario: str, path: str, old: str, new: str, expect: str
