@@ -67,7 +67,11 @@ BY = "controller"
 CAS_TRIES = 3
 IDENTITY_STALE = 60.0  # seconds a daemon holds its task ARN after its last report
 STALE = 60.0  # seconds without a report before a participant is lost
-CRASH_STOP_CODES = frozenset({"EssentialContainerExited"})  # DescribeTasks' stopCode of a crash
+# ECS's stop codes (Task.stopCode): TaskFailedToStart, EssentialContainerExited, UserInitiated,
+# ServiceSchedulerInitiated (a scale-in, a deployment, an instance's drain), SpotInterruption, TerminationNotice.
+# Only the essential container exiting by itself is a crash, and not on an instance being drained.
+CRASH_STOP_CODES = frozenset({"EssentialContainerExited"})
+DRAINING = "DRAINING"
 
 
 def short(sha: str) -> str:
@@ -89,15 +93,23 @@ class Seen:
 
 @dataclass
 class Stop:
-    """Why ECS stopped a task (DescribeTasks)."""
+    """Why ECS stopped (or is stopping) a task (DescribeTasks); ``code`` "" while ECS is not stopping it."""
 
     code: str
     reason: str
     exit_codes: dict[str, int]
+    instance_status: str = ""  # its container instance's status, read for a crash's stop code
 
     @property
     def crash(self) -> bool:
-        return self.code in CRASH_STOP_CODES
+        """The essential container exited by itself, on an instance not being drained (a drain, or the GPU fault
+        that drained it, is the instance's doing, not the artifact's)."""
+        return self.code in CRASH_STOP_CODES and self.instance_status != DRAINING
+
+    @property
+    def by_ecs(self) -> bool:
+        """ECS stops the task for its own reason (a scale-in, a deployment, a drain, a user, Spot): no crash."""
+        return bool(self.code) and not self.crash
 
 
 class Refused(Exception):
@@ -417,8 +429,18 @@ class RolloutDecider:
             if p.role != CANARY or ev.sha256 != r.artifact.sha256:
                 continue
             if ev.event == "triton_gone" and p.ready is not None:
+                try:
+                    stop = self.describe_stop(p.host)
+                except FleetError as exc:  # not counted on a guess: the daemon says it again next tick
+                    log.warning("rollout of %s: cannot tell whether ECS stops task %s: %s", model, p.host, exc)
+                    continue
                 p.lost = True
-                self._crash(r, p, f"its daemon says Triton is gone: {ev.reason[:200]}", out)
+                if stop is not None and stop.by_ecs:
+                    out.append(("participant lost", r, f"canary {p.host}: Triton is gone while ECS stops its task: "
+                                f"{stop.code} ({stop.reason[:200]}); not a crash: its slot is free", {},
+                                logging.WARNING))  # fmt: skip
+                else:
+                    self._crash(r, p, f"its daemon says Triton is gone: {ev.reason[:200]}", out)
                 return True
             if ev.event == "load_failed":
                 self.counts.rollouts_rejected += 1
@@ -533,9 +555,10 @@ class RolloutDecider:
 
 
 def _invalid(state: State | None) -> str:
-    """Why a parsed state may not be used as it is ("" when it may)."""
-    if state is not None and state.stable is None and (state.verdicts or state.rollout is not None):
-        return "it names no stable artifact beside its verdicts or rollout"
+    """Why a parsed state may not be used as it is ("" when it may). The controller never writes a state without a
+    stable artifact: one is a hand edit (``"stable": null``), repaired from the copy, never a fresh start."""
+    if state is not None and state.stable is None:
+        return "it names no stable artifact"
     return ""
 
 
@@ -563,7 +586,23 @@ def ecs_stop(ecs: Any, cluster: str) -> Callable[[str], Stop | None]:
             if t.get("taskArn") == task_arn:
                 codes = {str(c.get("name", "")): int(c["exitCode"]) for c in t.get("containers", [])
                          if isinstance(c.get("exitCode"), int)}  # fmt: skip
-                return Stop(str(t.get("stopCode", "")), str(t.get("stoppedReason", "")), codes)
+                stop = Stop(str(t.get("stopCode", "")), str(t.get("stoppedReason", "")), codes)
+                if stop.code in CRASH_STOP_CODES and t.get("containerInstanceArn"):
+                    stop.instance_status = _instance_status(ecs, cluster, str(t["containerInstanceArn"]))
+                return stop
         return None
 
     return describe
+
+
+def _instance_status(ecs: Any, cluster: str, arn: str) -> str:
+    """A container instance's status (ACTIVE, DRAINING, ...); "" when ECS no longer knows it or cannot say (then
+    the exit counts as a crash: a crash loop must stop, and a drained instance's exit is rare beside it)."""
+    try:
+        got = ecs.describe_container_instances(cluster=cluster, containerInstances=[arn])
+    except Exception as exc:
+        log.warning("rollouts: cannot read the status of container instance %s (ecs:DescribeContainerInstances): %s; "
+                    "its task's exit counts as a crash", arn, error_text(exc))  # fmt: skip
+        return ""
+    return next((str(c.get("status", "")) for c in got.get("containerInstances", [])
+                 if c.get("containerInstanceArn") == arn), "")  # fmt: skip

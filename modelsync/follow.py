@@ -78,14 +78,14 @@ class Follower(Rollouts):
         try:
             state, _ = self.ledger.read(name)
             problem = ""
-            if state is not None and state.stable is None and (state.verdicts or state.rollout is not None):
-                problem = "it names no stable artifact beside its verdicts or rollout"
+            if state is not None and state.stable is None:  # the controller never writes one: a hand edit
+                problem = "it names no stable artifact"
         except InvalidState as exc:
             state, problem = None, str(exc)
         except SyncError as exc:
             return Plan(None, reason=f"the rollout state cannot be read: {exc}", transient=True)
         if problem:
-            return self._from_copy(name, current, problem)
+            return self._from_copy(name, listed, current, problem)
         self._remember(name, state)
         try:
             return self._follow(name, listed, current, state)
@@ -95,7 +95,7 @@ class Follower(Rollouts):
     def _follow(self, name: str, listed: Archive, current: Served | None, state: State | None) -> Plan:
         if state is None or state.stable is None:
             if current is None:
-                copied = self._from_copy(name, current, "") if state is None else None
+                copied = self._from_copy(name, listed, current, "") if state is None else None
                 if copied is not None and copied.install is not None:
                     return copied
                 return Plan(listed, reason="the model's first artifact: installed at once (the controller records it)")
@@ -125,8 +125,10 @@ class Follower(Rollouts):
         role = CONTROL if mine is not None and not mine.lost and mine.role == CONTROL else ""
         return self._to_stable(name, state, current, f"{short(sha)} is the controller's to roll out", role)
 
-    def _from_copy(self, name: str, current: Served | None, problem: str) -> Plan:
-        """The state is unusable (or gone): the stable copy decides; nothing rejected is ever installed."""
+    def _from_copy(self, name: str, listed: Archive, current: Served | None, problem: str) -> Plan:
+        """The state is unusable (or gone): the stable copy decides; nothing rejected is ever installed. With no
+        copy (the controller never decided anything for the model, so nothing was rejected) a new host installs
+        S3's object, as for a model's first artifact: an unusable state never blocks new capacity."""
         if problem:
             self.conditions.set(f"rollout-state-{name}", f"rollout of {name}: the state is unusable ({problem}); "
                                 "following the controller's stable copy", model=name)  # fmt: skip
@@ -135,6 +137,9 @@ class Follower(Rollouts):
         except SyncError as exc:
             return Plan(None, reason=f"the rollout state and its stable copy cannot be used: {exc}", transient=True)
         if copy is None:
+            if current is None and problem:
+                return Plan(listed, reason="the rollout state is unusable and there is no stable copy (nothing was "
+                            "ever decided): S3's object installed, as a first artifact")  # fmt: skip
             return Plan(None, reason="the rollout state is unusable and there is no stable copy: kept", transient=True)
         state = State(name, copy.stable)
         return self._to_stable(name, state, current, "the rollout state is unusable" if problem else "no rollout "
