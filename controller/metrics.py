@@ -60,6 +60,8 @@ ROLLOUT_METRICS: tuple[Spec, ...] = (
     Spec("RolloutCrashes", "Count", "canaries whose Triton exited while serving a rollout's artifact (alarm: > 0)"),
     Spec("RolloutStateRepairs", "Count", "rollout states that did not parse or validate, rewritten from the copy"),
     Spec("RolloutReportsRefused", "Count", "rollout reports refused (malformed, another task's, a duplicate identity)"),
+    Spec("RolloutOperatorCommands", "Count", "operators' promotes and rejects applied (python -m modelsync rollout)"),
+    Spec("RolloutOperatorRefused", "Count", "operators' commands refused (a host's role, expired, --force missing)"),
 )
 ROLLOUT_NAMES = tuple(m.name for m in ROLLOUT_METRICS)
 
@@ -84,6 +86,8 @@ class Counts:
     rollout_crashes: int = 0
     rollout_state_repairs: int = 0
     rollout_reports_refused: int = 0
+    rollout_operator_commands: int = 0
+    rollout_operator_refused: int = 0
 
     def take(self) -> Counts:
         out = Counts(**{f.name: getattr(self, f.name) for f in fields(self)})
@@ -142,6 +146,8 @@ class Recorder:
                 "RolloutCrashes": float(counts.rollout_crashes),
                 "RolloutStateRepairs": float(counts.rollout_state_repairs),
                 "RolloutReportsRefused": float(counts.rollout_reports_refused),
+                "RolloutOperatorCommands": float(counts.rollout_operator_commands),
+                "RolloutOperatorRefused": float(counts.rollout_operator_refused),
             }
         props: dict[str, object] = {"service": "controller"}
         dims = dimensions_for(("cluster",), {"cluster": self.cluster}, props)

@@ -225,3 +225,53 @@ def parse_rollout(body: str | bytes) -> RolloutReport:
         counters=counters,
         reason=doc.text("reason", limit=1024, default="", printable=True),
     )
+
+
+# --- an operator's command (python -m modelsync rollout promote|reject, modelsync/rolloutcli.py) ---------------
+#
+#     {"type": "operator", "version": 1, "action": "promote" | "reject", "model": "<model>",
+#      "artifact": "<sha256, 8+ hex digits, or an S3 version id; '' for the default>", "force": false,
+#      "request": "<32 hex digits: the answer's key>", "claimed_by": "<user@host, as the operator's machine says>",
+#      "expires_at": 1760000000.0}
+#
+# The operator's identity is the message's SQS SenderId (the IAM user or role session that sent it), never
+# ``claimed_by``. The controller answers at ``<prefix>.modelsync/operator/<request>.json``.
+
+OPERATOR_ACTIONS = ("promote", "reject")
+
+
+@dataclass(frozen=True)
+class OperatorRequest:
+    action: str
+    model: str
+    artifact: str
+    force: bool
+    request: str
+    claimed_by: str
+    expires_at: float
+
+
+def parse_operator(body: str | bytes) -> OperatorRequest:
+    """An operator's command read as data; raises Malformed naming the field."""
+    doc = Doc(loads(body, MAX_MESSAGE_BYTES))
+    if doc.text("type", limit=64, printable=True) != "operator":
+        raise Malformed("type", "not an operator command")
+    doc.integer("version", 1, 1)
+    action = doc.text("action", limit=16, printable=True)
+    if action not in OPERATOR_ACTIONS:
+        raise Malformed("action", f"{action[:40]!r} is not one of {', '.join(OPERATOR_ACTIONS)}")
+    model = doc.text("model", limit=NAME_LIMIT, printable=True)
+    if not model or model.startswith(".") or "/" in model:
+        raise Malformed("model", "not a model name")
+    request = doc.text("request", limit=64, printable=True)
+    if len(request) != 32 or any(c not in "0123456789abcdef" for c in request):
+        raise Malformed("request", "not 32 hex digits")
+    return OperatorRequest(
+        action=action,
+        model=model,
+        artifact=doc.text("artifact", limit=1024, default="", printable=True),
+        force=doc.flag("force"),
+        request=request,
+        claimed_by=doc.text("claimed_by", limit=256, default="", printable=True),
+        expires_at=doc.number("expires_at", 0, 1e11),
+    )

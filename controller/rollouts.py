@@ -30,8 +30,9 @@ import hashlib
 import json
 import logging
 import math
+import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from modelsync.errors import SyncError
@@ -57,7 +58,7 @@ from modelsync.s3 import S3
 from .fanout import ServiceTask, task_id
 from .fleet import FleetError, error_text
 from .metrics import Counts
-from .reports import RolloutReport, cluster_name
+from .reports import OperatorRequest, RolloutReport, cluster_name
 from .rules import Rules, crashed, early_abort, judge
 from .verify import ROLE_SESSION
 
@@ -67,6 +68,8 @@ BY = "controller"
 CAS_TRIES = 3
 IDENTITY_STALE = 60.0  # seconds a daemon holds its task ARN after its last report
 STALE = 60.0  # seconds without a report before a participant is lost
+OPERATOR_SKEW = 30.0  # seconds an operator's command is still applied past its expiry (the two clocks differ)
+TASK_SESSION = re.compile(r"^[0-9a-f]{32}$")  # an ECS task id: the session name of every task role's session
 # ECS's stop codes (Task.stopCode): TaskFailedToStart, EssentialContainerExited, UserInitiated,
 # ServiceSchedulerInitiated (a scale-in, a deployment, an instance's drain), SpotInterruption, TerminationNotice.
 # Only the essential container exiting by itself is a crash, and not on an instance being drained.
@@ -146,6 +149,7 @@ class RolloutDecider:
         self.touched: set[str] = set()
         self.in_flight: set[str] = set()
         self.started = False
+        self.reporter_roles: set[str] = set()  # the role ids the daemons report under: never an operator's
 
     # --- reports -------------------------------------------------------------------------------------------
 
@@ -156,6 +160,8 @@ class RolloutDecider:
         m = ROLE_SESSION.match(sender_id)
         if m and m.group("session") != report.task_id:
             raise Refused("sender", f"sent by role session {m.group('session')[:80]!r}, not task {report.task_id}")
+        if m:
+            self.reporter_roles.add(sender_id.split(":", 1)[0])
         if tasks is None:
             return "kept"
         task = tasks.get(report.task_id)
@@ -184,6 +190,109 @@ class RolloutDecider:
             seen.events.setdefault(report.model, []).append(report)
         self.touched.add(report.model)
         return "taken"
+
+    # --- an operator's command ---------------------------------------------------------------------------------
+
+    def operate(self, req: OperatorRequest, sender_id: str) -> str:
+        """An operator's promote or reject (``python -m modelsync rollout``, modelsync/rolloutcli.py): applied to
+        the state under the operator's SQS identity, logged, counted and answered at
+        ``<prefix>.modelsync/operator/<request>.json``. ``applied`` or ``refused`` (answered either way, the message
+        is done), ``kept`` (S3 failed: the message is read again; a command already answered is not applied
+        twice). A task role's session (the hosts', which run model code) is never an operator."""
+        from modelsync.rolloutcli import UsageError, answer_key, apply, pick
+
+        key = answer_key(self.ledger.prefix, req.request)
+        try:
+            claimed = self._claim(key)
+            if claimed != "claimed":  # answered, or cancelled by the command that gave up waiting
+                log.info("operator's %s of %s (request %s): already %s", req.action, req.model, req.request, claimed)
+                return "applied"
+            role = sender_id.split(":", 1)[0]
+            m = ROLE_SESSION.match(sender_id)
+            if not sender_id or role in self.reporter_roles or (m and TASK_SESSION.match(m.group("session"))):
+                return self._refuse_operator(req, sender_id, key, f"sender {sender_id[:120] or 'unknown'} is an ECS "
+                                             "task's role session (the hosts'), not an operator")  # fmt: skip
+            now = self.ledger.now()
+            if now > req.expires_at + OPERATOR_SKEW:
+                return self._refuse_operator(req, sender_id, key, "it expired before the controller read it (the "
+                                             "command said the controller did not answer)")  # fmt: skip
+            who = f"operator {sender_id}"
+            for _ in range(CAS_TRIES):
+                try:
+                    state, etag = self.ledger.read(req.model)
+                    problem = _invalid(state)
+                except InvalidState as exc:
+                    state, etag, problem = None, "", str(exc)
+                if problem:
+                    if not self._repair(req.model, problem):
+                        return self._refuse_operator(req, sender_id, key, f"the state is unusable ({problem}) and "
+                                                     "there is no stable copy to repair it from")  # fmt: skip
+                    continue
+                if state is None or state.stable is None:
+                    return self._refuse_operator(req, sender_id, key, f"{req.model} has no rollout state yet")
+                try:
+                    artifact = pick(req.action, state, self._in_s3(req.model), req.artifact)
+                    new, reason = apply(req.action, state, artifact, now, who, req.force)
+                except UsageError as exc:
+                    return self._refuse_operator(req, sender_id, key, str(exc))
+                evidence = {"request": req.request, "sender_id": sender_id, "claimed_by": req.claimed_by,
+                            "force": req.force}  # fmt: skip
+                new.verdicts[-1] = replace(new.verdicts[-1], evidence=evidence)
+                try:
+                    self.ledger.write(new, etag)
+                except Conflict:
+                    continue
+                self.ledger.write_copy(new)
+                if new.rollout is None:
+                    self.in_flight.discard(req.model)
+                verdict = PROMOTED if req.action == "promote" else REJECTED
+                line = {"model": req.model, "artifact": artifact.sha256, "verdict": verdict, "by": who,
+                        "reason": reason, "request": req.request}  # fmt: skip
+                self._write_answer(key, {"status": "applied", "line": line})
+                self.counts.rollout_operator_commands += 1
+                log.warning("rollout of %s: %s by an operator (%s): %s", req.model, verdict, sender_id, reason,
+                            extra={"fields": {**line, "sender_id": sender_id, "evidence": evidence,
+                                              "previous": state.stable.sha256}})  # fmt: skip
+                return "applied"
+        except SyncError as exc:
+            log.error("operator's %s of %s: %s; read again from the queue", req.action, req.model, exc)
+            return "kept"
+        return "kept"
+
+    def _claim(self, key: str) -> str:
+        """``claimed`` (this controller applies the command; also when a pass of its own claimed it before and
+        failed midway), else the answer's status (``applied``, ``refused``, ``cancelled``: the command gave up
+        waiting and wrote it first). The claim and the command's cancel are both create-only writes: one wins."""
+        body = json.dumps({"status": "taking"}).encode()
+        try:
+            self.ledger.client.put_object(Bucket=self.ledger.bucket, Key=key, Body=body, IfNoneMatch="*",
+                                          ContentType="application/json")  # fmt: skip
+            return "claimed"
+        except Exception as exc:
+            if getattr(exc, "response", {}).get("Error", {}).get("Code", "") not in ("PreconditionFailed", "412"):
+                raise SyncError(f"cannot write s3://{self.ledger.bucket}/{key}: {error_text(exc)}") from None
+        try:
+            got = json.loads(self.ledger.client.get_object(Bucket=self.ledger.bucket, Key=key)["Body"].read(65536))
+        except Exception as exc:
+            raise SyncError(f"cannot read s3://{self.ledger.bucket}/{key}: {error_text(exc)}") from None
+        status = str(got.get("status", "")) if isinstance(got, dict) else ""
+        return "claimed" if status == "taking" else status or "answered"
+
+    def _write_answer(self, key: str, doc: dict[str, Any]) -> None:
+        body = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+        try:
+            self.ledger.client.put_object(Bucket=self.ledger.bucket, Key=key, Body=body, ContentType="application/json")
+        except Exception as exc:
+            raise SyncError(f"cannot write s3://{self.ledger.bucket}/{key}: {error_text(exc)}") from None
+
+    def _refuse_operator(self, req: OperatorRequest, sender_id: str, key: str, why: str) -> str:
+        self.counts.rollout_operator_refused += 1
+        log.warning("rollout of %s: operator's %s refused: %s", req.model, req.action, why,
+                    extra={"fields": {"model": req.model, "verdict": "operator refused", "action": req.action,
+                                      "sender_id": sender_id, "claimed_by": req.claimed_by,
+                                      "request": req.request, "reason": why[:1000]}})  # fmt: skip
+        self._write_answer(key, {"status": "refused", "reason": why[:2000]})
+        return "refused"
 
     # --- the pass --------------------------------------------------------------------------------------------
 

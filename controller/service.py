@@ -23,7 +23,7 @@ from .fanout import FanoutPass, ServiceFanout, ServiceTask
 from .fleet import Fleet, FleetError
 from .inbox import Inbox, Message
 from .metrics import Counts, Recorder
-from .reports import kind, parse, parse_rollout
+from .reports import kind, parse, parse_operator, parse_rollout
 from .rollouts import Refused as RolloutRefused
 from .rollouts import RolloutDecider
 from .state import Conflict, State, Store, StoreError
@@ -179,11 +179,26 @@ class Controller:
             return "refused"
         return "absorbed" if verdict == "taken" else "kept"
 
+    def _operator(self, message: Message) -> str:
+        """An operator's promote or reject (the decider applies, logs, counts and answers it)."""
+        assert self.rollouts is not None
+        try:
+            req = parse_operator(message.body)
+        except Malformed as exc:
+            self.counts.rollout_operator_refused += 1
+            self._refuse(message, "shape", f"not an operator command: {exc}", count=False)
+            return "refused"
+        done = self.rollouts.operate(req, message.sender_id)
+        return "kept" if done == "kept" else "absorbed"
+
     def handle(self, state: State, message: Message, now: float, live: dict[str, ServiceTask] | None = None) -> str:
         """``taken``, ``absorbed`` (a rollout report), ``refused`` or ``kept`` (read again later)."""
         try:
-            if self.rollouts is not None and kind(message.body) == "rollout":
+            what = kind(message.body) if self.rollouts is not None else ""
+            if what == "rollout":
                 return self._rollout(message, live)
+            if what == "operator":
+                return self._operator(message)
             report = parse(message.body)
             checked = check(report, message.sender_id, self.fleet, self.cluster)
             self.drains.report(state, checked, now)

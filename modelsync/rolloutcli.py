@@ -8,8 +8,18 @@
 
 ARTIFACT is a sha256 (or its first 8+ hex digits) or an S3 version id. Bucket and prefix come from the
 daemon's own flags and variables (``--bucket``/``MODELSYNC_BUCKET``, ``--prefix``/``MODELSYNC_PREFIX``), the
-credentials from the standard AWS chain; writing needs ``s3:PutObject`` on ``<prefix>.modelsync/*``.
-Exit codes: 0 done, 1 S3 failed, 2 a wrong command, model or artifact (the message says which).
+credentials from the standard AWS chain.
+
+Where the controller decides (``--rollouts on``; the model has a stable copy at
+``<prefix>.modelsync/stable/<model>.json``), promote and reject go through it: with ``--controller-queue-url``
+the command sends an ``operator`` message to its queue (the controller records the sender as SQS's SenderId
+names it), waits for its answer at ``<prefix>.modelsync/operator/<request>.json`` and prints it; without, it
+refuses to write the state behind the controller's back. In self mode it writes the state itself
+(``s3:PutObject`` on ``<prefix>.modelsync/*``). A promote that overrides a rejection made on evidence needs
+``--force`` and says so in its verdict.
+
+Exit codes: 0 done, 1 S3 or SQS failed or the controller did not answer, 2 a wrong command, model or artifact,
+or a refusal (the message says which).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import random
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -40,7 +51,9 @@ from .settings import OPTIONS, Settings
 # the command out of step with the daemons' cadence.
 OPERATOR_CAS_SECONDS = 30.0
 
-ROLLOUT_OPTIONS = tuple(o for o in OPTIONS if o.field in ("bucket", "prefix", "bake_seconds"))
+ROLLOUT_OPTIONS = tuple(o for o in OPTIONS if o.field in ("bucket", "prefix", "bake_seconds", "controller_queue_url"))
+OPERATOR_WAIT = 60.0  # seconds the command waits for the controller's answer; the command expires then
+ANSWER_DIR = ".modelsync/operator/"  # the controller's answers: <prefix>.modelsync/operator/<request>.json
 
 
 class UsageError(Exception):
@@ -57,12 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("model", nargs="?", default="", help="the model (or bundle); status: all when omitted")
     parser.add_argument("artifact", nargs="?", default="", help="sha256 (8+ hex digits) or S3 version id")
     parser.add_argument("--json", action="store_true", help="status as one JSON document")
+    parser.add_argument("--force", action="store_true", help="promote: override a rejection made on evidence")
+    parser.add_argument("--wait", type=float, default=OPERATOR_WAIT, help="seconds to wait for the controller's "
+                        "answer (with --controller-queue-url); the command expires unapplied then")  # fmt: skip
     add_options(parser, ROLLOUT_OPTIONS, Settings())
     return parser
 
 
 def main(argv: Sequence[str], environ: dict[str, str] | None = None, out: TextIO | None = None,
-         s3_client: Any = None) -> int:  # fmt: skip
+         s3_client: Any = None, sqs_client: Any = None) -> int:  # fmt: skip
     out = out or sys.stdout
     try:
         args, values = parse(build_parser(), ROLLOUT_OPTIONS, list(argv), os.environ if environ is None else environ)
@@ -78,11 +94,16 @@ def main(argv: Sequence[str], environ: dict[str, str] | None = None, out: TextIO
     client = s3_client or make_client("s3")
     bucket, prefix = values["bucket"], values.get("prefix", "")
     cli = RolloutCli(Ledger(client, bucket, prefix), S3(client, bucket, prefix), values.get("bake_seconds", 600.0))
+    queue_url = values.get("controller_queue_url", "")
     try:
         if args.action == "status":
             cli.status(args.model, args.json, out)
+        elif queue_url:
+            sqs = sqs_client or make_client("sqs", region_hint=_queue_region(queue_url))
+            cli.through_controller(args.action, args.model, args.artifact, args.force, sqs, queue_url, out,
+                                   max(1.0, min(600.0, args.wait)))  # fmt: skip
         else:
-            cli.decide(args.action, args.model, args.artifact, out)
+            cli.decide(args.action, args.model, args.artifact, out, args.force)
     except UsageError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
@@ -161,7 +182,14 @@ class RolloutCli:
 
     # --- promote / reject ----------------------------------------------------------------------------------
 
-    def decide(self, action: str, model: str, wanted: str, out: TextIO) -> None:
+    def decide(self, action: str, model: str, wanted: str, out: TextIO, force: bool = False) -> None:
+        """Self mode: the command writes the state itself (compare-and-swap against the daemons' writes)."""
+        if self.ledger.read_copy(model) is not None:
+            raise UsageError(
+                f"the rollouts of {model} are decided by the controller (python -m controller --rollouts on: "
+                f"s3://{self.ledger.bucket}/{self.ledger.copy_key(model)} exists): give --controller-queue-url "
+                "(CONTROLLER_QUEUE_URL) so that the command goes through it; nothing was written"
+            )
         who = f"operator {getpass.getuser()}@{socket.gethostname()}"
         deadline = time.monotonic() + OPERATOR_CAS_SECONDS
         for attempt in itertools.count():
@@ -176,17 +204,9 @@ class RolloutCli:
                     f"{model} has no rollout state yet (no artifact recorded as stable): there is nothing to "
                     f"{action}; the daemons record one when they first see the model with --canary-fraction"
                 )
-            artifact = self._pick(action, state, in_s3, wanted)
-            new = state.copy()
+            artifact = pick(action, state, in_s3, wanted)
             now = self.ledger.now()
-            if action == "promote":
-                new.add(Verdict(artifact.sha256, PROMOTED, now, who, "promoted by an operator"))
-                new.stable = artifact
-                new.rollout = None
-            else:
-                new.add(Verdict(artifact.sha256, REJECTED, now, who, "rejected by an operator"))
-                if new.rollout is not None and new.rollout.artifact.sha256 == artifact.sha256:
-                    new.rollout = None
+            new, _ = apply(action, state, artifact, now, who, force)
             try:
                 self.ledger.write(new, etag)
             except Conflict:  # a daemon wrote in between (each canary writes as it bakes): read again, a little later
@@ -198,37 +218,65 @@ class RolloutCli:
             return
         raise SyncError(f"the rollout state of {model} kept changing for {OPERATOR_CAS_SECONDS} s; try again")
 
-    def _pick(self, action: str, state: State, in_s3: Artifact | None, wanted: str) -> Artifact:
-        assert state.stable is not None
-        candidates = [a for a in (state.rollout.artifact if state.rollout else None, in_s3, state.stable) if a]
-        if wanted:
-            w = wanted.lower()
-            for a in candidates:
-                if (len(w) >= 8 and a.sha256.startswith(w)) or (a.version_id and a.version_id == wanted):
-                    chosen = a
-                    break
-            else:
-                known = ", ".join(f"{short(a.sha256)} (version {a.version_id or 'none'})" for a in candidates)
-                raise UsageError(f"artifact {wanted} of {state.model} is unknown: known are {known}")
-        elif state.rollout is not None:
-            chosen = state.rollout.artifact
-        elif in_s3 is not None and in_s3.sha256 != state.stable.sha256:
-            chosen = in_s3
-        else:
-            raise UsageError(
-                f"{state.model}: no rollout is in flight and S3 holds the stable artifact "
-                f"{short(state.stable.sha256)}: name the ARTIFACT to {action}"
-            )
-        if action == "reject" and chosen.sha256 == state.stable.sha256:
-            raise UsageError(
-                f"{short(chosen.sha256)} is the stable artifact of {state.model} (what the fleet serves): upload "
-                "the artifact to serve instead, or promote another one"
-            )
-        if action == "promote" and chosen.sha256 == state.stable.sha256:
-            raise UsageError(f"{short(chosen.sha256)} is already the stable artifact of {state.model}")
-        if action == "promote" and not chosen.version_id and chosen is not in_s3:
-            raise UsageError(f"{short(chosen.sha256)} has no S3 version id: it cannot be fetched by the hosts")
-        return chosen
+    # --- through the controller ------------------------------------------------------------------------------
+
+    def through_controller(self, action: str, model: str, wanted: str, force: bool, sqs: Any, queue_url: str,
+                           out: TextIO, wait: float = OPERATOR_WAIT) -> None:  # fmt: skip
+        """Send the command to the controller's queue and print its answer; it expires unapplied after ``wait``."""
+        request = uuid.uuid4().hex
+        doc = {
+            "type": "operator", "version": 1, "action": action, "model": model, "artifact": wanted, "force": force,
+            "request": request, "claimed_by": f"{getpass.getuser()}@{socket.gethostname()}",
+            "expires_at": round(time.time() + wait, 3),
+        }  # fmt: skip
+        try:
+            sqs.send_message(QueueUrl=queue_url, MessageBody=json.dumps(doc, separators=(",", ":")))
+        except Exception as exc:
+            raise SyncError(f"cannot send the command to the controller's queue {queue_url}: {exc}") from None
+        key = answer_key(self.ledger.prefix, request)
+        deadline = time.monotonic() + wait
+        cancelled = False
+        while True:
+            answer = self._answer(key)
+            status = answer.get("status") if answer is not None else None
+            if status == "applied" and answer is not None:
+                out.write(json.dumps(answer.get("line", answer), sort_keys=True) + "\n")
+                return
+            if status == "refused" and answer is not None:
+                raise UsageError(f"the controller refused: {answer.get('reason', '')}")
+            if time.monotonic() >= deadline:
+                if status is None and not cancelled and self._cancel(key):
+                    raise SyncError(
+                        f"the controller did not answer within {wait:.0f} s: it is not running, or runs without "
+                        f"--rollouts on; the command is cancelled (s3://{self.ledger.bucket}/{key}) and will not apply"
+                    )
+                if cancelled:
+                    raise SyncError(f"the controller took the command but did not answer within {wait + 10:.0f} s: "
+                                    f"see python -m modelsync rollout status {model}")  # fmt: skip
+                cancelled, deadline = True, time.monotonic() + 10.0  # the controller claimed it: its answer is near
+            time.sleep(0.5)
+
+    def _cancel(self, key: str) -> bool:
+        """Write the cancel before the controller claims the command (create-only: exactly one of them wins)."""
+        try:
+            self.ledger.client.put_object(Bucket=self.ledger.bucket, Key=key, IfNoneMatch="*",
+                                          Body=b'{"status":"cancelled"}', ContentType="application/json")  # fmt: skip
+            return True
+        except Exception as exc:
+            if str(getattr(exc, "response", {}).get("Error", {}).get("Code", "")) in ("PreconditionFailed", "412"):
+                return False
+            raise SyncError(f"cannot cancel the command at s3://{self.ledger.bucket}/{key}: {exc}") from None
+
+    def _answer(self, key: str) -> dict[str, Any] | None:
+        try:
+            body = self.ledger.client.get_object(Bucket=self.ledger.bucket, Key=key)["Body"].read(64 * 1024)
+        except Exception as exc:
+            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+            if code in ("NoSuchKey", "404"):
+                return None
+            raise SyncError(f"cannot read the controller's answer s3://{self.ledger.bucket}/{key}: {exc}") from None
+        got = json.loads(body)
+        return got if isinstance(got, dict) else None
 
     def _in_s3(self, model: str) -> Artifact | None:
         listed = self.s3.find(model)
@@ -247,6 +295,82 @@ class RolloutCli:
             f"no model {model!r} in s3://{self.s3.bucket}/{self.s3.prefix} (neither an object nor a rollout "
             f"state); models with a rollout state: {known}"
         )
+
+
+def answer_key(prefix: str, request: str) -> str:
+    return f"{prefix}{ANSWER_DIR}{request}.json"
+
+
+def overridden(state: State, artifact: Artifact) -> Verdict | None:
+    """The rejection made on evidence (by a daemon or the controller, not an operator) that promoting
+    ``artifact`` would override; None when there is none."""
+    v = state.rejected(artifact.sha256)
+    return v if v is not None and not v.by.startswith("operator") else None
+
+
+def apply(action: str, state: State, artifact: Artifact, now: float, who: str, force: bool) -> tuple[State, str]:
+    """The state after an operator's promote or reject, and its verdict's reason; raises UsageError when a
+    promote would override a rejection made on evidence without ``force``."""
+    new = state.copy()
+    if action == "promote":
+        over = overridden(state, artifact)
+        reason = "promoted by an operator"
+        if over is not None:
+            when = _when(over.at)
+            said = f"{short(artifact.sha256)} was rejected on evidence at {when} by {over.by}: {over.reason[:300]}"
+            if not force:
+                raise UsageError(f"{said}; promoting it overrides that rejection: add --force to do so")
+            reason = f"promoted by an operator with --force, overriding a rejection on evidence ({said})"
+        new.add(Verdict(artifact.sha256, PROMOTED, now, who, reason))
+        new.stable = artifact
+        new.rollout = None
+    else:
+        reason = "rejected by an operator"
+        new.add(Verdict(artifact.sha256, REJECTED, now, who, reason))
+        if new.rollout is not None and new.rollout.artifact.sha256 == artifact.sha256:
+            new.rollout = None
+    return new, reason
+
+
+def pick(action: str, state: State, in_s3: Artifact | None, wanted: str) -> Artifact:
+    """The artifact an operator names (default: the rollout in flight, else S3's object); raises UsageError."""
+    assert state.stable is not None
+    candidates = [a for a in (state.rollout.artifact if state.rollout else None, in_s3, state.stable) if a]
+    if wanted:
+        w = wanted.lower()
+        for a in candidates:
+            if (len(w) >= 8 and a.sha256.startswith(w)) or (a.version_id and a.version_id == wanted):
+                chosen = a
+                break
+        else:
+            known = ", ".join(f"{short(a.sha256)} (version {a.version_id or 'none'})" for a in candidates)
+            raise UsageError(f"artifact {wanted} of {state.model} is unknown: known are {known}")
+    elif state.rollout is not None:
+        chosen = state.rollout.artifact
+    elif in_s3 is not None and in_s3.sha256 != state.stable.sha256:
+        chosen = in_s3
+    else:
+        raise UsageError(
+            f"{state.model}: no rollout is in flight and S3 holds the stable artifact "
+            f"{short(state.stable.sha256)}: name the ARTIFACT to {action}"
+        )
+    if action == "reject" and chosen.sha256 == state.stable.sha256:
+        raise UsageError(
+            f"{short(chosen.sha256)} is the stable artifact of {state.model} (what the fleet serves): upload "
+            "the artifact to serve instead, or promote another one"
+        )
+    if action == "promote" and chosen.sha256 == state.stable.sha256:
+        raise UsageError(f"{short(chosen.sha256)} is already the stable artifact of {state.model}")
+    if action == "promote" and not chosen.version_id and chosen is not in_s3:
+        raise UsageError(f"{short(chosen.sha256)} has no S3 version id: it cannot be fetched by the hosts")
+    return chosen
+
+
+def _queue_region(url: str) -> str:
+    """``https://sqs.<region>.amazonaws.com/...`` -> region ("" for any other form)."""
+    host = url.split("://", 1)[-1].split("/", 1)[0]
+    parts = host.split(".")
+    return parts[1] if len(parts) > 3 and parts[0] == "sqs" else ""
 
 
 def _when(t: float) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from moto import mock_aws
 
 from controller.fanout import ServiceTask, task_id
 from controller.metrics import Counts
-from controller.reports import RolloutReport
+from controller.reports import OperatorRequest, RolloutReport
 from controller.rollouts import Refused, RolloutDecider, Stop
 from controller.rules import Rules
 from modelsync.ledger import CANARY, REJECTED, Artifact, InvalidState, Ledger, State
@@ -307,3 +308,45 @@ def test_canaries_go_to_distinct_instances_where_there_are_several() -> None:
         canaries = w.canaries()
         assert len(canaries) == 2
         assert len({w.tasks[task_id(a)].container_instance_arn for a in canaries}) == 2
+
+
+# --- operators ---------------------------------------------------------------------------------------------------
+
+
+def _command(action: str, force: bool = False, expires: float = 2e9) -> OperatorRequest:
+    return OperatorRequest(action, MODEL, "", force, uuid.uuid4().hex, "alice@laptop", expires)
+
+
+@pytest.mark.parametrize(
+    "sender",
+    [
+        "AROAEXAMPLE:0123456789abcdef0123456789abcdef",  # an ECS task role's session (named after the task id)
+        "AROAEXAMPLE:ops-session",  # the role the hosts report under, whatever the session's name
+        "",
+    ],
+)
+def test_a_hosts_role_is_never_an_operator(world: World, sender: str) -> None:
+    v1, _ = _reject(world)
+    assert world.decider.operate(_command("promote", force=True), sender) == "refused"
+    assert world.state()["stable"]["sha256"] == v1.sha256 and world.counts.rollout_operator_refused == 1
+
+
+def test_an_operators_promote_over_evidence_needs_force_and_updates_the_copy(world: World) -> None:
+    v1, v2 = _reject(world)
+    assert world.decider.operate(_command("promote"), "AIDAOPERATOR") == "refused"
+    assert world.state()["stable"]["sha256"] == v1.sha256
+    cmd = _command("promote", force=True)
+    assert world.decider.operate(cmd, "AIDAOPERATOR") == "applied"
+    assert world.decider.operate(cmd, "AIDAOPERATOR") == "applied"  # redelivered: answered once, applied once
+    state = world.state()
+    assert state["stable"]["sha256"] == v2.sha256 and state["verdicts"][-1]["by"] == "operator AIDAOPERATOR"
+    assert len(state["verdicts"]) == 2 and world.counts.rollout_operator_commands == 1
+    assert world.copy() == {"format": 1, "model": MODEL, "stable": v2.to_json(), "rejected": []}
+    _overwrite(world, b"{not json")  # a later repair falls back to what the operator promoted
+    world.step()
+    assert world.state()["stable"]["sha256"] == v2.sha256
+
+
+def test_an_expired_command_is_refused(world: World) -> None:
+    _reject(world)
+    assert world.decider.operate(_command("promote", True, expires=world.clock.now - 60), "AIDAOPERATOR") == "refused"
