@@ -8,7 +8,11 @@ default thresholds.
 2. a harmful one (every request fails): when the canary served it, when the canary was back on the previous
    artifact, and whether any other host ever answered from it or failed a request;
 3. the reference, in the same run: the same fleet with ``--canary-fraction 0`` (today's fan-out: every host
-   at once), upload to every host serving it.
+   at once), upload to every host serving it;
+4. the controller deciding (``python -m controller --rollouts on``, the daemons in ``--rollouts controller``
+   mode, each an ECS task on moto): the harmful artifact at the default bake (600 s): seconds from the PUT to
+   the rejection (only the early abort can be this quick; goal <= 90 s) and failed requests outside the canary
+   (goal 0), beside the self-mode figures of 2.
 
 The goal (issue 27): the good one on one host first and on all within bake + 30 s; the harmful one back to
 the previous version on the canary within bake + 30 s, never on the other hosts. Times are from the PUT,
@@ -129,17 +133,20 @@ def decisions(fleet: Fleet, model: str, wall0: float, mono0: float) -> dict[str,
 def rollout(fleet: Fleet, model: str, add: float, behaviour: str, timeout: float) -> dict[str, Any]:
     """Upload v(add) of ``model`` (serving v1 under traffic) and watch it until it settles."""
     wall0, mono0 = time.time(), time.monotonic()
+    rejected_s = math.nan
     fleet.upload(model, rollout_files(model, add, behaviour))
     if behaviour == "ok":
         wait_for(lambda: fleet.answers(model) == [add] * len(fleet.hosts), timeout=timeout, step=0.1)
     else:
         wait_for(lambda: "rejected" in [v["verdict"] for v in (fleet.state(model) or {}).get("verdicts", [])],
                  timeout=timeout, step=0.2)  # fmt: skip
+        rejected_s = round(time.monotonic() - mono0, 2)
         wait_for(lambda: fleet.answers(model) == [1.0] * len(fleet.hosts), timeout=timeout, step=0.1)
     time.sleep(2.0)  # traffic after the end, on every host
     first = first_answer(fleet, model, add, mono0)
     return {
         "behaviour": behaviour,
+        "rejected_s": rejected_s if behaviour != "ok" else None,
         "first_new_answer_s": first,  # a failing build never answers: then "serve" is its first failure
         "first_failure_s": {
             h.name: next(
@@ -206,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(3.0)
             results["reference"] = rollout(fleet, model, 2.0, "ok", timeout=120)
             fleet.stop_traffic(model)
+            fleet.close()
+            results["controller"] = controller_harmful(moto, Path(tmp) / "controller", args)
         finally:
             fleet.close()
             server.stop()
@@ -234,6 +243,35 @@ def main(argv: list[str] | None = None) -> int:
         args.timeline.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         print(f"timeline written to {args.timeline}")
     return 0
+
+
+def controller_harmful(moto: Moto, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The harmful artifact with the controller deciding, at the default bake (600 s)."""
+    from tests.integration.controller.test_controller_rollouts import ControlledFleet, _transition
+
+    _transition(moto, "/moto-api/state-manager/set-transition",
+                {"model_name": "ecs::task", "transition": {"progression": "manual", "times": 1_000_000}})  # fmt: skip
+    root.mkdir()
+    fleet = ControlledFleet(moto, root, args.hosts)
+    try:
+        fleet.flags["canary-fraction"] = str(args.fraction)  # warned and ignored: the controller's decides
+        fleet.start_controller(canary_fraction=args.fraction, bake_min_requests=args.min_requests,
+                               max_latency_ratio=1.5)  # fmt: skip
+        fleet.start_all()
+        model = "bench-ctl-harmful"
+        fleet.upload(model, rollout_files(model, 1.0))
+        wait_for(lambda: fleet.answers(model) == [1.0] * len(fleet.hosts), timeout=180, step=0.3)
+        wait_for(lambda: (fleet.state(model) or {}).get("stable") is not None, timeout=60)
+        fleet.traffic(model)
+        time.sleep(3.0)
+        out = rollout(fleet, model, 3.0, "fail", timeout=150)
+        fleet.stop_traffic(model)
+        out["controller_decisions"] = [
+            {k: d.get(k) for k in ("verdict", "reason", "ts")} for d in fleet.decisions(model)
+        ]
+        return out
+    finally:
+        fleet.close()
 
 
 def _max(values: dict[str, float | None]) -> float:
@@ -268,8 +306,19 @@ def report(results: dict[str, Any], args: argparse.Namespace, goal: float) -> No
     print(f"    failed requests outside the canary                {sum(outside.values()):7d}   {outside}")
     print(f"    failed requests on the canary                     {bad['failed_requests'].get(bad_canary or '', 0):7d}")
     print(f"    verdicts                                          {bad['verdicts']}")
+    print(f"    rejected (self mode, --bake-seconds {args.bake:g})               {bad['rejected_s']:7.2f}")
     print("  reference: --canary-fraction 0 (every host at once, today's fan-out)")
     print(f"    every host serves the new artifact                {_max(ref['first_new_answer_s']):7.2f}")
+    ctl = results["controller"]
+    failing = {h: n for h, n in ctl["failed_requests"].items() if n}
+    canary = max(failing, key=lambda h: failing[h]) if failing else ""
+    outside = sum(n for h, n in ctl["failed_requests"].items() if h != canary)
+    print("  harmful artifact, the controller deciding (python -m controller --rollouts on), --bake-seconds 600")
+    print(f"    rejected (the early abort)                        {ctl['rejected_s']:7.2f}   (goal <= 90)")
+    print(f"    hosts that ever failed a request                  {len(failing):7d}   ({', '.join(failing)})")
+    print(f"    failed requests outside the canary                {outside:7d}   (goal 0)")
+    print(f"    failed requests on the canary                     {failing.get(canary, 0):7d}")
+    print(f"    verdicts                                          {ctl['verdicts']}")
 
 
 if __name__ == "__main__":
