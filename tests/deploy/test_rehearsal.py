@@ -22,15 +22,19 @@ What runs:
   server on the task network's gateway, where the containers reach it): the init container
   gives the volumes ECS creates as root to the daemon's user, the daemon installs the
   bucket's model and turns HEALTHY, Triton starts only then and serves it, an upload
-  announced on the topic is served within seconds, and at the task's stop the daemon's own
-  queue is gone;
+  announced on the topic is served within seconds through the task's queue, and at the task's
+  stop that queue is gone. The queue is the controller's (MODELSYNC_FANOUT=controller): the
+  controller's own fan-out code (controller/fanout.py) makes it, subscribed, for the task as
+  ECS would list it, publishes the fleet's size, and removes the queue once the task stopped;
 * the same task with safe rollouts on (CanaryFraction): a build that fails every request is
   rejected on the evidence of the task's own Triton and the previous build serves again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import secrets
 import socket
 import threading
 import time
@@ -46,6 +50,7 @@ import tritonclient.grpc as grpcclient
 from cfnlint.decode.cfn_yaml import load as load_cfn_yaml
 from tritonclient.utils import InferenceServerException
 
+from controller.fanout import FleetSize, ServiceTask, TaskQueues
 from telemetry.emf_validate import validate
 from tests.deploy.test_deploy import SAMPLE, TASK_DEF, substitute
 from tests.deploy.test_stack import STACK, mk, stack_taskdef
@@ -60,6 +65,8 @@ from tests.support.ecs_local import (
     host_path,
     run_task,
     start_order,
+    task_arn,
+    task_id,
 )
 from tests.support.msync import Moto, make_zip, model_files, rollout_files, sha, upload
 from tests.support.paths import REPO
@@ -420,6 +427,30 @@ def _announce(moto: Moto, topic: str, bucket: str, key: str) -> None:
     moto.client("sns").publish(TopicArn=topic, Message=json.dumps(event))
 
 
+@contextlib.contextmanager
+def the_controllers_fanout(moto: Moto, td: dict[str, Any], opts: Any, topic: str, bucket: str) -> Iterator[str]:
+    """What the deployed controller does for one Triton task (CONTROLLER_TOPIC_ARN, the daemons'
+    CONTROLLER_QUEUE_NAME_PREFIX, CONTROLLER_BUCKET/PREFIX), with its own code against moto: the task's queue
+    made, secured and subscribed as soon as ECS has placed the task, the fleet's size published; once the task
+    stopped (ECS no longer lists it), its queue and subscription removed. Yields the task's name for run_task."""
+    daemon = env_dict(next(c for c in td["containerDefinitions"] if c["name"] == "modelsync"))
+    assert daemon["MODELSYNC_FANOUT"] == "controller"  # the daemon only reads the queue: someone must make it
+    name = f"rh-sync-{secrets.token_hex(4)}"
+    tid, prefix = task_id(name), daemon["MODELSYNC_QUEUE_NAME_PREFIX"]
+    ecs = moto.client("ecs")
+    ecs.create_cluster(clusterName=opts.cluster)
+    # One service per task here (the fixtures' tasks share moto, the cluster and the queue prefix): the controller
+    # of one never removes another's queue (its tags name another service).
+    service = f"triton-{name}"
+    queues = TaskQueues(opts.cluster, service, topic, prefix, ecs, moto.client("sqs"), moto.client("sns"))
+    made = queues.reconcile({tid: ServiceTask(task_arn(name, opts.cluster), tid, "PENDING")})
+    assert (made.created, made.subscribed, made.failures) == ([prefix + tid], [prefix + tid], 0)
+    assert FleetSize(moto.client("s3"), bucket, daemon["MODELSYNC_PREFIX"], opts.cluster, service).publish(1, 1)
+    yield name
+    gone = queues.reconcile({})
+    assert (gone.deleted, gone.failures) == ([prefix + tid], 0)
+
+
 @pytest.fixture(scope="module")
 def synced(
     rehearsal: Rehearsal, task_moto: Moto, tmp_path_factory: pytest.TempPathFactory
@@ -442,10 +473,13 @@ def synced(
         environment={"modelsync": aws | {"MODELSYNC_TOPIC_ARN": topic}},
     )
     assert not host_path(opts, "/opt/triton-models").exists()  # a fresh instance: no manual step
-    with run_task(rehearsal.docker, td, opts) as task:
+    with (
+        the_controllers_fanout(task_moto, td, opts, topic, bucket) as name,
+        run_task(rehearsal.docker, td, opts, name=name) as task,
+    ):
         task.wait_for("triton-server", health="healthy", timeout=180)
         yield task, task_moto, topic, bucket
-    # After the task's stop (SIGTERM, stopTimeout): the daemon deleted its own queue and subscription.
+    # After the task's stop (SIGTERM, stopTimeout) the controller removed its queue and subscription.
     prefix = env_dict(task.containers["modelsync"])["MODELSYNC_QUEUE_NAME_PREFIX"]
     assert task_moto.client("sqs").list_queues(QueueNamePrefix=prefix).get("QueueUrls", []) == []
     assert task_moto.client("sns").list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
@@ -497,7 +531,8 @@ def test_model_sync_urls_connect_from_inside_their_containers(synced: tuple[Task
 
 
 def test_an_upload_announced_on_the_topic_is_served_within_seconds(synced: tuple[Task, Moto, str, str]) -> None:
-    """The daemon reconciles every 300 s: only the fan-out (its own queue on the topic) makes this fast."""
+    """The daemon reconciles every 300 s: only the fan-out (its task's queue on the topic, made by the controller)
+    makes this fast."""
     task, moto, topic, bucket = synced
     v2 = make_zip(model_files("add", 2))
     upload(moto, bucket, "triton/add.zip", v2)
@@ -526,7 +561,10 @@ def test_the_json_task_definition_with_model_sync_runs_the_same(
     )
     aws = aws_for(task_moto)
     opts = rehearsal.options(tmp_path, fake_gpu=NO_GPU, environment={"modelsync": aws}, secrets=SECRETS)
-    with run_task(rehearsal.docker, td, opts) as task:
+    with (
+        the_controllers_fanout(task_moto, td, opts, topic, bucket) as name,
+        run_task(rehearsal.docker, td, opts, name=name) as task,
+    ):
         task.wait_for("triton-server", health="healthy", timeout=180)
         assert [e.split()[1] for e in task.events if e.startswith("started")] == SYNC_ORDER
         assert infer_add(task) == 2.0
@@ -554,7 +592,11 @@ def rolling(
         secrets=SECRETS,
         environment={"modelsync": aws_for(task_moto) | {"MODELSYNC_TOPIC_ARN": topic}},
     )
-    with run_task(rehearsal.docker, td, opts) as task:
+    # The canary share is sized from the controller's count of running tasks (fleet.json): this one.
+    with (
+        the_controllers_fanout(task_moto, td, opts, topic, bucket) as name,
+        run_task(rehearsal.docker, td, opts, name=name) as task,
+    ):
         task.wait_for("triton-server", health="healthy", timeout=180)
         yield task, task_moto, topic, bucket
 

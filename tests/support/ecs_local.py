@@ -52,6 +52,7 @@ local one.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.client
 import json
 import os
@@ -925,12 +926,22 @@ def _should_restart(task: Task, c: Mapping[str, Any], state: State) -> bool:
 # --- the task metadata endpoint (v4): what containers read of it --------------------------------
 
 
+def task_id(task_name: str) -> str:
+    """The task's id in its ARN: 32 hex digits, as ECS's (model sync names its fan-out queue after it), derived
+    from the task's name so that a test knows it before the task starts."""
+    return hashlib.sha256(task_name.encode()).hexdigest()[:32]
+
+
+def task_arn(task_name: str, cluster: str) -> str:
+    return f"arn:aws:ecs:local:000000000000:task/{cluster}/{task_id(task_name)}"
+
+
 def _metadata_server(task: Task, host: str) -> ThreadingHTTPServer:
     def task_doc() -> dict[str, Any]:
         cluster = task.options.cluster
         return {
             "Cluster": cluster,
-            "TaskARN": f"arn:aws:ecs:local:000000000000:task/{cluster}/{task.name}",
+            "TaskARN": task_arn(task.name, cluster),
             "Family": task.definition.get("family", ""),
             "Revision": "1",
             "DesiredStatus": "RUNNING",
