@@ -45,23 +45,27 @@ scan files "${args[@]}" "$@"
 # The Terraform module as a directory, so checkov resolves the examples/ module call, variables and
 # locals (checkov ignores --file arguments once --directory is given, hence a second run).
 scan module --framework terraform terraform_json --directory deploy/terraform "$@"
-# The optional cluster (CreateCluster / create_cluster, off by default) and the fleet's controller (GpuFaultAction /
-# gpu_fault_action = drain, report by default): checkov leaves out what a condition or a count that is false with
-# the defaults creates, so a copy with both on by default is scanned too.
+# The optional cluster (CreateCluster / create_cluster, off by default) and the fleet's controller with both its
+# jobs (GpuFaultAction / gpu_fault_action = drain, report by default; model sync's fan-out with a bucket,
+# ModelSyncBucketName / model_sync_bucket_name, empty by default): checkov leaves out what a condition or a count
+# that is false with the defaults creates, so a copy with all of them on by default is scanned too.
 mkdir -p "$on/deploy" "$on/dashboards"
 cp -r deploy/terraform "$on/deploy/"
 cp deploy/*.json deploy/user-data.sh "$on/deploy/"
 cp dashboards/triton.json.tftpl "$on/dashboards/"
 sed -e '/^  CreateCluster:$/,/^    Default:/ s/Default: "false"/Default: "true"/' \
-    -e '/^  GpuFaultAction:$/,/^    Default:/ s/Default: report$/Default: drain/' deploy/stack.yaml >"$on/deploy/stack.yaml"
-sed '/^variable "gpu_fault_action" {$/,/^}$/ s/default     = "report"/default     = "drain"/' \
+    -e '/^  GpuFaultAction:$/,/^    Default:/ s/Default: report$/Default: drain/' \
+    -e '/^  ModelSyncBucketName:$/,/^    Default:/ s/Default: ""$/Default: example-models/' deploy/stack.yaml >"$on/deploy/stack.yaml"
+sed -e '/^variable "gpu_fault_action" {$/,/^}$/ s/default     = "report"/default     = "drain"/' \
+    -e '/^variable "model_sync_bucket_name" {$/,/^}$/ s/default     = ""$/default     = "example-models"/' \
   deploy/terraform/variables.tf >"$on/deploy/terraform/variables.tf"
 sed '/^variable "create_cluster" {$/,/^}$/ s/default     = false/default     = true/' \
   deploy/terraform/examples/main.tf >"$on/deploy/terraform/examples/main.tf"
 if cmp -s deploy/stack.yaml "$on/deploy/stack.yaml" || cmp -s deploy/terraform/examples/main.tf "$on/deploy/terraform/examples/main.tf" \
   || cmp -s deploy/terraform/variables.tf "$on/deploy/terraform/variables.tf" \
-  || ! grep -q '^    Default: drain$' "$on/deploy/stack.yaml"; then
-  echo "checkov.sh: could not turn CreateCluster / create_cluster and GpuFaultAction / gpu_fault_action on in the copy" >&2
+  || ! grep -q '^    Default: drain$' "$on/deploy/stack.yaml" || ! grep -q '^    Default: example-models$' "$on/deploy/stack.yaml" \
+  || ! grep -q 'default     = "example-models"' "$on/deploy/terraform/variables.tf"; then
+  echo "checkov.sh: could not turn CreateCluster, GpuFaultAction and ModelSyncBucketName (and their variables) on in the copy" >&2
   wait
   exit 2
 fi
