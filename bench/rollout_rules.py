@@ -32,6 +32,8 @@ def rejected(n: int, pc: float, pb: float) -> float:
 if __name__ == "__main__":
     print(f"baseline failure probability {BASE:.1%}, --max-failure-increase {INCREASE:g}, n requests on each side")
     for n in (100, 1000):
-        print(f"n={n:>5}: false reject (no regression) {rejected(n, BASE, BASE):.2%}; "
-              f"miss of a +1 % regression {1 - rejected(n, BASE + 0.01, BASE):.1%}; "
-              f"miss of a +2 % regression {1 - rejected(n, BASE + 0.02, BASE):.1%}")
+        print(
+            f"n={n:>5}: false reject (no regression) {rejected(n, BASE, BASE):.2%}; "
+            f"miss of a +1 % regression {1 - rejected(n, BASE + 0.01, BASE):.1%}; "
+            f"miss of a +2 % regression {1 - rejected(n, BASE + 0.02, BASE):.1%}"
+        )
