@@ -38,13 +38,24 @@ locals {
     CONTROLLER_TOPIC_ARN    = one(aws_sns_topic.modelsync[*].arn)
   }
   # The fan-out's variables of the file: only with model sync (the stack's !If ModelSyncEnabled).
+  # Safe rollouts (canary_fraction > 0): the controller decides them for the daemons (MODELSYNC_ROLLOUTS=controller),
+  # after the file's variables, as the stack has them.
+  controller_rollout_environment = local.rollouts ? [for name, value in {
+    CONTROLLER_ROLLOUTS             = "on"
+    CONTROLLER_CANARY_FRACTION      = var.canary_fraction
+    CONTROLLER_BAKE_SECONDS         = tostring(var.bake_seconds)
+    CONTROLLER_BAKE_MIN_REQUESTS    = tostring(var.bake_min_requests)
+    CONTROLLER_MAX_FAILURE_INCREASE = var.max_failure_increase
+    CONTROLLER_MAX_LATENCY_RATIO    = var.max_latency_ratio
+    CONTROLLER_MAX_FAILURE_RATIO    = var.max_failure_ratio
+  } : { name = name, value = value }] : []
   controller_fanout_variables = ["CONTROLLER_SERVICE", "CONTROLLER_TOPIC_ARN", "CONTROLLER_QUEUE_NAME_PREFIX", "CONTROLLER_BUCKET", "CONTROLLER_PREFIX"]
   controller_containers = [for c in local.controller_task_definition.containerDefinitions : merge(c, {
     image = var.exporter_image
-    environment = [
+    environment = concat([
       for e in c.environment : { name = e.name, value = lookup(local.controller_environment, e.name, e.value) }
       if local.model_sync || !contains(local.controller_fanout_variables, e.name)
-    ]
+    ], local.controller_rollout_environment)
     # The module creates the group, so the awslogs driver creates none (and the execution role may not).
     logConfiguration = merge(c.logConfiguration, {
       options = merge(
@@ -392,6 +403,55 @@ resource "aws_iam_role_policy" "controller_task" {
         Sid       = "EncryptTheFleetSize"
         Effect    = "Allow"
         Action    = "kms:GenerateDataKey"
+        Resource  = var.model_bucket_kms_key_arn
+        Condition = { StringEquals = { "kms:ViaService" = "s3.${local.region}.amazonaws.com" } }
+      }] : [],
+      # Safe rollouts (canary_fraction > 0, controller/rollouts.py): each model's state (<prefix>.modelsync/rollouts/,
+      # conditional writes), its stable copy (stable/) and the operators' answers (operator/, create-only), read and
+      # written by the controller alone; the artifacts a rollout names (HEAD by version id, the sha256 tag), listed
+      # under the prefix only; the bucket's versioning (checked at start: a rejected artifact's predecessor is
+      # pinned to its version).
+      local.rollouts ? [
+        {
+          Sid    = "DecideTheRollouts"
+          Effect = "Allow"
+          Action = ["s3:GetObject", "s3:PutObject"]
+          Resource = [for folder in ["rollouts", "stable", "operator"] :
+          "arn:${local.partition}:s3:::${var.model_sync_bucket_name}/${var.model_sync_prefix}.modelsync/${folder}/*"]
+        },
+        {
+          Sid      = "ReadTheRolledOutArtifacts"
+          Effect   = "Allow"
+          Action   = ["s3:GetObject", "s3:GetObjectVersion", "s3:GetObjectTagging", "s3:GetObjectVersionTagging"]
+          Resource = "arn:${local.partition}:s3:::${var.model_sync_bucket_name}/${var.model_sync_prefix}*"
+        },
+        {
+          Sid       = "ListTheModelPrefix"
+          Effect    = "Allow"
+          Action    = "s3:ListBucket"
+          Resource  = "arn:${local.partition}:s3:::${var.model_sync_bucket_name}"
+          Condition = { StringLike = { "s3:prefix" = "${var.model_sync_prefix}*" } }
+        },
+        {
+          Sid      = "CheckTheBucketIsVersioned"
+          Effect   = "Allow"
+          Action   = "s3:GetBucketVersioning"
+          Resource = "arn:${local.partition}:s3:::${var.model_sync_bucket_name}"
+        },
+      ] : [],
+      # Whether a stopped canary's instance was DRAINING (not a crash); DrainTheInstance grants it with drains on.
+      local.rollouts && !local.gpu_drain ? [{
+        Sid      = "WasTheCanarysInstanceDraining"
+        Effect   = "Allow"
+        Action   = "ecs:DescribeContainerInstances"
+        Resource = "arn:${local.partition}:ecs:${local.region}:${local.account_id}:container-instance/${var.cluster_name}/*"
+      }] : [],
+      # A model bucket encrypted with a customer managed key: S3 asks KMS to decrypt what the controller reads there
+      # and for a data key to write the rollouts' objects, on the controller's behalf only.
+      local.rollouts && var.model_bucket_kms_key_arn != "" ? [{
+        Sid       = "RolloutObjectsWithTheKey"
+        Effect    = "Allow"
+        Action    = ["kms:Decrypt", "kms:GenerateDataKey"]
         Resource  = var.model_bucket_kms_key_arn
         Condition = { StringEquals = { "kms:ViaService" = "s3.${local.region}.amazonaws.com" } }
       }] : [],

@@ -15,10 +15,11 @@ locals {
   controller_report_environment = [for queue in aws_sqs_queue.controller : { name = "CONTROLLER_QUEUE_URL", value = queue.url } if local.gpu_drain]
 }
 
-# The exporter's reports, to the controller's queue (which also runs for model sync's fan-out alone: nothing in the
-# task sends to it then).
+# The exporter's reports, and with rollouts (canary_fraction > 0) the modelsync daemon's canary evidence
+# (MODELSYNC_ROLLOUTS=controller), to the controller's queue (which also runs for model sync's fan-out alone:
+# nothing in the task sends to it then).
 resource "aws_iam_role_policy" "task_controller_report" {
-  count = local.gpu_drain ? 1 : 0
+  count = local.gpu_drain || local.rollouts ? 1 : 0
   name  = "report-to-controller"
   role  = aws_iam_role.task.id
   policy = jsonencode({

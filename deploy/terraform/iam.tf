@@ -122,16 +122,17 @@ resource "aws_iam_role_policy" "task_model_bucket" {
 # modelsync (a container of the task): read the archives under the prefix (GET by version id, HEAD, the sha256
 # tag; and <prefix>.modelsync/fleet.json, the controller's count of running tasks), list the prefix; receive from
 # and delete on its task's queue, which the controller makes, subscribes and removes (MODELSYNC_FANOUT=controller:
-# GetQueueUrl, ReceiveMessage, DeleteMessageBatch, nothing else); with canary_fraction, write the rollouts' state
-# objects (<prefix>.modelsync/rollouts/). It cannot create, tag, reconfigure, delete, list or subscribe a queue
-# (issue 36, finding 5), nor write anything else.
+# GetQueueUrl, ReceiveMessage, DeleteMessageBatch, nothing else); the rollouts' state objects
+# (<prefix>.modelsync/rollouts/) are read, never written: the controller decides and writes them (controller.tf).
+# It cannot create, tag, reconfigure, delete, list or subscribe a queue (issue 36, finding 5), nor write anything
+# in S3.
 resource "aws_iam_role_policy" "task_modelsync" {
   count = local.model_sync ? 1 : 0
   name  = "modelsync"
   role  = aws_iam_role.task.id
   policy = jsonencode({
     Version = "2012-10-17"
-    Statement = concat([
+    Statement = [
       {
         Sid       = "ListThePrefix"
         Effect    = "Allow"
@@ -153,15 +154,7 @@ resource "aws_iam_role_policy" "task_modelsync" {
         Action   = ["sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:DeleteMessage"]
         Resource = "arn:${local.partition}:sqs:${local.region}:${local.account_id}:${local.queue_prefix}*"
       },
-      ], local.rollouts ? [{
-        # Safe rollouts: each model's state, changed only by conditional writes (If-Match/If-None-Match). It goes
-        # when the rollouts are decided by the controller (issue 35 section 3: MODELSYNC_ROLLOUTS=controller),
-        # whose role then holds this write.
-        Sid      = "RolloutState"
-        Effect   = "Allow"
-        Action   = "s3:PutObject"
-        Resource = "arn:${local.partition}:s3:::${var.model_sync_bucket_name}/${var.model_sync_prefix}.modelsync/rollouts/*"
-    }] : [])
+    ]
   })
 }
 

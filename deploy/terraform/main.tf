@@ -44,11 +44,6 @@ locals {
       ModelSyncTopicArn    = ""
       TritonAdminKeyArn    = ""
       ModelSyncQueuePrefix = local.queue_prefix
-      CanaryFraction       = var.canary_fraction
-      BakeSeconds          = var.bake_seconds
-      BakeMinRequests      = var.bake_min_requests
-      MaxFailureIncrease   = var.max_failure_increase
-      MaxLatencyRatio      = var.max_latency_ratio
     } : name => trimsuffix(trimprefix(jsonencode(value), "\""), "\"")
   }
   task_definition = jsondecode(templatefile(
@@ -80,6 +75,8 @@ locals {
   added_environment = {
     "exporter" = concat(local.tracing_environment, local.otlp_semconv_environment, local.controller_report_environment,
     local.task_protection_environment)
+    # With rollouts: the daemon follows the controller (modelsync.tf).
+    "modelsync" = local.modelsync_rollout_environment
   }
   model_volume = "model-repository"
   # With triton_args: the user's flags after the file's (before the trace flags, as the stack has them).

@@ -13,8 +13,13 @@ locals {
   # characters; SQS names stop at 80, and the task id takes up to 36) that no other deployment shares (the
   # roles' scope). The stack uses its stack id the same way.
   queue_prefix = "modelsync-${substr(sha1("${local.account_id}/${local.region}/${local.family}"), 0, 16)}-"
-  # Safe rollouts: the daemons write each model's state under <prefix>.modelsync/rollouts/ (iam.tf).
+  # Safe rollouts: the controller decides them (controller.tf: CONTROLLER_ROLLOUTS=on, the canary settings, the
+  # rollouts' objects under <prefix>.modelsync/); the daemons report their evidence to its queue and follow.
   rollouts = local.model_sync && var.canary_fraction != "0"
+  modelsync_rollout_environment = local.rollouts ? [
+    { name = "MODELSYNC_ROLLOUTS", value = "controller" },
+    { name = "MODELSYNC_CONTROLLER_QUEUE_URL", value = one(aws_sqs_queue.controller[*].url) },
+  ] : []
 }
 
 resource "aws_cloudwatch_log_group" "modelsync" {

@@ -246,6 +246,16 @@ variable "max_latency_ratio" {
   }
 }
 
+variable "max_failure_ratio" {
+  type        = string
+  description = "Reject a canary failing more than this share of its requests, whatever the previous artifact's"
+  default     = "0.05"
+  validation {
+    condition     = can(regex("^0\\.[0-9]{1,6}$", var.max_failure_ratio))
+    error_message = "The max_failure_ratio must be a number above 0 and below 1."
+  }
+}
+
 # --- tracing (optional; docs/tracing.md, "Deploy"; tracing.tf) -----------------------------
 
 variable "tracing" {

@@ -575,7 +575,13 @@ def rolling(
     rehearsal: Rehearsal, task_moto: Moto, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Task, Moto, str, str]]:
     """The stack's Triton task with model sync and safe rollouts on (CanaryFraction 1: this one task is the
-    canary share), a 10 s bake; the bucket holds add.zip (v1: adds 1)."""
+    canary share), a 10 s bake; the bucket holds add.zip (v1: adds 1).
+
+    The stack now has the controller decide (MODELSYNC_ROLLOUTS=controller on the daemon, CONTROLLER_ROLLOUTS=on
+    on the controller); this rehearsal does not run ``python -m controller`` against moto yet, so its daemon is put
+    back in self mode: MODELSYNC_ROLLOUTS and MODELSYNC_CONTROLLER_QUEUE_URL removed, the stack's canary settings
+    given to the daemon as MODELSYNC_* (the rollout code and the task's wiring to its own Triton are the same; the
+    role's RolloutState write, which the stack no longer grants, is moto's to allow)."""
     bucket = "rehearsal-rollout"
     s3 = task_moto.client("s3")
     s3.create_bucket(Bucket=bucket)
@@ -586,6 +592,19 @@ def rolling(
         ModelSyncBucketName=bucket, ModelSyncPrefix="triton/", CanaryFraction="1", BakeSeconds="10",
         BakeMinRequests="20",
     )  # fmt: skip
+    stack = mk(template(), ModelSyncBucketName=bucket, ModelSyncPrefix="triton/", CanaryFraction="1", BakeSeconds="10",
+               BakeMinRequests="20")  # fmt: skip
+    (controller,) = stack.props("ControllerTaskDefinition")["ContainerDefinitions"]
+    self_mode = {e["Name"].replace("CONTROLLER_", "MODELSYNC_", 1): str(e["Value"]) for e in controller["Environment"]
+                 if e["Name"] in ("CONTROLLER_CANARY_FRACTION", "CONTROLLER_BAKE_SECONDS",
+                                  "CONTROLLER_BAKE_MIN_REQUESTS", "CONTROLLER_MAX_FAILURE_INCREASE",
+                                  "CONTROLLER_MAX_LATENCY_RATIO")}  # fmt: skip
+    for c in td["containerDefinitions"]:
+        if c["name"] == "modelsync":
+            assert {"MODELSYNC_ROLLOUTS", "MODELSYNC_CONTROLLER_QUEUE_URL"} <= {e["name"] for e in c["environment"]}
+            c["environment"] = [
+                e for e in c["environment"] if e["name"] not in ("MODELSYNC_ROLLOUTS", "MODELSYNC_CONTROLLER_QUEUE_URL")
+            ] + [{"name": k, "value": v} for k, v in self_mode.items()]
     opts = rehearsal.options(
         tmp_path_factory.mktemp("rolling"),
         fake_gpu=NO_GPU,

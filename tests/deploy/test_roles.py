@@ -122,6 +122,11 @@ def queue_prefix(side: Side) -> str:
     return side.env["modelsync"]["MODELSYNC_QUEUE_NAME_PREFIX"]
 
 
+def rollouts(p: dict[str, str]) -> bool:
+    """Safe rollouts on: model sync with CanaryFraction above 0 (the stack's RolloutsEnabled)."""
+    return bool(p["ModelSyncBucketName"]) and p["CanaryFraction"] != "0"
+
+
 def triton_allowlist(side: Side) -> dict[str, Grant]:
     """Every grant the Triton task role may hold in this deployment, by Sid."""
     p = side.params
@@ -139,7 +144,8 @@ def triton_allowlist(side: Side) -> dict[str, Grant]:
     }
     if p["OtlpMetrics"] == "true":  # the exporter's OTLP output (no resource-level permissions)
         out["PutOtlpMetrics"] = grant("cloudwatch:PutMetricData", "*")
-    if p["GpuFaultAction"] == "drain":  # the exporter's GPU fault reports
+    # The exporter's GPU fault reports; the modelsync daemon's rollout evidence (the controller decides rollouts).
+    if p["GpuFaultAction"] == "drain" or rollouts(p):
         out["ReportToTheController"] = grant("sqs:SendMessage", CONTROLLER_QUEUE)
     if p["TaskProtection"] == "true":  # the ECS agent, as the task role, for the exporter
         out["TaskScaleInProtection"] = grant(
@@ -162,8 +168,6 @@ def triton_allowlist(side: Side) -> dict[str, Grant]:
             ["sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:DeleteMessage"],
             f"arn:aws:sqs:{REGION}:{ACCOUNT}:{queue_prefix(side)}*",
         )
-        if p["CanaryFraction"] != "0":  # goes when the controller decides rollouts (issue 35 section 3)
-            out["RolloutState"] = grant("s3:PutObject", f"arn:aws:s3:::{bucket}/{prefix}.modelsync/rollouts/*")
     if p["ModelBucketKmsKeyArn"]:
         out["DecryptThroughS3"] = grant(
             "kms:Decrypt",
@@ -227,6 +231,30 @@ def controller_allowlist(side: Side) -> dict[str, Grant]:
         if p["ModelBucketKmsKeyArn"]:
             out["EncryptTheFleetSize"] = grant(
                 "kms:GenerateDataKey",
+                p["ModelBucketKmsKeyArn"],
+                {"StringEquals": {"kms:ViaService": f"s3.{REGION}.amazonaws.com"}},
+            )
+    if rollouts(p):  # controller/rollouts.py and controller/__main__.py: what the rollouts call, nothing more
+        bucket, prefix = p["ModelSyncBucketName"], p["ModelSyncPrefix"]
+        out["DecideTheRollouts"] = grant(
+            ["s3:GetObject", "s3:PutObject"],
+            [f"arn:aws:s3:::{bucket}/{prefix}.modelsync/{folder}/*" for folder in ("rollouts", "stable", "operator")],
+        )
+        out["ReadTheRolledOutArtifacts"] = grant(
+            ["s3:GetObject", "s3:GetObjectVersion", "s3:GetObjectTagging", "s3:GetObjectVersionTagging"],
+            f"arn:aws:s3:::{bucket}/{prefix}*",
+        )
+        out["ListTheModelPrefix"] = grant(
+            "s3:ListBucket", f"arn:aws:s3:::{bucket}", {"StringLike": {"s3:prefix": f"{prefix}*"}}
+        )
+        out["CheckTheBucketIsVersioned"] = grant("s3:GetBucketVersioning", f"arn:aws:s3:::{bucket}")
+        if p["GpuFaultAction"] != "drain":  # DrainTheInstance grants it with drains on
+            out["WasTheCanarysInstanceDraining"] = grant(
+                "ecs:DescribeContainerInstances", f"{ecs}:container-instance/{p['ClusterName']}/*"
+            )
+        if p["ModelBucketKmsKeyArn"]:
+            out["RolloutObjectsWithTheKey"] = grant(
+                ["kms:Decrypt", "kms:GenerateDataKey"],
                 p["ModelBucketKmsKeyArn"],
                 {"StringEquals": {"kms:ViaService": f"s3.{REGION}.amazonaws.com"}},
             )
@@ -309,6 +337,10 @@ def forbidden_to_the_triton_task(side: Side) -> list[tuple[str, str]]:
             out += [(action, TOPIC), (action, f"{TOPIC}:5d3e8f2a-0b1c-4d5e-8f9a-0b1c2d3e4f5a")]
         out += [
             ("s3:PutObject", f"arn:aws:s3:::{bucket}/{prefix}.modelsync/fleet.json"),
+            # the rollouts' objects: the controller alone decides and writes them
+            ("s3:PutObject", f"arn:aws:s3:::{bucket}/{prefix}.modelsync/rollouts/model.json"),
+            ("s3:PutObject", f"arn:aws:s3:::{bucket}/{prefix}.modelsync/stable/model.json"),
+            ("s3:PutObject", f"arn:aws:s3:::{bucket}/{prefix}.modelsync/operator/request.json"),
             ("s3:PutObject", f"arn:aws:s3:::{bucket}/{prefix}model.zip"),
             ("s3:DeleteObject", f"arn:aws:s3:::{bucket}/{prefix}model.zip"),
         ]
@@ -337,6 +369,24 @@ def test_the_triton_task_role_cannot_do_the_controllers_work(sides: tuple[Side, 
             fleet = f"arn:aws:s3:::{bucket}/{prefix}.modelsync/fleet.json"
             assert allowed(side.controller, "s3:PutObject", fleet)
             assert not allowed(side.controller, "s3:PutObject", f"arn:aws:s3:::{bucket}/{prefix}model.zip")
+            if rollouts(side.params):  # the daemon reports to the controller, which writes the rollouts' objects
+                assert allowed(side.triton, "sqs:SendMessage", CONTROLLER_QUEUE), side.name
+                for folder in ("rollouts", "stable", "operator"):
+                    key = f"arn:aws:s3:::{bucket}/{prefix}.modelsync/{folder}/model.json"
+                    assert allowed(side.controller, "s3:PutObject", key), (side.name, key)
+                    assert allowed(side.controller, "s3:GetObject", key), (side.name, key)
+                assert allowed(side.controller, "s3:GetBucketVersioning", f"arn:aws:s3:::{bucket}")
+
+
+def test_the_triton_task_role_writes_nothing_in_s3(sides: tuple[Side, Side]) -> None:
+    """No s3:PutObject at all (nor a wildcard that holds it), in any scenario: the controller writes the rollouts'
+    state, the stable copy, the operators' answers and the fleet's size."""
+    for side in sides:
+        for st in side.triton:
+            for action in _as_list(st["Action"]):
+                assert action.lower() not in ("s3:putobject", "s3:*", "*") and not action.lower().startswith(
+                    "s3:put"
+                ), (side.name, st.get("Sid"), action)
 
 
 # --- the check itself can fail ------------------------------------------------------------------------------
@@ -375,7 +425,9 @@ def test_the_allowlist_refuses_what_finding_5_found(template) -> None:
         sts["ReadItsTasksQueue"] | {"Resource": f"arn:aws:sqs:{REGION}:{ACCOUNT}:*"},
         sts["ReadArchives"] | {"Resource": f"arn:aws:s3:::{params['ModelSyncBucketName']}/*"},
         {k: v for k, v in sts["ListThePrefix"].items() if k != "Condition"},
-        sts["RolloutState"] | {"Resource": f"arn:aws:s3:::{params['ModelSyncBucketName']}/triton/*"},
+        sts["ReportToTheController"] | {"Resource": f"arn:aws:sqs:{REGION}:{ACCOUNT}:other"},
+        {"Sid": "RolloutState", "Effect": "Allow", "Action": "s3:PutObject",
+         "Resource": f"arn:aws:s3:::{params['ModelSyncBucketName']}/triton/.modelsync/rollouts/*"},
         {"Effect": "Allow", "Action": "s3:PutObject", "Resource": "*"},
         {"Sid": "WriteFixedGroups", "Effect": "Allow", "NotAction": "iam:*", "Resource": "*", "Action": []},
     ):

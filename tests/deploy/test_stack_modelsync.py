@@ -56,12 +56,6 @@ MODELSYNC_SAMPLE = SAMPLE.copy() | {
     "ModelSyncPrefix": "triton/",
     "ModelSyncTopicArn": TOPIC,
     "ModelSyncQueuePrefix": QUEUE_PREFIX,
-    # safe rollouts, at the stack's defaults (off)
-    "CanaryFraction": "0",
-    "BakeSeconds": "600",
-    "BakeMinRequests": "100",
-    "MaxFailureIncrease": "0.01",
-    "MaxLatencyRatio": "1.5",
 }
 del MODELSYNC_SAMPLE["ModelRepository"]  # the synced repository replaces it
 ON = {"ModelSyncBucketName": "example-models", "ModelSyncPrefix": "triton/"}

@@ -139,7 +139,8 @@ SCENARIOS = {
         "ServiceName": "inference",
         "LogRetentionDays": "90",
     },
-    # Model sync with safe rollouts: their five parameters, and the task role's write to the rollout state.
+    # Model sync with safe rollouts: their six parameters, the controller deciding (CONTROLLER_ROLLOUTS=on, its
+    # rollout grants), the daemons following (MODELSYNC_ROLLOUTS=controller) and the task role's send to its queue.
     "modelsync-rollouts": {
         "ModelSyncBucketName": "example-models",
         "ModelSyncPrefix": "triton/",
@@ -148,6 +149,7 @@ SCENARIOS = {
         "BakeMinRequests": "500",
         "MaxFailureIncrease": "0.005",
         "MaxLatencyRatio": "2",
+        "MaxFailureRatio": "0.1",
     },
     # Tracing with its defaults, and with its rate, the service name, the log prefix and model sync changed.
     "tracing": {"Tracing": "true"},
@@ -1572,7 +1574,8 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
     assert ("CONTROLLER_QUEUE_URL" in exporter_env) == drain
     controller = set(a for a in plan if "controller" in a.split(".")[1])
     expected = set(CONTROLLER_RESOURCES) if drain or sync else set()
-    expected -= set() if drain else {"aws_iam_role_policy.task_controller_report[0]"}
+    rollouts = sync and params.get("CanaryFraction", "0") != "0"
+    expected -= set() if drain or rollouts else {"aws_iam_role_policy.task_controller_report[0]"}
     expected |= {"aws_cloudwatch_metric_alarm.controller_fanout_failures[0]"} if sync else set()
     assert controller == expected
     if drain or sync:
@@ -1588,6 +1591,26 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
         (container,) = json.loads(plan["aws_ecs_task_definition.controller[0]"]["container_definitions"])
         env = {e["name"]: e["value"] for e in container["environment"]}
         assert ("CONTROLLER_TOPIC_ARN" in env) == sync
+        # Rollouts: the controller decides with the deployment's settings; the daemon follows it.
+        decides = {"DecideTheRollouts", "ReadTheRolledOutArtifacts", "ListTheModelPrefix", "CheckTheBucketIsVersioned"}
+        assert (decides <= set(sids), decides.isdisjoint(sids)) == (rollouts, not rollouts)
+        assert ("WasTheCanarysInstanceDraining" in sids) == (rollouts and not drain)
+        assert env.get("CONTROLLER_ROLLOUTS") == ("on" if rollouts else None)
+        if rollouts:
+            assert {k: env[k] for k in env if k.startswith("CONTROLLER_") and k.split("_", 1)[1] in (
+                "CANARY_FRACTION", "BAKE_SECONDS", "BAKE_MIN_REQUESTS", "MAX_FAILURE_INCREASE", "MAX_LATENCY_RATIO",
+                "MAX_FAILURE_RATIO")} == {
+                "CONTROLLER_CANARY_FRACTION": params["CanaryFraction"],
+                "CONTROLLER_BAKE_SECONDS": params["BakeSeconds"],
+                "CONTROLLER_BAKE_MIN_REQUESTS": params["BakeMinRequests"],
+                "CONTROLLER_MAX_FAILURE_INCREASE": params["MaxFailureIncrease"],
+                "CONTROLLER_MAX_LATENCY_RATIO": params["MaxLatencyRatio"],
+                "CONTROLLER_MAX_FAILURE_RATIO": params["MaxFailureRatio"],
+            }  # fmt: skip
+            report = json.loads(plan["aws_iam_role_policy.task_controller_report[0]"]["policy"])["Statement"]
+            assert [(s["Sid"], s["Action"], s["Resource"]) for s in report] == [
+                ("ReportToTheController", "sqs:SendMessage", "<aws_sqs_queue.controller[0].arn>")
+            ]
         if sync:
             assert env["CONTROLLER_TOPIC_ARN"] == "<aws_sns_topic.modelsync[0].arn>"
             assert env["CONTROLLER_SERVICE"] == plan["aws_ecs_service.this"]["name"]
@@ -1611,8 +1634,14 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
         assert len(of_type(plan, "aws_cloudwatch_contributor_insight_rule")) == 2
         assert "aws_cloudwatch_metric_alarm.model_version_skew[0]" in plan
         assert "aws_cloudwatch_metric_alarm.model_rollout_rejected[0]" in plan
-        sids = [st["Sid"] for st in json.loads(plan["aws_iam_role_policy.task_modelsync[0]"]["policy"])["Statement"]]
-        assert ("RolloutState" in sids) == (scenario == "modelsync-rollouts")
+        statements = json.loads(plan["aws_iam_role_policy.task_modelsync[0]"]["policy"])["Statement"]
+        assert [st["Sid"] for st in statements] == ["ListThePrefix", "ReadArchives", "ReadItsTasksQueue"]  # no write
+        daemon = {e["name"]: e["value"] for c in json.loads(plan["aws_ecs_task_definition.this"]["container_definitions"])
+                  if c["name"] == "modelsync" for e in c["environment"]}  # fmt: skip
+        assert not [k for k in daemon if k in ("MODELSYNC_CANARY_FRACTION", "MODELSYNC_BAKE_SECONDS")]
+        on = scenario == "modelsync-rollouts"
+        assert daemon.get("MODELSYNC_ROLLOUTS") == ("controller" if on else None)
+        assert daemon.get("MODELSYNC_CONTROLLER_QUEUE_URL") == ("<aws_sqs_queue.controller[0].url>" if on else None)
         volumes = plan["aws_ecs_task_definition.this"]["volume"]  # the store and the task's repository replace it
         assert volumes == [
             {"name": "model-store", "host_path": params.get("ModelSyncHostPath", "/opt/triton-models")},
