@@ -40,15 +40,15 @@ locals {
   # The fan-out's variables of the file: only with model sync (the stack's !If ModelSyncEnabled).
   # Safe rollouts (canary_fraction > 0): the controller decides them for the daemons (MODELSYNC_ROLLOUTS=controller),
   # after the file's variables, as the stack has them.
-  controller_rollout_environment = local.rollouts ? [for name, value in {
-    CONTROLLER_ROLLOUTS             = "on"
-    CONTROLLER_CANARY_FRACTION      = var.canary_fraction
-    CONTROLLER_BAKE_SECONDS         = tostring(var.bake_seconds)
-    CONTROLLER_BAKE_MIN_REQUESTS    = tostring(var.bake_min_requests)
-    CONTROLLER_MAX_FAILURE_INCREASE = var.max_failure_increase
-    CONTROLLER_MAX_LATENCY_RATIO    = var.max_latency_ratio
-    CONTROLLER_MAX_FAILURE_RATIO    = var.max_failure_ratio
-  } : { name = name, value = value }] : []
+  controller_rollout_environment = local.rollouts ? [
+    { name = "CONTROLLER_ROLLOUTS", value = "on" },
+    { name = "CONTROLLER_CANARY_FRACTION", value = var.canary_fraction },
+    { name = "CONTROLLER_BAKE_SECONDS", value = tostring(var.bake_seconds) },
+    { name = "CONTROLLER_BAKE_MIN_REQUESTS", value = tostring(var.bake_min_requests) },
+    { name = "CONTROLLER_MAX_FAILURE_INCREASE", value = var.max_failure_increase },
+    { name = "CONTROLLER_MAX_LATENCY_RATIO", value = var.max_latency_ratio },
+    { name = "CONTROLLER_MAX_FAILURE_RATIO", value = var.max_failure_ratio },
+  ] : []
   controller_fanout_variables = ["CONTROLLER_SERVICE", "CONTROLLER_TOPIC_ARN", "CONTROLLER_QUEUE_NAME_PREFIX", "CONTROLLER_BUCKET", "CONTROLLER_PREFIX"]
   controller_containers = [for c in local.controller_task_definition.containerDefinitions : merge(c, {
     image = var.exporter_image

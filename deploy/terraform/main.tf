@@ -59,7 +59,7 @@ locals {
     "modelsync"      = var.exporter_image
   }
   environment = {
-    "triton-server"  = {}
+    "triton-server" = {}
     # With otlp_metrics, the OTLP endpoint too (otlp.tf); the GPU fault action (gpufaults.tf).
     "exporter"       = merge(local.otlp_metrics_environment, local.gpu_fault_environment)
     "modelsync-init" = {}
@@ -81,8 +81,8 @@ locals {
   model_volume = "model-repository"
   # With triton_args: the user's flags after the file's (before the trace flags, as the stack has them).
   triton_args = var.triton_args == "" ? "" : " ${var.triton_args}"
-  router       = one([for c in local.task_definition.containerDefinitions : c if c.name == "log_router"])
-  triton       = one([for c in local.task_definition.containerDefinitions : c if c.name == "triton-server"])
+  router      = one([for c in local.task_definition.containerDefinitions : c if c.name == "log_router"])
+  triton      = one([for c in local.task_definition.containerDefinitions : c if c.name == "triton-server"])
   # The volumes: with model sync, the file's (the instance's store at model_sync_host_path, and the
   # task's repository); else model_repository_host_path, when there is one.
   volumes = local.model_sync ? [
