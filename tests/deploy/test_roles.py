@@ -426,8 +426,12 @@ def test_the_allowlist_refuses_what_finding_5_found(template) -> None:
         sts["ReadArchives"] | {"Resource": f"arn:aws:s3:::{params['ModelSyncBucketName']}/*"},
         {k: v for k, v in sts["ListThePrefix"].items() if k != "Condition"},
         sts["ReportToTheController"] | {"Resource": f"arn:aws:sqs:{REGION}:{ACCOUNT}:other"},
-        {"Sid": "RolloutState", "Effect": "Allow", "Action": "s3:PutObject",
-         "Resource": f"arn:aws:s3:::{params['ModelSyncBucketName']}/triton/.modelsync/rollouts/*"},
+        {
+            "Sid": "RolloutState",
+            "Effect": "Allow",
+            "Action": "s3:PutObject",
+            "Resource": f"arn:aws:s3:::{params['ModelSyncBucketName']}/triton/.modelsync/rollouts/*",
+        },
         {"Effect": "Allow", "Action": "s3:PutObject", "Resource": "*"},
         {"Sid": "WriteFixedGroups", "Effect": "Allow", "NotAction": "iam:*", "Resource": "*", "Action": []},
     ):

@@ -1636,8 +1636,8 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
         assert "aws_cloudwatch_metric_alarm.model_rollout_rejected[0]" in plan
         statements = json.loads(plan["aws_iam_role_policy.task_modelsync[0]"]["policy"])["Statement"]
         assert [st["Sid"] for st in statements] == ["ListThePrefix", "ReadArchives", "ReadItsTasksQueue"]  # no write
-        daemon = {e["name"]: e["value"] for c in json.loads(plan["aws_ecs_task_definition.this"]["container_definitions"])
-                  if c["name"] == "modelsync" for e in c["environment"]}  # fmt: skip
+        containers = json.loads(plan["aws_ecs_task_definition.this"]["container_definitions"])
+        daemon = {e["name"]: e["value"] for c in containers if c["name"] == "modelsync" for e in c["environment"]}
         assert not [k for k in daemon if k in ("MODELSYNC_CANARY_FRACTION", "MODELSYNC_BAKE_SECONDS")]
         on = scenario == "modelsync-rollouts"
         assert daemon.get("MODELSYNC_ROLLOUTS") == ("controller" if on else None)
@@ -1926,7 +1926,12 @@ GPU_DRAIN_DRIFTS = [
         "",
         "ControllerTaskRole policies",
     ),
-    ("controller.tf", 'Action   = ["s3:GetObject", "s3:PutObject"]', 'Action   = ["s3:*"]', "ControllerTaskRole policies"),
+    (
+        "controller.tf",
+        'Action   = ["s3:GetObject", "s3:PutObject"]',
+        'Action   = ["s3:*"]',
+        "ControllerTaskRole policies",
+    ),
     ("controller.tf", 'Sid      = "EcrPullTheExporterImage"', 'Sid = "EcrPull"', "ControllerExecutionRole policies"),
     ("gpufaults.tf", "EXPORTER_GPU_FAULT_ACTION = var", "EXPORTER_GPU_FAULT_ACTIONS = var", "container exporter"),
     ("gpufaults.tf", 'name = "CONTROLLER_QUEUE_URL"', 'name = "CONTROLLER_QUEUE"', "container exporter.environment"),
