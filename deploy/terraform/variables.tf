@@ -231,8 +231,8 @@ variable "max_failure_increase" {
   description = "Reject when the canaries' failure ratio exceeds the previous artifact's by more than this"
   default     = "0.01"
   validation {
-    condition     = can(regex("^0(\\.[0-9]{1,6})?$", var.max_failure_increase))
-    error_message = "The max_failure_increase must be a number from 0 to below 1."
+    condition     = can(regex("^0\\.0{0,5}[1-9][0-9]{0,5}$", var.max_failure_increase)) && length(var.max_failure_increase) <= 8
+    error_message = "The max_failure_increase must be a number above 0 and below 1, with at most 6 decimals."
   }
 }
 
@@ -241,8 +241,8 @@ variable "max_latency_ratio" {
   description = "Reject when the canaries' average (and p95) latency exceeds the previous artifact's by this factor"
   default     = "1.5"
   validation {
-    condition     = can(regex("^([1-9][0-9]{0,2})(\\.[0-9]{1,3})?$", var.max_latency_ratio))
-    error_message = "The max_latency_ratio must be a number of at least 1."
+    condition     = can(regex("^(1\\.([1-9][0-9]{0,2}|0[1-9][0-9]?|00[1-9])|[2-9][0-9]{0,2}(\\.[0-9]{1,3})?|1[0-9]{1,2}(\\.[0-9]{1,3})?)$", var.max_latency_ratio))
+    error_message = "The max_latency_ratio must be a number above 1 and below 1000, with at most 3 decimals."
   }
 }
 
@@ -251,8 +251,8 @@ variable "max_failure_ratio" {
   description = "Reject a canary failing more than this share of its requests, whatever the previous artifact's"
   default     = "0.05"
   validation {
-    condition     = can(regex("^0\\.[0-9]{1,6}$", var.max_failure_ratio))
-    error_message = "The max_failure_ratio must be a number above 0 and below 1."
+    condition     = can(regex("^0\\.0{0,5}[1-9][0-9]{0,5}$", var.max_failure_ratio)) && length(var.max_failure_ratio) <= 8
+    error_message = "The max_failure_ratio must be a number above 0 and below 1, with at most 6 decimals."
   }
 }
 

@@ -549,3 +549,27 @@ def test_every_alarm_reads_a_metric_the_controller_emits(template, scenario: str
     assert {m.name: m.unit for m in METRICS}["GpuDrainsPaused"] == "None"  # a 0/1 level, not a count
     # Not vacuous: a name the controller does not emit is refused.
     assert ("Prod/Triton", "GpuDrainPaused", (("cluster", settings.cluster),)) not in emitted
+
+
+@pytest.mark.parametrize(
+    ("parameter", "variable"),
+    [
+        ("MaxFailureIncrease", "CONTROLLER_MAX_FAILURE_INCREASE"),
+        ("MaxFailureRatio", "CONTROLLER_MAX_FAILURE_RATIO"),
+        ("MaxLatencyRatio", "CONTROLLER_MAX_LATENCY_RATIO"),
+        ("CanaryFraction", "CONTROLLER_CANARY_FRACTION"),
+    ],
+)
+def test_every_value_the_parameter_takes_the_controller_takes(template, parameter: str, variable: str) -> None:
+    """A value the stack accepts must not stop the controller at start (0 and 1 did, for the ratios)."""
+    p = template["Parameters"][parameter]
+    probes = ["0", "0.0", "0.000001", "0.01", "0.5", "0.999999", "1", "1.0", "1.001", "1.5", "2", "999.999", "1000"]
+    accepted = [v for v in probes if re.fullmatch(p["AllowedPattern"], v) and len(v) <= p.get("MaxLength", 99)]
+    assert accepted, parameter
+    for value in accepted:
+        if parameter == "CanaryFraction" and float(value) == 0:
+            continue  # 0: rollouts off, the controller gets no canary settings
+        args = ["--controller-queue-url", "https://sqs.us-east-1.amazonaws.com/123456789012/q", "--cluster", "c",
+                "--state-file", "/tmp/controller-state.json"]  # fmt: skip
+        _, settings = load(args, {variable: value})
+        assert getattr(settings, variable.removeprefix("CONTROLLER_").lower()) == float(value)

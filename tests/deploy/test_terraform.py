@@ -2349,6 +2349,20 @@ def _probes(name: str, p: dict[str, Any]) -> list[str]:
             "/ecs/triton/",
             "/ecs/triton",
             "models",  # a prefix that is no folder: refused, so no grant on models* reaches models-private/
+            "0",
+            "0.0",
+            "0.000000",
+            "0.000001",
+            "0.0000001",
+            "0.5",  # the controller's ratios: above 0, below 1
+            "1",
+            "1.0",
+            "1.000",
+            "1.001",
+            "1.5",
+            "2",
+            "999.999",
+            "1000",  # its latency factor: above 1
             "--log-verbose=1 --model-load-thread-count=8",  # Triton's flags: taken
             "--allow-sagemaker=true",  # flags that reopen the admin API or that the deployment owns: refused
             "--http-restricted-api=trace:k=v",
