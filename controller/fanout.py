@@ -40,27 +40,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelsync.fanout import FLEET_KEY, TASK_ID, check_task_queue_prefix
+from modelsync.fanout import check_queue_prefix as check_daemon_prefix
 from telemetry.logs import Throttled
 
 from .fleet import FleetError, error_text
 
 log = logging.getLogger("controller.fanout")
 
-# A task id: 32 hex digits (ECS's long ARN format), or a UUID (the old format; moto's).
-TASK_ID = r"(?:[0-9a-f]{32}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
-MAX_QUEUE_NAME = 80  # SQS
-MAX_TASK_ID = 36
-MAX_PREFIX = MAX_QUEUE_NAME - MAX_TASK_ID  # 44
 RETENTION_SECONDS = 3600
 MAX_CHANGES = 20  # queues made or fixed per pass, and as many removed
 MAX_PAGES = 50  # of every listing: 100 tasks, 1,000 queues or 100 subscriptions a page
 DESCRIBE_BATCH = 100  # DescribeTasks' own cap
 CLUSTER_TAG, SERVICE_TAG, TASK_TAG = "modelsync-cluster", "modelsync-service", "modelsync-task"
-FLEET_KEY = ".modelsync/fleet.json"  # under the model prefix; modelsync/fanout.py reads it (same name there)
 FLEET_REFRESH = 300.0  # seconds: the count is rewritten at least this often (and whenever it changes)
 
-_PREFIX = re.compile(r"[A-Za-z0-9_-]+")
-_TOPIC = re.compile(r"arn:(aws[a-z-]*):sns:([a-z0-9-]+):(\d{12}):([A-Za-z0-9_-]{1,256})")
 _GONE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 _NOT_FOUND = {"NotFound", "NotFoundException", "ResourceNotFound"}
 
@@ -68,22 +62,10 @@ _NOT_FOUND = {"NotFound", "NotFoundException", "ResourceNotFound"}
 # --- settings' validators (settings.py) --------------------------------------------------------------
 
 
-def check_topic_arn(text: str) -> str:
-    """A standard SNS topic's ARN (the same rule as model sync's --topic-arn)."""
-    m = _TOPIC.fullmatch(text.strip())
-    if not m:
-        raise ValueError("must be a standard SNS topic ARN: arn:aws:sns:<region>:<12-digit account>:<topic name>")
-    return m.group(0)
-
-
 def check_queue_prefix(text: str) -> str:
-    """1-44 of ``A-Z a-z 0-9 _ -``: a task id (up to 36 characters) follows within SQS's 80."""
-    if not _PREFIX.fullmatch(text) or len(text) > MAX_PREFIX:
-        raise ValueError(
-            f"must be 1-{MAX_PREFIX} characters of A-Z, a-z, 0-9, '_' and '-' (SQS queue names are at most "
-            f"{MAX_QUEUE_NAME} characters and the ECS task id, up to {MAX_TASK_ID}, follows)"
-        )
-    return text
+    """Model sync's queue-name prefix rule, with room for the ECS task id after it (the daemons look the queue
+    up by that name: one rule for both)."""
+    return check_task_queue_prefix(check_daemon_prefix(text))
 
 
 def task_id(task_arn: str) -> str:
@@ -216,7 +198,7 @@ class TaskQueues:
         self.prefix = prefix
         self.ecs, self.sqs, self.sns = ecs, sqs, sns
         self.max_changes = max_changes
-        self.ours = re.compile(re.escape(prefix) + TASK_ID)
+        self.ours = re.compile(re.escape(prefix) + f"(?:{TASK_ID.pattern})")
         self.errors = Throttled(log, every=60.0, clock=clock)
         self._verified: dict[str, str] = {}  # queue name -> its ARN, checked by this process
         self._foreign: set[str] = set()  # ids of queues of the form found not to be this fleet's: never touched

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from modelsync.fanout import check_topic_arn
 from telemetry.settings import (
     ConfigError,
     HelpFormatter,
@@ -33,7 +34,7 @@ from telemetry.sinks import Output, parse_output
 
 from . import __version__
 from .drains import DEFAULT_LIMIT, Bounds, Limit
-from .fanout import check_queue_prefix, check_topic_arn
+from .fanout import check_queue_prefix
 from .rules import Rules
 
 __all__ = ["ENV_VARS", "OPTIONS", "ConfigError", "Settings", "build_parser", "load"]

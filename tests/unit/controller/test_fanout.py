@@ -319,9 +319,11 @@ def test_the_name_forms_agree() -> None:
     from controller import fanout as controller_fanout
 
     assert daemon_fanout.FLEET_KEY == controller_fanout.FLEET_KEY
-    assert daemon_fanout.MAX_TASK_PREFIX == controller_fanout.MAX_PREFIX == 44
+    assert daemon_fanout.MAX_TASK_PREFIX == 44
+    with pytest.raises(ValueError):
+        controller_fanout.check_queue_prefix("p" * 45)  # the task id would not fit
     for tid in ("0123456789abcdef0123456789abcdef", "522e4319-324d-4e97-bb55-16e1cfccb98a"):
-        assert daemon_fanout.TASK_ID.fullmatch(tid) and controller_fanout.re.fullmatch(controller_fanout.TASK_ID, tid)
+        assert daemon_fanout.TASK_ID.fullmatch(tid) and controller_fanout.TASK_ID.fullmatch(tid)
     for bad in ("0123", "0123456789ABCDEF0123456789ABCDEF", "x" * 32, "0123456789abcdef0123456789abcdef0"):
         assert not daemon_fanout.TASK_ID.fullmatch(bad)
         assert not controller_fanout.re.fullmatch(controller_fanout.TASK_ID, bad)
@@ -480,7 +482,7 @@ def test_controller_settings_for_the_fanout() -> None:
         (["--topic-arn", TOPIC], "need --service"),
         (["--bucket", "models"], "need --service"),
         (["--service", "triton"], "does nothing without --topic-arn"),
-        (["--service", "triton", "--topic-arn", TOPIC, "--queue-name-prefix", "x" * 45], "must be 1-44 characters"),
+        (["--service", "triton", "--topic-arn", TOPIC, "--queue-name-prefix", "x" * 45], "so the prefix is at most 44"),
         (["--service", "triton", "--topic-arn", "arn:aws:sqs:us-east-1:123456789012:q"], "SNS topic ARN"),
         (["--service", "tri ton", "--topic-arn", TOPIC], "ECS service name"),
         (["--service", "triton", "--topic-arn", TOPIC, "--prefix", "triton/"], "--prefix"),
