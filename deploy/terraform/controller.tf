@@ -129,7 +129,8 @@ resource "aws_sqs_queue_policy" "controller" {
         Principal = "*"
         Action    = "sqs:SendMessage"
         Resource  = aws_sqs_queue.controller[0].arn
-        Condition = { ArnNotEquals = { "aws:PrincipalArn" = aws_iam_role.task.arn } }
+        # With rollout_operator_role_arn: the operators' role too (python -m modelsync rollout promote|reject).
+        Condition = { ArnNotEquals = { "aws:PrincipalArn" = var.rollout_operator_role_arn == "" ? aws_iam_role.task.arn : [aws_iam_role.task.arn, var.rollout_operator_role_arn] } }
       },
       {
         Sid       = "OnlyTheControllerReceives"

@@ -256,6 +256,16 @@ variable "max_failure_ratio" {
   }
 }
 
+variable "rollout_operator_role_arn" {
+  type        = string
+  description = "The IAM role operators run `python -m modelsync rollout promote|reject` as: the controller's queue admits its messages beside the hosts' (the role itself needs sqs:SendMessage on the queue and the operator/* objects; docs/controller.md); empty: no operator commands"
+  default     = ""
+  validation {
+    condition     = can(regex("^(arn:aws[a-z-]*:iam::[0-9]{12}:role/[A-Za-z0-9+=,.@_/-]{1,512})?$", var.rollout_operator_role_arn))
+    error_message = "The rollout_operator_role_arn must be empty or an IAM role ARN."
+  }
+}
+
 # --- tracing (optional; docs/tracing.md, "Deploy"; tracing.tf) -----------------------------
 
 variable "tracing" {

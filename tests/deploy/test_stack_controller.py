@@ -573,3 +573,14 @@ def test_every_value_the_parameter_takes_the_controller_takes(template, paramete
                 "--state-file", "/tmp/controller-state.json"]  # fmt: skip
         _, settings = load(args, {variable: value})
         assert getattr(settings, variable.removeprefix("CONTROLLER_").lower()) == float(value)
+
+
+def test_an_operator_role_is_admitted_to_the_queue_only_when_named(template) -> None:
+    """``python -m modelsync rollout promote|reject`` sends to the controller's queue: the queue policy admits the
+    operators' role beside the hosts' when RolloutOperatorRoleArn names it, and no one else."""
+    role = f"arn:aws:iam::{ACCOUNT}:role/ml-release"
+    params = {"ModelSyncBucketName": "example-models", "CanaryFraction": "0.25"}
+    for named, expected in ((role, ["<TaskRole.Arn>", role]), ("", "<TaskRole.Arn>")):
+        stack = mk(template, **params, RolloutOperatorRoleArn=named)
+        sts = {st["Sid"]: st for st in stack.props("ControllerQueuePolicy")["PolicyDocument"]["Statement"]}
+        assert sts["OnlyTheHostsSend"]["Condition"] == {"ArnNotEquals": {"aws:PrincipalArn": expected}}

@@ -150,6 +150,7 @@ SCENARIOS = {
         "MaxFailureIncrease": "0.005",
         "MaxLatencyRatio": "2",
         "MaxFailureRatio": "0.1",
+        "RolloutOperatorRoleArn": f"arn:aws:iam::{ACCOUNT}:role/ml-release",  # admitted to the controller's queue
     },
     # Tracing with its defaults, and with its rate, the service name, the log prefix and model sync changed.
     "tracing": {"Tracing": "true"},
@@ -1945,8 +1946,8 @@ GPU_DRAIN_DRIFTS = [
     ),
     (
         "controller.tf",
-        '"aws:PrincipalArn" = aws_iam_role.task.arn',
-        '"aws:PrincipalArn" = "*"',
+        '== "" ? aws_iam_role.task.arn :',
+        '== "" ? "*" :',
         "queue policy ControllerQueuePolicy",
     ),
     (
@@ -2349,6 +2350,8 @@ def _probes(name: str, p: dict[str, Any]) -> list[str]:
             "/ecs/triton/",
             "/ecs/triton",
             "models",  # a prefix that is no folder: refused, so no grant on models* reaches models-private/
+            f"arn:aws:iam::{ACCOUNT}:role/ml-release",
+            f"arn:aws:iam::{ACCOUNT}:user/someone",
             "0",
             "0.0",
             "0.000000",
