@@ -635,3 +635,41 @@ resource "aws_cloudwatch_metric_alarm" "controller_fanout_failures" {
   ok_actions          = local.controller_alarm_actions
   tags                = var.tags
 }
+
+# With rollouts: a canary's Triton exiting while it served the artifact (two reject it), and a rollout state that
+# had to be rewritten from the controller's stable copy.
+resource "aws_cloudwatch_metric_alarm" "controller_rollout_crashes" {
+  count               = local.rollouts ? 1 : 0
+  alarm_name          = "${var.alarm_name_prefix}-rollout-crashes"
+  alarm_description   = "A canary's Triton exited while it served a new model artifact (ECS stop code EssentialContainerExited, or its daemon reported Triton gone, outside a drain, scale-in or deployment); a second crash rejects the artifact. The controller's log line names the model, the artifact and the task."
+  namespace           = local.namespace
+  metric_name         = "RolloutCrashes"
+  dimensions          = { cluster = var.cluster_name }
+  statistic           = "Sum"
+  period              = 60
+  evaluation_periods  = 1
+  threshold           = 1
+  comparison_operator = "GreaterThanOrEqualToThreshold"
+  treat_missing_data  = "notBreaching"
+  alarm_actions       = local.controller_alarm_actions
+  ok_actions          = local.controller_alarm_actions
+  tags                = var.tags
+}
+
+resource "aws_cloudwatch_metric_alarm" "controller_rollout_state_repairs" {
+  count               = local.rollouts ? 1 : 0
+  alarm_name          = "${var.alarm_name_prefix}-rollout-state-repairs"
+  alarm_description   = "A model's rollout state did not parse or validate (a hand edit, a writer other than the controller) and was rewritten from the controller's stable copy; no rejection was bypassed. Find who wrote it."
+  namespace           = local.namespace
+  metric_name         = "RolloutStateRepairs"
+  dimensions          = { cluster = var.cluster_name }
+  statistic           = "Sum"
+  period              = 60
+  evaluation_periods  = 1
+  threshold           = 1
+  comparison_operator = "GreaterThanOrEqualToThreshold"
+  treat_missing_data  = "notBreaching"
+  alarm_actions       = local.controller_alarm_actions
+  ok_actions          = local.controller_alarm_actions
+  tags                = var.tags
+}

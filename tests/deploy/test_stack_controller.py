@@ -29,7 +29,7 @@ import pytest
 from botocore.validate import validate_parameters
 
 from controller.fanout import FLEET_KEY
-from controller.metrics import FANOUT_NAMES, METRICS, NAMES, Counts, Recorder
+from controller.metrics import FANOUT_NAMES, METRICS, NAMES, ROLLOUT_NAMES, Counts, Recorder
 from controller.settings import load
 from tests.deploy.test_deploy import PLACEHOLDER, SAMPLE, substitute
 from tests.deploy.test_stack import ACCOUNT, REGION, Stack, _as_list, allowed, api_shape, integer_fields, mk
@@ -515,16 +515,20 @@ class _Kept:
         pass
 
 
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("scenario", [*SCENARIOS, "sync-rollouts"])
 def test_every_alarm_reads_a_metric_the_controller_emits(template, scenario: str) -> None:
     """The controller's own encoder, with the container's settings, writes one EMF document; each alarm's
     namespace, metric name and dimensions are among what that document declares (CloudWatch would otherwise
     alarm on a series nobody writes)."""
-    s = mk(template, **SCENARIOS[scenario] | {"Namespace": "Prod/Triton"})
+    params = SCENARIOS[scenario] if scenario in SCENARIOS else SYNC | {"CanaryFraction": "0.25"}
+    s = mk(template, **params | {"Namespace": "Prod/Triton"})
     _, settings = load([], as_deployed(env_of(controller_container(s))))
     kept = _Kept()
     fanout = (0, 0) if settings.topic_arn else None  # the fan-out's gauges, emitted while it runs (service.py)
-    Recorder(settings.namespace, kept, settings.cluster, wall=lambda: 1.7e9).emit(Counts(), False, 0, 0, fanout)
+    rollouts = 0 if settings.rollouts == "on" else None  # the rollouts' counts, emitted while they are on
+    Recorder(settings.namespace, kept, settings.cluster, wall=lambda: 1.7e9).emit(
+        Counts(), False, 0, 0, fanout, rollouts
+    )
     (doc,) = kept.docs
     emitted = {
         (d["Namespace"], m["Name"], tuple(sorted((k, doc[k]) for k in dims)))
@@ -533,7 +537,8 @@ def test_every_alarm_reads_a_metric_the_controller_emits(template, scenario: str
         for dims in d["Dimensions"]
     }
     alarms = [s.props(n) for n in s.resources("AWS::CloudWatch::Alarm")]
-    assert len(alarms) == (6 if settings.topic_arn else 5)
+    assert len(alarms) == 5 + bool(settings.topic_arn) + 2 * (settings.rollouts == "on")
+    assert any(a["MetricName"] in ROLLOUT_NAMES for a in alarms) == (settings.rollouts == "on")
     assert any(a["MetricName"] in FANOUT_NAMES for a in alarms) == bool(settings.topic_arn)
     for alarm in alarms:
         key = (
@@ -542,7 +547,7 @@ def test_every_alarm_reads_a_metric_the_controller_emits(template, scenario: str
             tuple(sorted((d["Name"], d["Value"]) for d in alarm["Dimensions"])),
         )
         assert key in emitted, (alarm["AlarmName"], key, sorted(emitted))
-        assert alarm["MetricName"] in NAMES + FANOUT_NAMES
+        assert alarm["MetricName"] in NAMES + FANOUT_NAMES + ROLLOUT_NAMES
     by_metric = {a["MetricName"]: a for a in alarms}
     assert by_metric["ControllerHeartbeat"]["TreatMissingData"] == "breaching"
     assert by_metric["GpuDrainsPaused"]["Statistic"] == "Maximum"

@@ -1578,6 +1578,10 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
     rollouts = sync and params.get("CanaryFraction", "0") != "0"
     expected -= set() if drain or rollouts else {"aws_iam_role_policy.task_controller_report[0]"}
     expected |= {"aws_cloudwatch_metric_alarm.controller_fanout_failures[0]"} if sync else set()
+    expected |= (
+        {"aws_cloudwatch_metric_alarm.controller_rollout_crashes[0]",
+         "aws_cloudwatch_metric_alarm.controller_rollout_state_repairs[0]"} if rollouts else set()
+    )  # fmt: skip
     assert controller == expected
     if drain or sync:
         sids = {
@@ -2295,6 +2299,8 @@ CONTROLLER_ALARMS = {
     "controller_reports_refused",
     "controller_state_failures",
     "controller_fanout_failures",
+    "controller_rollout_crashes",
+    "controller_rollout_state_repairs",
 }
 
 
