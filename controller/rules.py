@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from modelsync.evidence import PROMOTE, REJECT, WAIT, Judgement, Window
+from modelsync.evidence import PROMOTE, REJECT, WAIT, Judgement, Thresholds, Window
 
 CONFIDENCE = 0.95
 ABORT_CONFIDENCE = 0.999
@@ -47,22 +47,13 @@ Z_ABORT = z_of(ABORT_CONFIDENCE)
 
 
 @dataclass(frozen=True)
-class Rules:
-    bake_seconds: float = 600.0
-    min_requests: int = 100
-    max_failure_increase: float = 0.01
-    max_latency_ratio: float = 1.5
+class Rules(Thresholds):
+    """Model sync's thresholds (the same names, defaults and JSON), with the controller's absolute ceiling."""
+
     max_failure_ratio: float = 0.05
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "bake_seconds": self.bake_seconds,
-            "bake_min_requests": self.min_requests,
-            "max_failure_increase": self.max_failure_increase,
-            "max_latency_ratio": self.max_latency_ratio,
-            "max_failure_ratio": self.max_failure_ratio,
-            "confidence": CONFIDENCE,
-        }
+        return {**super().to_json(), "max_failure_ratio": self.max_failure_ratio, "confidence": CONFIDENCE}
 
 
 def failure_z(failures: float, requests: float, base_failures: float, base_requests: float) -> float:
