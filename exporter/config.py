@@ -80,11 +80,6 @@ class Settings:
     once: bool = False
 
     @property
-    def triton_headers(self) -> dict[str, str]:
-        """What every call to Triton's HTTP API sends: the admin key's header, when there is a key."""
-        return self.triton_admin_key.headers() if self.triton_admin_key else {}
-
-    @property
     def emf_outputs(self) -> tuple[Output, ...]:
         return tuple(o for o in self.outputs if isinstance(o, Output))
 

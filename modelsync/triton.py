@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 
-from triton_http import AdminKey, Client, RequestFailed, Response, refusal_hint
+from triton_http import AdminKey, Client, RequestFailed, Response, admin_headers, refusal_hint
 
 from .errors import LoadFailed, TritonUnavailable
 
@@ -36,7 +36,7 @@ class Triton:
         self.url = url.rstrip("/")
         self.load_timeout = load_timeout
         self.admin_key = admin_key
-        self.http = http or Client(CONNECT_TIMEOUT, MAX_BODY, headers=admin_key.headers() if admin_key else None)
+        self.http = http or Client(CONNECT_TIMEOUT, MAX_BODY, headers=admin_headers(admin_key))
         self._lock = threading.Lock()
 
     def _call(self, method: str, path: str, timeout: float) -> Response:

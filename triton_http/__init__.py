@@ -17,7 +17,7 @@ The probe in ``triton_side/`` has its own client: it runs on the Triton image's 
 library alone.
 """
 
-from .admin import AdminKey, key_from_env, parse_key, refusal_hint
+from .admin import AdminKey, admin_headers, key_from_env, parse_key, refusal_hint
 from .client import Client, Response, TextReader
 from .errors import Broken, CannotConnect, Redirected, RequestFailed, TimedOut, TooLarge, redact
 
@@ -32,6 +32,7 @@ __all__ = [
     "TextReader",
     "TimedOut",
     "TooLarge",
+    "admin_headers",
     "key_from_env",
     "parse_key",
     "redact",

@@ -43,6 +43,11 @@ class AdminKey:
         return {HEADER: self.value}
 
 
+def admin_headers(key: AdminKey | None) -> dict[str, str]:
+    """What every call to Triton's HTTP API sends: the key's header, or nothing where Triton has no key."""
+    return key.headers() if key else {}
+
+
 def parse_key(raw: str) -> AdminKey:
     """An admin key from its text; ValueError (never showing the text) when it cannot be one.
 

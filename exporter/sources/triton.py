@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 
 import orjson
 
-from triton_http import AdminKey, Client, TextReader, redact, refusal_hint
+from triton_http import AdminKey, Client, TextReader, admin_headers, redact, refusal_hint
 
 from ..series import Exposition
 from . import Collected, SourceError, SourceKind, VersionState
@@ -94,7 +94,7 @@ class TritonIndexSource:
         self.shown = redact(self.url)  # for messages: never the credentials
         # The index and the model configurations are restricted APIs where Triton runs with the admin key.
         self.admin_key = admin_key
-        self.http = http or Client(connect_timeout, max_bytes, headers=admin_key.headers() if admin_key else None)
+        self.http = http or Client(connect_timeout, max_bytes, headers=admin_headers(admin_key))
         self._last: tuple[bytes, list[VersionState]] | None = None  # the index rarely changes
         self._listed: frozenset[tuple[str, str]] | None = None
         # READY versions' configurations and the server's version, read only when they can have changed

@@ -12,7 +12,7 @@ from __future__ import annotations
 import orjson
 
 from telemetry.logs import Conditions, get
-from triton_http import AdminKey, Client, refusal_hint
+from triton_http import AdminKey, Client, admin_headers, refusal_hint
 
 from ..sources import SourceError
 from ..sources.fetch import fetch
@@ -27,7 +27,7 @@ class TraceRate:
         self.url = triton_url.rstrip("/") + "/v2/trace/setting"
         self.rate = str(rate)
         self.admin_key = admin_key  # the trace settings are a restricted API where Triton has the admin key
-        self.http = Client(connect_timeout, 1 << 16, headers=admin_key.headers() if admin_key else None)
+        self.http = Client(connect_timeout, 1 << 16, headers=admin_headers(admin_key))
         self.conditions = Conditions(log)
         self.applied = 0  # times we had to post it (1 at start, one more per Triton restart)
 
