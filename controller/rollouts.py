@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from modelsync.errors import SyncError
-from modelsync.evidence import PROMOTE, REJECT, Judgement, Sample, Snapshot, Window, window
+from modelsync.evidence import PROMOTE, REJECT, WAIT, Judgement, Sample, Snapshot, Window, window
 from modelsync.ledger import (
     CANARY,
     CONTROL,
@@ -637,8 +637,16 @@ class RolloutDecider:
                 return j
         if len(canaries) < len(r.live(CANARY)) or baked < self.rules.bake_seconds:
             return None
+        hosts = {"canaries": sorted(p.host for p in canaries), "controls": sorted(p.host for p in controls)}
+        base = baselines[0][1]
+        if r.live(CONTROL) and base.requests < self.rules.min_requests:
+            # Controls are assigned but have not counted enough yet (their reports lag, or they just joined):
+            # judging now would be against no baseline, latency unjudged, and let a 20x slower build through.
+            return Judgement(WAIT, [f"the controls have counted {base.requests} requests, fewer than "
+                                    f"--bake-min-requests {self.rules.min_requests}: no verdict without the "
+                                    "baseline they give"], {"baseline": base.to_json()} | hosts)  # fmt: skip
         j = judge(canary, baselines, self.rules, baked)
-        j.evidence |= {"canaries": sorted(p.host for p in canaries), "controls": sorted(p.host for p in controls)}
+        j.evidence |= hosts
         return j
 
     def _conclude(self, new: State, verdict: str, j: Judgement, now: float,

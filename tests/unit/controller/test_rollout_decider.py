@@ -24,7 +24,7 @@ from controller.metrics import Counts
 from controller.reports import OperatorRequest, RolloutReport
 from controller.rollouts import Refused, RolloutDecider, Stop
 from controller.rules import Rules
-from modelsync.ledger import CANARY, REJECTED, Artifact, InvalidState, Ledger, State
+from modelsync.ledger import CANARY, CONTROL, PROMOTED, REJECTED, Artifact, InvalidState, Ledger, State
 from modelsync.s3 import S3
 
 from .fakes import CLUSTER, Clock, task_arn
@@ -63,6 +63,7 @@ class World:
         self.serving: dict[str, Artifact] = {}
         self.counters: dict[tuple[str, str], list[float]] = {}  # (task, sha) -> successes, failures, duration
         self.failing: set[str] = set()  # shas whose requests fail
+        self.idle: set[str] = set()  # tasks that report but count no requests (their reports lag)
         self.daemon = {t.arn: f"d{i}" for i, t in enumerate(self.tasks.values())}
 
     def upload(self, body: bytes) -> Artifact:
@@ -101,7 +102,9 @@ class World:
                 self.serving[t.arn] = r.artifact if canary and r is not None else state.stable
             art = self.serving[t.arn]
             c = self.counters.setdefault((t.arn, art.sha256), [0.0, 0.0, 0.0])
-            if art.sha256 in self.failing:
+            if t.arn in self.idle:
+                pass
+            elif art.sha256 in self.failing:
                 c[1] += requests
             else:
                 c[0] += requests
@@ -139,6 +142,11 @@ class World:
 def world() -> Iterator[World]:
     with mock_aws():
         yield World()
+
+
+def participants(w: World, role: str) -> list[str]:
+    r = w.state()["rollout"]
+    return sorted(h for h, p in (r or {}).get("participants", {}).items() if p["role"] == role and not p["lost"])
 
 
 def verdicts(w: World) -> list[tuple[str, str]]:
@@ -350,3 +358,24 @@ def test_an_operators_promote_over_evidence_needs_force_and_updates_the_copy(wor
 def test_an_expired_command_is_refused(world: World) -> None:
     _reject(world)
     assert world.decider.operate(_command("promote", True, expires=world.clock.now - 60), "AIDAOPERATOR") == "refused"
+
+
+# --- the baseline ---------------------------------------------------------------------------------------------
+
+
+def test_no_verdict_while_assigned_controls_have_counted_too_few_requests(world: World) -> None:
+    """CI once promoted a 20x slower build: the controls' reports lagged, the bake ended with their window under
+    --bake-min-requests, and the judgement ran against no baseline with latency unjudged."""
+    world.start_stable()
+    v2 = world.roll_out()
+    controls = participants(world, CONTROL)
+    assert controls
+    world.idle |= set(controls)
+    for _ in range(20):  # 100 s: past the 60 s bake, the canaries with 200 requests
+        world.step()
+    assert verdicts(world) == [] and world.state()["rollout"]["waiting_since"] is not None
+    world.idle.clear()
+    for _ in range(4):
+        world.step()
+    assert verdicts(world) == [(PROMOTED, v2.sha256)]
+    assert world.state()["verdicts"][0]["evidence"]["baseline"]["source"].startswith("the hosts on the previous")
