@@ -1,14 +1,19 @@
 """Command line: a demo run and the dashboard preview; a redraw from a kept run; a rollout timeline.
 
-python -m demo.preview [--window 5] [--windows 8] [--out docs/dashboard-preview.png] [--keep DIR]
+python -m demo.preview [--window 5] [--windows 8] [--out docs/dashboard-preview.png] [--keep DIR] [--no-gpu-fake]
 python -m demo.preview draw DIR/events.jsonl [--out PNG]
 python -m demo.preview rollout [--from-bench docs/rollout-timeline.json] [--out docs/rollout-timeline.png]
 python -m demo.preview rollout EVENTS.json [--out PNG]
+
+Each drawing of the dashboard writes two PNGs: the whole dashboard (``--out``) and, next to it with
+``-top`` added to its name (docs/dashboard-preview-top.png, the README's picture), its first screen:
+status, alarms, the first row of graphs and one GPU panel, on half the width at twice the pixels.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -28,6 +33,7 @@ ROOT = collect.ROOT
 DASHBOARD = ROOT / "dashboards" / "triton.json"
 ALARMS = ROOT / "alarms" / "cli"
 OUT = ROOT / "docs" / "dashboard-preview.png"
+GPU_FAKE_NOTE = "GPU panel from the test suite's NVML fake, no GPU here"
 TIMELINE = ROOT / "docs" / "rollout-timeline.json"
 ROLLOUT_PNG = ROOT / "docs" / "rollout-timeline.png"
 
@@ -45,17 +51,29 @@ def rules(folder: Path = ALARMS) -> dict[str, dict[str, Any]]:
     return out
 
 
+@functools.cache
+def scope(name: str) -> str | None:
+    """A metric's catalog scope (``gpu``, ``modelsync``, ...), None for a name neither catalog has."""
+    metric = build().definition(name) or modelsync_catalog().definition(name)
+    return None if metric is None else metric.scope.value
+
+
 def scope_of() -> dashboard.Reason:
-    core, sync = build(), modelsync_catalog()
-
-    def scope(name: str) -> str | None:
-        metric = core.definition(name) or sync.definition(name)
-        return None if metric is None else metric.scope.value
-
     return dashboard.no_data_reason(scope)
 
 
+def gpu_fake_note(names: list[str]) -> str:
+    """The line under a GPU graph's title when the run's exporter read the NVML fake."""
+    return GPU_FAKE_NOTE if any(scope(n) == "gpu" for n in names if not n.startswith("rule:")) else ""
+
+
+def top_of(out: Path) -> Path:
+    """Where the first screen goes: ``-top`` added to the whole dashboard's file name."""
+    return out.with_name(f"{out.stem}-top{out.suffix}")
+
+
 def draw_run(events: Path, out: Path, body_path: Path = DASHBOARD) -> Path:
+    """Draw a run's dashboard into ``out`` and its first screen into :func:`top_of` ``out``; returns ``out``."""
     meta, groups = collect.load(events)
     store = Store.from_lines(e.message for evs in groups.values() for e in evs)
     window = float(meta["window"])
@@ -63,18 +81,28 @@ def draw_run(events: Path, out: Path, body_path: Path = DASHBOARD) -> Path:
     beats = [p.time for key, points in store.points.items() if key.name == "ExporterHeartbeat" for p in points]
     data = Data(store, Clock.around(beats or store.times(), window), groups, rules())
     started = datetime.fromtimestamp(float(meta.get("started", time.time())), UTC)
+    name = body_path.relative_to(ROOT) if body_path.is_relative_to(ROOT) else body_path
+    fake = meta.get("nvml")
+    gpu = f" on the test suite's NVML fake (its {fake!r} GPUs; no GPU here)" if fake else " (no GPU here: NVML absent)"
     heading = [
-        f"Preview of {body_path.relative_to(ROOT) if body_path.is_relative_to(ROOT) else body_path}, "
-        f"drawn from a demo run on {started:%Y-%m-%d} (times UTC)",
-        f"A real local Triton (no GPU) with the demo's sample models and traffic; the exporter's loop for "
+        f"Preview of {name}, drawn from a demo run on {started:%Y-%m-%d} (times UTC)",
+        f"A real local Triton (no GPU) with the demo's sample models and traffic; the exporter's loop{gpu} for "
         f"{meta.get('windows')} windows of {window:g} s, each standing for one {Clock(0, window).base:g} s "
         "period of the dashboard; model sync on moto's S3 with safe rollouts (an update through a canary bake to "
         "its verdict, then a refused archive); logs routed "
         "by the shipped Fluent Bit configuration. Regenerate: bash scripts/preview.sh",
     ]
     body = json.loads(body_path.read_text())
-    fig = dashboard.draw(body, data, load_alarms(ALARMS), scope_of(), heading)
-    dashboard.save(fig, out)
+    alarms, note = load_alarms(ALARMS), gpu_fake_note if fake else None
+    dashboard.save(dashboard.draw(body, data, alarms, scope_of(), heading, note=note), out)
+    first = [
+        f"The first screen of {name} (status, alarms, the first row) and one GPU panel, from a demo run on "
+        f"{started:%Y-%m-%d} (times UTC)",
+        f"Re-flowed onto half the dashboard's width; the whole dashboard: {out.name}. A real local Triton (no GPU), "
+        f"the exporter's loop{gpu}, model sync on moto's S3. Regenerate: bash scripts/preview.sh",
+    ]
+    fig = dashboard.draw(dashboard.top(body), data, alarms, scope_of(), first, dashboard.TOP_COLUMNS, note)
+    dashboard.save(fig, top_of(out), scale=2)
     return out
 
 
@@ -125,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("events", type=Path, help="events.jsonl of a run (--keep DIR)")
         p.add_argument("--out", type=Path, default=OUT)
         a = p.parse_args(args[1:])
-        _say(f"wrote {draw_run(a.events, a.out)}")
+        _say(f"wrote {draw_run(a.events, a.out)} and {top_of(a.out)}")
         return 0
     if args and args[0] == "rollout":
         return draw_rollout(args[1:])
@@ -134,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--windows", type=int, default=8, help="exporter windows to collect (default 8)")
     p.add_argument("--out", type=Path, default=OUT, help=f"the PNG (default {OUT.relative_to(ROOT)})")
     p.add_argument("--keep", type=Path, help="keep the run's files (events.jsonl) in this folder")
+    p.add_argument(
+        "--no-gpu-fake",
+        action="store_true",
+        help=f"run the exporter without the test suite's NVML fake ({collect.NVML_FAKE}): the GPU section then "
+        "says it needs a GPU",
+    )
     a = p.parse_args(args)
     if a.windows < 2 or a.window <= 0:
         p.error("--windows must be 2 or more and --window positive")
@@ -141,11 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="triton-preview-") as tmp:
         folder = a.keep or Path(tmp)
         try:
-            events = collect.run(folder, a.window, a.windows, _say)
+            events = collect.run(folder, a.window, a.windows, _say, None if a.no_gpu_fake else collect.NVML_FAKE)
         except collect.RunFailed as exc:
             _say(f"error: {exc}")
             return 1
-        _say(f"wrote {draw_run(events, a.out)} in {time.monotonic() - started:.0f} s")
+        _say(f"wrote {draw_run(events, a.out)} and {top_of(a.out)} in {time.monotonic() - started:.0f} s")
     return 0
 
 

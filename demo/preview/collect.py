@@ -6,7 +6,11 @@ on stdout, its log on stderr, as in the ECS task) with its trace relay on, forwa
 OTLP sink that stands in for X-Ray and keeps nothing; model sync against moto's S3, the bucket's
 events fanned out through SNS, with safe rollouts on (the demo's ``text`` model is installed from
 an archive, then its update mid-run goes through a canary bake to its verdict on this one host; an
-archive whose sha256 does not match, ``ranker``, is uploaded and refused). Each line is stamped when it arrives, then
+archive whose sha256 does not match, ``ranker``, is uploaded and refused). With ``nvml`` (the default)
+the exporter runs on the test suite's NVML fake (tests/support/nvml_fake.py: ``python -m
+tests.support.nvml_fake``, the exporter's own entry point with the fake as ``pynvml``): two H100s'
+readings for the dashboard's GPU section where this machine has no GPU; with ``nvml=None`` its NVML
+source finds no library and says so, as on a CPU host. Each line is stamped when it arrives, then
 routed as the task routes it: Triton's and the exporter's lines through the shipped Fluent Bit
 configuration (FireLens; read by tests/support/fluentbit_sim.py, the same interpreter the log
 tests use), model sync's stdout and stderr to its awslogs group. The run is a list of log events
@@ -49,6 +53,7 @@ HOST = "demo-host-1"
 BUCKET = "demo-models"
 KEY_PREFIX = "triton/"
 TRACE_RATE = 5  # Triton traces one request in 5: the relay's slowest-request lines fill the dashboard's log widget
+NVML_FAKE = "hopper"  # the NVML fake's scenario the exporter runs on: two H100s (GPM, HBM temperature)
 
 
 class RunFailed(RuntimeError):
@@ -259,8 +264,10 @@ def _stop(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait(5)
 
 
-def run(out: Path, window: float, windows: int, say: Callable[[str], None]) -> Path:
-    """Run the demo for ``windows`` exporter windows of ``window`` seconds; write ``out/events.jsonl``."""
+def run(out: Path, window: float, windows: int, say: Callable[[str], None], nvml: str | None = NVML_FAKE) -> Path:
+    """Run the demo for ``windows`` exporter windows of ``window`` seconds; write ``out/events.jsonl``.
+
+    ``nvml``: the NVML fake's scenario the exporter runs on (None: the exporter as it is, NVML absent here)."""
     work = out / "work"
     (work / "triton").mkdir(parents=True, exist_ok=True)
     names = [d.name for d in MODELS_DIR.iterdir() if d.is_dir() and d.name != SYNCED]
@@ -344,10 +351,12 @@ def run(out: Path, window: float, windows: int, say: Callable[[str], None]) -> P
             threads.append(threading.Thread(target=target, daemon=True))
             threads[-1].start()
         say(f"traffic on; the exporter's loop: {windows} windows of {window:g}s")
+        # The exporter's own entry point either way; on the fake, its NVML source reads the fake's GPUs.
+        entry = ["exporter"] if nvml is None else ["tests.support.nvml_fake", nvml, str(work / "nvml-control")]
         spawn(
             "exporter",
             [
-                "exporter",
+                *entry,
                 "--triton-url",
                 server.url,
                 "--metrics-url",
@@ -394,7 +403,7 @@ def run(out: Path, window: float, windows: int, say: Callable[[str], None]) -> P
     events = route(lines.lines)
     path = out / "events.jsonl"
     with open(path, "w") as f:
-        meta = {"window": window, "windows": windows, "started": started, "host": HOST}
+        meta = {"window": window, "windows": windows, "started": started, "host": HOST, "nvml": nvml}
         f.write(json.dumps({"meta": meta}) + "\n")
         for group, event in events:
             f.write(

@@ -7,6 +7,12 @@ state the run puts it in (:mod:`.alarms`), log widgets as the table their query 
 (:mod:`.logsinsights`). A widget with nothing to show says why (:func:`no_data_reason`), and a
 widget type, view or property the preview does not implement raises
 :class:`~demo.preview.emf.Unsupported` before anything is drawn.
+
+A series' values in neighbouring periods are joined by a line; a value with no neighbour (a sync
+attempt, a refused archive: one period of a sparse series) is a point on its own, never a slope
+drawn to a value minutes away. :func:`top` is the dashboard's first screen (status, alarms, the
+first row of graphs) and one GPU panel, re-flowed onto half the grid's width so that it stays
+legible where a page shows it narrow (the README).
 """
 
 from __future__ import annotations
@@ -35,6 +41,11 @@ from .metricmath import Data, Line, Series, evaluate, search_terms
 from .text import DPI, PT, fit, number, plain, width, wrap
 
 GRID_WIDTH = 24
+TOP_COLUMNS = 12  # the first screen's grid: half the dashboard's width, legible at a README's width
+TOP_GPU_PANEL = "GPU utilization %"  # the GPU panel the first screen adds, by the start of its title
+JOIN = 1.5  # two values at most this many periods apart are neighbours, joined by a line
+SPARSE = 3  # a series of this many values or fewer is drawn as points (joined where they are neighbours)
+POINT, DOT = 5.0, 2.2  # marker sizes (pt): a value drawn as a point; a value on a line of many
 COL_PX = 80  # one grid column
 ROW_PX = 44  # one grid row (CloudWatch's rows are about half a column high)
 GAP_PX = 8
@@ -181,15 +192,23 @@ def draw_text(canvas: Canvas, box: Box, props: dict[str, Any]) -> None:
             y += step
 
 
+LEGEND_PT = 7.0
+
+
+def _legend_columns(box: Box, entries: list[tuple[str, str, bool]]) -> tuple[int, float]:
+    """How many legend entries go side by side, and each one's width (px): wide enough for the longest label."""
+    longest = max(width(label if has_data else f"{label} (no data)", LEGEND_PT) for label, _, has_data in entries)
+    cell = min(box.w - 20, max(90.0, longest + 24))
+    cols = max(1, int((box.w - 20) // cell))
+    return cols, (box.w - 20) / cols
+
+
 def _legend(canvas: Canvas, box: Box, entries: list[tuple[str, str, bool]], top: float) -> None:
     """Color swatch and label per series, in columns below the graph; what does not fit is counted."""
     if not entries:
         return
-    size = 7.0
-    longest = max(width(label, size) for label, _, _ in entries)
-    cell = min(box.w - 20, max(90.0, longest + 24))
-    cols = max(1, int((box.w - 20) // cell))
-    cell = (box.w - 20) / cols
+    size = LEGEND_PT
+    cols, cell = _legend_columns(box, entries)
     rows = max(1, int((box.y + box.h - top - 4) // 13))
     shown = entries if len(entries) <= rows * cols else entries[: rows * cols - 1]
     for i, (label, color, has_data) in enumerate(shown):
@@ -221,8 +240,13 @@ def _time_axis(ax: Axes, data: Data, span: tuple[float, float]) -> None:
     ax.set_xlim(*span)
 
 
-def draw_graph(canvas: Canvas, box: Box, props: dict[str, Any], data: Data, reason: Reason) -> None:
+def draw_graph(canvas: Canvas, box: Box, props: dict[str, Any], data: Data, reason: Reason, note: str = "") -> None:
     top = _frame(canvas, box, str(props.get("title", "")))
+    if note:  # where the values come from, when not from the run's own processes alone
+        canvas.text(
+            box.x + 10, top - 8, fit(note, box.w - 20, 7.0), fontsize=7.0, color=MUTED, style="italic", va="top"
+        )
+        top += 8
     lines = evaluate(props, data)
     visible = [ln for ln in lines if ln.visible]
     drawn = [(ln, s) for ln in visible for s in ln.series if s.points]
@@ -236,7 +260,7 @@ def draw_graph(canvas: Canvas, box: Box, props: dict[str, Any], data: Data, reas
         entries.append((s.label, color_of[id(s)], True))
     if drawn:
         entries += [(ln.label, "", False) for ln in visible if len(ln.series) == 1 and not ln.series[0].points]
-    legend_rows = 0 if not entries else min(3, 1 + (len(entries) - 1) // max(1, int((box.w - 20) // 150)))
+    legend_rows = 0 if not entries else min(3, 1 + (len(entries) - 1) // _legend_columns(box, entries)[0])
     bottom = box.y + box.h - 6 - legend_rows * 13 - (4 if legend_rows else 0)
     y_axes = props.get("yAxis", {})
     left_label = str(y_axes.get("left", {}).get("label", ""))
@@ -265,15 +289,7 @@ def draw_graph(canvas: Canvas, box: Box, props: dict[str, Any], data: Data, reas
     ax2 = ax.twinx() if right else None
     for ln, s in drawn:
         target = ax2 if (ax2 is not None and ln.axis == "right") else ax
-        xs = sorted(s.points)  # a period's value at its start, as CloudWatch draws it
-        target.plot(
-            [x - data.clock.origin for x in xs],
-            [s.points[x] for x in xs],
-            color=color_of[id(s)],
-            linewidth=1.3,
-            marker="o",
-            markersize=2.2,
-        )
+        _plot(target, s, data, color_of[id(s)])
     if ax2 is not None:
         ax2.tick_params(labelsize=7, colors=MUTED, length=2)
         ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: number(v)))
@@ -309,6 +325,41 @@ def draw_graph(canvas: Canvas, box: Box, props: dict[str, Any], data: Data, reas
             wrap=True,
         )
     _legend(canvas, box, entries, bottom + 2)
+
+
+def runs(xs: list[float], gap: float) -> list[list[float]]:
+    """Sorted times cut where two neighbours are more than ``gap`` apart: each run is drawn as one line, and a
+    run of one time is a point on its own."""
+    out: list[list[float]] = []
+    for x in xs:
+        if out and x - out[-1][-1] <= gap:
+            out[-1].append(x)
+        else:
+            out.append([x])
+    return out
+
+
+def _plot(ax: Axes, s: Series, data: Data, color: str) -> None:
+    """A series: values in neighbouring periods joined by a line (each value at its period's start, as CloudWatch
+    draws it), a value with no neighbour a point of its own (a period is at least one window of the run: the
+    exporter writes once a window); a series of a few values is drawn as points, joined where neighbours."""
+    gap = JOIN * max(s.step, data.clock.window)
+    joined: tuple[list[float], list[float]] = ([], [])
+    alone: tuple[list[float], list[float]] = ([], [])
+    for run in runs(sorted(s.points), gap):
+        if len(run) == 1:
+            alone[0].append(run[0] - data.clock.origin)
+            alone[1].append(s.points[run[0]])
+            continue
+        if joined[0]:  # a break in the line
+            joined[0].append(float("nan"))
+            joined[1].append(float("nan"))
+        joined[0].extend(x - data.clock.origin for x in run)
+        joined[1].extend(s.points[x] for x in run)
+    if joined[0]:
+        ax.plot(*joined, color=color, linewidth=1.3, marker="o", markersize=POINT if len(s.points) <= SPARSE else DOT)
+    if alone[0]:
+        ax.plot(*alone, color=color, linestyle="none", marker="o", markersize=POINT)
 
 
 def _y_range(values: list[float]) -> tuple[float, float]:
@@ -480,15 +531,15 @@ def draw_logs(canvas: Canvas, box: Box, props: dict[str, Any], data: Data) -> No
 # --- the whole dashboard ------------------------------------------------------------------------
 
 
-def check(body: dict[str, Any]) -> None:
+def check(body: dict[str, Any], columns: int = GRID_WIDTH) -> None:
     """Refuse, before drawing anything, what the preview does not implement."""
     for n, w in enumerate(body.get("widgets", [])):
         kind, props = w.get("type"), w.get("properties", {})
         where = f"widget {n} ({props.get('title') or kind})"
         if not all(isinstance(w.get(k), int) for k in ("x", "y", "width", "height")):
             raise Unsupported(f"{where}: no x, y, width and height")
-        if w["x"] + w["width"] > GRID_WIDTH:
-            raise Unsupported(f"{where}: wider than the {GRID_WIDTH}-column grid")
+        if w["x"] + w["width"] > columns:
+            raise Unsupported(f"{where}: wider than the {columns}-column grid")
         allowed = {"text": {"markdown", "background"}, "metric": METRIC_KEYS, "alarm": ALARM_KEYS, "log": LOG_KEYS}
         if kind not in allowed:
             raise Unsupported(f"{where}: widget type {kind!r} is not drawn by the preview")
@@ -509,16 +560,20 @@ def draw(
     alarms: dict[str, dict[str, Any]],
     reason: Reason,
     heading: Iterable[str] = (),
+    columns: int = GRID_WIDTH,
+    note: Reason | None = None,
 ) -> Figure:
     """The figure of a dashboard body (``dashboards/triton.json``) over the run's ``data``.
 
     ``alarms``: alarm definitions by name (PutMetricAlarm's shape, alarms/cli/). ``heading``: lines
-    above the grid saying where the data came from.
+    above the grid saying where the data came from. ``columns``: the grid's width (:func:`top`'s is
+    narrower). ``note``: a line under a graph's title, from the metrics it reads ("" for none): where
+    its values come from when that is not the run itself.
     """
-    check(body)
+    check(body, columns)
     widgets = body["widgets"]
     rows = max((w["y"] + w["height"] for w in widgets), default=1)
-    page = GRID_WIDTH * COL_PX
+    page = columns * COL_PX
     lines = [
         (line, 12.0 if not i else 9.0)
         for i, text in enumerate(heading)
@@ -537,7 +592,7 @@ def draw(
         if w["type"] == "text":
             draw_text(canvas, box, props)
         elif w["type"] == "metric":
-            draw_graph(canvas, box, props, data, reason)
+            draw_graph(canvas, box, props, data, reason, note(widget_metrics(props)) if note else "")
         elif w["type"] == "alarm":
             names = [str(arn).rsplit(":alarm:", 1)[-1] for arn in props.get("alarms", [])]
             states = []
@@ -553,7 +608,42 @@ def draw(
     return fig
 
 
-def save(fig: Figure, path: Path) -> None:
+def first_screen(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The widgets a reader sees first: the graphs, numbers and alarms above the dashboard's second section (its
+    first full-width text widget below a widget that is not text); the text widgets above them are left out."""
+    out: list[dict[str, Any]] = []
+    for w in sorted(body["widgets"], key=lambda w: (w["y"], w["x"])):
+        if w["type"] != "text":
+            out.append(w)
+        elif out and w["width"] >= GRID_WIDTH:
+            break
+    return out
+
+
+def top(body: dict[str, Any], gpu_panel: str = TOP_GPU_PANEL, columns: int = TOP_COLUMNS) -> dict[str, Any]:
+    """The first screen (:func:`first_screen`) and then the graph whose title starts with ``gpu_panel``,
+    re-flowed onto a grid of ``columns``: a widget of the first screen half the dashboard's width or more takes
+    a whole row, a narrower one half a row, the GPU graph half a row; each keeps its height."""
+    gpu = [
+        w
+        for w in body["widgets"]
+        if w["type"] == "metric" and str(w["properties"].get("title", "")).startswith(gpu_panel)
+    ]
+    if not gpu:
+        raise Unsupported(f"the dashboard has no graph titled {gpu_panel!r}… for its first screen")
+    placed: list[dict[str, Any]] = []
+    x = y = row = 0
+    for w in [*first_screen(body), gpu[0]]:
+        span = columns if w["width"] * 2 >= GRID_WIDTH and w is not gpu[0] else columns // 2
+        if x + span > columns:
+            x, y, row = 0, y + row, 0
+        placed.append({**w, "x": x, "y": y, "width": span})
+        x, row = x + span, max(row, w["height"])
+    return {**body, "widgets": placed}
+
+
+def save(fig: Figure, path: Path, scale: float = 1.0) -> None:
+    """The figure as a PNG; ``scale`` 2 doubles its pixels (sharp where a page shows it at half its size)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, facecolor=fig.get_facecolor(), metadata={"Software": None})
+    fig.savefig(path, dpi=DPI * scale, facecolor=fig.get_facecolor(), metadata={"Software": None})
     plt.close(fig)

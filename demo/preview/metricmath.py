@@ -70,6 +70,7 @@ class Clock:
 class Series:
     label: str
     points: dict[float, float] = field(default_factory=dict)  # bucket start -> value
+    step: float = 0.0  # seconds of the run between two of its periods (0: not known); the drawing joins neighbours
 
 
 Value = float | Series | list[Series]
@@ -81,7 +82,7 @@ def _diff(value: Value) -> Value:
     if not isinstance(value, Series):
         raise Unsupported("DIFF of a number: the preview takes DIFF of a series")
     times = sorted(value.points)
-    return Series(value.label, {t: value.points[t] - value.points[p] for p, t in itertools.pairwise(times)})
+    return Series(value.label, {t: value.points[t] - value.points[p] for p, t in itertools.pairwise(times)}, value.step)
 
 
 @dataclass
@@ -320,10 +321,10 @@ class Evaluator:
             if isinstance(value, float):
                 raise Unsupported(f"row {row.id}: {row.expression!r} is a number, not a time series")
             if isinstance(value, Series):
-                series = [Series(label, value.points)]
+                series = [Series(label, value.points, value.step)]
             else:
                 prefix = str(row.options.get("label", ""))
-                series = [Series(f"{prefix} {s.label}".strip(), s.points) for s in value]
+                series = [Series(f"{prefix} {s.label}".strip(), s.points, s.step) for s in value]
             axis = str(row.options.get("yAxis", "left"))
             out.append(Line(row.id, label, series, row.options.get("visible", True) is not False, axis))
         return out
@@ -353,7 +354,7 @@ class Evaluator:
         return out
 
     def metric(self, key: MetricKey, stat: str, period: float, label: str) -> Series:
-        series = Series(label)
+        series = Series(label, step=self.data.clock.seconds(period))
         for start, points in sorted(self.bucketed(self.data.store.points.get(key, []), period).items()):
             value = statistic(points, stat)
             if value is not None:
@@ -447,7 +448,7 @@ class Evaluator:
         return [self._aggregate(" ".join(g), points, stat, period) for g, points in grouped]
 
     def _aggregate(self, label: str, points: list[Datapoint], stat: str, period: float) -> Series:
-        series = Series(label)
+        series = Series(label, step=self.data.clock.seconds(period))
         for start, bucket in sorted(self.bucketed(points, period).items()):
             value = statistic(bucket, stat)
             if value is not None:
@@ -479,7 +480,11 @@ class Evaluator:
                 if all(k in doc for k in keys):
                     start = self.data.clock.bucket(event.time, period)
                     buckets.setdefault(start, set()).add(tuple(json.dumps(doc[k]) for k in keys))
-        return Series(name, {start: float(len(found)) for start, found in sorted(buckets.items())})
+        return Series(
+            name,
+            {start: float(len(found)) for start, found in sorted(buckets.items())},
+            self.data.clock.seconds(period),
+        )
 
 
 def _json_path(path: str, rule: str) -> str:
@@ -501,7 +506,7 @@ def _pointwise(op: Callable[[float, float], float | None], a: Series, b: Series 
     """``a op b`` at each period: between two series at every period either has a value, the other's missing
     value taken as 0 (the User Guide's "Basic arithmetic functions": "Missing values in a time series are
     treated as 0"); a division by zero drops the period."""
-    out = Series(a.label)
+    out = Series(a.label, step=max(a.step, b.step if isinstance(b, Series) else 0.0))
     if isinstance(b, float):
         pairs = [(t, x, b) for t, x in a.points.items()]
     else:

@@ -53,3 +53,8 @@ def test_the_preview_command_draws_a_real_run(tmp_path: Path) -> None:
     assert [v for _, v, _ in decided].count("promoted") == 1, decided  # once: not again as its EMF event
     assert {"RolloutsStarted", "RolloutsPromoted", "RolloutsInFlight"} <= names
     assert out.stat().st_size > 100_000
+    # the exporter ran on the test suite's NVML fake: the GPU section has its GPUs; the README's first screen too
+    assert meta["nvml"] == collect.NVML_FAKE
+    gpus = {k.value("gpu") for k in store.points if k.name == "GpuUtilization" and "gpu" in dict(k.dims)}
+    assert gpus == {"0", "1"}, gpus
+    assert (tmp_path / "preview-top.png").stat().st_size > 50_000

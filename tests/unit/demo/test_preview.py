@@ -12,7 +12,9 @@ runs the whole command against a real Triton.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -584,6 +586,143 @@ def test_a_new_gpu_widget_says_it_needs_a_gpu() -> None:
     body = {"widgets": [{"type": "metric", "x": 0, "y": 0, "width": 8, "height": 6, "properties": props}]}
     fig = dashboard.draw(body, data_of(doc(T0, [[]], {}, Nothing=0)), {}, scope_of())
     assert "no data in the demo (needs a GPU: NVML)" in texts(fig)
+
+
+# --- sparse series, the NVML fake's GPU panel, the first screen -------------------------------------------
+
+
+def plotted(fig: Any) -> list[Any]:
+    """Every series drawn (matplotlib Line2D) on the figure's graphs, annotations' lines left out."""
+    return [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_marker() == "o"]
+
+
+def test_a_lone_value_is_a_point_and_only_neighbouring_periods_are_joined() -> None:
+    """A sync attempt now and another minutes later are two points, not a slope between them; values in
+    neighbouring periods are joined, by the series' own period (a 5-minute period's neighbour is 5 windows on)."""
+    data = data_of(
+        *(doc(T0 + k * W, [[]], {}, Sparse=1.0) for k in (0, 1, 6)),
+        *(doc(T0 + k * W, [[]], {}, Dense=2.0) for k in range(8)),
+        *(doc(T0 + k * W, [[]], {}, Slow=3.0) for k in (0, 5)),
+    )
+    drawn = {}
+    for name, period in (("Sparse", 60), ("Dense", 60), ("Slow", 300)):
+        props = widget(["Triton", name], stat="Sum", period=period)
+        fig = dashboard.draw(
+            {"widgets": [{"type": "metric", "x": 0, "y": 0, "width": 8, "height": 6, "properties": props}]},
+            data,
+            {},
+            scope_of(),
+        )
+        drawn[name] = [
+            ([float(x) for x in ln.get_xdata()], ln.get_linestyle(), ln.get_markersize()) for ln in plotted(fig)
+        ]
+        plt.close(fig)
+    # the first two minutes joined, the sixth minute's value alone: a point, as large as a sparse series' points
+    assert [(xs, style) for xs, style, _ in drawn["Sparse"]] == [([0.0, W], "-"), ([6 * W], "None")]
+    assert [size for _, _, size in drawn["Sparse"]] == [dashboard.POINT] * 2 and dashboard.POINT > dashboard.DOT
+    # a series of many values: one line, small dots
+    ((xs, style, size),) = drawn["Dense"]
+    assert len(xs) == 8 and style == "-" and size == dashboard.DOT
+    # a 5-minute period: windows 0 and 5 are neighbouring periods, one line
+    assert drawn["Slow"] == [([0.0, 5 * W], "-", dashboard.POINT)]
+    for lines in drawn.values():  # no line spans more than its series' neighbouring periods
+        for xs, style, _ in lines:
+            steps = [b - a for a, b in itertools.pairwise(xs) if not (math.isnan(a) or math.isnan(b))]
+            assert style == "None" or max(steps, default=0.0) <= 5 * W
+    assert dashboard.runs([0.0, 5.0, 30.0, 35.0, 40.0], 7.5) == [[0.0, 5.0], [30.0, 35.0, 40.0]]
+
+
+def nvml_fake_documents(cycles: int = 3) -> list[dict[str, Any]]:
+    """The exporter's real pipeline on the test suite's NVML fake (the preview's scenario): its EMF documents,
+    one cycle a window from ``T0``."""
+    from exporter.config import Settings
+    from exporter.pipeline import Pipeline
+    from exporter.sources.nvml import NvmlSource
+    from tests.support import nvml_fake
+    from tests.support.helpers import CATALOG
+
+    source = NvmlSource(nvml_fake.SCENARIOS[collect.NVML_FAKE](), environ={})
+    source.start()
+    clock = [0.0]
+    pipeline = Pipeline(Settings(), CATALOG, [source], clock=lambda: clock[0], wall=lambda: T0 + clock[0] / 12)
+    events: list[bytes] = []
+    for _ in range(cycles):
+        events += pipeline.cycle().events
+        clock[0] += 60.0
+    pipeline.close()
+    return [json.loads(e) for e in events]
+
+
+def gpu_panel(body: dict[str, Any]) -> dict[str, Any]:
+    (props,) = [
+        w["properties"]
+        for w in body["widgets"]
+        if w["type"] == "metric" and w["properties"]["title"].startswith(dashboard.TOP_GPU_PANEL)
+    ]
+    return props
+
+
+def test_the_first_screen_is_status_alarms_the_first_row_and_one_gpu_panel_on_half_the_width() -> None:
+    body = json.loads(DASHBOARD.read_text())
+    first = dashboard.top(body)
+    titles = [w["properties"].get("title") for w in first["widgets"]]
+    assert titles[:2] == ["Status (worst task)", "Alarms"]
+    assert titles[-1] == gpu_panel(body)["title"]
+    assert len(titles) == 6 and all(w["type"] != "text" for w in first["widgets"])  # the three graphs of row one
+    dashboard.check(first, dashboard.TOP_COLUMNS)
+    cells = set()
+    for w in first["widgets"]:  # on the narrow grid, none over another
+        area = {(w["x"] + i, w["y"] + j) for i in range(w["width"]) for j in range(w["height"])}
+        assert not cells & area, w["properties"].get("title")
+        cells |= area
+    with pytest.raises(Unsupported, match="no graph titled"):
+        dashboard.top(body, gpu_panel="No such panel")
+
+
+def test_the_gpu_panel_has_the_nvml_fakes_values_and_says_where_they_come_from() -> None:
+    """The preview's exporter runs on the test suite's NVML fake: the GPU panel of the first screen has its GPUs'
+    values, and says they come from the fake; without the fake it says it needs a GPU."""
+    from demo.preview.__main__ import GPU_FAKE_NOTE, gpu_fake_note
+
+    body = json.loads(DASHBOARD.read_text())
+    data = data_of(*nvml_fake_documents())
+    values = {s.label: sorted(set(s.points.values())) for ln in evaluate(gpu_panel(body), data) for s in ln.series}
+    assert values == {"0": [10.0], "1": [11.0], "service average": [10.5]}  # the fake's two H100s: 10 % and 11 %
+    fig = dashboard.draw(dashboard.top(body), data, load_alarms(ALARMS), scope_of(), (), 12, gpu_fake_note)
+    said = texts(fig)
+    assert said.count(GPU_FAKE_NOTE) == 1  # the GPU panel only
+    assert "no data in the demo (needs a GPU: NVML)" not in said
+    ys = {float(y) for ln in plotted(fig) for y in ln.get_ydata()}
+    assert {10.0, 11.0, 10.5} <= ys
+    plt.close(fig)
+    empty = dashboard.draw(dashboard.top(body), data_of(*catalog_documents()[:1]), {}, scope_of(), (), 12)
+    assert GPU_FAKE_NOTE not in texts(empty) and "no data in the demo (needs a GPU: NVML)" in texts(empty)
+    plt.close(empty)
+
+
+def test_a_drawing_writes_the_whole_dashboard_and_its_first_screen(tmp_path: Path) -> None:
+    """``draw`` writes the README's picture next to the whole dashboard: the first screen, twice the pixels of
+    half the grid's width."""
+    from PIL import Image
+
+    from demo.preview.__main__ import draw_run, main, top_of
+
+    events = tmp_path / "events.jsonl"
+    lines = [{"meta": {"window": W, "windows": 3, "started": T0, "host": "h", "nvml": collect.NVML_FAKE}}]
+    lines += [
+        {"group": "/ecs/triton/exporter", "time": d["_aws"]["Timestamp"] / 1000, "stream": "stdout", "message": m}
+        for d in nvml_fake_documents()
+        for m in [json.dumps(d)]
+    ]
+    events.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "p.png"
+    assert draw_run(events, out) == out and top_of(out) == tmp_path / "p-top.png"
+    full, first = Image.open(out), Image.open(tmp_path / "p-top.png")
+    assert full.width == dashboard.GRID_WIDTH * dashboard.COL_PX
+    assert first.width == 2 * dashboard.TOP_COLUMNS * dashboard.COL_PX
+    assert first.height < full.height
+    assert main(["draw", str(events), "--out", str(tmp_path / "again.png")]) == 0
+    assert (tmp_path / "again-top.png").stat().st_size > 50_000
 
 
 def test_text_is_cut_to_fit_never_over_its_neighbour() -> None:
