@@ -11,7 +11,10 @@ short windows and model sync, and keeps their EMF and log lines;
 :mod:`.metricmath` evaluates each widget's metrics (SEARCH, metric math,
 Metrics Insights, Contributor Insights rules) and :mod:`.logsinsights` each
 log widget's query over those data; :mod:`.dashboard` lays the widgets out
-on CloudWatch's 24-column grid with matplotlib. Only what the generated
+on CloudWatch's 24-column grid with matplotlib, and its first screen
+re-flowed for the README (docs/dashboard-preview-top.png); the run's exporter
+reads the test suite's NVML fake, so the GPU graphs have values, each saying
+where they come from. Only what the generated
 dashboard uses is implemented, and anything else fails loudly
 (:class:`~.metricmath.Unsupported`), so a new kind of widget cannot render
 empty without a word. :mod:`.rollout` draws a model-sync rollout timeline.
