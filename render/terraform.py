@@ -40,14 +40,29 @@ from .template import dashboard_body_template, dashboard_parameters
 ALARMS_FILE = "deploy/terraform/alarms.tf.json"
 DASHBOARD_FILE = "dashboards/triton.json.tftpl"
 
-# Alarm parameters the hand-written module declares in variables.tf: the task definition, service and
-# log groups use them too, and they carry the stack's patterns. Every other one is generated here.
-MODULE_VARIABLES = frozenset({"ClusterName", "ServiceName", "Namespace", "LogGroupPrefix", "ModelSync", "OtlpMetrics"})
+# Alarm parameters the hand-written module declares in variables.tf: the task definition, service, log groups,
+# controller alarms or dashboard use them too, and they carry the stack's patterns and defaults (an empty
+# namespace, alarm prefix or dashboard name is the deployment's own). Every other one is generated here.
+MODULE_VARIABLES = frozenset(
+    {
+        "ClusterName",
+        "ServiceName",
+        "Namespace",
+        "LogGroupPrefix",
+        "ModelSync",
+        "OtlpMetrics",
+        "AlarmNamePrefix",
+        "DashboardName",
+    }
+)
 # Names that are not variables: the service the module creates (so the scalable target depends on it),
 # and CloudFormation's pseudo parameters, which main.tf reads from data sources.
 REFERENCES = {
     "ServiceName": "aws_ecs_service.this.name",
     "Namespace": "local.namespace",  # var.namespace, or the deployment's own default when it is empty
+    # The same: the variable, or the task family when it is empty (the stack's default is its own name).
+    "AlarmNamePrefix": "local.alarm_name_prefix",
+    "DashboardName": "local.dashboard_name",
     "ModelSync": "local.model_sync",  # model_sync_bucket_name set
     "OtlpMetrics": "local.otlp_metrics",  # var.otlp_metrics (otlp.tf)
     "AWS::Region": "local.region",

@@ -525,7 +525,7 @@ resource "aws_ecs_service" "controller" {
 
 resource "aws_cloudwatch_metric_alarm" "controller_drains_paused" {
   count               = local.controller ? 1 : 0
-  alarm_name          = "${var.alarm_name_prefix}-gpu-drains-paused"
+  alarm_name          = "${local.alarm_name_prefix}-gpu-drains-paused"
   alarm_description   = "GPU drains are paused: more than --pause-above of the cluster's instances reported a draining GPU fault within an hour (a driver, an AMI?). Find the cause, then python -m controller resume (docs/controller.md)."
   namespace           = local.namespace
   metric_name         = "GpuDrainsPaused"
@@ -543,7 +543,7 @@ resource "aws_cloudwatch_metric_alarm" "controller_drains_paused" {
 
 resource "aws_cloudwatch_metric_alarm" "controller_drain_failures" {
   count               = local.controller ? 1 : 0
-  alarm_name          = "${var.alarm_name_prefix}-gpu-drain-failures"
+  alarm_name          = "${local.alarm_name_prefix}-gpu-drain-failures"
   alarm_description   = "An ECS or Auto Scaling call of a GPU drain or replacement failed (a missing permission, throttling); the controller retries on its next pass. Its log line says which call and why."
   namespace           = local.namespace
   metric_name         = "GpuDrainFailures"
@@ -561,7 +561,7 @@ resource "aws_cloudwatch_metric_alarm" "controller_drain_failures" {
 
 resource "aws_cloudwatch_metric_alarm" "controller_not_running" {
   count               = local.controller ? 1 : 0
-  alarm_name          = "${var.alarm_name_prefix}-controller-not-running"
+  alarm_name          = "${local.alarm_name_prefix}-controller-not-running"
   alarm_description   = "No controller heartbeat for 5 minutes: nothing decides GPU drains or makes a new task's model-sync queue (hosts keep serving; reports wait in the queue). Missing data is breaching: silence is a failure."
   namespace           = local.namespace
   metric_name         = "ControllerHeartbeat"
@@ -580,7 +580,7 @@ resource "aws_cloudwatch_metric_alarm" "controller_not_running" {
 
 resource "aws_cloudwatch_metric_alarm" "controller_reports_refused" {
   count               = local.controller ? 1 : 0
-  alarm_name          = "${var.alarm_name_prefix}-gpu-reports-refused"
+  alarm_name          = "${local.alarm_name_prefix}-gpu-reports-refused"
   alarm_description   = "The controller refused a GPU fault report: malformed, naming another cluster, a task not running, or sent by another role session than the reporting task's. Its log line names the check."
   namespace           = local.namespace
   metric_name         = "GpuReportsRefused"
@@ -598,7 +598,7 @@ resource "aws_cloudwatch_metric_alarm" "controller_reports_refused" {
 
 resource "aws_cloudwatch_metric_alarm" "controller_state_failures" {
   count               = local.controller ? 1 : 0
-  alarm_name          = "${var.alarm_name_prefix}-controller-state-failures"
+  alarm_name          = "${local.alarm_name_prefix}-controller-state-failures"
   alarm_description   = "The controller could not read or write its state for 3 minutes in a row (S3, its rights, or a conflict that does not clear); it decides nothing new until it can."
   namespace           = local.namespace
   metric_name         = "ControllerStateFailures"
@@ -619,7 +619,7 @@ resource "aws_cloudwatch_metric_alarm" "controller_state_failures" {
 # without their queue (they still sync every interval) or stopped tasks' queues behind.
 resource "aws_cloudwatch_metric_alarm" "controller_fanout_failures" {
   count               = local.model_sync ? 1 : 0
-  alarm_name          = "${var.alarm_name_prefix}-controller-fanout-failures"
+  alarm_name          = "${local.alarm_name_prefix}-controller-fanout-failures"
   alarm_description   = "The controller's fan-out calls (ECS, SQS, SNS, the fleet size in S3) failed in 3 of 5 minutes: new Triton tasks may have no model-sync queue (they sync every interval instead) or the canary share no fleet size. Its log line says which call and why."
   namespace           = local.namespace
   metric_name         = "FanoutFailures"
@@ -640,7 +640,7 @@ resource "aws_cloudwatch_metric_alarm" "controller_fanout_failures" {
 # had to be rewritten from the controller's stable copy.
 resource "aws_cloudwatch_metric_alarm" "controller_rollout_crashes" {
   count               = local.rollouts ? 1 : 0
-  alarm_name          = "${var.alarm_name_prefix}-rollout-crashes"
+  alarm_name          = "${local.alarm_name_prefix}-rollout-crashes"
   alarm_description   = "A canary's Triton exited while it served a new model artifact (ECS stop code EssentialContainerExited, or its daemon reported Triton gone, outside a drain, scale-in or deployment); a second crash rejects the artifact. The controller's log line names the model, the artifact and the task."
   namespace           = local.namespace
   metric_name         = "RolloutCrashes"
@@ -658,7 +658,7 @@ resource "aws_cloudwatch_metric_alarm" "controller_rollout_crashes" {
 
 resource "aws_cloudwatch_metric_alarm" "controller_rollout_state_repairs" {
   count               = local.rollouts ? 1 : 0
-  alarm_name          = "${var.alarm_name_prefix}-rollout-state-repairs"
+  alarm_name          = "${local.alarm_name_prefix}-rollout-state-repairs"
   alarm_description   = "A model's rollout state did not parse or validate (a hand edit, a writer other than the controller) and was rewritten from the controller's stable copy; no rejection was bypassed. Find who wrote it."
   namespace           = local.namespace
   metric_name         = "RolloutStateRepairs"

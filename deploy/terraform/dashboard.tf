@@ -2,6 +2,6 @@
 # CloudFormation template's), with this deployment's namespace, region, names and thresholds.
 resource "aws_cloudwatch_dashboard" "this" {
   count          = var.create_dashboard ? 1 : 0
-  dashboard_name = var.dashboard_name
+  dashboard_name = local.dashboard_name
   dashboard_body = templatefile("${path.module}/../../dashboards/triton.json.tftpl", local.dashboard_template_vars)
 }

@@ -24,6 +24,10 @@ locals {
   # One namespace per deployment by default (the stack's is Triton/<stack name>, its task family too),
   # so two deployments in one account never alarm or scale on each other's metrics.
   namespace = var.namespace != "" ? var.namespace : "Triton/${local.family}"
+  # The same for the names of the alarms, scaling policies, Contributor Insights rules and the dashboard (the
+  # stack's are its name): two deployments with the defaults would otherwise overwrite each other's.
+  alarm_name_prefix = var.alarm_name_prefix != "" ? var.alarm_name_prefix : local.family
+  dashboard_name    = var.dashboard_name != "" ? var.dashboard_name : local.family
 
   # The ${...} placeholders of both task definition files (templatefile() takes extra names).
   # Their values land inside JSON strings, so they are JSON-escaped. The image tags are parts of

@@ -438,6 +438,18 @@ variable "namespace" {
   }
 }
 
+variable "alarm_name_prefix" {
+  type        = string
+  description = "Prefix of every alarm, scaling policy and Contributor Insights rule name. Empty: the task family, so two deployments in one account never share an alarm name"
+  default     = ""
+}
+
+variable "dashboard_name" {
+  type        = string
+  description = "Name of the CloudWatch dashboard. Empty: the task family, so two deployments in one account never share one"
+  default     = ""
+}
+
 variable "log_group_prefix" {
   type        = string
   description = "Fluent Bit log group prefix (TRITON_LOG_GROUP_PREFIX); every log group of the module starts with it"

@@ -648,6 +648,9 @@ def test_nested_alarms_stack_gets_every_parameter(template, alarms_template, sta
         "ClusterName": {"Ref": "ClusterName"},
         "ServiceName": {"Fn::GetAtt": ["Service", "Name"]},
         "Namespace": NAMESPACE,  # the stack's default differs on purpose: test_namespace_is_one_per_stack
+        # ...and so do these two's: test_alarm_and_dashboard_names_are_one_per_stack
+        "AlarmNamePrefix": STACK_NAMED["AlarmNamePrefix"],
+        "DashboardName": STACK_NAMED["DashboardName"],
         "ModelSync": {"Fn::If": ["ModelSyncEnabled", "true", "false"]},
     }
     for name, value in passed.items():
@@ -689,6 +692,82 @@ def test_namespace_is_one_per_stack(template) -> None:
     env = {e["name"]: e["value"] for e in by_name(stack_taskdef(chosen))["exporter"]["environment"]}
     assert env["AWS_EMF_NAMESPACE"] == "Prod/Triton"
     assert template["Parameters"]["Namespace"]["Default"] == ""
+
+
+# Parameters whose empty default is the stack's own name: what the stack passes to the nested alarms stack.
+STACK_NAMED = {
+    name: {"Fn::If": [f"Has{name}", {"Ref": name}, {"Ref": "AWS::StackName"}]}
+    for name in ("AlarmNamePrefix", "DashboardName")
+}
+
+
+def nested_of(s: Stack) -> Stack:
+    """The nested alarms stack as the stack creates it: with the parameters it passes."""
+    passed = s.props("Alarms")["Parameters"]
+    passed["ServiceName"] = s.props("Service")["ServiceName"]  # what GetAtt Service.Name returns
+    return Stack(json.loads(ALARMS.read_text()), **passed)
+
+
+NAMED = {  # what a stack names with the alarm prefix: resource type -> its name property
+    "AWS::CloudWatch::Alarm": "AlarmName",
+    "AWS::ApplicationAutoScaling::ScalingPolicy": "PolicyName",
+    "AWS::CloudWatch::InsightRule": "RuleName",
+}
+
+
+def names_created(s: Stack) -> tuple[dict[str, set[str]], set[str]]:
+    """The names the stack gives its alarms, scaling policies and Contributor Insights rules (the main stack's
+    own and the nested alarms stack's), by type, and its dashboards' names, with its parameters and name."""
+    nested = nested_of(s)
+    names = {
+        kind: {one.props(n)[prop] for one in (s, nested) for n in one.resources(kind)} for kind, prop in NAMED.items()
+    }
+    dashboards = {nested.props(n)["DashboardName"] for n in nested.resources("AWS::CloudWatch::Dashboard")}
+    return names, dashboards
+
+
+def _unprefixed(names: dict[str, set[str]], prefix: str) -> dict[str, set[str]]:
+    assert all(n.startswith(prefix) for kind in names.values() for n in kind), (prefix, names)
+    return {kind: {n.removeprefix(prefix) for n in kind_names} for kind, kind_names in names.items()}
+
+
+def test_alarm_and_dashboard_names_are_one_per_stack(template) -> None:
+    """Two stacks in one account with the defaults create disjoint alarms, scaling policies, Contributor Insights
+    rules and dashboards, named after each stack: with one shared prefix the second stack's create fails on the
+    first's alarm names, and with one dashboard name each would overwrite the other's. An explicit
+    AlarmNamePrefix or DashboardName still wins, each over its own names only."""
+    for name in STACK_NAMED:
+        assert template["Parameters"][name]["Default"] == ""
+        assert template["Conditions"][f"Has{name}"] == {"Fn::Not": [{"Fn::Equals": [{"Ref": name}, ""]}]}
+    # Everything on: the controller's alarms (drains, fan-out, rollouts), model sync's rules, scaling, PromQL.
+    every = {"GpuFaultAction": "drain", "ModelSyncBucketName": "example-models", "CanaryFraction": "0.25"}
+    every |= {"OtlpMetrics": "true"}
+    one, two = mk(template, **every), mk(template, **every)
+    two.pseudo = PSEUDO | {"AWS::StackName": "triton-b"}
+    (names_a, dash_a), (names_b, dash_b) = names_created(one), names_created(two)
+    for kind in NAMED:  # every one of both templates' resources of the type is created, so every name is compared
+        made = sum(
+            r["Type"] == kind for t in (template, json.loads(ALARMS.read_text())) for r in t["Resources"].values()
+        )
+        assert made and len(names_a[kind]) == len(names_b[kind]) == made, kind
+        assert names_a[kind].isdisjoint(names_b[kind]), kind
+    assert _unprefixed(names_a, "triton-") == _unprefixed(names_b, "triton-b-")
+    assert (dash_a, dash_b) == ({"triton"}, {"triton-b"})
+    # The dashboard's alarm widgets show this stack's alarms, not the other's.
+    body = nested_of(two).props("Dashboard")["DashboardBody"]
+    assert ":alarm:triton-b-" in body and ":alarm:triton-" not in body.replace(":alarm:triton-b-", "")
+    # Explicit values win, whatever the stack's name.
+    suffixes = _unprefixed(names_a, "triton-")
+    for s in (one, two):
+        chosen = Stack(template, **(s.params | {"AlarmNamePrefix": "prod-triton", "DashboardName": "Prod"}))
+        chosen.pseudo = s.pseudo
+        names, dashboards = names_created(chosen)
+        assert _unprefixed(names, "prod-triton-") == suffixes and dashboards == {"Prod"}
+    # Each on its own: the prefix does not rename the dashboard, nor the dashboard's name the alarms.
+    names, dashboards = names_created(mk(template, **every, DashboardName="Prod"))
+    assert names == names_a and dashboards == {"Prod"}
+    names, dashboards = names_created(mk(template, **every, AlarmNamePrefix="prod-triton"))
+    assert _unprefixed(names, "prod-triton-") == suffixes and dashboards == {"triton"}
 
 
 def test_dashboard_output_follows_the_nested_condition(template, alarms_template) -> None:

@@ -47,7 +47,18 @@ from render.alarms import SCALING_ACTIONS, alarm_specs
 from render.alarms.promql import PROMQL
 from render.base.options import Options
 from render.template import POLICY_IDS
-from tests.deploy.test_stack import ACCOUNT, REGION, REGISTRY, VALUES, Stack, api_shape, integer_fields, load_cfn_yaml
+from tests.deploy.test_stack import (
+    ACCOUNT,
+    PSEUDO,
+    REGION,
+    REGISTRY,
+    VALUES,
+    Stack,
+    api_shape,
+    integer_fields,
+    load_cfn_yaml,
+    names_created,
+)
 from tests.deploy.test_stack_modelsync import MODELSYNC_RESOURCES
 from tests.support.helpers import CATALOG
 from tests.support.paths import REPO
@@ -111,6 +122,8 @@ SCENARIOS = {
         "MinCapacity": "2",
         "MaxCapacity": "8",
     },
+    # Both names given, with the dashboard on: they win over the deployment's own on both sides.
+    "named": {"AlarmNamePrefix": "prod-triton", "DashboardName": "Prod", "ModelSyncBucketName": "example-models"},
     "topic-and-scaling": {
         "AlarmTopicArn": f"arn:aws:sns:{REGION}:{ACCOUNT}:ops",
         "PendingRequestsScaleOut": "20",
@@ -1374,9 +1387,47 @@ def deployment_names(stack: Stack, plan: dict[str, Any]) -> dict[str, str]:
     return names
 
 
+# Terraform types named with the alarm prefix, and the dashboard, whose alarm widgets name the alarms.
+PREFIXED = (
+    "aws_cloudwatch_metric_alarm",
+    "aws_appautoscaling_policy",
+    "aws_cloudwatch_contributor_insight_rule",
+    "aws_cloudwatch_dashboard",
+)
+NAME_FIELDS = {  # the name argument of each
+    "aws_cloudwatch_metric_alarm": "alarm_name",
+    "aws_appautoscaling_policy": "name",
+    "aws_cloudwatch_contributor_insight_rule": "rule_name",
+}
+
+
+def default_names(stack: Stack, plan: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The alarm prefix and the dashboard's name where their parameters are empty: the stack's name there, the task
+    family here (each deployment its own, issue 38). Every name the plan gives must start with the family (the
+    dashboard's must be it), then the plan's are written as the stack's, so the names and bodies compare."""
+    tf_family = one_of(plan, "aws_ecs_task_definition.this")["family"]
+    ours = stack.pseudo["AWS::StackName"]
+    plan, diffs = dict(plan), []
+    if not stack.params["AlarmNamePrefix"]:
+        for address, args in plan.items():
+            rtype = address.split(".")[0]
+            if rtype not in PREFIXED:
+                continue
+            name = args.get(NAME_FIELDS.get(rtype, ""))
+            if isinstance(name, str) and not name.startswith(f"{tf_family}-"):
+                diffs.append(f"default alarm prefix: terraform names {name}, not after the task family {tf_family}")
+            plan[address] = _replace_strings(args, {f"{tf_family}-": f"{ours}-"})
+    if not stack.params["DashboardName"]:
+        for address, args in of_type(plan, "aws_cloudwatch_dashboard").items():
+            if args["dashboard_name"] != tf_family:
+                diffs.append(f"default dashboard name: terraform {args['dashboard_name']}, not the task family")
+            plan[address] = args | {"dashboard_name": ours}
+    return plan, diffs
+
+
 def differences(stack: Stack, nested: Stack, plan: dict[str, Any]) -> list[str]:
-    diffs = []
     plan = _replace_strings(plan, deployment_names(stack, plan))
+    plan, diffs = default_names(stack, plan)
     for s in (stack, nested):
         for name, res in s.t["Resources"].items():
             if res["Type"] == "AWS::CloudFormation::Stack":
@@ -1678,8 +1729,55 @@ def test_module_and_stack_describe_the_same_deployment(template, alarms_template
         assert not cluster and plan["aws_ecs_service.this"]["launch_type"] == "EC2"
 
 
+def tf_names(plan: dict[str, Any]) -> tuple[dict[str, set[str]], set[str]]:
+    """The plan's names by the stack's resource types (test_stack.names_created's), and its dashboards' names."""
+    types = {"AWS::CloudWatch::Alarm": "aws_cloudwatch_metric_alarm"}
+    types |= {"AWS::ApplicationAutoScaling::ScalingPolicy": "aws_appautoscaling_policy"}
+    types |= {"AWS::CloudWatch::InsightRule": "aws_cloudwatch_contributor_insight_rule"}
+    names = {
+        kind: {args[NAME_FIELDS[rtype]] for args in of_type(plan, rtype).values()} for kind, rtype in types.items()
+    }
+    return names, {args["dashboard_name"] for args in of_type(plan, "aws_cloudwatch_dashboard").values()}
+
+
+def test_alarm_and_dashboard_names_are_one_per_deployment(template) -> None:
+    """Issue 38: two deployments of the module in one account with the defaults create disjoint alarms, scaling
+    policies, Contributor Insights rules and dashboards, named after each one's task family (<cluster>-<service>
+    or task_family), as two stacks are after their names; an explicit alarm_name_prefix or dashboard_name wins.
+    And the module names them as the stack does: a stack named as the module's family gives the same names."""
+    every = VALUES | {"GpuFaultAction": "drain", "ModelSyncBucketName": "example-models", "CanaryFraction": "0.25"}
+    every |= {"OtlpMetrics": "true"}
+    (names_a, dash_a), (names_b, dash_b) = (
+        tf_names(module_for(every).plan()),
+        tf_names(module_for(every | {"ServiceName": "inference"}).plan()),
+    )
+    family = Module(TF, tf_inputs(every) | {"task_family": "team-llm"}, DATA)
+    names_c, dash_c = tf_names(family.plan())
+    for kind, a in names_a.items():
+        assert a and len(a) == len(names_b[kind]) == len(names_c[kind]), kind
+        assert a.isdisjoint(names_b[kind]) and a.isdisjoint(names_c[kind]) and names_b[kind].isdisjoint(names_c[kind])
+        assert all(n.startswith("gpu-cluster-triton-") for n in a), kind
+        suffixes = {n.removeprefix("gpu-cluster-triton-") for n in a}
+        assert {n.removeprefix("gpu-cluster-inference-") for n in names_b[kind]} == suffixes, kind
+        assert {n.removeprefix("team-llm-") for n in names_c[kind]} == suffixes, kind
+    assert (dash_a, dash_b, dash_c) == ({"gpu-cluster-triton"}, {"gpu-cluster-inference"}, {"team-llm"})
+    # The stack, named as the module's family, names every alarm, policy, rule and the dashboard alike.
+    stack = Stack(template, **every)
+    stack.pseudo = PSEUDO | {"AWS::StackName": "gpu-cluster-triton"}
+    assert names_created(stack) == (names_a, dash_a)
+    # Explicit values win, whatever the deployment; and agree with the stack's.
+    named = {"AlarmNamePrefix": "prod-triton", "DashboardName": "Prod"}
+    chosen = [tf_names(module_for(every | extra | named).plan()) for extra in ({}, {"ServiceName": "inference"})]
+    assert chosen[0] == chosen[1] == names_created(Stack(template, **(every | named)))
+    assert chosen[0][1] == {"Prod"}
+    assert all(n.startswith("prod-triton-") for kind in chosen[0][0].values() for n in kind)
+    # Empty by default, as the stack's parameters (test_every_stack_parameter_is_a_variable_with_its_default).
+    assert [module_for(VALUES).var(v) for v in ("alarm_name_prefix", "dashboard_name")] == ["", ""]
+
+
 def test_the_dashboard_with_the_defaults_is_the_committed_one() -> None:
-    plan = module_for(VALUES | {"Namespace": "Triton"}).plan()  # the render's default namespace
+    # The render's default namespace and alarm prefix (the module's defaults are the task family's).
+    plan = module_for(VALUES | {"Namespace": "Triton", "AlarmNamePrefix": "triton"}).plan()
     body = json.loads(plan["aws_cloudwatch_dashboard.this[0]"]["dashboard_body"])
     # The sample account and region are the render defaults, so this is dashboards/triton.json itself.
     assert (Options(catalog=CATALOG).account_id, Options(catalog=CATALOG).region) == (ACCOUNT, REGION)
@@ -1743,6 +1841,19 @@ DRIFTS = [
         "scaling policy triton-scale-out-excess",
     ),
     ("../../dashboards/triton.json.tftpl", '"period": 60', '"period": 300', "dashboards differ"),
+    # The render's fixed default names, where the stack's are its own name (issue 38).
+    (
+        "main.tf",
+        'alarm_name_prefix = var.alarm_name_prefix != "" ? var.alarm_name_prefix : local.family',
+        'alarm_name_prefix = var.alarm_name_prefix != "" ? var.alarm_name_prefix : "triton"',
+        "default alarm prefix: terraform names triton-",
+    ),
+    (
+        "main.tf",
+        'dashboard_name    = var.dashboard_name != "" ? var.dashboard_name : local.family',
+        'dashboard_name    = var.dashboard_name != "" ? var.dashboard_name : "Triton"',
+        "default dashboard name: terraform Triton",
+    ),
     # The X-Ray policy attached without tracing, where the stack attaches none.
     (
         "tracing.tf",
@@ -2125,7 +2236,16 @@ CLUSTER_DRIFTS = [
         )
     ]
     + [(scenario, *d) for d in GPU_DRAIN_DRIFTS for scenario in ("cluster-gpu-drain", "gpu-drain-group")]
-    + [("modelsync-drain", *d) for d in FANOUT_DRIFTS],
+    + [("modelsync-drain", *d) for d in FANOUT_DRIFTS]
+    + [
+        (  # the controller's alarms without the deployment's default prefix
+            "gpu-drain",
+            "controller.tf",
+            '"${local.alarm_name_prefix}-gpu-drains-paused"',
+            '"${var.alarm_name_prefix}-gpu-drains-paused"',
+            "default alarm prefix: terraform names -gpu-drains-paused",
+        )
+    ],
 )
 def test_a_drifted_module_fails_the_comparison(
     template, alarms_template, tmp_path: Path, scenario: str, path: str, old: str, new: str, expect: str
@@ -2158,6 +2278,15 @@ def test_a_drifted_stack_fails_the_comparison(template, alarms_template) -> None
     assert any("PlacementConstraints" in d for d in diffs), diffs
     assert any("Queue (AWS::SQS::Queue) has no Terraform counterpart" in d for d in diffs), diffs
     assert any(d.startswith("alarm triton-exporter-heartbeat-missing.Threshold") for d in diffs), diffs
+    # The empty alarm prefix and dashboard name passed on as they are, not as the stack's name.
+    t = copy.deepcopy(template)
+    passed = t["Resources"]["Alarms"]["Properties"]["Parameters"]
+    passed |= {"AlarmNamePrefix": {"Ref": "AlarmNamePrefix"}, "DashboardName": {"Ref": "DashboardName"}}
+    stack, nested = stacks_for(t, alarms_template, VALUES)
+    diffs = differences(stack, nested, plan)
+    assert any(d.startswith("alarms: stack ['-exporter-heartbeat-missing'") for d in diffs), diffs
+    assert any(d.startswith("scaling policies: stack ['-scale-in'") for d in diffs), diffs
+    assert "dashboards differ: stack [''], terraform ['triton']" in diffs, diffs
 
 
 def test_a_drifted_stack_fails_the_comparison_with_model_sync(template, alarms_template) -> None:
@@ -2454,7 +2583,9 @@ def test_example_root_module_plans_with_its_tfvars() -> None:
     assert "module.triton.aws_iam_role_policy.task_model_bucket[0]" in plan
     outputs = root.outputs()
     assert outputs["log_groups"]["metrics"] == "/ecs/triton/metrics"
-    assert outputs["alarm_names"]["exporter-heartbeat-missing"] == "triton-exporter-heartbeat-missing"
+    # No alarm prefix or dashboard name given: the task family's, <cluster>-<service>, one per deployment.
+    assert outputs["alarm_names"]["exporter-heartbeat-missing"] == "my-gpu-cluster-triton-exporter-heartbeat-missing"
+    assert outputs["dashboard_name"] == td["family"] == "my-gpu-cluster-triton"
     alarm = plan["module.triton.aws_cloudwatch_metric_alarm.exporter_heartbeat_missing"]
     assert alarm["alarm_actions"] == [values["alarm_topic_arn"]]
     assert not [a for a in plan if "modelsync" in a] and outputs["model_sync_topic_arn"] is None
