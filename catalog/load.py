@@ -87,9 +87,9 @@ METRIC_KEYS = {
     "override",
 }
 DIMENSION_KEYS = {"help", "values"}
-MODELSYNC_EVENTS = ("attempt", "model", "host", "rollout")
+MODELSYNC_EVENTS = ("attempt", "model", "host", "rollout", "start")
 """The events model sync writes (modelsync/metrics.py): one per attempt, per model and reconcile, per reconcile,
-per rollout decision."""
+per rollout decision, per task start."""
 INPUT_KEYS = {"family", "sample", "split", "select", "scale", "cumulative", "decoupled"}
 SUFFIXES = ("_bucket", "_sum", "_count")
 

@@ -34,6 +34,7 @@ from .reconcile import Report, Syncer
 from .rollout import Rollouts
 from .s3 import S3, make_client
 from .settings import ConfigError, Settings, load
+from .startup import StartWatch
 from .store import Store, StoreError
 from .transfer import TransferConfig
 from .triton import Triton
@@ -266,6 +267,7 @@ def run_daemon(app: App, stop: threading.Event, log: logging.Logger) -> None:
     """Reconcile at start and every interval (fixed rate), and the models SQS events name in between; until
     the first sync is complete, every few seconds."""
     interval = app.settings.interval
+    measured = StartWatch.attach(app.syncer, log, stop)  # this task's start, reported once (startup.py)
     app.syncer.recover()
     heartbeat(app, stop, log)
     rollout_ticks(app, stop, log)
@@ -291,7 +293,9 @@ def run_daemon(app: App, stop: threading.Event, log: logging.Logger) -> None:
     )
     while not stop.is_set():
         try:
-            app.syncer.reconcile_all()
+            report = app.syncer.reconcile_all()
+            if measured is not None:
+                measured.after_pass(report)
         except SinkClosed:
             raise
         except Exception:  # a bug in one pass must not end the daemon

@@ -9,7 +9,7 @@ metric breaks the render instead of leaving an empty widget. The result
 names of :class:`modelsync.errors.Result` are checked against the pack when
 this module is imported.
 
-Four kinds of event, each one EMF document:
+Five kinds of event, each one EMF document:
 
 - ``attempt``: one per sync attempt of one model (dimensions ``model`` and
   ``result``), with the phase durations it reached;
@@ -19,6 +19,7 @@ Four kinds of event, each one EMF document:
 - ``host``: one per reconcile, the host's totals (``RolloutsInFlight`` with safe rollouts on);
 - ``rollout``: one per decision of a safe rollout (dimension ``model``), from the host that made it, with
   the verdict, the artifacts and the evidence as properties (modelsync/rollout.py).
+- ``start``: one per task start, ``TimeToServe`` and its phases (modelsync/startup.py).
 
 Every dimension set starts with the empty one: a service-wide series per
 metric (what the alarm reads); the host is a property, never a dimension
@@ -40,6 +41,9 @@ from .errors import Result
 
 ROLLOUT_METRICS = ("RolloutsStarted", "RolloutsPromoted", "RolloutsRejected", "RolloutRollbacks", "RolloutEvidenceWait")
 PHASES = ("download", "verify", "extract", "swap", "load")
+# The start event's (modelsync/startup.py): the whole, then its phases in startup.PHASES' order.
+START_METRICS = ("TimeToServe", "StartWaitTime", "StartListTime", "StartDownloadTime", "StartVerifyTime",
+                 "StartPlaceTime", "StartLoadTime", "StartFirstReadyTime")  # fmt: skip
 KEYS = EVENT_KEYS[Scope.MODELSYNC]  # model, result: what an event may carry as dimensions
 
 
@@ -55,7 +59,7 @@ def check_pack(pack: Catalog) -> None:
         *(f"Sync{p.title()}Time" for p in PHASES),
         "SyncAttempts", "SyncFailures", "SyncUploadToReady", "SyncBytesDownloaded",
         "ModelInSync", "ModelsInSync", "ModelsOutOfSync", "SecondsSinceLastSuccess", "RolloutsInFlight",
-        *ROLLOUT_METRICS,
+        *ROLLOUT_METRICS, *START_METRICS,
     }  # fmt: skip
     missing = sorted(wanted - {m.name for m in pack.metrics})
     if missing:
@@ -84,15 +88,19 @@ class Attempt:
     serving: str = ""  # sha256 on disk (and in Triton) after the attempt
     upload_to_ready: float | None = None
     reused: bool = False  # linked a directory another repository of the store had extracted: no download
+    spans: list[tuple[str, float, float]] = field(default_factory=list)  # (phase, start, end): perf_counter s
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Time the block into ``phases[name]`` (a phase may be entered more than once: the times add up)."""
+        """Time the block into ``phases[name]`` (a phase may be entered more than once: the times add up) and
+        keep its interval in ``spans`` (modelsync/startup.py measures a task's start from them)."""
         start = time.perf_counter()
         try:
             yield
         finally:
-            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - start
+            end = time.perf_counter()
+            self.phases[name] = self.phases.get(name, 0.0) + end - start
+            self.spans.append((name, start, end))
 
 
 @dataclass
@@ -117,6 +125,7 @@ class Recorder:
         self.sink = sink
         self.host = host
         self.wall = wall
+        self.watchers: list[Callable[[Attempt], None]] = []  # told of every attempt recorded (startup.py)
 
     def _send(self, event: Event) -> None:
         self.sink.send(self.encoder.encode(event, int(self.wall() * 1000)))
@@ -143,6 +152,8 @@ class Recorder:
         if a.upload_to_ready is not None:
             values["SyncUploadToReady"] = round(max(0.0, a.upload_to_ready), 3)
         self._send(Event(Scope.MODELSYNC, dims, values, props))
+        for watcher in self.watchers:
+            watcher(a)
 
     def model_state(self, s: ModelState) -> None:
         props: dict[str, object] = {
@@ -183,3 +194,10 @@ class Recorder:
             raise ValueError(f"not rollout metrics: {sorted(unknown)}")
         dims = dimensions_for(("model",), {"model": model}, props)
         self._send(Event(Scope.MODELSYNC, dims, values, {"host": self.host, **props}))
+
+    def start(self, values: dict[str, float], props: dict[str, object]) -> None:
+        """A task's start, once (modelsync/startup.py): ``values`` are some of :data:`START_METRICS`."""
+        unknown = set(values) - set(START_METRICS)
+        if unknown:
+            raise ValueError(f"not start metrics: {sorted(unknown)}")
+        self._send(Event(Scope.MODELSYNC, {}, values, {"host": self.host, **props}))

@@ -31,6 +31,7 @@ from typing import Any
 
 from .errors import DownloadError
 from .fsio import FileSystem
+from .spans import Observe, spanned
 from .transfer import Source, Transfer, TransferConfig
 
 SUFFIX = ".zip"
@@ -104,9 +105,14 @@ class S3:
         self.bucket = bucket
         self.prefix = prefix
         self.transfer = transfer or TransferConfig()
+        self.observe: Observe | None = None  # told how long each listing took ("list"): modelsync/startup.py
 
     def list(self) -> Listing:
         """Every archive and manifest under the prefix (raises DownloadError when S3 cannot be listed)."""
+        with spanned(self.observe, "list"):
+            return self._list()
+
+    def _list(self) -> Listing:
         found: dict[str, list[Archive]] = {}
         ignored: dict[str, str] = {}
         try:

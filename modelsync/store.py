@@ -58,6 +58,7 @@ from typing import Any
 
 from .errors import DiskFull, LoadFailed
 from .fsio import FileSystem, LocalFileSystem, fsync_dir, raise_disk_full, write_json
+from .spans import Observe, spanned
 from .transfer import resumable
 
 STAGING, REFS, CLAIMS, LOCK = ".staging", ".refs", ".claims", ".lock"
@@ -117,6 +118,7 @@ class Store:
         self._seq = itertools.count()
         self._previous: dict[str, str] = {}  # model -> the directory its current one replaced
         self._pending: set[str] = set()  # "<model>/<dir>" committed or adopted, not linked yet
+        self.observe: Observe | None = None  # told how long a claim waited ("wait"): modelsync/startup.py
 
     # --- start and stop -------------------------------------------------------------------
 
@@ -259,7 +261,8 @@ class Store:
         path = self.root / CLAIMS / sha
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            with spanned(self.observe, "wait"):
+                fcntl.flock(fd, fcntl.LOCK_EX)
             os.utime(fd)
             yield
         finally:

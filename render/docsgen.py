@@ -177,7 +177,11 @@ METRIC_KEYS_DOC = (
     ),
     ("breakdown_of", "a total (another metric): this metric's zero is left out while the total is zero too"),
     ("help", "what it means (required)"),
-    ("event", "scope `modelsync` only (required there): the event that carries it, `attempt`, `model` or `host`"),
+    (
+        "event",
+        "scope `modelsync` only (required there): the event that carries it, `attempt`, `model`, `host`, "
+        "`rollout` or `start`",
+    ),
     (
         "interval",
         "seconds between its values when shorter than the exporter's `--interval`: a divisor of 60 below it "
@@ -307,6 +311,8 @@ EVENT_TEXT = {
     "attempt": "one per sync attempt of one model",
     "model": "one per model per reconcile",
     "host": "one per reconcile",
+    "rollout": "one per decision of a safe rollout",
+    "start": "one per task start (modelsync/startup.py)",
 }
 
 

@@ -1,9 +1,10 @@
-"""Model sync: attempts by result, failures, phase durations, upload to READY, bytes, version skew, failures,
-and safe rollouts (decisions per model, rollouts in flight, evidence waits, a timeline of every decision).
+"""Model sync: attempts by result, failures, phase durations, upload to READY, bytes, each task's start (time
+to serve and its phases), version skew, failures, and safe rollouts (decisions per model, rollouts in flight,
+evidence waits, a timeline of every decision).
 
 Every metric comes from model sync's pack of the catalog (``opts.modelsync``) through the one reference
-checker; the phase-duration graph draws every ``Sync<Phase>Time`` metric the pack defines. :data:`GRAPHS`
-is the table of per-model and per-result SEARCH graphs.
+checker; the phase-duration graph draws every ``Sync<Phase>Time`` metric the pack defines, the task-start graph
+every ``Start<Phase>Time``. :data:`GRAPHS` is the table of per-model and per-result SEARCH graphs.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from ..base.widgets import Placed, Section, emitted, expr, graph, logs, row, sea
 
 TEXT = (
     "**Model sync**: S3 archives installed on every host by modelsync: attempts by result, failures per "
-    "model, phase durations, time from upload to READY, and hosts serving different builds of one model "
-    "(Logs Insights over the modelsync log group). With safe rollouts (--canary-fraction): each rollout's "
-    "decisions per model, the rollouts in flight, and a timeline of every decision with its evidence."
+    "model, phase durations, time from upload to READY, hosts serving different builds of one model "
+    "(Logs Insights over the modelsync log group), and each task's start: its time to serve and phases. With "
+    "safe rollouts (--canary-fraction): each rollout's decisions per model, the rollouts in flight, and a "
+    "timeline of every decision with its evidence."
 )
 PHASE = re.compile(r"Sync([A-Z][a-z]+)Time")
+START_PHASE = re.compile(r"Start([A-Z][A-Za-z]+)Time")
 
 # title, metric, dimension set, statistic, y-axis label, annotations
 GRAPHS: tuple[tuple[str, str, tuple[str, ...], str, str, list[dict[str, Any]] | None], ...] = (
@@ -120,11 +123,43 @@ def widgets(opts: Options) -> list[Placed]:
         Placed(hosts),
         Placed(durations),
         *_searches(opts, LATER_GRAPHS),
+        *start_widgets(opts),
         Placed(skew, 12),
         Placed(served, 12),
         Placed(recent, 24),  # a row of its own: the rollout graphs after it fill the next row, three of 8
         *rollout_widgets(opts),
     ]
+
+
+def start_widgets(opts: Options) -> list[Placed]:
+    """Each task's start (modelsync/startup.py): ``TimeToServe`` beside every ``Start<Phase>Time`` the pack
+    defines (phases are unions of wall-clock intervals and may overlap, so they are drawn side by side, never
+    stacked), and one row per start from the daemon's ``task start`` log line."""
+    pack = opts.modelsync
+    phases = [(m.name, match.group(1)) for m in pack.metrics if (match := START_PHASE.fullmatch(m.name))]
+    labels = {name: re.sub(r"(?<!^)(?=[A-Z])", " ", part).lower() for name, part in phases}
+    starts = graph(
+        opts,
+        "Task start: time to serve and its phases (s, slowest start)",
+        [
+            row(opts, "TimeToServe", {"stat": "Maximum", "label": "time to serve"}, pack),
+            *(row(opts, name, {"stat": "Maximum", "label": labels[name]}, pack) for name, _ in phases),
+        ],
+        stat="Maximum",
+        unit_label="seconds",
+    )
+    per_start = logs(
+        opts,
+        "Task starts, newest first: time to serve and its phases (s), bytes downloaded, reused from the store",
+        [modelsync_log_group(opts)],
+        "fields @timestamp, host, time_to_serve_s, phases.wait as wait, phases.list as list,"
+        " phases.download as download, phases.verify as verify, phases.place as place, phases.load as load,"
+        " phases.first_ready as first_ready, bytes_downloaded, reused"
+        # The daemon's JSON line only: the start's EMF event is in the same group, with the same host.
+        '\n| filter logger = "modelsync" and ispresent(time_to_serve_s)'
+        "\n| sort @timestamp desc\n| limit 100",
+    )
+    return [Placed(starts), Placed(per_start, 16)]
 
 
 ROLLOUT_GRAPHS: tuple[tuple[str, str, tuple[str, ...], str, str, list[dict[str, Any]] | None], ...] = (

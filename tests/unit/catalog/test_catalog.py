@@ -443,7 +443,8 @@ def read_sync(text: str) -> Catalog:
 def test_the_modelsync_pack_loads_apart_from_the_exporters_catalog() -> None:
     pack = modelsync_catalog()
     assert pack.metrics and all(m.scope is Scope.MODELSYNC and m.kind is Kind.SUPPLIED for m in pack.metrics)
-    assert all(m.source == "modelsync" and m.event in ("attempt", "model", "host", "rollout") for m in pack.metrics)
+    events = ("attempt", "model", "host", "rollout", "start")
+    assert all(m.source == "modelsync" and m.event in events for m in pack.metrics)
     assert pack.dimensions["result"].names()[0] == "ok"
     assert not {m.name for m in pack.metrics} & {m.name for m in build().defined}  # the exporter emits none
     with pytest.raises(CatalogError, match="read on its own"):

@@ -542,6 +542,12 @@ EMITTED = [
     ("RolloutRollbacks", "Count", "rollout", (_ALL, _M)),
     ("RolloutEvidenceWait", "Seconds", "rollout", (_ALL, _M)),
     ("RolloutsInFlight", "Count", "host", (_ALL,)),
+    # a task's start (modelsync/startup.py)
+    ("TimeToServe", "Seconds", "start", (_ALL,)),
+    *(
+        (f"Start{p}Time", "Seconds", "start", (_ALL,))
+        for p in ("Wait", "List", "Download", "Verify", "Place", "Load", "FirstReady")
+    ),
 ]
 
 

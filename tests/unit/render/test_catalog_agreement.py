@@ -24,6 +24,7 @@ from exporter.sources.nvml import NvmlSource
 from exporter.sources.promtext import Parser
 from modelsync.errors import Result
 from modelsync.metrics import METRICS, PHASES, ROLLOUT_METRICS, Attempt, ModelState, Recorder
+from modelsync.startup import Startup, metric_values
 from render import alarms, dashboard, render
 from render.base.options import Options
 from telemetry.sinks import StreamSink
@@ -109,6 +110,7 @@ def run_modelsync(namespace: str = "Triton") -> list[bytes]:
     rec.host_state(1, 0, 5.0, 1)
     for metric in ROLLOUT_METRICS:  # one rollout decision each, as rollout.py writes them
         rec.rollout("add", {metric: 1.0}, {"verdict": "promoted", "artifact": "b" * 64, "evidence": {"canary": {}}})
+    rec.start(metric_values(Startup(0.0).served(1.0)), {"reused": False})  # one task start, as startup.py reports it
     return buf.getvalue().splitlines()
 
 

@@ -246,9 +246,10 @@ def test_log_widgets_use_the_fluent_bit_group_names() -> None:
     body = json.loads((ROOT / "dashboards" / "triton.json").read_text())
     queries = [w["properties"]["query"] for w in body["widgets"] if w["type"] == "log"]
     # Fluent Bit's groups: errors, and exporter (the trace relay's slow-request lines, the GPU fault lines); and
-    # the modelsync daemon's own awslogs group (deploy/stack.yaml: artifacts served, sync failures, rollouts).
+    # the modelsync daemon's own awslogs group (deploy/stack.yaml: artifacts served, sync failures, task starts,
+    # rollouts).
     triton = [q for q in queries if not q.startswith((f"SOURCE '{prefix}/modelsync'", f"SOURCE '{prefix}/exporter'"))]
-    assert len(triton) == len(queries) - 5 and all(q.startswith(f"SOURCE '{prefix}/errors'") for q in triton)
+    assert len(triton) == len(queries) - 6 and all(q.startswith(f"SOURCE '{prefix}/errors'") for q in triton)
     assert "log_group_name      ${TRITON_LOG_GROUP_PREFIX}/exporter" in conf
 
 
