@@ -88,7 +88,7 @@ def imports(python: str, url: str, script: Path = SCRIPT) -> tuple[list[str], fl
         return rows
 
     bare = {name.strip() for name, _ in read([python, "-X", "importtime", "-I", "-S", "-c", "pass"])}
-    rows = read([python, "-X", "importtime", "-I", "-S", str(script), "--url", url, "--quiet"])
+    rows = read([python, "-X", "importtime", "-I", "-S", str(script), "--triton-url", url, "--quiet"])
     extra = [(name, us) for name, us in rows if name.strip() not in bare]
     return [name.strip() for name, _ in extra], sum(us for name, us in extra if not name.startswith(" "))
 
@@ -110,7 +110,7 @@ def main() -> None:
         python3 = next((p for p in ("/usr/bin/python3",) if Path(p).exists()), None)
         python3 = python3 or shutil.which("python3") or sys.executable
         curl = shutil.which("curl")
-        probe_cmd = [python3, "-I", "-S", str(SCRIPT), "--url", url, "--deadline", "4"]
+        probe_cmd = [python3, "-I", "-S", str(SCRIPT), "--triton-url", url, "--deadline", "4"]
         # A read-only copy of the folder: -B, so no __pycache__ is ever written there (the standard library's own
         # cache is read as usual, as in an image whose folder was copied in without compileall).
         uncached = work / "read-only" / "triton_side"
@@ -133,8 +133,10 @@ def main() -> None:
                 [python3, "-B", "-I", "-S", str(uncached / "health.py"), *probe_cmd[4:]], "health.py uncached"
             ),
             "python3 -I -S health.py --smoke": run([*probe_cmd, "--smoke"], "health.py --smoke"),
-            "probe in-process": lambda: expect(probe.main(["--url", url, "--quiet"]), "probe"),
-            "probe in-process --smoke": lambda: expect(probe.main(["--url", url, "--quiet", "--smoke"]), "probe"),
+            "probe in-process": lambda: expect(probe.main(["--triton-url", url, "--quiet"]), "probe"),
+            "probe in-process --smoke": lambda: expect(
+                probe.main(["--triton-url", url, "--quiet", "--smoke"]), "probe"
+            ),
         }
         ms = race(variants, args.runs)
         base = ms["curl -sf /v2/health/ready"][0] if curl else None

@@ -167,7 +167,7 @@ def ours_command(url: str) -> tuple[list[str], dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EXPORTER_", "ECS_", "AWS_"))}
     env["ECS_CONTAINER_METADATA_URI_V4"] = url + "/task"
     argv = [sys.executable, "-m", "exporter", "--once", "--interval", "6", "--nvml", "off"]
-    argv += ["--metrics-url", url + "/metrics", "--triton-url", url]
+    argv += ["--triton-metrics-url", url + "/metrics", "--triton-url", url]
     return argv, env
 
 

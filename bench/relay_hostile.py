@@ -156,7 +156,7 @@ class Exporter:
                 "10",
                 "--triton-url",
                 url,
-                "--metrics-url",
+                "--triton-metrics-url",
                 f"{url}/metrics",
                 "--nvml",
                 "off",

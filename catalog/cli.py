@@ -39,8 +39,8 @@ OPTIONS: tuple[Option, ...] = (
         "a catalog file (TOML, docs/metrics.md) adding, replacing or dropping metrics; repeatable; the variable "
         f"takes paths separated by {os.pathsep!r}",
         repeatable=True,
-        metavar="PATH",
-        shown="",
+        metavar="FILE",
+        shown="none",
     ),
     Option(
         "metrics",
@@ -51,7 +51,7 @@ OPTIONS: tuple[Option, ...] = (
         "(e.g. -RequestFailure*,-Compute*)",
         dash_value=True,
         metavar="PATTERNS",
-        shown="",
+        shown="every metric of the catalog",
     ),
     Option(
         "llm_metrics",
@@ -59,7 +59,6 @@ OPTIONS: tuple[Option, ...] = (
         ("EXPORTER_LLM_METRICS",),
         choice("on", "off"),
         "the built-in LLM pack (vLLM, TensorRT-LLM families); costs nothing where they are absent",
-        metavar="on|off",
         shown="on",
     ),
 )

@@ -4,7 +4,8 @@
     python -m controller resume     resume paused GPU drains (clears the pause and the hour's reports)
     python -m controller status     print the state: what is draining, waiting, paused
 
-Exit codes: 0 done, 1 the state could not be read or written, 2 invalid settings.
+Exit codes: 0 done, 1 the state could not be read or written, 2 invalid settings. An error is one
+``controller: error: ...`` line.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from telemetry import logs
+from telemetry.settings import fail
 from telemetry.shapes import Malformed
 from telemetry.sinks import SinkClosed, make_sink
 
@@ -32,6 +34,7 @@ from .settings import ConfigError, Settings, load
 from .state import Conflict, FileStore, S3Store, State, Store, StoreError
 
 LOGGER = "controller"
+PROG = "python -m controller"
 
 
 def make_store(settings: Settings) -> Store:
@@ -116,8 +119,7 @@ def resume_main(store: Store) -> int:
         said = "resumed GPU drains" if was else "GPU drains were not paused; the hour's reports are counted afresh"
         sys.stdout.write(f"{said} ({store.where}); {waiting} instance(s) waiting their turn\n")
         return 0
-    sys.stderr.write(f"error: {store.where} kept changing; try again\n")
-    return 1
+    return fail(PROG, f"{store.where} kept changing; try again", 1)
 
 
 def status_main(store: Store) -> int:
@@ -128,8 +130,7 @@ def status_main(store: Store) -> int:
     try:
         state = State.from_json(data)
     except Malformed as exc:
-        sys.stderr.write(f"error: the state at {store.where} does not validate: {exc}\n")
-        return 1
+        return fail(PROG, f"the state at {store.where} does not validate: {exc}", 1)
     sys.stdout.write(json.dumps(json.loads(state.to_json()), indent=2, sort_keys=True) + "\n")
     return 0
 
@@ -139,8 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command, settings = load(list(sys.argv[1:] if argv is None else argv), os.environ)
     except ConfigError as exc:
-        sys.stderr.write(f"error: invalid setting: {exc}\n")
-        return 2
+        return fail(PROG, f"invalid setting: {exc}")
     store = make_store(settings)
     try:
         if command == "resume":
@@ -148,15 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "status":
             return status_main(store)
     except StoreError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 1
+        return fail(PROG, str(exc), 1)
     log = logs.setup(settings.log_level, name=LOGGER)
     counts = Counts()
     try:
         rollouts = make_rollouts(settings, counts)
     except Unversioned as exc:
-        sys.stderr.write(f"error: invalid setting: {exc}\n")
-        return 2
+        return fail(PROG, f"invalid setting: {exc}")
     sink = make_sink(settings.output, buffer_events=1000, connect_timeout=1.0)
     controller = Controller(
         settings.cluster,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from modelsync.fanout import check_topic_arn
 from telemetry.settings import (
+    ArgumentParser,
     ConfigError,
-    HelpFormatter,
     Option,
     add_options,
     choice,
@@ -184,6 +184,7 @@ OPTIONS: tuple[Option, ...] = (
         _limit,
         "instances draining or being replaced for GPU faults at once, at most: a count (2) or a share of the "
         "cluster's container instances, rounded up, at least 1 (10%)",
+        metavar="N|SHARE",
         shown="10%",
     ),
     Option(
@@ -200,6 +201,7 @@ OPTIONS: tuple[Option, ...] = (
         _share,
         "pause every drain when more than this share of the cluster's instances reported a draining GPU fault "
         "within an hour (a fleet-wide cause); python -m controller resume resumes",
+        metavar="SHARE",
         shown="20%",
     ),
     Option(
@@ -208,8 +210,16 @@ OPTIONS: tuple[Option, ...] = (
         ("CONTROLLER_REPLACE_TIMEOUT",),
         non_negative,
         "seconds a DRAINING instance may keep tasks before it is replaced anyway (logged)",
+        metavar="SECONDS",
     ),
-    Option("interval", "--interval", ("CONTROLLER_INTERVAL",), positive, "seconds between passes over the fleet"),
+    Option(
+        "interval",
+        "--interval",
+        ("CONTROLLER_INTERVAL",),
+        positive,
+        "seconds between passes over the fleet",
+        metavar="SECONDS",
+    ),
     Option(
         "state_bucket",
         "--state-bucket",
@@ -239,6 +249,7 @@ OPTIONS: tuple[Option, ...] = (
         _service,
         "the Triton service's name: each of its tasks gets a fan-out queue (with --topic-arn), and its running "
         "tasks are the live hosts a canary share is sized from (with --bucket)",
+        metavar="NAME",
     ),
     Option(
         "topic_arn",
@@ -303,6 +314,7 @@ OPTIONS: tuple[Option, ...] = (
         _ratio,
         "the failure increase over the baseline that matters: rejected when the canaries fail more at 95 % "
         "confidence by at least half of it (docs/modelsync.md gives the test's rates)",
+        metavar="FRACTION",
     ),
     Option(
         "max_latency_ratio",
@@ -336,25 +348,34 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 ENV_VARS = environment_variables(OPTIONS)
-COMMANDS = ("run", "resume", "status")
+COMMANDS = {
+    "run": "the service, one per cluster",
+    "resume": "resume paused GPU drains (clears the pause and the hour's reports)",
+    "status": "print the state: what is draining, waiting, paused",
+}
 
 DESCRIPTION = (
     "The fleet's one controller: reads the hosts' GPU fault reports from one SQS queue, checks them against "
     "ECS, and drains and replaces instances within fleet-wide bounds; with --service and --topic-arn it owns "
-    "model sync's fan-out queues, one per task (docs/controller.md). Commands: run (the default), resume "
-    "(resume paused drains), status (print the state)."
+    "model sync's fan-out queues, one per task (docs/controller.md)."
 )
 
 
 def build_parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=prog,
-        formatter_class=HelpFormatter,
         description=DESCRIPTION,
         epilog="Every setting can also come from its environment variable; a flag wins. AWS endpoints, region and "
         "credentials come from the standard AWS settings (AWS_ENDPOINT_URL, AWS_REGION, the task role).",
     )
-    parser.add_argument("command", nargs="?", default="run", choices=COMMANDS, help="what to do (default: run)")
+    # One positional: the commands share the settings (a subparser each would take none of them)
+    parser.add_argument(
+        "command",
+        nargs="?",
+        default="run",
+        choices=tuple(COMMANDS),
+        help="; ".join(f"{name}: {text}" for name, text in COMMANDS.items()) + " (default: run)",
+    )
     add_options(parser, OPTIONS, Settings())
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser

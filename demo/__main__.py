@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "exporter",
         "--triton-url",
         server.url,
-        "--metrics-url",
+        "--triton-metrics-url",
         server.metrics_url,
         "--interval",
         str(args.interval),

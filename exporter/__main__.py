@@ -11,12 +11,12 @@
 
 Exit codes: 0 done, 1 runtime failure (Triton unreachable in --once, output
 closed), 2 invalid settings or usage, or a required source that cannot start
-(``--nvml on`` without NVML).
+(``--nvml on`` without NVML). Every error is one ``exporter: error: ...`` line
+(``exporter catalog: error: ...`` for a command), as telemetry/settings.py says.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import ipaddress
 import os
@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from catalog import Catalog, CatalogError, build, cli
 from telemetry import logs
-from telemetry.settings import ConfigError, HelpFormatter, add_options, parse
+from telemetry.settings import ArgumentParser, ConfigError, add_options, fail, parse
 
 from .config import Settings, load
 from .sources import Source, SourceRequired
@@ -41,9 +41,12 @@ if TYPE_CHECKING:
 
     from .gpufaults import GpuHealth
 
+PROG = "python -m exporter"
+
 # Commands that live in their own modules, imported only when used; each main(argv, prog) shows prog in its
 # usage. render and cost are the artifact generator's (python -m render); they answer here too because the
 # image's entry point is python -m exporter (docker run IMAGE render). The sidecar itself never imports them.
+# config.SUBCOMMANDS lists every command, these and catalog and validate, in --help.
 COMMANDS = {
     "health": "triton_side.probe:main",  # the Triton-side probe, shipped in the wheel too
     "render": "render:main",
@@ -182,28 +185,29 @@ def listens(url: str, timeout: float) -> bool:
     return True
 
 
-def catalog_main(argv: Sequence[str]) -> int:
-    import orjson
-
-    parser = argparse.ArgumentParser(
-        prog="python -m exporter catalog",
+def catalog_parser(prog: str = f"{PROG} catalog") -> ArgumentParser:
+    parser = ArgumentParser(
+        prog=prog,
         description="List every metric the exporter emits with this catalog and selection; with --catalog files, "
         "check them and list what they add.",
-        formatter_class=HelpFormatter,
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output: every selected metric")
     parser.add_argument("--all", action="store_true", help="with --catalog: list every selected metric")
     add_options(parser, cli.OPTIONS)
+    return parser
+
+
+def catalog_main(argv: Sequence[str], prog: str = f"{PROG} catalog") -> int:
+    import orjson
+
     try:
-        args, values = parse(parser, cli.OPTIONS, argv, os.environ)
+        args, values = parse(catalog_parser(prog), cli.OPTIONS, argv, os.environ)
     except ConfigError as exc:
-        sys.stderr.write(f"error: invalid setting: {exc}\n")
-        return 2
+        return fail(prog, f"invalid setting: {exc}")
     try:
         catalog = cli.from_values(values)
     except CatalogError as exc:
-        sys.stderr.write(f"error: invalid catalog: {exc}\n")
-        return 2
+        return fail(prog, f"invalid catalog: {exc}")
     rows: list[dict[str, Any]] = [
         {
             "name": m.name,
@@ -228,21 +232,20 @@ def catalog_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def validate_main(argv: Sequence[str]) -> int:
+def validate_parser(prog: str = f"{PROG} validate") -> ArgumentParser:
+    parser = ArgumentParser(prog=prog, description="Check EMF documents, one JSON object per line.")
+    parser.add_argument("file", metavar="FILE", help="the documents' file, or - for stdin")
+    return parser
+
+
+def validate_main(argv: Sequence[str], prog: str = f"{PROG} validate") -> int:
     from telemetry.emf_validate import validate
 
-    parser = argparse.ArgumentParser(
-        prog="python -m exporter validate",
-        description="Check EMF documents, one JSON object per line.",
-        formatter_class=HelpFormatter,
-    )
-    parser.add_argument("file", help="path, or - for stdin")
-    args, _ = parse(parser, (), argv, os.environ)  # no settings: one positional argument
+    args, _ = parse(validate_parser(prog), (), argv, os.environ)  # no settings: one positional argument
     try:
         stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
     except OSError as exc:
-        sys.stderr.write(f"error: cannot read {args.file}: {exc.strerror or exc}\n")
-        return 2
+        return fail(prog, f"cannot read {args.file}: {exc.strerror or exc}")
     bad = total = 0
     with stream:
         for n, line in enumerate(stream, 1):
@@ -269,19 +272,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             target = getattr(importlib.import_module(module), func)
         except ImportError as exc:
-            sys.stderr.write(f"error: command {argv[0]!r} is not available: {exc}\n")
-            return 2
-        return int(target(argv[1:], prog=f"python -m exporter {argv[0]}"))
+            return fail(PROG, f"command {argv[0]!r} is not available: {exc}")
+        return int(target(argv[1:], prog=f"{PROG} {argv[0]}"))
     try:
         settings = load(argv, os.environ)
     except ConfigError as exc:
-        sys.stderr.write(f"error: invalid setting: {exc}\n")
-        return 2
+        return fail(PROG, f"invalid setting: {exc}")
     try:
         catalog = build_catalog(settings)
     except CatalogError as exc:
-        sys.stderr.write(f"error: invalid catalog: {exc}\n")
-        return 2
+        return fail(PROG, f"invalid catalog: {exc}")
     from telemetry.sinks import SinkClosed, StreamSink, make_sinks
 
     from .pipeline import Pipeline, ScrapeOutput
@@ -292,8 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         sources = build_sources(settings, catalog)
     except SourceRequired as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+        return fail(PROG, str(exc))
     outputs: list[ScrapeOutput] = []
     if settings.otlp_outputs:
         from .otlp_output import OtlpMetricsOutput
@@ -308,8 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             run_once(pipeline, StreamSink(), settings.interval, sys.stderr)
         except TritonUnreachable as exc:
-            sys.stderr.write(f"error: cannot read Triton: {exc}\n")
-            return 1
+            return fail(PROG, f"cannot read Triton: {exc}", 1)
         except SinkClosed:
             return 0  # `--once | head` is normal use
         return 0

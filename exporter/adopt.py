@@ -16,7 +16,6 @@ sidecars' images), and ``--check`` lists what is missing. docs/adopt.md walks a 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import re
@@ -26,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from telemetry.settings import HelpFormatter, parse
+from telemetry.settings import ArgumentParser, fail, parse
 
 EXPORTER = "exporter"
 EXPORTER_FALLBACK = "triton-emf-exporter"  # when the task already has an unrelated container named exporter
@@ -364,7 +363,7 @@ def health_command(http_port: int) -> list[str]:
 
     Which one runs is decided at each check, in the container: adopt cannot look inside the user's image.
     """
-    url = "" if http_port == DEFAULT_HTTP_PORT else f" --url http://localhost:{http_port}"
+    url = "" if http_port == DEFAULT_HTTP_PORT else f" --triton-url http://localhost:{http_port}"
     ready = f"http://localhost:{http_port}/v2/health/ready"
     script = (
         f"if [ -f {PROBE_SCRIPT} ] && python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))' 2>/dev/null; "
@@ -674,11 +673,9 @@ def missing(doc: dict[str, Any], opts: Options) -> list[str]:
 # --- the command ----------------------------------------------------------------------------------------------
 
 
-def parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def parser(prog: str) -> ArgumentParser:
+    p = ArgumentParser(
         prog=prog,
-        formatter_class=HelpFormatter,
-        allow_abbrev=False,
         description="Add the exporter sidecar and the deep health probe to a Triton task definition you already "
         "run: reads `aws ecs describe-task-definition` output, writes `register-task-definition --cli-input-json` "
         "input; prints the IAM statements to add (docs/adopt.md).",
@@ -698,11 +695,15 @@ def parser(prog: str) -> argparse.ArgumentParser:
         "through the FireLens router (default: keep)",
     )
     p.add_argument("--log-router-image", metavar="IMAGE", help="fluentbit/Dockerfile's image, for --logs firelens")
-    p.add_argument("--region", help="the task's region (default: from an ECR image or Triton's awslogs-region)")
+    p.add_argument(
+        "--region", metavar="REGION", help="the task's region (default: from an ECR image or Triton's awslogs-region)"
+    )
     p.add_argument(
         "--log-group-prefix", metavar="PREFIX", help="log groups the sidecars write (default: /ecs/<family>)"
     )
-    p.add_argument("--namespace", help="the exporter's CloudWatch namespace (default: Triton/<family>)")
+    p.add_argument(
+        "--namespace", metavar="NAMESPACE", help="the exporter's CloudWatch namespace (default: Triton/<family>)"
+    )
     p.add_argument("--iam", metavar="FILE", help="write the IAM statements here as JSON (default: stderr)")
     return p
 
@@ -736,8 +737,7 @@ def main(argv: Sequence[str], prog: str = "python -m exporter adopt") -> int:
         if args.iam:
             _write(args.iam, json.dumps(result.iam, indent=2) + "\n")
     except AdoptError as exc:
-        sys.stderr.write(f"{prog}: error: {exc}\n")
-        return 2
+        return fail(prog, str(exc))
     report(result, sys.stderr, iam_inline=not args.iam)
     return 0
 

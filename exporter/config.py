@@ -18,12 +18,14 @@ from catalog import cli as catalog_cli
 from catalog.otlp import SEMCONVS
 from telemetry.otlp.endpoint import Endpoint, parse_endpoint
 from telemetry.settings import (
+    ArgumentParser,
     ConfigError,
-    HelpFormatter,
     Option,
+    add_commands,
     add_options,
     choice,
     cloudwatch_namespace,
+    command_first,
     environment_variables,
     http_url,
     non_negative,
@@ -36,7 +38,7 @@ from telemetry.settings import (
 from telemetry.sinks import Output, parse_output
 from triton_http import AdminKey, key_from_env
 
-__all__ = ["ENV_VARS", "OPTIONS", "ConfigError", "Output", "Settings", "build_parser", "load"]
+__all__ = ["ENV_VARS", "OPTIONS", "SUBCOMMANDS", "ConfigError", "Output", "Settings", "build_parser", "load"]
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,13 @@ def _resolution(text: str) -> int:
 
 OPTIONS: tuple[Option, ...] = (
     Option("triton_url", "--triton-url", ("TRITON_URL",), http_url, "Triton HTTP API (repository index)"),
-    Option("metrics_url", "--metrics-url", ("TRITON_METRICS_URL",), http_url, "Triton Prometheus endpoint"),
+    Option(
+        "metrics_url",
+        "--triton-metrics-url",
+        ("TRITON_METRICS_URL",),
+        http_url,
+        "Triton's Prometheus endpoint (the same flag in model sync)",
+    ),
     Option("namespace", "--namespace", ("AWS_EMF_NAMESPACE",), cloudwatch_namespace, "CloudWatch namespace"),
     Option(
         "outputs",
@@ -164,17 +172,30 @@ OPTIONS: tuple[Option, ...] = (
         metavar="OUTPUT",
         shown="stdout",
     ),
-    Option("interval", "--interval", ("EXPORTER_INTERVAL",), positive, "seconds between scrapes (fixed rate)"),
+    Option(
+        "interval",
+        "--interval",
+        ("EXPORTER_INTERVAL",),
+        positive,
+        "seconds between scrapes (fixed rate)",
+        metavar="SECONDS",
+    ),
     Option(
         "timeout",
         "--timeout",
         ("EXPORTER_TIMEOUT",),
         positive,
-        "overall deadline per source per cycle, seconds (default: min(5, interval/2))",
-        shown="",
+        "overall deadline per source per cycle, seconds",
+        metavar="SECONDS",
+        shown="min(5, interval/2)",
     ),
     Option(
-        "connect_timeout", "--connect-timeout", ("EXPORTER_CONNECT_TIMEOUT",), positive, "TCP connect timeout, seconds"
+        "connect_timeout",
+        "--connect-timeout",
+        ("EXPORTER_CONNECT_TIMEOUT",),
+        positive,
+        "TCP connect timeout, seconds",
+        metavar="SECONDS",
     ),
     Option(
         "max_body_bytes",
@@ -234,6 +255,7 @@ OPTIONS: tuple[Option, ...] = (
         "seconds the first scrape waits for Triton's metrics port to accept connections (Triton opens its ports "
         "only once its models are loaded; started with it, the sidecar would otherwise report it down); after "
         "that, Triton down is reported as usual; 0: scrape at once",
+        metavar="SECONDS",
     ),
     Option(
         "storage_resolution",
@@ -242,6 +264,7 @@ OPTIONS: tuple[Option, ...] = (
         _resolution,
         "60: each metric's own resolution, as its catalog entry says (the leading scaling signals are high "
         "resolution, docs/scaling.md); 1: every metric high resolution",
+        metavar="{1,60}",
     ),
     Option(
         "ecs_metadata_url",
@@ -256,8 +279,8 @@ OPTIONS: tuple[Option, ...] = (
         "--log-level",
         ("EXPORTER_LOG_LEVEL",),
         choice("debug", "info", "warning", "error"),
-        "level of the exporter's own JSON log lines on stderr (default: info; error with --once)",
-        shown="",
+        "level of the exporter's own JSON log lines on stderr",
+        shown="info; error with --once",
     ),
     Option(
         "traces_to",
@@ -266,6 +289,7 @@ OPTIONS: tuple[Option, ...] = (
         _traces_to,
         "run the trace relay and forward Triton's spans here: otlp+https://xray.REGION.amazonaws.com/v1/traces "
         "(SigV4) or otlp+http://HOST:PORT/v1/traces (a collector or the CloudWatch agent; docs/tracing.md)",
+        metavar="ENDPOINT",
         shown="off",
     ),
     Option(
@@ -275,6 +299,7 @@ OPTIONS: tuple[Option, ...] = (
         _listen,
         "where the relay takes OTLP/HTTP from Triton (--trace-config opentelemetry,url=http://THIS/v1/traces); "
         "the relay has no authentication: an address beyond loopback (0.0.0.0) is warned about at start",
+        metavar="HOST:PORT",
         shown="127.0.0.1:4318",
     ),
     Option(
@@ -293,6 +318,7 @@ OPTIONS: tuple[Option, ...] = (
         _names,
         "log groups whose lines carry trace ids (comma-separated): aws.log.group.names on every span, so the X-Ray "
         "console shows them beside the trace",
+        metavar="GROUP[,GROUP...]",
         shown="none",
     ),
     Option(
@@ -301,6 +327,7 @@ OPTIONS: tuple[Option, ...] = (
         ("EXPORTER_TRACES_CONTAINER",),
         str,
         "Triton's container name, container.name on every span",
+        metavar="NAME",
     ),
     Option(
         "otlp_semconv",
@@ -336,6 +363,7 @@ OPTIONS: tuple[Option, ...] = (
         positive,
         "seconds a stopping task gives its requests: the load balancer's deregistration delay plus Triton's "
         "--exit-timeout-secs (60 in the shipped stack); work that lasts longer is protected",
+        metavar="SECONDS",
     ),
     Option(
         "task_protection_idle",
@@ -343,6 +371,7 @@ OPTIONS: tuple[Option, ...] = (
         ("EXPORTER_TASK_PROTECTION_IDLE",),
         non_negative,
         "seconds without work outlasting the drain before the protection is cleared",
+        metavar="SECONDS",
     ),
     Option(
         "task_protection_max",
@@ -351,6 +380,7 @@ OPTIONS: tuple[Option, ...] = (
         positive,
         "minutes a task stays protected on end at most; then cleared and left alone 5 minutes, so scale-in and "
         "deployments are held this long at most",
+        metavar="MINUTES",
     ),
     *catalog_cli.OPTIONS,
     Option(
@@ -364,17 +394,27 @@ OPTIONS: tuple[Option, ...] = (
 )
 ENV_VARS = environment_variables(OPTIONS)
 
+# python -m exporter COMMAND: each one reads its own arguments (exporter/__main__.py dispatches them)
+SUBCOMMANDS = {
+    "catalog": "every metric the exporter emits with this catalog and selection",
+    "validate": "check EMF documents, one JSON object per line",
+    "health": "the Triton container's deep health probe (docs/health.md)",
+    "render": "alias of python -m render: dashboards, alarms, deploy files",
+    "cost": "alias of python -m render cost: custom metrics, alarms and their monthly price",
+    "adopt": "add the sidecar and the probe to a Triton task definition you run (docs/adopt.md)",
+}
+
 
 def build_parser(prog: str = "python -m exporter") -> argparse.ArgumentParser:
     from . import __version__  # the package metadata, read when first needed (see exporter/__init__.py)
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=prog,
-        description="Scrape Triton (/metrics, repository index) and NVML; emit CloudWatch EMF. "
-        "Commands: catalog, health, render, cost, validate (each has --help).",
-        formatter_class=HelpFormatter,
+        description="Scrape Triton (/metrics, repository index) and NVML; emit CloudWatch EMF. Without a "
+        "command: the sidecar.",
         epilog="Every setting can also come from its environment variable; a flag wins.",
     )
+    add_commands(parser, SUBCOMMANDS)
     add_options(parser, OPTIONS, Settings())
     parser.add_argument(
         "--once",
@@ -389,7 +429,9 @@ def build_parser(prog: str = "python -m exporter") -> argparse.ArgumentParser:
 def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
     """Settings from flags and environment; raises ConfigError naming the bad setting."""
     environ = os.environ if environ is None else environ
-    args, values = parse(build_parser(), OPTIONS, argv, environ)
+    parser = build_parser()
+    args, values = parse(parser, OPTIONS, argv, environ)
+    command_first(parser, args)
     try:
         values["triton_admin_key"] = key_from_env(environ)
     except ValueError as exc:

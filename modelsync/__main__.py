@@ -6,6 +6,7 @@
 
 Exit codes: 0 done (or in sync with --once), 1 something could not be
 applied (--once) or the store is held by another daemon, 2 invalid settings.
+An error that stops it is one ``modelsync: error: ...`` line.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from telemetry import logs
+from telemetry.settings import fail
 from telemetry.sinks import Sink, SinkClosed, make_sink
 
 from .events import EventFilter, Pending, QueuePoller
@@ -33,13 +35,14 @@ from .metrics import Recorder
 from .reconcile import Report, Syncer
 from .rollout import Rollouts
 from .s3 import S3, make_client
-from .settings import ConfigError, Settings, load
+from .settings import SUBCOMMANDS, ConfigError, Settings, load
 from .startup import StartWatch
 from .store import Store, StoreError
 from .transfer import TransferConfig
 from .triton import Triton
 
 LOGGER = "modelsync"
+PROG = "python -m modelsync"
 SINK_GRACE = 1.0
 BUFFER_EVENTS = 20_000
 CONNECT_TIMEOUT = 1.0
@@ -325,21 +328,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return rollout_main(argv[1:])
     try:
-        settings = load(argv, os.environ)
+        settings = load(argv, os.environ, commands=SUBCOMMANDS)
     except ConfigError as exc:
-        sys.stderr.write(f"error: invalid setting: {exc}\n")
-        return 2
+        return fail(PROG, f"invalid setting: {exc}")
     log = logs.setup(settings.log_level, name=LOGGER)
     try:
         if not settings.once:
             check_versioned(settings, make_client("s3"))
         app = build(settings, log=log)
     except StoreError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 1 if exc.busy else 2
+        return fail(PROG, str(exc), 1 if exc.busy else 2)
     except (NoIdentity, Unversioned) as exc:
-        sys.stderr.write(f"error: invalid setting: {exc}\n")
-        return 2
+        return fail(PROG, f"invalid setting: {exc}")
     try:
         if settings.once:
             return run_once(app, sys.stderr)

@@ -19,7 +19,7 @@ refuses to write the state behind the controller's back. In self mode it writes 
 ``--force`` and says so in its verdict.
 
 Exit codes: 0 done, 1 S3 or SQS failed or the controller did not answer, 2 a wrong command, model or artifact,
-or a refusal (the message says which).
+or a refusal (the message says which, on one ``modelsync rollout: error: ...`` line).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from telemetry.settings import ConfigError, add_options, parse
+from telemetry.settings import ArgumentParser, ConfigError, add_options, fail, parse
 
 from .errors import SyncError
 from .ledger import CANARY, PROMOTED, REJECTED, Artifact, Conflict, Ledger, State, Verdict
@@ -53,6 +53,7 @@ OPERATOR_CAS_SECONDS = 30.0
 
 ROLLOUT_OPTIONS = tuple(o for o in OPTIONS if o.field in ("bucket", "prefix", "bake_seconds", "controller_queue_url"))
 OPERATOR_WAIT = 60.0  # seconds the command waits for the controller's answer; the command expires then
+PROG = "python -m modelsync rollout"
 ANSWER_DIR = ".modelsync/operator/"  # the controller's answers: <prefix>.modelsync/operator/<request>.json
 
 
@@ -61,18 +62,24 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m modelsync rollout",
+    parser = ArgumentParser(
+        prog=PROG,
         description="See and steer the safe rollouts of model sync (--canary-fraction): their state lives in "
         "s3://BUCKET/PREFIX.modelsync/rollouts/<model>.json.",
     )
-    parser.add_argument("action", choices=("status", "promote", "reject"))
-    parser.add_argument("model", nargs="?", default="", help="the model (or bundle); status: all when omitted")
-    parser.add_argument("artifact", nargs="?", default="", help="sha256 (8+ hex digits) or S3 version id")
+    parser.add_argument("action", choices=("status", "promote", "reject"), help="status: the rollouts' state "
+                        "(every model's, or MODEL's); promote: the fleet serves ARTIFACT; reject: the canaries go "
+                        "back to the stable artifact")  # fmt: skip
+    parser.add_argument("model", metavar="MODEL", nargs="?", default="",
+                        help="the model (or bundle); status: all when omitted")  # fmt: skip
+    parser.add_argument("artifact", metavar="ARTIFACT", nargs="?", default="",
+                        help="sha256 (8+ hex digits) or S3 version id (default: the rollout in flight, else S3's "
+                        "object)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="status as one JSON document")
     parser.add_argument("--force", action="store_true", help="promote: override a rejection made on evidence")
-    parser.add_argument("--wait", type=float, default=OPERATOR_WAIT, help="seconds to wait for the controller's "
-                        "answer (with --controller-queue-url); the command expires unapplied then")  # fmt: skip
+    parser.add_argument("--wait", type=float, default=OPERATOR_WAIT, metavar="SECONDS", help="seconds to wait for "
+                        "the controller's answer (with --controller-queue-url); the command expires unapplied then "
+                        f"(default: {OPERATOR_WAIT:g})")  # fmt: skip
     add_options(parser, ROLLOUT_OPTIONS, Settings())
     return parser
 
@@ -83,14 +90,11 @@ def main(argv: Sequence[str], environ: dict[str, str] | None = None, out: TextIO
     try:
         args, values = parse(build_parser(), ROLLOUT_OPTIONS, list(argv), os.environ if environ is None else environ)
     except ConfigError as exc:
-        sys.stderr.write(f"error: invalid setting: {exc}\n")
-        return 2
+        return fail(PROG, f"invalid setting: {exc}")
     if not values.get("bucket"):
-        sys.stderr.write("error: invalid setting: --bucket (or MODELSYNC_BUCKET) is required\n")
-        return 2
+        return fail(PROG, "invalid setting: --bucket (or MODELSYNC_BUCKET) is required")
     if args.action != "status" and not args.model:
-        sys.stderr.write(f"error: rollout {args.action} needs a MODEL\n")
-        return 2
+        return fail(PROG, f"rollout {args.action} needs a MODEL")
     client = s3_client or make_client("s3")
     bucket, prefix = values["bucket"], values.get("prefix", "")
     cli = RolloutCli(Ledger(client, bucket, prefix), S3(client, bucket, prefix), values.get("bake_seconds", 600.0))
@@ -105,11 +109,9 @@ def main(argv: Sequence[str], environ: dict[str, str] | None = None, out: TextIO
         else:
             cli.decide(args.action, args.model, args.artifact, out, args.force)
     except UsageError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+        return fail(PROG, str(exc))
     except SyncError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 1
+        return fail(PROG, str(exc), 1)
     return 0
 
 

@@ -19,13 +19,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from telemetry.settings import (
+    ArgumentParser,
     ConfigError,
-    HelpFormatter,
     Option,
+    add_commands,
     add_options,
     boolean,
     choice,
     cloudwatch_namespace,
+    command_first,
     environment_variables,
     http_url,
     non_negative,
@@ -230,6 +232,7 @@ OPTIONS: tuple[Option, ...] = (
         ("MODELSYNC_REPOSITORY",),
         _path,
         "Triton's model repository: holds only symbolic links, one per model, to complete store directories",
+        metavar="DIR",
     ),
     Option(
         "store",
@@ -237,9 +240,9 @@ OPTIONS: tuple[Option, ...] = (
         ("MODELSYNC_STORE",),
         _path,
         "where archives are extracted, <store>/<model>/<sha256>/; may be shared by the daemons of several "
-        "repositories on one machine (one download each archive); never inside the repository (default: "
-        "<repository>.store beside it)",
-        shown="",
+        "repositories on one machine (one download each archive); never inside the repository",
+        metavar="DIR",
+        shown="<repository>.store beside it",
     ),
     Option("triton_url", "--triton-url", ("TRITON_URL",), http_url, "Triton HTTP API (explicit model-control mode)"),
     Option(
@@ -248,6 +251,7 @@ OPTIONS: tuple[Option, ...] = (
         ("MODELSYNC_QUEUE_URL",),
         _queue_url,
         "optional SQS queue fed by S3 or EventBridge object events; events only trigger a reconcile of the model",
+        metavar="URL",
         shown="none",
     ),
     Option(
@@ -278,7 +282,14 @@ OPTIONS: tuple[Option, ...] = (
         "receives and deletes messages, and a rollout sizes its canary share from the controller's count of "
         "running tasks)",
     ),
-    Option("interval", "--interval", ("MODELSYNC_INTERVAL",), positive, "seconds between full reconciles with S3"),
+    Option(
+        "interval",
+        "--interval",
+        ("MODELSYNC_INTERVAL",),
+        positive,
+        "seconds between full reconciles with S3",
+        metavar="SECONDS",
+    ),
     Option(
         "output",
         "--output",
@@ -353,6 +364,7 @@ OPTIONS: tuple[Option, ...] = (
         ("MODELSYNC_HASH_TAG_WAIT",),
         non_negative,
         "seconds to wait for a sha256 object tag when an event arrives before the tag",
+        metavar="SECONDS",
     ),
     Option(
         "load_timeout",
@@ -360,6 +372,7 @@ OPTIONS: tuple[Option, ...] = (
         ("MODELSYNC_LOAD_TIMEOUT",),
         positive,
         "seconds one Triton load call may take (the call blocks until loaded or failed)",
+        metavar="SECONDS",
     ),
     Option(
         "part_size",
@@ -367,6 +380,7 @@ OPTIONS: tuple[Option, ...] = (
         ("MODELSYNC_PART_SIZE",),
         _part_size,
         "bytes per ranged GET of a download; an archive of at most one part is one plain GET (K/M/G suffixes)",
+        metavar="BYTES",
         shown=shown_size(8 * MiB),
     ),
     Option(
@@ -376,14 +390,15 @@ OPTIONS: tuple[Option, ...] = (
         _connections,
         "parallel ranged GETs of one download (S3 caps each connection at tens of MB/s); also the S3 client's "
         "connection pool",
+        metavar="N",
     ),
     Option(
         "host",
         "--host-id",
         ("MODELSYNC_HOST",),
         printable,
-        "this host's name in the EMF properties (default: hostname)",
-        shown="",
+        "this host's name in the EMF properties",
+        shown="hostname",
     ),
     Option(
         "canary_fraction",
@@ -414,6 +429,7 @@ OPTIONS: tuple[Option, ...] = (
         ("MODELSYNC_MAX_FAILURE_INCREASE",),
         _ratio_increase,
         "reject when the canaries' failure ratio exceeds the baseline's by more than this (absolute)",
+        metavar="FRACTION",
     ),
     Option(
         "max_latency_ratio",
@@ -465,6 +481,7 @@ OPTIONS: tuple[Option, ...] = (
         _public_key,
         "the signers' EC public key (P-256/384/521): its PEM as text ('-----BEGIN PUBLIC KEY-----...', newlines "
         "or \\n) or an absolute path to a PEM file; required by --require-signature",
+        metavar="PEM|FILE",
         shown="none",
     ),
     Option(
@@ -487,14 +504,21 @@ DESCRIPTION = (
 )
 
 
-def build_parser(prog: str = "python -m modelsync", description: str = DESCRIPTION) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+# python -m modelsync COMMAND: each reads its own arguments (modelsync/__main__.py dispatches it)
+SUBCOMMANDS = {"rollout": "status, promote, reject: see and steer the safe rollouts (--canary-fraction)"}
+
+
+def build_parser(
+    prog: str = "python -m modelsync", description: str = DESCRIPTION, commands: Mapping[str, str] | None = None
+) -> argparse.ArgumentParser:
+    """``commands``: the subcommands the entry point dispatches, listed in --help (none for the health check)."""
+    parser = ArgumentParser(
         prog=prog,
-        formatter_class=HelpFormatter,
         description=description,
         epilog="Every setting can also come from its environment variable; a flag wins. S3/SQS endpoint, region "
         "and credentials come from the standard AWS settings (AWS_ENDPOINT_URL, AWS_REGION, the task role).",
     )
+    add_commands(parser, commands or {})
     add_options(parser, OPTIONS, Settings())
     parser.add_argument(
         "--once",
@@ -511,11 +535,15 @@ def load(
     environ: Mapping[str, str] | None = None,
     prog: str = "python -m modelsync",
     description: str = DESCRIPTION,
+    commands: Mapping[str, str] | None = None,
 ) -> Settings:
-    """Settings from flags and environment; raises ConfigError naming the bad setting. ``prog`` and
-    ``description``: the command's own, for its --help (the health check reads the daemon's settings)."""
+    """Settings from flags and environment; raises ConfigError naming the bad setting. ``prog``,
+    ``description`` and ``commands``: the command's own, for its --help (the health check reads the daemon's
+    settings)."""
     environ = os.environ if environ is None else environ
-    args, values = parse(build_parser(prog, description), OPTIONS, argv, environ)
+    parser = build_parser(prog, description, commands)
+    args, values = parse(parser, OPTIONS, argv, environ)
+    command_first(parser, args)
     values["once"] = args.once
     try:
         values["triton_admin_key"] = key_from_env(environ)  # a secret: its variable only, never a flag

@@ -12,7 +12,6 @@ that breaks a widget or an alarm shows up in review, not in production.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -22,7 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from catalog import CatalogError, cli
-from telemetry.settings import ConfigError, HelpFormatter, Option, add_options, integer, number, parse
+from telemetry.settings import (
+    ArgumentParser,
+    ConfigError,
+    Option,
+    add_commands,
+    add_options,
+    command_first,
+    fail,
+    integer,
+    number,
+    parse,
+)
 
 from . import alarms, dashboard, docsgen, template, terraform
 from .base.options import Options
@@ -64,31 +74,38 @@ def options_table() -> tuple[Option, ...]:
         if "help" not in f.metadata:
             continue
         repeatable = isinstance(f.default, tuple)
+        shown = f.metadata["shown"]
         out.append(
             Option(
                 f.name,
                 f.metadata["flag"] or "--" + f.name.replace("_", "-"),
                 convert=str if repeatable else _CONVERTERS[type(f.default)],
-                help=f.metadata["help"].format(default=f.default),
+                help=f.metadata["help"],
                 repeatable=repeatable,
-                metavar="NAME" if repeatable else "",
-                shown="",
+                metavar=f.metadata["metavar"],
+                shown=shown
+                if shown is not None
+                else f"{f.default:g}"
+                if isinstance(f.default, float)
+                else str(f.default),
             )
         )
     return (*out, *cli.OPTIONS)
 
 
-def _parser(table: Sequence[Option], prog: str = "python -m render") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def _parser(
+    table: Sequence[Option], prog: str = "python -m render", commands: Mapping[str, str] | None = None
+) -> ArgumentParser:
+    p = ArgumentParser(
         prog=prog,
-        formatter_class=HelpFormatter,
         description="Write dashboards/, alarms/, deploy/terraform/alarms.tf.json and "
         "docs/metrics.md from the metric catalog (with --catalog files and the --metrics "
         "selection: only emitted metrics are used).",
     )
-    p.add_argument("--out", default=".", help="directory to write into (default: current directory)")
+    add_commands(p, commands or {})
+    p.add_argument("--out", default=".", metavar="DIR", help="directory to write into (default: current directory)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ from a render")
-    add_options(p, table)
+    add_options(p, table)  # each option's default is in its ``shown`` (options_table)
     return p
 
 
@@ -121,31 +138,29 @@ def options_from(values: Mapping[str, Any]) -> Options:
     return opts
 
 
-def main(argv: Sequence[str], prog: str = "python -m render") -> int:
+def main(argv: Sequence[str], prog: str = "python -m render", commands: Mapping[str, str] | None = None) -> int:
+    """``commands``: the subcommands the entry point dispatches, for --help (python -m render's cost)."""
     table = options_table()
     try:
-        args, values = parse(_parser(table, prog), table, argv, os.environ)
+        parser = _parser(table, prog, commands)
+        args, values = parse(parser, table, argv, os.environ)
+        command_first(parser, args)
         opts = options_from(values)
         files = render(opts)
     except ConfigError as exc:
-        sys.stderr.write(f"error: invalid setting: {exc}\n")
-        return 2
+        return fail(prog, f"invalid setting: {exc}")
     except CatalogError as exc:
-        sys.stderr.write(f"error: invalid catalog: {exc}\n")
-        return 2
+        return fail(prog, f"invalid catalog: {exc}")
     except (ValueError, KeyError) as exc:  # CatalogError is a ValueError
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+        return fail(prog, str(exc))
     root = Path(args.out)
     if root.exists() and not root.is_dir():
-        sys.stderr.write(f"error: --out {root}: not a folder\n")
-        return 2
+        return fail(prog, f"--out {root}: not a folder")
     try:
         return _write(root, files, args.check)
     except (OSError, UnicodeDecodeError) as exc:  # a folder we cannot read or write: say where, no traceback
         where = getattr(exc, "filename", None) or root
-        sys.stderr.write(f"error: --out {root}: cannot write {where}: {getattr(exc, 'strerror', None) or exc}\n")
-        return 2
+        return fail(prog, f"--out {root}: cannot write {where}: {getattr(exc, 'strerror', None) or exc}")
 
 
 def _write(root: Path, files: dict[str, str], check: bool) -> int:

@@ -10,10 +10,16 @@ from telemetry import logs
 from . import cost
 from . import main as render
 
+PROG = "python -m render"
+# python -m render COMMAND: listed in --help, dispatched here before the render's own parser runs
+COMMANDS = {"cost": "custom metrics, alarms and the monthly list price a deployment creates"}
+
 
 def main(argv: list[str]) -> int:
     logs.catch_unexpected("render")  # no raw traceback on stderr, whatever fails (docs/reliability.md)
-    return cost.main(argv[1:]) if argv[:1] == ["cost"] else render(argv)
+    if argv[:1] == ["cost"]:
+        return cost.main(argv[1:], prog=f"{PROG} cost")
+    return render(argv, PROG, commands=COMMANDS)
 
 
 if __name__ == "__main__":

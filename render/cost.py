@@ -15,7 +15,6 @@ the distinct metrics the real pipeline emits for the same deployment.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -34,7 +33,7 @@ from telemetry import DISTRIBUTION, distribution_version
 from telemetry.emf import Encoder, Event
 from telemetry.otlp.metrics import HistogramPoint, MetricsEncoder
 from telemetry.otlp.resource import ecs_resource
-from telemetry.settings import ConfigError, HelpFormatter, Option, add_options, choice, integer, parse, positive
+from telemetry.settings import ArgumentParser, ConfigError, Option, add_options, choice, fail, integer, parse, positive
 
 from .alarms import Spec, alarm_specs, insight_rule_specs
 from .alarms.modelsync import CONDITION, SKEW_PERIOD
@@ -702,13 +701,13 @@ def _at_least(low: int) -> Callable[[str], int]:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("models", "--models", (), _at_least(0), "models loaded (required unless --markdown)", shown=""),
-    Option("versions", "--versions", (), _at_least(1), "loaded versions per model"),
-    Option("gpus", "--gpus", (), _at_least(0), "GPUs per task"),
-    Option("tasks", "--tasks", (), _at_least(1), "tasks of the service"),
-    Option("interval", "--interval", (), positive, "exporter interval, seconds"),
-    Option("llm_models", "--llm-models", (), _at_least(0), "of the models, how many are LLMs"),
-    Option("llm_backend", "--llm-backend", (), choice(*LLM_BACKENDS), "their backend", metavar="|".join(LLM_BACKENDS)),
+    Option("models", "--models", (), _at_least(0), "models loaded (required unless --markdown)", metavar="N", shown=""),
+    Option("versions", "--versions", (), _at_least(1), "loaded versions per model", metavar="N"),
+    Option("gpus", "--gpus", (), _at_least(0), "GPUs per task", metavar="N"),
+    Option("tasks", "--tasks", (), _at_least(1), "tasks of the service", metavar="N"),
+    Option("interval", "--interval", (), positive, "exporter interval, seconds", metavar="SECONDS"),
+    Option("llm_models", "--llm-models", (), _at_least(0), "of the models, how many are LLMs", metavar="N"),
+    Option("llm_backend", "--llm-backend", (), choice(*LLM_BACKENDS), "their backend"),
     Option("breakdown_zeros", "--breakdown-zeros", (), choice("omit", "emit"), "as the sidecar's setting"),
     Option(
         "max_models",
@@ -716,6 +715,7 @@ OPTIONS: tuple[Option, ...] = (
         (),
         _at_least(1),
         "as the sidecar's setting: model versions it emits per task (models x versions beyond it are not emitted)",
+        metavar="N",
     ),
     Option(
         "otlp_semconv",
@@ -724,18 +724,13 @@ OPTIONS: tuple[Option, ...] = (
         choice(*SEMCONVS),
         "as the sidecar's setting (OtlpSemconv): genai prices the GenAI server metrics of the LLM models too "
         "(implies --otlp)",
-        metavar="|".join(SEMCONVS),
     ),
     *cli.OPTIONS,
 )
 
 
 def main(argv: Sequence[str], prog: str = "python -m render cost") -> int:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="Custom metrics, alarms and monthly list price the defaults create.",
-        formatter_class=HelpFormatter,
-    )
+    p = ArgumentParser(prog=prog, description="Custom metrics, alarms and monthly list price the defaults create.")
     add_options(p, OPTIONS, Deployment(models=0))
     p.add_argument("--no-nvml", action="store_true", help="NVML source off (EXPORTER_NVML=off)")
     p.add_argument("--no-summaries", action="store_true", help="Triton without summary_latencies")
@@ -767,13 +762,11 @@ def main(argv: Sequence[str], prog: str = "python -m render cost") -> int:
     try:
         args, values = parse(p, OPTIONS, argv, os.environ)
     except ConfigError as exc:
-        sys.stderr.write(f"error: invalid setting: {exc}\n")
-        return 2
+        return fail(prog, f"invalid setting: {exc}")
     try:
         opts = Options(catalog=cli.from_values(values))
     except CatalogError as exc:
-        sys.stderr.write(f"error: invalid catalog: {exc}\n")
-        return 2
+        return fail(prog, f"invalid catalog: {exc}")
     if args.markdown:
         sys.stdout.write(markdown_table(DOC_ROWS, opts))
         return 0
@@ -781,8 +774,7 @@ def main(argv: Sequence[str], prog: str = "python -m render cost") -> int:
         p.error("--models is required")
     deployment = {k: v for k, v in values.items() if k not in cli.FIELDS}
     if not deployment.get("llm_models", 0) <= deployment["models"]:
-        sys.stderr.write("error: need --llm-models <= --models\n")
-        return 2
+        return fail(prog, "need --llm-models <= --models")
     otlp = args.otlp or args.otlp_price_per_gb is not None or deployment.get("otlp_semconv", "off") != "off"
     d = Deployment(
         **deployment,

@@ -11,8 +11,17 @@ refused by the daemon and by every command that reads it alike.
 The converters below are the shared vocabulary (URLs, numbers, sizes,
 choices, booleans); a converter is any ``str -> value`` that raises
 ``ValueError`` with a short reason, in its own words (never Python's
-``invalid literal for int()``). Every parser prints its help with
-:class:`HelpFormatter`.
+``invalid literal for int()``).
+
+Every command's parser is an :class:`ArgumentParser`, so every command line
+follows the same rules: no abbreviated flag (``--inter`` is not ``--interval``);
+a usage error is one usage line, ``<command>: error: ...`` and
+``try '<prog> --help'``, exit 2; the command's own errors start with the same
+``<command>: error:`` (:func:`fail`); the subcommands are listed in ``--help``
+(:func:`add_commands`); a placeholder says what the value is (a choice lists
+its choices, ``--nvml {auto,on,off}``); every option's help ends with
+``(default: ...) [env: VAR]`` where those apply. tests/unit/test_cli_rules.py
+checks every command against them.
 """
 
 from __future__ import annotations
@@ -21,15 +30,21 @@ import argparse
 import math
 import os
 import re
+import sys
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 
 class ConfigError(ValueError):
     """A setting is invalid; the message names the flag or variable and the value."""
+
+
+class InvalidChoice(ValueError):
+    """A value outside a :func:`choice`: the message names it as argparse does,
+    ``invalid choice: 'x' (choose from a, b)``."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +56,9 @@ class Option:
     empty; ``" "`` splits on any run of blanks). ``boolean``:
     ``--flag``/``--no-flag`` on the command line; the variable is converted.
     ``dash_value``: the value may start with ``-`` (``--metrics -A*``).
+    ``metavar``: the placeholder the help shows (``SECONDS``, ``FILE``); by
+    default one said by the converter (``URL``, ``N``, ``BYTES``), and a
+    :func:`choice` always shows its choices (``{auto,on,off}``).
     ``shown``: the default as the help prints it (None: the default itself;
     ``""``: not printed).
     """
@@ -82,6 +100,120 @@ class HelpFormatter(argparse.HelpFormatter):
         )
 
 
+def command_name(prog: str) -> str:
+    """The name a command's errors start with: ``python -m modelsync rollout`` -> ``modelsync rollout``."""
+    return prog.removeprefix("python -m ").strip()
+
+
+def fail(prog: str, message: str, code: int = 2) -> int:
+    """A command's own error (an invalid setting, a file it cannot read, a failure): the one line
+    ``<command>: error: <message>`` on stderr, as argparse's usage errors start; returns ``code`` (2 for
+    settings and usage, 1 for a failure at run time)."""
+    sys.stderr.write(f"{command_name(prog)}: error: {message}\n")
+    return code
+
+
+def _positional(action: argparse.Action) -> str:
+    """A positional argument as a usage line shows it: ``MODEL``, ``[ARTIFACT]``, ``{run,resume,status}``."""
+    if action.metavar is not None:
+        name = action.metavar if isinstance(action.metavar, str) else " ".join(action.metavar)
+    elif action.choices:
+        name = "{" + ",".join(map(str, action.choices)) + "}"
+    else:
+        name = action.dest
+    if action.nargs == argparse.PARSER:
+        return f"{name} ..." if action.required else f"[{name} ...]"
+    if action.nargs == argparse.OPTIONAL:
+        return f"[{name}]"
+    if action.nargs == argparse.ZERO_OR_MORE:
+        return f"[{name} ...]"
+    if action.nargs == argparse.ONE_OR_MORE:
+        return f"{name} [{name} ...]"
+    return name
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """Every command's parser: the rules of this module's docstring.
+
+    Never abbreviations (``allow_abbrev`` is False whatever the caller says, in subcommands too: they are
+    made of this class); :class:`HelpFormatter` unless told otherwise; a usage error is three lines on stderr,
+    exit 2::
+
+        usage: python -m exporter [OPTIONS] [COMMAND ...]
+        exporter: error: unrecognized arguments: --foo
+        try 'python -m exporter --help'
+
+    rather than argparse's whole usage block, which lists every option and buries the error under it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def usage_line(self) -> str:
+        """``usage: PROG [OPTIONS] POSITIONALS`` on one line, however many options (``--help`` lists them)."""
+        words = [self.prog]
+        if any(a.option_strings for a in self._actions if a.help != argparse.SUPPRESS):
+            words.append("[OPTIONS]")
+        words += [_positional(a) for a in self._actions if not a.option_strings and a.help != argparse.SUPPRESS]
+        return "usage: " + " ".join(words)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(self._given, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        unknown = self._unknown_flags()
+        if unknown:  # what argparse says otherwise is about what follows it: --inter 3 is "invalid choice: '3'"
+            message = f"unrecognized arguments: {' '.join(unknown)}"
+            near = [o for o in self._option_string_actions if o.startswith(unknown[0].split("=", 1)[0])]
+            if len(near) == 1:
+                message += f" (a flag is never abbreviated: {near[0]})"
+        self.exit(2, f"{self.usage_line()}\n{command_name(self.prog)}: error: {message}\ntry '{self.prog} --help'\n")
+
+    def _unknown_flags(self) -> list[str]:
+        """The ``--flags`` given that this parser does not know, up to a ``--``."""
+        given = getattr(self, "_given", [])
+        given = given[: given.index("--")] if "--" in given else given
+        return [a for a in given if a.startswith("--") and a.split("=", 1)[0] not in self._option_string_actions]
+
+
+def add_commands(parser: argparse.ArgumentParser, commands: Mapping[str, str]) -> None:
+    """List a command's subcommands (name -> what it does) in its ``--help``, and refuse an unknown one as an
+    invalid choice. Each subcommand reads its own arguments: the entry point hands it ``argv[1:]`` before this
+    parser runs, so here a subcommand only shows up when it follows an option (``--once catalog``), which
+    :func:`command_first` refuses."""
+    if not commands:
+        return
+    sub = parser.add_subparsers(
+        dest="command", title="commands", metavar="COMMAND", help=f"{parser.prog} COMMAND --help: what it takes"
+    )
+    for name, text in commands.items():
+        sub.add_parser(name, help=text, add_help=False)
+
+
+def command_first(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A usage error when a subcommand came after an option: ``python -m exporter --once catalog``."""
+    command = getattr(args, "command", None)
+    if command:
+        parser.error(f"the command comes first: {parser.prog} {command} [...]")
+
+
+_METAVARS: dict[Callable[[str], Any], str] = {}  # converter -> its placeholder (filled below the converters)
+
+
+def metavar(o: Option) -> str:
+    """The placeholder of a value option: a choice's choices, the table's own, the converter's, else the field's
+    last word."""
+    choices = getattr(o.convert, "choices", None)
+    if choices:
+        return "{" + ",".join(choices) + "}"
+    return o.metavar or _METAVARS.get(o.convert) or o.field.split("_")[-1].upper()
+
+
 def environment_variables(options: Iterable[Option]) -> tuple[str, ...]:
     """Every variable the table reads (tests clear them; docs list them)."""
     return tuple(env for o in options for env in o.env)
@@ -103,7 +235,7 @@ def add_options(parser: argparse.ArgumentParser, options: Iterable[Option], defa
             o.flag,
             dest=o.field,
             default=None,
-            metavar=o.metavar or o.field.split("_")[-1].upper(),
+            metavar=metavar(o),
             action="append" if o.repeatable else "store",
             help=text,
         )
@@ -152,24 +284,40 @@ def read(options: Iterable[Option], args: argparse.Namespace, environ: Mapping[s
             try:
                 values[o.field] = o.convert(raw)
             except ValueError as exc:
-                raise ConfigError(f"{origin}={raw!r}: {exc}") from None
+                raise _invalid(origin, raw, exc) from None
             continue
         converted = []
         for r in raw:  # the value that is wrong is named, not the whole list
             try:
                 converted.append(o.convert(r))
             except ValueError as exc:
-                raise ConfigError(f"{origin}={r!r}: {exc}") from None
+                raise _invalid(origin, r, exc) from None
         values[o.field] = tuple(converted)
     return values
+
+
+def _invalid(origin: str, raw: str, exc: ValueError) -> ConfigError:
+    """``--interval='0': must be a positive number``; an invalid choice names the value itself, as argparse
+    does: ``--nvml: invalid choice: 'x' (choose from auto, on, off)``."""
+    return ConfigError(f"{origin}: {exc}" if isinstance(exc, InvalidChoice) else f"{origin}={raw!r}: {exc}")
 
 
 def parse(
     parser: argparse.ArgumentParser, options: Sequence[Option], argv: Sequence[str], environ: Mapping[str, str]
 ) -> tuple[argparse.Namespace, dict[str, Any]]:
     """Parse ``argv`` with ``parser`` (built with :func:`add_options`) and read the table: (namespace, values)."""
+    _no_abbreviations(parser)
     args = parser.parse_args(attach_dash_values(options, argv))
     return args, read(options, args, environ)
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Whatever parser a command hands in, and its subcommands': a flag is given whole or not at all."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _no_abbreviations(sub)
 
 
 # --- converters -------------------------------------------------------------------------------------------------
@@ -238,13 +386,14 @@ def non_negative(text: str) -> float:
 
 
 def choice(*choices: str) -> Callable[[str], str]:
-    """One of ``choices``, case-insensitive, returned in lower case."""
+    """One of ``choices``, case-insensitive, returned in lower case; the help shows them (``{on,off}``)."""
 
     def check(text: str) -> str:
         if text.strip().lower() not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}")
+            raise InvalidChoice(f"invalid choice: {text!r} (choose from {', '.join(choices)})")
         return text.strip().lower()
 
+    check.choices = choices  # type: ignore[attr-defined]  # read by metavar()
     return check
 
 
@@ -296,3 +445,17 @@ def cloudwatch_namespace(text: str) -> str:
     if not 1 <= len(text) <= 255 or not text.isascii() or text.startswith("AWS/"):
         raise ValueError("must be 1-255 ASCII characters and not start with AWS/")
     return text
+
+
+_METAVARS.update(
+    {
+        http_url: "URL",
+        integer: "N",
+        positive_int: "N",
+        size: "BYTES",
+        positive_size: "BYTES",
+        boolean: "{true,false}",
+        printable: "NAME",
+        cloudwatch_namespace: "NAMESPACE",
+    }
+)

@@ -2,7 +2,10 @@
 
 ``health.py`` and ``startup_check.py`` take every setting as a flag or an
 environment variable (the flag wins, a blank variable counts as unset) and stop
-with exit code 2 and one line on bad usage. Each declares its options as a table
+with exit code 2 on bad usage: the command's usage on one line,
+``PROG: error: ...`` and ``try 'PROG --help'`` (the rules of every command,
+telemetry/settings.py; ``python -m exporter health`` says ``exporter health:
+error:``), or the error line alone where the command keeps to one line. Each declares its options as a table
 of :class:`Flag`; this module reads the command line from that table.
 
 The health probe starts as a new process every 30 s in every task, so the
@@ -11,7 +14,8 @@ their imports, about a quarter of the probe's start-up): :func:`parse` reads
 plain command lines itself (``--flag VALUE``, ``--flag=VALUE``, switches) and
 hands everything else (``--help``, an unknown or abbreviated flag, a missing
 value, a value that starts with ``-``) to an argparse parser built from the same
-table, so help and error messages are argparse's own. The fast reader accepts
+table, so help and error messages are argparse's own; argparse takes no
+abbreviation either (``--dead`` is not ``--deadline``). The fast reader accepts
 only command lines that argparse reads the same way (tests/unit/triton_side/test_triton_side.py
 compares the two).
 
@@ -54,9 +58,13 @@ class Exit(Exception):
 
 
 class Flag:
-    """One option: its names (the first gives the key in the parsed values), how it takes a value, its help."""
+    """One option: its names (the first gives the key in the parsed values), how it takes a value, its help.
 
-    __slots__ = ("const", "dest", "help", "kind", "metavar", "names")
+    ``hidden``: accepted, never shown in the help: a former name that command lines written into task
+    definitions still use (the probe's ``--url``, now ``--triton-url`` as in every command).
+    """
+
+    __slots__ = ("const", "dest", "help", "hidden", "kind", "metavar", "names")
 
     def __init__(
         self,
@@ -66,8 +74,10 @@ class Flag:
         help: str = "",
         const: str | None = None,
         dest: str | None = None,
+        hidden: bool = False,
     ) -> None:
         self.names = names
+        self.hidden = hidden
         self.kind = kind
         self.metavar = metavar
         self.help = help
@@ -130,7 +140,7 @@ def argparse_parser(flags: Sequence[Flag], prog: str, description: str) -> argpa
             raise Exit(status)
 
         def error(self, message: str) -> NoReturn:
-            raise UsageError(message, usage=self.format_usage())
+            raise UsageError(message, usage=f"usage: {self.prog} [OPTIONS]")  # one line: --help lists them
 
     class Formatter(argparse.HelpFormatter):
         """Wraps between words only: never inside a URL or after a hyphen (as telemetry.settings.HelpFormatter)."""
@@ -154,9 +164,9 @@ def argparse_parser(flags: Sequence[Flag], prog: str, description: str) -> argpa
                 )
             )
 
-    parser = Parser(prog=prog, description=description, formatter_class=Formatter)
+    parser = Parser(prog=prog, description=description, formatter_class=Formatter, allow_abbrev=False)
     for f in flags:
-        kwargs: dict[str, object] = {"dest": f.dest, "help": f.help}
+        kwargs: dict[str, object] = {"dest": f.dest, "help": argparse.SUPPRESS if f.hidden else f.help}
         if f.kind == SWITCH:
             kwargs["action"] = "store_true"
         else:
@@ -187,7 +197,12 @@ def pick(flag: object, var: str, env: Mapping[str, str]) -> str | None:
 
 
 def usage_error(prog: str, exc: UsageError, show_usage: bool = True) -> int:
-    """Print ``PROG: error: ...`` on stderr, after argparse's usage lines when the command line was wrong
-    and ``show_usage`` (the start-up check keeps to one line); returns 2, the exit code for usage errors."""
-    sys.stderr.write(f"{exc.usage if show_usage else ''}{prog}: error: {exc}\n")
+    """Print ``NAME: error: ...`` on stderr (NAME: ``prog`` less ``python -m``), between the usage line and
+    ``try 'PROG --help'`` when the command line was wrong and ``show_usage`` (the start-up check keeps to
+    one line); returns 2, the exit code for usage errors."""
+    name = prog[len("python -m ") :] if prog.startswith("python -m ") else prog
+    if show_usage and exc.usage:
+        sys.stderr.write(f"{exc.usage}\n{name}: error: {exc}\ntry '{prog} --help'\n")
+    else:
+        sys.stderr.write(f"{name}: error: {exc}\n")
     return 2

@@ -393,19 +393,28 @@ PROG = "health.py"
 DESCRIPTION = (
     "Deep health check for a Triton container: liveness, every required model version "
     "READY, optional smoke inference. Exit 0 healthy, 1 unhealthy, 2 usage error. "
-    "Flags win over the environment variables named in brackets."
+    "Flags win over the environment variables ([env: ...])."
 )
 FLAGS = (
-    _cli.Flag("--url", "--triton-url", help=f"Triton HTTP endpoint [TRITON_URL] (default {DEFAULT_URL})"),
+    _cli.Flag(
+        "--triton-url",  # the same flag as the exporter's and model sync's
+        metavar="URL",
+        dest="url",
+        help=f"Triton HTTP endpoint (default: {DEFAULT_URL}) [env: TRITON_URL]",
+    ),
+    _cli.Flag("--url", metavar="URL", dest="url", hidden=True),  # its former name: adopted task definitions use it
     _cli.Flag(
         "--models",
         kind=_cli.APPEND,
         metavar="M[,M/V...]",
-        help="models that must be ready, MODEL or MODEL/VERSION, comma-separated [HEALTH_MODELS] "
-        "(default: every version in the repository index except those unloaded on purpose)",
+        help="models that must be ready, MODEL or MODEL/VERSION, comma-separated "
+        "(default: every version in the repository index except those unloaded on purpose) [env: HEALTH_MODELS]",
     ),
     _cli.Flag(
-        "--ignore", kind=_cli.APPEND, metavar="M[,M/V...]", help="models or versions never checked [HEALTH_IGNORE]"
+        "--ignore",
+        kind=_cli.APPEND,
+        metavar="M[,M/V...]",
+        help="models or versions never checked (default: none) [env: HEALTH_IGNORE]",
     ),
     _cli.Flag(
         "--smoke",
@@ -413,15 +422,15 @@ FLAGS = (
         const="all",
         metavar="all|M[,M/V...]",
         help="send one synthetic inference to every required model (no value or 'all') or to "
-        "the named ones [HEALTH_SMOKE]",
+        "the named ones (default: off) [env: HEALTH_SMOKE]",
     ),
     _cli.Flag("--no-smoke", kind=_cli.SWITCH, help="no smoke inference, whatever HEALTH_SMOKE says"),
     _cli.Flag(
         "--deadline",
         metavar="SECONDS",
-        help=f"overall time limit [HEALTH_DEADLINE] (default {DEFAULT_DEADLINE:g}, under ECS's 5 s)",
+        help=f"overall time limit, under ECS's 5 s (default: {DEFAULT_DEADLINE:g}) [env: HEALTH_DEADLINE]",
     ),
-    _cli.Flag("--jobs", metavar="N", help=f"concurrent per-model checks [HEALTH_JOBS] (default {DEFAULT_JOBS})"),
+    _cli.Flag("--jobs", metavar="N", help=f"concurrent per-model checks (default: {DEFAULT_JOBS}) [env: HEALTH_JOBS]"),
     _cli.Flag("--json", kind=_cli.SWITCH, help="print one JSON document with every check"),
     _cli.Flag("--quiet", kind=_cli.SWITCH, help="print nothing when healthy"),
 )

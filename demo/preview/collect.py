@@ -359,7 +359,7 @@ def run(out: Path, window: float, windows: int, say: Callable[[str], None], nvml
                 *entry,
                 "--triton-url",
                 server.url,
-                "--metrics-url",
+                "--triton-metrics-url",
                 server.metrics_url,
                 "--interval",
                 f"{window:g}",

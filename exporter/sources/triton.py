@@ -3,7 +3,7 @@
 Facts this relies on (seen on a real Triton 2.51 server, tested in tests/integration/test_triton_real.py):
 the index is ``POST /v2/repository/index`` (GET answers 405); labels are
 ``model``/``version``; the metrics port answers 200 to any path, so a wrong
-``--metrics-url`` path is caught by finding no Triton series, not by status.
+``--triton-metrics-url`` path is caught by finding no Triton series, not by status.
 """
 
 from __future__ import annotations

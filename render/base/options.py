@@ -18,63 +18,67 @@ LOG_PARTS = re.compile(r"[A-Za-z0-9_-]+")
 MAX_LOG_GROUPS_PER_QUERY = 50  # Logs Insights: at most 50 log groups in one query
 
 
-def _opt(default: Any, help: str, flag: str = "") -> Any:
-    """A field that is also a ``render`` flag (``--<name>`` unless ``flag`` says otherwise); ``{default}`` in
-    ``help`` shows the default."""
-    return field(default=default, metadata={"help": help, "flag": flag})
+def _opt(default: Any, help: str, flag: str = "", metavar: str = "", shown: str | None = None) -> Any:
+    """A field that is also a ``render`` flag (``--<name>`` unless ``flag`` says otherwise); its help ends with
+    ``(default: ...)``, the default itself unless ``shown`` says otherwise (render.options_table); ``metavar``:
+    the placeholder the help shows (SECONDS, PERCENT, N...)."""
+    return field(default=default, metadata={"help": help, "flag": flag, "metavar": metavar, "shown": shown})
 
 
 @dataclass(frozen=True)
 class Options:
-    namespace: str = _opt("Triton", "CloudWatch namespace (default: {default})")
-    region: str = _opt("us-east-1", "region of the dashboard widgets (default: {default})")
+    namespace: str = _opt("Triton", "CloudWatch namespace", metavar="NAMESPACE")
+    region: str = _opt("us-east-1", "region of the dashboard widgets", metavar="REGION")
     account_id: str = _opt(  # only for alarm ARNs in the standalone dashboard JSON
         "123456789012",
-        "account of the alarm ARNs in dashboards/triton.json (default: {default}, a placeholder; the "
-        "CloudFormation template fills in its own account)",
+        "account of the alarm ARNs in dashboards/triton.json (the default is a placeholder; the CloudFormation "
+        "template fills in its own account)",
+        metavar="ID",
     )
     partition: str = "aws"
-    cluster: str = _opt("triton", "ECS cluster name (default: {default})")
-    service: str = _opt("triton", "ECS service name (default: {default})")
-    alarm_prefix: str = _opt("triton", "alarm name prefix (default: {default})")
-    dashboard_name: str = _opt("Triton", "CloudWatch dashboard name (default: {default})")
-    sns_topic_arn: str = _opt("", "SNS topic for notifications (default: none)")
-    log_group_prefix: str = _opt("/ecs/triton", "Fluent Bit log group prefix (default: {default})")
+    cluster: str = _opt("triton", "ECS cluster name", metavar="NAME")
+    service: str = _opt("triton", "ECS service name", metavar="NAME")
+    alarm_prefix: str = _opt("triton", "alarm name prefix", metavar="PREFIX")
+    dashboard_name: str = _opt("Triton", "CloudWatch dashboard name", metavar="NAME")
+    sns_topic_arn: str = _opt("", "SNS topic for notifications", metavar="ARN", shown="none")
+    log_group_prefix: str = _opt("/ecs/triton", "Fluent Bit log group prefix", metavar="PREFIX")
     # optional: named per-model alarms and per-model log groups
     models: tuple[str, ...] = _opt(
-        (), "also render named alarms and a per-model log widget for this model (repeatable)", flag="--model"
+        (),
+        "also render named alarms and a per-model log widget for this model (repeatable)",
+        flag="--model",
+        metavar="NAME",
+        shown="none",
     )
-    failure_threshold: float = _opt(5.0, "failed requests per model in 5 minutes (default: {default:g})")
-    latency_slo_ms: float = _opt(500.0, "p95 latency SLO per model in ms (default: {default:g})")
-    pending_scale_out: float = _opt(
-        10.0, "requests queued per task that add a task when held 30 s (default: {default:g})"
-    )
+    failure_threshold: float = _opt(5.0, "failed requests per model in 5 minutes", metavar="N")
+    latency_slo_ms: float = _opt(500.0, "p95 latency SLO per model in ms", metavar="MS")
+    pending_scale_out: float = _opt(10.0, "requests queued per task that add a task when held 30 s", metavar="N")
     queue_time_scale_out_ms: float = _opt(
-        100.0, "queue time (each task's worst model, ms) that adds a task when held 30 s (default: {default:g})"
+        100.0, "queue time (each task's worst model, ms) that adds a task when held 30 s", metavar="MS"
     )
     requests_waiting_scale_out: float = _opt(
-        4.0, "TensorRT-LLM requests waiting per task that add a task when held 30 s (default: {default:g})"
+        4.0, "TensorRT-LLM requests waiting per task that add a task when held 30 s", metavar="N"
     )
     gpu_scale_in: float = _opt(
-        40.0,
-        "GPU utilization % under which, every other signal low for 15 min, a task is removed (default: {default:g})",
+        40.0, "GPU utilization % under which, every other signal low for 15 min, a task is removed", metavar="PERCENT"
     )
     task_start_seconds: int = _opt(
         600,
         "seconds from a scale-out until its new tasks serve; the scale-out cooldown adds the time the alarm takes to "
-        "see them, so tasks still starting count as capacity (default: {default}, the stack's health-check grace)",
+        "see them, so tasks still starting count as capacity (the default is the stack's health-check grace)",
+        metavar="SECONDS",
     )
-    scale_in_cooldown: int = _opt(600, "seconds between scale-ins, and after a scale-out (default: {default})")
-    gpu_memory: float = _opt(95.0, "GPU memory used % that alarms after 10 min (default: {default:g})")
-    load_success_rate: float = _opt(100.0, "alarm below this model load success % (default: {default:g})")
-    ttft_p95_ms: float = _opt(2000.0, "time to first token p95 alarm, ms (default: {default:g})")
-    kv_cache_utilization: float = _opt(90.0, "KV-cache utilization % alarm per model (default: {default:g})")
+    scale_in_cooldown: int = _opt(600, "seconds between scale-ins, and after a scale-out", metavar="SECONDS")
+    gpu_memory: float = _opt(95.0, "GPU memory used % that alarms after 10 min", metavar="PERCENT")
+    load_success_rate: float = _opt(100.0, "alarm below this model load success %", metavar="PERCENT")
+    ttft_p95_ms: float = _opt(2000.0, "time to first token p95 alarm, ms", metavar="MS")
+    kv_cache_utilization: float = _opt(90.0, "KV-cache utilization % alarm per model", metavar="PERCENT")
     min_capacity: int = _opt(
-        1, "fewest tasks scaling leaves the service, at least 1: no task, no signal (MinCapacity; default: {default})"
+        1, "fewest tasks scaling leaves the service (MinCapacity), at least 1: no task, no signal", metavar="N"
     )
-    max_capacity: int = _opt(4, "most tasks scaling gives the service (MaxCapacity; default: {default})")
+    max_capacity: int = _opt(4, "most tasks scaling gives the service (MaxCapacity)", metavar="N")
     version_skew_periods: int = _opt(
-        3, "5-minute periods in which a model's tasks serve different artifacts before the alarm (default: {default})"
+        3, "5-minute periods in which a model's tasks serve different artifacts before the alarm", metavar="N"
     )
     # What the exporter emits (definitions and --metrics selection): only those metrics are drawn and alarmed on.
     catalog: Catalog = field(kw_only=True, compare=False)

@@ -512,7 +512,7 @@ def test_replayed_image_prints_one_emf_window_from_real_triton(image, triton):
     env = final_env(final, root)
     cwd = root / "empty"
     cwd.mkdir(exist_ok=True)
-    args = ["--once", "--interval", "1", "--triton-url", triton.url, "--metrics-url", triton.metrics_url]
+    args = ["--once", "--interval", "1", "--triton-url", triton.url, "--triton-metrics-url", triton.metrics_url]
     proc = subprocess.run(
         [*entrypoint(final, root), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )

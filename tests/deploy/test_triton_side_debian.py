@@ -34,20 +34,20 @@ def probe_cases(folder: Path, triton_url: str, hostile: Mapping[str, str]) -> di
     port = triton_url.rsplit(":", 1)[1]
     cases = {
         "python": [debian.PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        "a model failed to load": [*health, "--url", triton_url],
-        "healthy once it is ignored": [*health, "--url", triton_url, "--ignore", "broken"],
-        "quiet when healthy": [*health, "--url", triton_url, "--ignore", "broken", "--quiet"],
-        "localhost": [*health, "--url", f"http://localhost:{port}", "--models", "add,text/1"],
-        "smoke inference fails": [*health, "--url", triton_url, "--ignore", "broken", "--smoke"],
-        "smoke inference ok": [*health, "--url", triton_url, "--ignore", "broken,fails", "--smoke"],
-        "json": [*health, "--url", triton_url, "--models", "add,fails", "--smoke", "add", "--json"],
-        "unknown model": [*health, "--url", triton_url, "--models", "nope"],
-        "nothing listening": [*health, "--url", "http://127.0.0.1:9"],
+        "a model failed to load": [*health, "--triton-url", triton_url],
+        "healthy once it is ignored": [*health, "--triton-url", triton_url, "--ignore", "broken"],
+        "quiet when healthy": [*health, "--triton-url", triton_url, "--ignore", "broken", "--quiet"],
+        "localhost": [*health, "--triton-url", f"http://localhost:{port}", "--models", "add,text/1"],
+        "smoke inference fails": [*health, "--triton-url", triton_url, "--ignore", "broken", "--smoke"],
+        "smoke inference ok": [*health, "--triton-url", triton_url, "--ignore", "broken,fails", "--smoke"],
+        "json": [*health, "--triton-url", triton_url, "--models", "add,fails", "--smoke", "add", "--json"],
+        "unknown model": [*health, "--triton-url", triton_url, "--models", "nope"],
+        "nothing listening": [*health, "--triton-url", "http://127.0.0.1:9"],
         "usage error": [*health, "--deadline", "soon"],
         "help": [*health, "--help"],
-        "imports": [debian.PYTHON, "-X", "importtime", *health[1:], "--url", triton_url, "--ignore", "broken"],
+        "imports": [debian.PYTHON, "-X", "importtime", *health[1:], "--triton-url", triton_url, "--ignore", "broken"],
     }
-    cases |= {f"hostile {name}": [*health, "--url", url] for name, url in hostile.items()}
+    cases |= {f"hostile {name}": [*health, "--triton-url", url] for name, url in hostile.items()}
     return cases
 
 

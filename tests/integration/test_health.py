@@ -77,7 +77,9 @@ def test_flags_win_over_environment_and_bad_values_are_usage_errors(capsys: pyte
     opts = health.options([], env)
     assert (opts.url, opts.models, opts.ignore, opts.smoke, opts.deadline) == (
         "http://triton:8000", [("a", None), ("b", "2")], [("c", None)], [], 3.0)  # fmt: skip
-    opts = health.options(["--url", "http://x:1", "--models", "m@x.v2+b/1", "--deadline", "1.5", "--no-smoke"], env)
+    opts = health.options(
+        ["--triton-url", "http://x:1", "--models", "m@x.v2+b/1", "--deadline", "1.5", "--no-smoke"], env
+    )
     assert (opts.url, opts.models, opts.deadline, opts.smoke) == (
         "http://x:1",
         [("m@x.v2+b", "1")],
@@ -92,7 +94,7 @@ def test_flags_win_over_environment_and_bad_values_are_usage_errors(capsys: pyte
         ["--jobs", "65"],
         ["--deadline", "soon"],
         ["--deadline", "0"],
-        ["--url", "ftp://x"],
+        ["--triton-url", "ftp://x"],
         ["--models", "a/b"],
         ["--nope"],
     ):
@@ -149,7 +151,7 @@ def test_trickling_server_cannot_stretch_the_deadline() -> None:
     threading.Thread(target=trickle, daemon=True).start()
     url = f"http://127.0.0.1:{srv.getsockname()[1]}"
     try:
-        code, out = run_probe("--url", url, "--deadline", "1")
+        code, out = run_probe("--triton-url", url, "--deadline", "1")
         assert code == 1
         assert out.startswith(f"FAIL live: no answer from 127.0.0.1:{url.rsplit(':', 1)[1]} within 1 s"), out
         assert cut_off.wait(10)  # the probe closed the connection: the next byte found nobody
@@ -202,7 +204,7 @@ READY = head(200, "application/json", 0)
 )  # fmt: skip
 def test_hostile_answer_is_one_fail_line(answers: dict[str, bytes], expected: str) -> None:
     with FakeHttp(routes(answers)) as server:
-        code, out = run_probe("--url", server.url, "--deadline", "20")
+        code, out = run_probe("--triton-url", server.url, "--deadline", "20")
     assert code == 1
     lines = out.splitlines()
     assert len(lines) == 2 and lines[0].startswith(expected), out  # the FAIL line, then the summary
@@ -218,7 +220,7 @@ def test_chunked_answers_are_read_whole() -> None:
         "GET /v2/models/add/versions/1/ready": READY,
     }
     with FakeHttp(routes(answers)) as server:
-        code, out = run_probe("--url", server.url)
+        code, out = run_probe("--triton-url", server.url)
     assert code == 0 and out.startswith("OK ") and "(add/1)" in out, out
 
 
@@ -232,7 +234,7 @@ def test_answer_over_the_size_limit_is_refused(monkeypatch: pytest.MonkeyPatch, 
             server.send(conn, b" " * 65536)  # raises once the probe hangs up
 
     with FakeHttp(unending) as server:
-        assert health.main(["--url", server.url, "--deadline", "20"]) == 1
+        assert health.main(["--triton-url", server.url, "--deadline", "20"]) == 1
     out = capsys.readouterr().out
     assert out.startswith("FAIL live: GET /v2/health/live: answer larger than the probe's limit of 256 KiB: refused")
 
@@ -252,7 +254,7 @@ def test_smoke_reads_only_the_json_header_of_a_large_inference_answer(monkeypatc
         "POST /v2/models/add/versions/1/infer": infer,
     }
     with FakeHttp(routes(answers)) as server:
-        assert health.main(["--url", server.url, "--smoke", "--deadline", "20"]) == 0
+        assert health.main(["--triton-url", server.url, "--smoke", "--deadline", "20"]) == 0
     assert "smoke inference ok for 1" in capsys.readouterr().out
 
 
@@ -277,14 +279,14 @@ def test_host_names_are_resolved_under_the_deadline(monkeypatch: pytest.MonkeyPa
         with FakeHttp(routes(answers)) as server:
             port = server.port
             for host in ("triton.task.local", "localhost", "127.0.0.1"):
-                assert health.main(["--url", f"http://{host}:{port}", "--quiet"]) == 0, capsys.readouterr()
+                assert health.main(["--triton-url", f"http://{host}:{port}", "--quiet"]) == 0, capsys.readouterr()
             assert asked == ["triton.task.local"]
-        assert health.main(["--url", f"http://nowhere.task.local:{port}"]) == 1
+        assert health.main(["--triton-url", f"http://nowhere.task.local:{port}"]) == 1
         assert capsys.readouterr().out.startswith(
             "FAIL live: cannot resolve 'nowhere.task.local': Name or service not known: wrong TRITON_URL, or no "
             "resolver to ask\n"
         )
-        assert health.main(["--url", f"http://hangs.task.local:{port}", "--deadline", "0.5"]) == 1
+        assert health.main(["--triton-url", f"http://hangs.task.local:{port}", "--deadline", "0.5"]) == 1
         assert capsys.readouterr().out.startswith(
             "FAIL live: cannot resolve 'hangs.task.local': no answer from the resolver within 0.5 s"
         )
@@ -300,7 +302,7 @@ def test_a_bug_in_the_probe_is_an_unhealthy_line_not_a_traceback(monkeypatch: py
 
     monkeypatch.setattr(_report, "render_text", broken)
     with FakeHttp(routes(answers)) as server:
-        assert health.main(["--url", server.url]) == 1
+        assert health.main(["--triton-url", server.url]) == 1
     assert capsys.readouterr() == (
         f"UNHEALTHY triton {server.url}: probe error AttributeError: 'int' object has no attribute 'bit_count'\n",
         "",
@@ -312,7 +314,7 @@ def test_fail_lines_and_names_are_bounded() -> None:
     index = [{"name": f"m{i}", "version": "1", "state": "UNAVAILABLE", "reason": "x" * 1000} for i in range(30)]
     index.append({"name": "n" * 10_000, "version": "1", "state": "UNAVAILABLE", "reason": "boom\nAt:\n..."})
     with FakeHttp(routes({"POST /v2/repository/index": json_answer(json.dumps(index).encode())})) as server:
-        code, out = run_probe("--url", server.url)
+        code, out = run_probe("--triton-url", server.url)
     lines = out.splitlines()
     assert code == 1 and len(lines) == _report.FAIL_LINES_MAX + 2, out
     assert lines[-2] == f"FAIL +{31 - _report.FAIL_LINES_MAX} more failed check(s) (--json lists every check)"
@@ -328,17 +330,17 @@ def test_fail_lines_and_names_are_bounded() -> None:
 
 @pytest.mark.triton
 def test_healthy_repository_exits_0(triton: TritonServer) -> None:
-    code, out = run_probe("--url", triton.url, "--ignore", "broken")
+    code, out = run_probe("--triton-url", triton.url, "--ignore", "broken")
     assert code == 0, out
     assert out.startswith("OK ") and "add/1" in out and "text/1" in out and len(out.splitlines()) == 1
-    assert run_probe("--url", triton.url, "--ignore", "broken", "--quiet") == (0, "")
+    assert run_probe("--triton-url", triton.url, "--ignore", "broken", "--quiet") == (0, "")
     # in-process entry point for ``python -m exporter health``: returns the code, never exits
-    assert health.main(["--url", triton.url, "--models", "add,slow", "--quiet"]) == 0
+    assert health.main(["--triton-url", triton.url, "--models", "add,slow", "--quiet"]) == 0
 
 
 @pytest.mark.triton
 def test_model_that_failed_to_load_is_named_with_its_reason(triton: TritonServer) -> None:
-    code, out = run_probe("--url", triton.url)
+    code, out = run_probe("--triton-url", triton.url)
     assert code == 1
     lines = out.strip().splitlines()
     assert len(lines) == 2, out  # one line per failing check, one summary line
@@ -347,7 +349,7 @@ def test_model_that_failed_to_load_is_named_with_its_reason(triton: TritonServer
         "Internal: RuntimeError: boom: this sample model fails to load on purpose"
     )
     assert lines[1].startswith("UNHEALTHY ") and "broken/1" in lines[1] and "4 of 5" in lines[1]
-    code, doc = json_probe("--url", triton.url)
+    code, doc = json_probe("--triton-url", triton.url)
     assert code == 1 and doc["healthy"] is False
     bad = [c for c in doc["checks"] if c["status"] == "fail"]
     assert [(c["model"], c["version"], c["state"]) for c in bad] == [("broken", "1", "UNAVAILABLE")]
@@ -356,7 +358,7 @@ def test_model_that_failed_to_load_is_named_with_its_reason(triton: TritonServer
 
 @pytest.mark.triton
 def test_smoke_inference_on_every_serving_sample_model(triton: TritonServer) -> None:
-    code, doc = json_probe("--url", triton.url, "--ignore", "broken,fails", "--smoke")
+    code, doc = json_probe("--triton-url", triton.url, "--ignore", "broken,fails", "--smoke")
     assert code == 0, doc
     checks = doc["checks"]
     assert [c["check"] for c in checks[:2]] == ["live", "index"]
@@ -369,15 +371,15 @@ def test_smoke_inference_on_every_serving_sample_model(triton: TritonServer) -> 
 
 @pytest.mark.triton
 def test_model_whose_inference_fails_is_unhealthy(triton: TritonServer) -> None:
-    code, out = run_probe("--url", triton.url, "--ignore", "broken", "--smoke")
+    code, out = run_probe("--triton-url", triton.url, "--ignore", "broken", "--smoke")
     assert code == 1
     lines = out.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("FAIL model 'fails' version 1")
     assert "HTTP 500" in lines[0] and "sample model always fails" in lines[0]
     # asked for one model only: the others are not smoke-tested
-    code, doc = json_probe("--url", triton.url, "--models", "add,fails", "--smoke", "add")
+    code, doc = json_probe("--triton-url", triton.url, "--models", "add,fails", "--smoke", "add")
     assert code == 0 and [c["model"] for c in doc["checks"] if c["check"] == "smoke"] == ["add"]
-    code, out = run_probe("--url", triton.url, "--models", "add", "--smoke", "text")
+    code, out = run_probe("--triton-url", triton.url, "--models", "add", "--smoke", "text")
     assert code == 1 and "'text'" in out and "not among the required models" in out
 
 
@@ -389,7 +391,7 @@ def test_stdlib_only_copy_runs_isolated(triton: TritonServer, tmp_path: Path) ->
     oldest = python38()  # Ubuntu 20.04 Triton images; test_triton_side.py checks 3.8 statically everywhere
     pythons = [sys.executable] + ([oldest] if oldest else [])
     for python in pythons:
-        code, out = run_probe("--url", triton.url, "--ignore", "broken,fails", "--smoke",
+        code, out = run_probe("--triton-url", triton.url, "--ignore", "broken,fails", "--smoke",
                                  python=python, script=script)  # fmt: skip
         assert code == 0, (python, out)
         assert "smoke inference ok for 3" in out
@@ -403,15 +405,15 @@ def test_stdlib_only_copy_runs_isolated(triton: TritonServer, tmp_path: Path) ->
 @pytest.mark.triton
 def test_unloaded_model_is_fine_unless_required(triton_factory) -> None:
     server = triton_factory(models=["add", "text"])
-    assert run_probe("--url", server.url)[0] == 0
+    assert run_probe("--triton-url", server.url)[0] == 0
     server.unload("text")
-    code, out = run_probe("--url", server.url)
+    code, out = run_probe("--triton-url", server.url)
     assert code == 0 and "text" not in out, out
-    code, out = run_probe("--url", server.url, "--models", "add,text")
+    code, out = run_probe("--triton-url", server.url, "--models", "add,text")
     assert code == 1
     assert out.splitlines()[0].startswith("FAIL model 'text' version 1 is UNAVAILABLE: unloaded on purpose")
-    assert run_probe("--url", server.url, env={"HEALTH_MODELS": "text"})[0] == 1
-    code, out = run_probe("--url", server.url, "--models", "nope")
+    assert run_probe("--triton-url", server.url, env={"HEALTH_MODELS": "text"})[0] == 1
+    code, out = run_probe("--triton-url", server.url, "--models", "nope")
     assert code == 1 and "'nope'" in out and "not in the repository index" in out
 
 
@@ -420,18 +422,18 @@ def test_stopped_or_frozen_server_fails_within_the_deadline(triton_factory) -> N
     """A frozen server holds the probe until its deadline, and no longer: the answer is a FAIL line that says so
     (run_probe's own 30 s limit would fail the test if the probe waited on). A stopped one is refused at once."""
     server = triton_factory(models=["add"])
-    assert run_probe("--url", server.url)[0] == 0
+    assert run_probe("--triton-url", server.url)[0] == 0
     port = server.url.rsplit(":", 1)[1]
     server.freeze()
     try:
-        code, out = run_probe("--url", server.url, "--deadline", "1.5")
+        code, out = run_probe("--triton-url", server.url, "--deadline", "1.5")
     finally:
         server.thaw()
     assert code == 1
     assert out.startswith(f"FAIL live: no answer from 127.0.0.1:{port} within 1.5 s: the server accepts connections")
     assert "does not respond" in out and "server not answering" in out.splitlines()[-1], out
     server.stop()
-    code, out = run_probe("--url", server.url)
+    code, out = run_probe("--triton-url", server.url)
     assert code == 1 and out.startswith(f"FAIL live: cannot connect to 127.0.0.1:{port}: Connection refused"), out
 
 
@@ -466,9 +468,9 @@ def test_model_still_loading_is_reported_as_loading(tmp_path: Path) -> None:
     server = TritonServer(repo, workdir=tmp_path, load_all=False, extra_args=["--load-model=add"])
     server.start()
     try:
-        code, out = run_probe("--url", server.url, "--models", "sleepy")
+        code, out = run_probe("--triton-url", server.url, "--models", "sleepy")
         assert code == 1 and "'sleepy' is NOT LOADED: in the repository but never loaded" in out, out
-        assert run_probe("--url", server.url)[0] == 0  # never loaded on purpose: not required by default
+        assert run_probe("--triton-url", server.url)[0] == 0  # never loaded on purpose: not required by default
         loader = threading.Thread(target=server.load, args=("sleepy",))
         loader.start()
         # A request that reaches Triton right after a load call can wait for that load to finish
@@ -484,11 +486,11 @@ def test_model_still_loading_is_reported_as_loading(tmp_path: Path) -> None:
                 break
             assert time.monotonic() < deadline, index
             time.sleep(0.05)
-        code, out = run_probe("--url", server.url)
+        code, out = run_probe("--triton-url", server.url)
         assert code == 1
         assert out.splitlines()[0].startswith("FAIL model 'sleepy' version 1 is LOADING: still loading"), out
         loader.join(30)
-        code, out = run_probe("--url", server.url, "--smoke")
+        code, out = run_probe("--triton-url", server.url, "--smoke")
         assert code == 0, out
     finally:
         server.stop()
@@ -530,7 +532,7 @@ def odd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServe
 
 @pytest.mark.triton
 def test_unusual_model_names_are_sent_verbatim(odd_server: TritonServer) -> None:
-    code, doc = json_probe("--url", odd_server.url, "--ignore", f"{NON_ASCII},mute", "--smoke")
+    code, doc = json_probe("--triton-url", odd_server.url, "--ignore", f"{NON_ASCII},mute", "--smoke")
     assert code == 0, doc
     ready = {c["model"]: c["status"] for c in doc["checks"] if c["check"] == "ready"}
     smoke = {c["model"]: c["status"] for c in doc["checks"] if c["check"] == "smoke"}
@@ -542,14 +544,14 @@ def test_unusual_model_names_are_sent_verbatim(odd_server: TritonServer) -> None
     assert smoke["seq"] == "ok"
     # a decoupled model cannot answer on HTTP infer: skipped unless asked for by name
     assert smoke["stream"] == "skip"
-    code, out = run_probe("--url", odd_server.url, "--ignore", NON_ASCII, "--smoke", "stream")
+    code, out = run_probe("--triton-url", odd_server.url, "--ignore", NON_ASCII, "--smoke", "stream")
     assert code == 1 and "'stream'" in out and "decoupled" in out
 
 
 @pytest.mark.triton
 def test_answer_without_outputs_is_unhealthy(odd_server: TritonServer) -> None:
     """The Python backend drops an undeclared output tensor and still answers 200."""
-    code, out = run_probe("--url", odd_server.url, "--models", "mute", "--smoke")
+    code, out = run_probe("--triton-url", odd_server.url, "--models", "mute", "--smoke")
     assert (
         code == 1
         and out.startswith("FAIL model 'mute' version 1 (READY) smoke check: ")
@@ -560,7 +562,7 @@ def test_answer_without_outputs_is_unhealthy(odd_server: TritonServer) -> None:
 @pytest.mark.triton
 def test_non_ascii_name_goes_out_as_utf8(odd_server: TritonServer) -> None:
     # The Python backend stub fails to load a non-ASCII model here; the probe names it with its reason ...
-    code, out = run_probe("--url", odd_server.url, "--models", NON_ASCII)
+    code, out = run_probe("--triton-url", odd_server.url, "--models", NON_ASCII)
     assert code == 1 and out.startswith(f"FAIL model '{NON_ASCII}' version 1 is UNAVAILABLE: Internal: "), out
     # ... and raw UTF-8 in the path reaches that model (a percent-escaped path is "not found")
     client = _http.Client(odd_server.url, _http.Deadline(5))

@@ -424,7 +424,7 @@ def test_the_running_exporter_opens_no_listening_socket(tmp_path):
                 "0.3",
                 "--output",
                 f"file:{out}",
-                "--metrics-url",
+                "--triton-metrics-url",
                 metrics.url + "/metrics",
                 "--triton-url",
                 index.url,
@@ -471,7 +471,7 @@ def test_credentials_in_urls_never_reach_the_logs(tmp_path):
                 "off",
                 "--startup-wait",
                 "0",  # scrape the unreachable Triton at once: the cycles' errors are what is checked
-                "--metrics-url",
+                "--triton-metrics-url",
                 f"http://bob:s3cr3t-m@127.0.0.1:{port}/metrics",
                 "--triton-url",
                 f"http://alice:s3cr3t-t@127.0.0.1:{hung.port}",

@@ -435,7 +435,7 @@ def once(
             interval,
             "--triton-url",
             server.url,
-            "--metrics-url",
+            "--triton-metrics-url",
             metrics_url or server.metrics_url,
             "--nvml",
             "off",
@@ -559,7 +559,7 @@ def test_bad_catalog_file_fails_at_start_in_one_line(llm, tmp_path, case):
     assert proc.returncode == 2, err
     assert out == ""  # nothing emitted: it stopped before the first scrape
     [line] = err.strip().splitlines()
-    assert line.startswith(f"error: invalid catalog: {path}: {entry}"), line
+    assert line.startswith(f"exporter: error: invalid catalog: {path}: {entry}"), line
     assert problem in line, line
 
 
@@ -592,7 +592,7 @@ def test_once_shows_the_llm_table_for_the_demo_traffic(llm):
 def test_health_probe_smoke_inference_passes_on_the_llm_models(llm):
     """The session server leaves the LLM models out; the probe's synthesised request must suit them too."""
     proc = subprocess.run(
-        [sys.executable, "-m", "exporter", "health", "--url", llm.url, "--smoke", "--json"],
+        [sys.executable, "-m", "exporter", "health", "--triton-url", llm.url, "--smoke", "--json"],
         capture_output=True,
         text=True,
         timeout=60,

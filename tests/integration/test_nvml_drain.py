@@ -471,7 +471,7 @@ class Exporter:
             f"file:{self.emf}",
             "--triton-url",
             closed,
-            "--metrics-url",
+            "--triton-metrics-url",
             closed + "/metrics",
             *extra,
         ]
@@ -634,7 +634,7 @@ def test_process_once_shows_the_verdict_per_gpu_and_never_drains(tmp_path: Path,
                 "0.3",
                 "--triton-url",
                 server.url,
-                "--metrics-url",
+                "--triton-metrics-url",
                 server.url + "/metrics",
             ],
             cwd=ROOT,
@@ -666,7 +666,7 @@ def test_drain_without_the_task_metadata_endpoint_is_a_setting_error(tmp_path: P
         timeout=60,
     )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: invalid setting: --gpu-fault-action drain needs the NVML source")
+    assert proc.stderr.startswith("exporter: error: invalid setting: --gpu-fault-action drain needs the NVML source")
 
 
 def test_drain_without_the_controllers_queue_is_a_setting_error() -> None:
@@ -676,4 +676,6 @@ def test_drain_without_the_controllers_queue_is_a_setting_error() -> None:
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: invalid setting: --gpu-fault-action drain needs --controller-queue-url")
+    assert proc.stderr.startswith(
+        "exporter: error: invalid setting: --gpu-fault-action drain needs --controller-queue-url"
+    )

@@ -61,7 +61,7 @@ def test_the_daemon_sends_the_genai_metrics_from_a_real_triton(triton_factory, t
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "exporter", "--interval", "1", "--triton-url", server.url,
-         "--metrics-url", server.metrics_url],
+         "--triton-metrics-url", server.metrics_url],
         env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -115,7 +115,7 @@ def test_daemon_with_two_outputs_sends_emf_and_otlp_from_a_real_triton(
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "exporter", "--interval", "1",
-            "--triton-url", server.url, "--metrics-url", server.metrics_url,
+            "--triton-url", server.url, "--triton-metrics-url", server.metrics_url,
             "--output", f"file:{emf}", "--output", cloudwatch.endpoint("/v1/metrics"),
         ],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

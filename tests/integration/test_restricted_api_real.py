@@ -144,10 +144,10 @@ def test_model_sync_loads_with_the_key_and_names_the_missing_key_without(restric
 
 
 def test_the_health_probe_reads_the_key_from_its_variable(restricted: TritonServer) -> None:
-    code, out = run_probe("--url", restricted.url, env={"TRITON_ADMIN_KEY": KEY})
+    code, out = run_probe("--triton-url", restricted.url, env={"TRITON_ADMIN_KEY": KEY})
     assert code == 0, out
     assert KEY not in out
-    code, out = run_probe("--url", restricted.url, env={"TRITON_ADMIN_KEY": ""})
+    code, out = run_probe("--triton-url", restricted.url, env={"TRITON_ADMIN_KEY": ""})
     assert code == 1 and "set TRITON_ADMIN_KEY" in out, out
 
 

@@ -187,7 +187,7 @@ def test_once_prints_valid_emf_and_a_summary(triton):
                 "1",
                 "--triton-url",
                 triton.url,
-                "--metrics-url",
+                "--triton-metrics-url",
                 triton.metrics_url,
             ],
             capture_output=True,
@@ -221,7 +221,7 @@ def test_once_against_unreachable_triton_names_the_url(tmp_path):
             "1",
             "--triton-url",
             "http://127.0.0.1:9",
-            "--metrics-url",
+            "--triton-metrics-url",
             "http://127.0.0.1:9/metrics",
         ],
         capture_output=True,
@@ -231,7 +231,7 @@ def test_once_against_unreachable_triton_names_the_url(tmp_path):
     )
     assert proc.returncode == 1
     [last] = proc.stderr.strip().splitlines()  # one line: --once logs below error level are held back
-    assert last.startswith("error: cannot read Triton:")
+    assert last.startswith("exporter: error: cannot read Triton:")
     assert "http://127.0.0.1:9/metrics" in last and "Connection refused" in last
     assert proc.stdout == ""
 
@@ -249,7 +249,7 @@ def test_loop_emits_on_schedule_and_stops_on_sigterm_within_2s(triton, tmp_path)
             f"file:{out}",
             "--triton-url",
             triton.url,
-            "--metrics-url",
+            "--triton-metrics-url",
             triton.metrics_url,
         ],
         stdout=subprocess.PIPE,

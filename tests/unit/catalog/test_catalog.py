@@ -258,7 +258,7 @@ def test_bad_catalog_stops_the_sidecar_at_start_with_one_line(tmp_path: Path) ->
             str(path),
             "--triton-url",
             "http://127.0.0.1:9",
-            "--metrics-url",
+            "--triton-metrics-url",
             "http://127.0.0.1:9/metrics",
         ],
         capture_output=True,
@@ -267,7 +267,7 @@ def test_bad_catalog_stops_the_sidecar_at_start_with_one_line(tmp_path: Path) ->
     )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith(f"error: invalid catalog: {path}: metric 'X': unit 'Watts'")
+    assert proc.stderr.startswith(f"exporter: error: invalid catalog: {path}: metric 'X': unit 'Watts'")
     # the variable works the same way
     proc = subprocess.run(
         [sys.executable, "-m", "exporter", "--once"],
@@ -414,7 +414,7 @@ def test_a_bad_llm_metrics_value_is_refused_by_every_command(command: list[str])
         env=env,
     )
     assert proc.returncode == 2, (proc.stdout[-500:], proc.stderr[-500:])
-    assert "EXPORTER_LLM_METRICS='yes'" in proc.stderr and "on" in proc.stderr
+    assert "EXPORTER_LLM_METRICS: invalid choice: 'yes' (choose from on, off)" in proc.stderr
 
 
 # --- the model-sync pack: its own scope, kind and declared result values --------------------------

@@ -32,7 +32,7 @@ from tests.deploy.test_stack import STACK, mk, stack_taskdef
 from tests.deploy.test_stack_modelsync import modelsync_file
 from tests.support.paths import REPO
 
-PROG = "python -m exporter adopt"
+NAME = "exporter adopt"  # what python -m exporter adopt's errors start with (telemetry.settings.fail)
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/triton-emf-exporter:0.2.0"
 ROUTER_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/triton-log-router:2.32.5"
 KEY_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:triton-key-AbCdEf"
@@ -207,7 +207,7 @@ def test_ports_are_read_from_tritons_command_shell_form_included() -> None:
         "http://localhost:9002/metrics",
     )
     check = by_name(td)["triton"]["healthCheck"]["command"]
-    assert check[0] == "CMD-SHELL" and "--url http://localhost:9000" in check[1]
+    assert check[0] == "CMD-SHELL" and "--triton-url http://localhost:9000" in check[1]
     assert "http://localhost:9000/v2/health/ready" in check[1]
 
 
@@ -317,7 +317,7 @@ def test_firelens_is_refused_beside_a_router_of_the_users_own(tmp_path: Path, ca
     )
     assert (code, out) == (2, "")
     said = "--logs firelens: the task already has a FireLens router (fluent) of its own: keep it with --logs keep"
-    assert err == f"{PROG}: error: {said}\n"
+    assert err == f"{NAME}: error: {said}\n"
 
 
 @pytest.mark.parametrize("mode", ["awsvpc", "bridge"])
@@ -538,32 +538,32 @@ BAD = {
 def test_bad_input_gets_one_line_and_exit_2(case: str, tmp_path: Path, capsys: Any) -> None:
     doc, message = BAD[case]
     code, out, err = run([written(tmp_path, doc), "--exporter-image", IMAGE], capsys)
-    assert (code, out, err) == (2, "", f"{PROG}: error: {message}\n")
-    assert run(["--check", written(tmp_path, doc)], capsys) == (2, "", f"{PROG}: error: {message}\n")
+    assert (code, out, err) == (2, "", f"{NAME}: error: {message}\n")
+    assert run(["--check", written(tmp_path, doc)], capsys) == (2, "", f"{NAME}: error: {message}\n")
 
 
 def test_unreadable_and_non_json_files(tmp_path: Path, capsys: Any) -> None:
     missing = tmp_path / "nope.json"
     assert run([str(missing), "--exporter-image", IMAGE], capsys) == (
-        2, "", f"{PROG}: error: cannot read {missing}: No such file or directory\n",
+        2, "", f"{NAME}: error: cannot read {missing}: No such file or directory\n",
     )  # fmt: skip
     text = tmp_path / "text.json"
     text.write_text("taskDefinition: yes\n")
     assert run([str(text), "--exporter-image", IMAGE], capsys) == (
-        2, "", f"{PROG}: error: {text} is not JSON: Expecting value at line 1 column 1\n",
+        2, "", f"{NAME}: error: {text} is not JSON: Expecting value at line 1 column 1\n",
     )  # fmt: skip
     array = tmp_path / "array.json"
     array.write_text("[]")
     code, _, err = run([str(array), "--exporter-image", IMAGE], capsys)
-    assert code == 2 and err == f"{PROG}: error: {array} is not a task definition: a JSON object is expected\n"
+    assert code == 2 and err == f"{NAME}: error: {array} is not a task definition: a JSON object is expected\n"
 
 
 def test_an_unknown_triton_container_and_a_missing_image(tmp_path: Path, capsys: Any) -> None:
     path = written(tmp_path, described())
     code, _, err = run([path, "--exporter-image", IMAGE, "--triton-container", "gpu"], capsys)
-    assert (code, err) == (2, f"{PROG}: error: --triton-container gpu: no such container (the task has triton)\n")
+    assert (code, err) == (2, f"{NAME}: error: --triton-container gpu: no such container (the task has triton)\n")
     code, _, err = run([path], capsys)
-    assert (code, err) == (2, f"{PROG}: error: --exporter-image is needed: the task has no exporter yet\n")
+    assert (code, err) == (2, f"{NAME}: error: --exporter-image is needed: the task has no exporter yet\n")
     with pytest.raises(SystemExit) as exit_:  # argparse: an abbreviated flag is no flag
         main([path, "--exporter-im", IMAGE])
     assert exit_.value.code == 2

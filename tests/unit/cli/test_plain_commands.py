@@ -181,7 +181,8 @@ def test_the_daemons_exit_2_for_a_file_output_in_a_missing_directory(argv: list[
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
-        "error: invalid setting: --output='file:/nonexistent/dir/x': directory /nonexistent/dir does not exist"
+        f"{argv[0]}: error: invalid setting: --output='file:/nonexistent/dir/x': directory /nonexistent/dir does "
+        "not exist"
     ]
 
 

@@ -45,7 +45,11 @@ def test_a_catalog_nested_900_deep_is_one_clear_error_not_a_recursion_traceback(
     deep = tmp_path / "deep.toml"
     deep.write_text("x = " + "[" * 900 + "]" * 900 + "\n")
     line = one_clear_line(run("-m", "exporter", "catalog", "--catalog", str(deep)))
-    assert line.startswith("error: invalid catalog:") and "deep.toml" in line and f"{MAX_TOML_DEPTH}" in line
+    assert (
+        line.startswith("exporter catalog: error: invalid catalog:")
+        and "deep.toml" in line
+        and f"{MAX_TOML_DEPTH}" in line
+    )
     inline = tmp_path / "inline.toml"
     inline.write_text("x = " + "{a = " * 200 + "1" + "}" * 200 + "\n")
     with pytest.raises(CatalogError, match="nested"):
@@ -115,7 +119,7 @@ def test_render_into_a_folder_it_cannot_write_is_one_clear_error() -> None:
     """Finding 10: ``render --out /proc/nope`` printed a traceback (exit 1)."""
     for command in (("-m", "render"), ("-m", "exporter", "render")):
         line = one_clear_line(run(*command, "--out", "/proc/nope"))
-        assert line.startswith("error: ") and "/proc/nope" in line
+        assert line.startswith(f"{' '.join(command[1:])}: error: ") and "/proc/nope" in line
 
 
 def test_render_into_a_file_is_one_clear_error(tmp_path: Path) -> None:
@@ -233,7 +237,7 @@ if which == "exporter":
     sys.exit(entry.main([]))
 if which == "modelsync":
     import modelsync.__main__ as entry
-    def boom(argv, env): raise RuntimeError("a bug in model sync")
+    def boom(argv, env, **kw): raise RuntimeError("a bug in model sync")
     entry.load = boom
     sys.exit(entry.main([]))
 """

@@ -61,9 +61,9 @@ def test_cli_exits_2_with_one_line_for_invalid_settings():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: invalid setting: --output='kafka://x:1': use stdout, tcp://HOST:PORT, udp://HOST:PORT or file:PATH "
-        "(EMF), or otlp+https://monitoring.REGION.amazonaws.com/v1/metrics or otlp+http://HOST:PORT/v1/metrics "
-        "(OTLP metrics)"
+        "exporter: error: invalid setting: --output='kafka://x:1': use stdout, tcp://HOST:PORT, udp://HOST:PORT or "
+        "file:PATH (EMF), or otlp+https://monitoring.REGION.amazonaws.com/v1/metrics or "
+        "otlp+http://HOST:PORT/v1/metrics (OTLP metrics)"
     ]
 
 
@@ -95,7 +95,11 @@ def test_validate_command(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "exporter", "validate", str(good)], capture_output=True, text=True, timeout=30
     )
-    assert proc.returncode == 2 and proc.stderr.startswith("error: cannot read") and "Traceback" not in proc.stderr
+    assert (
+        proc.returncode == 2
+        and proc.stderr.startswith("exporter validate: error: cannot read")
+        and "Traceback" not in proc.stderr
+    )
     good.write_text('{"_aws":{"Timestamp":1,"CloudWatchMetrics":[]}}\n')
     proc = subprocess.run(
         [sys.executable, "-m", "exporter", "validate", str(good)], capture_output=True, text=True, timeout=30

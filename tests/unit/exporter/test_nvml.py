@@ -439,12 +439,14 @@ def test_entry_point_maps_on_without_nvml_to_exit_2_with_one_line(monkeypatch, c
     from exporter.sources import nvml as nvml_module
 
     closed = f"http://127.0.0.1:{closed_port()}"
-    argv = ["--once", "--interval", "0.05", "--triton-url", closed, "--metrics-url", closed + "/metrics"]
+    argv = ["--once", "--interval", "0.05", "--triton-url", closed, "--triton-metrics-url", closed + "/metrics"]
     monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "all")
     monkeypatch.setattr(nvml_module, "load_api", fk.library_missing)
     assert entry.main(["--nvml", "on", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: --nvml on (EXPORTER_NVML=on)") and "error 12" in err
+    assert (
+        err.count("\n") == 1 and err.startswith("exporter: error: --nvml on (EXPORTER_NVML=on)") and "error 12" in err
+    )
     # auto with the same fake, and on with a working one, get past the sources to the scrape
     # (which fails here: exit 1, "cannot read Triton").
     for mode, api in (("auto", fk.library_missing), ("on", fk.two_healthy)):
@@ -718,7 +720,7 @@ def test_real_entry_point_on_without_nvml_exits_2_with_one_line(tmp_path: Path) 
             f"file:{out}",
             "--triton-url",
             closed,
-            "--metrics-url",
+            "--triton-metrics-url",
             closed + "/metrics",
         ],
         cwd=ROOT,
@@ -731,7 +733,7 @@ def test_real_entry_point_on_without_nvml_exits_2_with_one_line(tmp_path: Path) 
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(
-        "error: --nvml on (EXPORTER_NVML=on) needs NVML, which is unavailable: NVML cannot initialise: "
+        "exporter: error: --nvml on (EXPORTER_NVML=on) needs NVML, which is unavailable: NVML cannot initialise: "
     )
     assert NVML_ABSENT in lines[0]
     assert proc.stdout == "" and not out.exists()  # stopped before any cycle
@@ -756,7 +758,7 @@ def test_real_entry_point_auto_without_nvml_keeps_running_and_reports_the_source
             f"file:{out}",
             "--triton-url",
             closed,
-            "--metrics-url",
+            "--triton-metrics-url",
             closed + "/metrics",
         ],
         cwd=ROOT,

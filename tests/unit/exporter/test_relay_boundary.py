@@ -597,7 +597,7 @@ def test_the_exporter_daemon_keeps_stderr_to_json_lines_under_hostile_relay_inpu
             "0",
             "--triton-url",
             "http://127.0.0.1:9",
-            "--metrics-url",
+            "--triton-metrics-url",
             "http://127.0.0.1:9/metrics",
             "--nvml",
             "off",

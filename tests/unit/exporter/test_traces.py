@@ -224,7 +224,7 @@ def test_a_relay_that_cannot_listen_is_a_clear_exit_2(capsys) -> None:
                 "0.1",
                 "--triton-url",
                 "http://127.0.0.1:9",
-                "--metrics-url",
+                "--triton-metrics-url",
                 "http://127.0.0.1:9/metrics",
                 "--nvml",
                 "off",

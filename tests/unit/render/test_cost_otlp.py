@@ -210,7 +210,7 @@ def test_the_command_takes_the_sidecars_setting(capsys) -> None:
     assert cost.main(["--models", "4", "--llm-models", "2", "--otlp"]) == 0
     assert "GenAI" not in capsys.readouterr().out  # off by default, as in the sidecar
     assert cost.main(["--models", "4", "--otlp-semconv", "semconv"]) == 2
-    assert "--otlp-semconv='semconv': must be one of off, genai" in capsys.readouterr().err
+    assert "--otlp-semconv: invalid choice: 'semconv' (choose from off, genai)" in capsys.readouterr().err
 
 
 def test_docs_quote_the_current_figures() -> None:

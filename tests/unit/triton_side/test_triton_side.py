@@ -471,7 +471,7 @@ def test_runs_on_a_real_python_38_when_there_is_one(tmp_path: Path) -> None:
     # the fast command-line reader agrees with 3.8's argparse too
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import _cli, _http, probe\n"
-        "for argv in ([], ['--url', 'http://h:1', '--quiet'], ['--smoke', '--deadline=2'], ['--models', 'a', "
+        "for argv in ([], ['--triton-url', 'http://h:1', '--quiet'], ['--smoke', '--deadline=2'], ['--models', 'a', "
         "'--models', 'b/2', '--smoke', 'add'], ['--smoke']):\n"
         "    fast = _cli.read_plain(probe.FLAGS, argv)\n"
         "    slow = vars(_cli.argparse_parser(probe.FLAGS, 'health.py', '').parse_args(argv))\n"
@@ -508,8 +508,8 @@ def importtime_names(stderr: str) -> set[str]:
 
 TOKENS = ["--url", "--triton-url", "--models", "--ignore", "--smoke", "--no-smoke", "--deadline", "--jobs", "--json",
           "--quiet", "--expect-gpu", "--min-cuda", "--min-gpus", "--timeout", "--dev-dir", "--nvidia-smi",
-          "--url=http://h:1", "--smoke=add", "--json=1", "--deadline=", "--dead", "--smo", "add", "a/1", "all", "4",
-          "-1", "-", "", "x y", "--", "-x", "--nope", "http://h:8000"]  # fmt: skip
+          "--triton-url=http://h:1", "--smoke=add", "--json=1", "--deadline=", "--dead", "--smo", "add", "a/1", "all",
+          "4", "-1", "-", "", "x y", "--", "-x", "--nope", "http://h:8000"]  # fmt: skip
 
 
 @pytest.mark.parametrize("flags", [probe.FLAGS, startup_check.FLAGS], ids=["health", "startup_check"])
@@ -524,20 +524,25 @@ def test_fast_reader_agrees_with_argparse(flags, argv) -> None:
 
 
 def test_fast_reader_takes_the_usual_command_lines() -> None:
-    for argv in ([], ["--deadline", "4"], ["--url", "http://localhost:8000", "--quiet", "--smoke"],
+    for argv in ([], ["--deadline", "4"], ["--triton-url", "http://localhost:8000", "--quiet", "--smoke"],
                  ["--models", "add,text/2", "--ignore=x", "--json", "--smoke", "add"]):  # fmt: skip
         assert _cli.read_plain(probe.FLAGS, argv) is not None, argv
-    for argv in (["--help"], ["--dead", "4"], ["--url"], ["--deadline", "-1"], ["stray"]):
+    for argv in (["--help"], ["--dead", "4"], ["--triton-url"], ["--deadline", "-1"], ["stray"]):
         assert _cli.read_plain(probe.FLAGS, argv) is None, argv
 
 
 def test_help_and_usage_errors_come_from_argparse(capsys: pytest.CaptureFixture) -> None:
     assert probe.main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: health.py [-h] [--url URL]") and "[HEALTH_SMOKE]" in out
+    assert out.startswith("usage: health.py [-h] [--triton-url URL]") and "[env: HEALTH_SMOKE]" in out
+    assert "--url" not in out  # its former name, still accepted (adopted task definitions), is not shown
     assert probe.main(["--deadline"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("usage: health.py") and "health.py: error: argument --deadline: expected one argument" in err
+    err = capsys.readouterr().err  # one usage line, the error, where to read more (tests/unit/test_cli_rules.py)
+    assert err == (
+        "usage: health.py [OPTIONS]\nhealth.py: error: argument --deadline: expected one argument\n"
+        "try 'health.py --help'\n"
+    )
+    assert probe.options(["--url", "http://h:1"], {}).url == "http://h:1"
     assert startup_check.main(["--bogus"], {}) == 2  # one line, no usage block
     assert capsys.readouterr().err == "startup_check.py: error: unrecognized arguments: --bogus\n"
 
@@ -752,7 +757,7 @@ def test_https_url_is_verified_and_read(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HEALTH_", "TRITON_URL", "SSL_CERT"))}
 
     def run(extra: dict[str, str]) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-I", "-S", str(FOLDER / "health.py"), "--url", url]
+        command = [sys.executable, "-I", "-S", str(FOLDER / "health.py"), "--triton-url", url]
         return subprocess.run(command, capture_output=True, text=True, env={**env, **extra}, timeout=30)
 
     try:
@@ -773,7 +778,7 @@ def test_python_m_exporter_health_runs_the_probe() -> None:
     proc = subprocess.run([sys.executable, "-m", "exporter", "health", "--help"], capture_output=True, text=True,
                           cwd=ROOT / "tests")  # fmt: skip
     assert proc.returncode == 0 and "HEALTH_DEADLINE" in proc.stdout, proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "exporter", "health", "--url", "http://127.0.0.1:9"],
+    proc = subprocess.run([sys.executable, "-m", "exporter", "health", "--triton-url", "http://127.0.0.1:9"],
                           capture_output=True, text=True, cwd=ROOT / "tests")  # fmt: skip
     assert proc.returncode == 1 and proc.stdout.startswith("FAIL live: cannot connect to 127.0.0.1:9"), proc.stdout
 
@@ -786,6 +791,6 @@ def test_scripts_run_from_a_copied_folder_isolated(tmp_path: Path) -> None:
         proc = subprocess.run([sys.executable, "-I", "-S", str(folder / script), "--help"], cwd=tmp_path,
                               capture_output=True, text=True)  # fmt: skip
         assert proc.returncode == 0 and needle in proc.stdout, proc.stderr
-    probe_run = subprocess.run([sys.executable, "-I", "-S", str(folder / "health.py"), "--url", "http://127.0.0.1:9"],
+    probe_run = subprocess.run([sys.executable, "-I", "-S", str(folder / "health.py"), "--triton-url", "http://127.0.0.1:9"],
                                cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
     assert probe_run.returncode == 1 and "cannot connect" in probe_run.stdout
