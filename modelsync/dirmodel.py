@@ -2,7 +2,8 @@
 
 No zip and no second copy: the manifest and each file are downloaded
 straight into a staging directory through :meth:`S3.download` (the one
-download path: pinned, streamed, hashed, length-checked), which is then
+download path: pinned, streamed, hashed, length-checked), several files at
+once (each hashed by its own transfer as its bytes arrive), which is then
 committed to the store like an extracted archive (its name is the
 manifest's sha256). A file whose sha256 the installed directory already
 holds (under any path, per its ``manifest.json``) is not downloaded again:
@@ -33,7 +34,9 @@ import json
 import os
 import shutil
 import stat
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -56,6 +59,8 @@ from .pinning import verify_hash
 from .s3 import S3, Archive
 from .signing import Signatures, Signed
 from .store import Installed, Store
+
+PARALLEL_FILES = 4  # files of one directory model downloading at once (the connection budget bounds their GETs)
 
 
 @dataclass(frozen=True)
@@ -189,17 +194,7 @@ class DirectoryFetcher:
                         )
                 for d in manifest.dirs:
                     (staging / d).mkdir(mode=0o755)
-                for f in todo.fetch:
-                    obj = objects[folder + f.path.as_posix()]
-                    target = staging / f.path
-                    got, count = self.s3.download(obj, target, self.fs)
-                    attempt.bytes_downloaded += count
-                    if got != f.sha256:
-                        raise HashMismatch(
-                            f"s3://{self.s3.bucket}/{obj.key}: sha256 {got} differs from {f.sha256} in {NAME} "
-                            f"(manifest {sha}); the installed version stays"
-                        )
-                    os.chmod(target, 0o644)
+                attempt.bytes_downloaded += self._fetch_files(todo.fetch, objects, folder, staging, sha)
             with attempt.phase("extract"):
                 for f, src in todo.link:
                     self._link(src, staging / f.path)
@@ -211,6 +206,43 @@ class DirectoryFetcher:
         finally:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
+
+    def _fetch_files(self, files: tuple[File, ...], objects: dict[str, Archive], folder: str, staging: Path,
+                     manifest_sha: str) -> int:  # fmt: skip
+        """Every file straight into its staging path, :data:`PARALLEL_FILES` at once (the largest first), each
+        hashed by its own transfer as it arrives and checked against the manifest; the bytes downloaded. The
+        daemon's connection budget (transfer.Budget) bounds the GETs of them all together. The first failure
+        stops the files not yet started and is raised once the running ones end."""
+        todo = sorted(files, key=lambda f: -f.size)
+        stop = threading.Event()
+
+        def one(f: File) -> int:
+            if stop.is_set():
+                return 0
+            obj = objects[folder + f.path.as_posix()]
+            target = staging / f.path
+            try:
+                got, count = self.s3.download(obj, target, self.fs)
+                if got != f.sha256:
+                    raise HashMismatch(
+                        f"s3://{self.s3.bucket}/{obj.key}: sha256 {got} differs from {f.sha256} in {NAME} "
+                        f"(manifest {manifest_sha}); the installed version stays"
+                    )
+                os.chmod(target, 0o644)
+            except BaseException:
+                stop.set()
+                raise
+            return count
+
+        if len(todo) <= 1:
+            return sum(one(f) for f in todo)
+        with ThreadPoolExecutor(max_workers=min(PARALLEL_FILES, len(todo)), thread_name_prefix="dirmodel") as pool:
+            futures = [pool.submit(one, f) for f in todo]
+            wait(futures)
+        errors = [e for e in (fut.exception() for fut in futures) if e is not None]
+        if errors:
+            raise errors[0]
+        return sum(fut.result() for fut in futures)
 
     def _link(self, src: Path, dst: Path) -> None:
         """Hard-link an unchanged file; copy it where the filesystem refuses links (or too many of them)."""

@@ -32,7 +32,7 @@ from typing import Any
 from .errors import DownloadError
 from .fsio import FileSystem
 from .spans import Observe, spanned
-from .transfer import Source, Transfer, TransferConfig
+from .transfer import Consumer, Source, Transfer, TransferConfig
 
 SUFFIX = ".zip"
 MANIFEST = "manifest.json"  # <prefix><model>/manifest.json: a directory model
@@ -199,13 +199,33 @@ class S3:
         on_bytes: Callable[[int], None] | None = None,
         *,
         config: TransferConfig | None = None,
+        consumer: Consumer | None = None,
     ) -> tuple[str, int]:
         """Fetch the pinned version into ``dest`` (which must not exist); returns (sha256 hex of the bytes
         written, bytes). Raises DownloadError or DiskFull and leaves nothing at ``dest`` on failure; a large
         object's completed parts survive only a crash, for the next download of the same version to resume.
-        ``on_bytes`` may be called from several threads."""
+        ``on_bytes`` may be called from several threads; ``consumer`` sees every byte once, in order, from the
+        same read as the hash (unzip.StreamingExtract)."""
         source = Source(self.bucket, archive.key, archive.version_id, archive.etag, archive.size)
-        return Transfer(self.client, source, dest, fs, config or self.transfer, on_bytes).run()
+        return Transfer(self.client, source, dest, fs, config or self.transfer, on_bytes, consumer).run()
+
+    def read_range(self, archive: Archive, start: int, end: int) -> bytes:
+        """Bytes ``start``..``end``-1 of the pinned version (a zip's end and directory, at most a few MiB:
+        unzip.read_directory bounds them); DownloadError when S3 answers anything else."""
+        source = Source(self.bucket, archive.key, archive.version_id, archive.etag, archive.size)
+        where = f"s3://{self.bucket}/{archive.key} bytes {start}-{end - 1}"
+        if end <= start:
+            return b""
+        # To the end: a suffix range ("the last N bytes"), as zip readers ask for an archive's end
+        spec = f"bytes=-{end - start}" if end == archive.size and start > 0 else f"bytes={start}-{end - 1}"
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=archive.key, Range=spec, **source.pin)
+            data: bytes = resp["Body"].read(end - start + 1)
+        except Exception as exc:
+            raise DownloadError(f"GET {where}: {_error(exc)} (replaced or deleted since the listing?)") from exc
+        if len(data) != end - start:
+            raise DownloadError(f"GET {where}: {len(data)} bytes came (the object changed?)")
+        return data
 
 
 def make_client(service: str, region_hint: str = "", region: str = "", connections: int = 10) -> Any:

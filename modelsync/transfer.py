@@ -82,7 +82,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import DownloadError, SyncError
 from .fsio import CHUNK, FileSystem, fsync_dir, raise_disk_full
@@ -97,9 +97,80 @@ MiB = 1024 * 1024
 @dataclass(frozen=True)
 class TransferConfig:
     part_size: int = 8 * MiB
-    connections: int = 16
+    connections: int = 16  # the most parallel GETs of one transfer (the tuner starts lower, see Tuner)
     tries: int = 3  # GETs of one part before the attempt fails (botocore's own retries come on top)
     backoff: float = 0.2  # seconds before the second try of a part, doubled each time
+    start_connections: int = 4  # the tuner's first step; connections == start_connections: a fixed pool
+    tune_every: float = 0.5  # seconds between the tuner's decisions
+    budget: Budget | None = field(default=None, compare=False)  # GETs in flight across every transfer at once
+
+
+class Budget:
+    """The daemon's connections, shared by every transfer running at once (a directory model's files, models
+    that overlap): a GET holds one while it runs, so concurrent transfers never open more than ``size``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._sem = threading.BoundedSemaphore(size)
+
+    def __enter__(self) -> None:
+        self._sem.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._sem.release()
+
+
+class Consumer(Protocol):
+    """What sees an object's bytes once, in order, as the hash does (archive.StreamingExtract places a zip's
+    entries from them): ``feed`` at consecutive offsets from 0, ``reset`` when a single GET starts over."""
+
+    def feed(self, offset: int, data: bytes) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class Tuner:
+    """How many GETs a transfer keeps in flight: more while the throughput grows, fewer when it stops.
+
+    Starts at ``start``; every ``every`` seconds compares the bytes received with the last step's: a rise of at
+    least :data:`GROWTH` doubles the target (up to ``most``); none, and the target goes back to the step that
+    gave the best rate and stays there. A link capped per connection (S3's, about 80-100 MB/s each) keeps
+    rising to ``most``; a link full at 8 connections stops at 8, where more would only split the same bytes.
+    Decisions are logged on the transfer (``steps``) for the bench and the tests."""
+
+    GROWTH = 1.10
+
+    def __init__(self, start: int, most: int, every: float) -> None:
+        self.most = max(1, most)
+        self.target = max(1, min(start, self.most))
+        self.every = every
+        self.best_rate = 0.0
+        self.best_target = self.target
+        self.holding = self.target >= self.most
+        self.steps: list[tuple[int, float]] = []  # (target, rate bytes/s measured with it)
+        self._mark_t = 0.0
+        self._mark_bytes = 0
+
+    def start(self, now: float, received: int) -> None:
+        self._mark_t, self._mark_bytes = now, received
+
+    def observe(self, now: float, received: int) -> int:
+        """The target after the bytes ``received`` so far at ``now`` (monotonic seconds)."""
+        dt = now - self._mark_t
+        if self.holding or dt < self.every:
+            return self.target
+        rate = (received - self._mark_bytes) / dt
+        self._mark_t, self._mark_bytes = now, received
+        self.steps.append((self.target, rate))
+        if rate >= self.best_rate * self.GROWTH:
+            self.best_rate, self.best_target = rate, self.target
+            if self.target < self.most:
+                self.target = min(self.most, self.target * 2)
+            else:
+                self.holding = True
+        else:
+            self.target, self.holding = self.best_target, True
+        return self.target
 
 
 @dataclass(frozen=True)
@@ -201,6 +272,10 @@ class _Progress:
     buffered: int = 0  # bytes read from the network and not yet written
     peak_buffered: int = 0
     requests: int = 0
+    received: int = 0  # bytes written by the workers (the tuner's measure)
+    hashed: int = 0  # parts hashed in order (workers stay within WINDOW parts of it)
+    active: int = 0  # workers running
+    target: int = 0  # workers wanted (the tuner's)
 
 
 class Transfer:
@@ -214,6 +289,7 @@ class Transfer:
         fs: FileSystem,
         config: TransferConfig | None = None,
         on_bytes: Callable[[int], None] | None = None,
+        consumer: Consumer | None = None,
     ) -> None:
         self.client = client
         self.source = source
@@ -221,6 +297,11 @@ class Transfer:
         self.fs = fs
         self.config = config or TransferConfig()
         self.on_bytes = on_bytes
+        self.consumer = consumer
+        self.tuner = Tuner(self.config.start_connections, self.config.connections, self.config.tune_every)
+        # How far ahead of the in-order hash the parts may run: the hash (and the consumer) read each part
+        # back while it is still in the page cache, never from the disk.
+        self.window = max(8, 2 * self.config.connections)
         self.step = part_step(source.size, self.config)
         self.parts = max(1, -(-source.size // self.step))
         self.resumed_parts = 0
@@ -275,9 +356,12 @@ class Transfer:
                     self._write(fd, chunk, offset)
                     if digest is not None:
                         digest.update(chunk)
+                        if self.consumer is not None:
+                            self.consumer.feed(offset, chunk)
                 finally:
                     with self._lock:
                         progress.buffered -= len(chunk)
+                        progress.received += len(chunk)
                 offset += len(chunk)
                 if self.on_bytes is not None:
                     self.on_bytes(len(chunk))
@@ -328,11 +412,15 @@ class Transfer:
 
         def reset() -> None:
             digest[0] = hashlib.sha256()
+            if self.consumer is not None:
+                self.consumer.reset()
 
         try:
             fd = os.open(self.dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                count = self._with_tries(lambda: self._get(fd, None, digest[0], progress), reset)
+                count = self._with_tries(
+                    lambda: self._budgeted(lambda: self._get(fd, None, digest[0], progress)), reset
+                )
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -368,26 +456,34 @@ class Transfer:
                 self._stop.wait(self.config.backoff * 2 ** (attempt - 1))
         raise AssertionError("unreachable")
 
+    def _budgeted(self, once: Callable[[], int]) -> int:
+        if self.config.budget is None:
+            return once()
+        with self.config.budget:
+            return once()
+
     def _multi(self, partial: Path, journal: Path) -> tuple[str, int]:
         self._forget_other_versions(partial)
         kept, digest, lines = self._verified_prefix(partial, journal)
         fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
         jfd = -1
+        workers: list[threading.Thread] = []
         try:
             jfd, joff = self._open_journal(journal, lines)
-            progress = _Progress(self.parts, done=set(range(kept)))
+            if self.consumer is not None and kept:  # a resume: the kept prefix was checked; place it too
+                _read_range(fd, 0, self._range(kept - 1)[1], None, self.consumer)
+            progress = _Progress(self.parts, done=set(range(kept)), hashed=kept)
             self.resumed_parts = kept
             self.resumed_bytes = self._range(kept - 1)[1] if kept else 0
-            workers = [
-                threading.Thread(target=self._worker, args=(fd, progress), daemon=True)
-                for _ in range(min(self.config.connections, self.parts - kept))
-            ]
-            for w in workers:
-                w.start()
+            self.tuner.start(time.monotonic(), 0)
+            progress.target = self.tuner.target
+            self._staff(fd, progress, workers)
             try:
-                self._hash_in_order(fd, jfd, joff, progress, kept, digest)
+                self._hash_in_order(fd, jfd, joff, progress, kept, digest, workers)
             except BaseException:
                 self._stop.set()
+                with self._lock:
+                    self._lock.notify_all()
                 raise
             finally:
                 for w in workers:
@@ -405,19 +501,37 @@ class Transfer:
         fsync_dir(self.dest.parent)
         return digest.hexdigest(), self.source.size
 
+    def _staff(self, fd: int, progress: _Progress, workers: list[threading.Thread]) -> None:
+        """Start workers until ``target`` run (never more than parts are left); caller need not hold the lock."""
+        with self._lock:
+            left = self.parts - len(progress.done)
+            while progress.active < min(progress.target, left) and progress.failure is None:
+                progress.active += 1
+                w = threading.Thread(target=self._worker, args=(fd, progress), daemon=True)
+                workers.append(w)
+                w.start()
+
     def _worker(self, fd: int, progress: _Progress) -> None:
-        """Take the next part nobody has, GET it into the file; until none is left or one failed."""
+        """Take the next part nobody has, GET it into the file; until none is left, one failed, the tuner wants
+        fewer workers, or the part would run more than ``window`` parts ahead of the hash (then wait)."""
         while True:
             with self._lock:
-                while progress.next_part < self.parts and progress.next_part in progress.done:
-                    progress.next_part += 1
-                if progress.failure is not None or progress.next_part >= self.parts:
-                    return
+                while True:
+                    while progress.next_part < self.parts and progress.next_part in progress.done:
+                        progress.next_part += 1
+                    if (progress.failure is not None or self._stop.is_set() or progress.next_part >= self.parts
+                            or progress.active > progress.target):  # fmt: skip
+                        progress.active -= 1
+                        self._lock.notify_all()
+                        return
+                    if progress.next_part < progress.hashed + self.window:
+                        break
+                    self._lock.wait()
                 n = progress.next_part
                 progress.next_part += 1
 
             def once(n: int = n) -> int:
-                return self._get(fd, n, None, progress)
+                return self._budgeted(lambda: self._get(fd, n, None, progress))
 
             try:
                 self._with_tries(once, lambda: None)
@@ -428,6 +542,7 @@ class Transfer:
                 with self._lock:
                     if progress.failure is None:
                         progress.failure = exc
+                    progress.active -= 1
                     self._stop.set()
                     self._lock.notify_all()
                 return
@@ -438,25 +553,44 @@ class Transfer:
         if sync:
             os.fsync(jfd)
 
-    def _hash_in_order(self, fd: int, jfd: int, joff: int, progress: _Progress, first: int, digest: Any) -> None:
-        """Feed ``digest`` the parts from ``first`` on, in order, each read back from the file once complete,
-        and journal the hash of the prefix after each (fsync'd at most every :data:`JOURNAL_SYNC` seconds).
-        After a failure that is not an Exception (a stop), the complete prefix is still journaled."""
+    def _hash_in_order(
+        self, fd: int, jfd: int, joff: int, progress: _Progress, first: int, digest: Any,
+        workers: list[threading.Thread],
+    ) -> None:  # fmt: skip
+        """Feed ``digest`` (and the consumer) the parts from ``first`` on, in order, each read back from the file
+        once complete, and journal the hash of the prefix after each (fsync'd at most every :data:`JOURNAL_SYNC`
+        seconds); meanwhile the tuner sets how many workers run. After a failure that is not an Exception (a
+        stop), the complete prefix is still journaled."""
         end = [joff]
         synced = time.monotonic()
         for n in range(first, self.parts):
             with self._lock:
                 while n not in progress.done and progress.failure is None:
-                    self._lock.wait()
+                    self._lock.wait(self.config.tune_every)
+                    self._tune(progress)
+                    self._staff(fd, progress, workers)
                 if isinstance(progress.failure, Exception) or n not in progress.done:
                     break  # a failure (nothing is kept), or a stop once the complete prefix is journaled
+            self._staff(fd, progress, workers)
             start, stop = self._range(n)
-            _hash_range(fd, start, stop, digest)
+            _read_range(fd, start, stop, digest, self.consumer)
+            with self._lock:
+                progress.hashed = n + 1
+                self._tune(progress)
+                self._lock.notify_all()
             if n + 1 < self.parts:
                 line = json.dumps({"part": n, "prefix_sha256": digest.copy().hexdigest()}).encode() + b"\n"
                 now = time.monotonic()
                 self._write_journal(jfd, line, end, sync=now - synced >= JOURNAL_SYNC or progress.failure is not None)
                 synced = now if now - synced >= JOURNAL_SYNC else synced
+
+    def _tune(self, progress: _Progress) -> None:
+        """The tuner's target from the bytes received so far (the caller holds the lock; workers are started
+        by :meth:`_staff`, and leave by themselves when there are more than the target)."""
+        target = self.tuner.observe(time.monotonic(), progress.received)
+        if target != progress.target:
+            progress.target = target
+            self._lock.notify_all()
 
     # --- resume -----------------------------------------------------------------------------
 
@@ -534,12 +668,20 @@ class Transfer:
 
 
 def _hash_range(fd: int, start: int, end: int, digest: Any) -> None:
+    _read_range(fd, start, end, digest, None)
+
+
+def _read_range(fd: int, start: int, end: int, digest: Any, consumer: Consumer | None) -> None:
+    """Read bytes ``start``-``end`` back once, feeding the digest and the consumer from the same read."""
     offset = start
     while offset < end:
         data = os.pread(fd, min(CHUNK, end - offset), offset)
         if not data:
             raise DownloadError(f"reading back bytes {offset}-{end}: the file is shorter")
-        digest.update(data)
+        if digest is not None:
+            digest.update(data)
+        if consumer is not None:
+            consumer.feed(offset, data)
         offset += len(data)
 
 

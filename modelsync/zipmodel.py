@@ -1,11 +1,16 @@
-"""Fetch a single model's zip (``<prefix><model>.zip``) into the store: download, verify, extract, commit.
+"""Fetch a single model's zip (``<prefix><model>.zip``) into the store: judge, download and place at once, commit.
 
-The counterpart of dirmodel.py for an archive; install.py picks one of the two by the listed key. Phases:
-``download`` (free-space check for the archive, pinned and hashed GETs into staging), ``verify`` (sha256,
-then the zip's end record and central directory: archive.py), ``extract`` (free-space check in whole blocks,
-every file fsync'd, the directory renamed into ``<store>/<model>/<sha256>``). Any failure leaves nothing in
-staging. With ``--require-signature`` the ``.sig`` is fetched and verified before the archive is downloaded,
-and each entry's sha256, computed as it is extracted, is compared with the signed one before the commit.
+The counterpart of dirmodel.py for an archive; install.py picks one of the two by the listed key. The
+archive's central directory comes first, from the object's end (unzip.py): the end record, the directory
+and every entry are judged (archive.py) before a byte of the body is fetched. Then the body's parallel
+ranged GETs are hashed in order and each entry is written to its staging path from the same read
+(unzip.StreamingExtract): no second pass over the bytes. Phases: ``verify`` (the directory, then the
+whole object's sha256), ``download`` (free-space checks, the GETs, hashing and placing), ``extract`` (one
+batch of fsyncs, the directory renamed into ``<store>/<model>/<sha256>``). An archive that does not stream
+(bzip2 or lzma entries, a directory over 16 MiB) is downloaded whole, then extracted as before. Any
+failure leaves nothing in staging; nothing is committed before the sha256 matched. With
+``--require-signature`` the ``.sig`` is fetched and verified before the archive is downloaded, and each
+entry's sha256, computed as it is written, is compared with the signed one before the commit.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from .pinning import verify_hash
 from .s3 import S3, Archive
 from .signing import Signatures, Signed
 from .store import Installed, Store
+from .unzip import StreamingExtract, read_directory, streamable
 
 
 class ZipFetcher:
@@ -62,6 +68,7 @@ class ZipFetcher:
         extracted: Path | None = None
         zf: zipfile.ZipFile | None = None
         signed: Signed | None = None
+        placer: StreamingExtract | None = None
         try:
             with attempt.phase("download"):
                 if self.signatures is not None:  # before the archive: a refusal costs one small GET
@@ -70,40 +77,74 @@ class ZipFetcher:
                         signed, model, expected, [installed, self.store.previous_installed(model)]
                     )
                 self.free_check(archive.size, f"downloading {archive.key}")
-                download = self.store.staging_file(model)
-                sha, count = self.s3.download(archive, download, self.fs)
-                attempt.bytes_downloaded = count
-            with attempt.phase("verify"):
-                verify_hash(sha, expected, source, attempt)
-                if installed is not None and sha == installed.sha256:  # unverified, and the same bytes
-                    return None
-                zf = open_zip(download, self.limits)  # bounded by its end record before zipfile reads it
-                if is_bundle(zf.namelist(), model):  # a single model's key keeps its kind (Bundles.parts)
-                    top = ", ".join(sorted(top_level(zf.namelist()))[:5])
-                    raise UnsafeArchive(
-                        f"the archive's top level is {top}, not one {model}/ directory, and {model} is installed "
-                        f"from {archive.key} as one model: a bundle goes under another name (or remove "
-                        f"{archive.key} first, with --delete-removed, then upload it again)"
-                    )
-                plan = inspect(zf, count, model, self.limits)
+            with attempt.phase("verify"):  # the directory from the object's end, judged before the body comes
+                directory = read_directory(lambda a, b: self.s3.read_range(archive, a, b), archive.size, self.limits)
+                plan = None
+                if directory is not None:
+                    self._one_model(model, archive, directory.namelist())
+                    try:
+                        plan = inspect(directory, archive.size, model, self.limits)
+                    finally:
+                        directory.close()
+            digests: dict[str, str] | None = {} if signed is not None else None
+            if plan is not None and streamable(plan):
+                with attempt.phase("download"):  # downloaded, hashed and placed at once
+                    self.free_check(plan.disk_bytes(self.fs.block_size(self.store.staging)), f"extracting {model}")
+                    extracted = self.store.staging_dir(model)
+                    placer = StreamingExtract(plan, extracted, self.fs, digests)
+                    download = self.store.staging_file(model)
+                    sha, count = self.s3.download(archive, download, self.fs, consumer=placer)
+                    attempt.bytes_downloaded = count
+                    download.unlink()
+                    download = None
+                with attempt.phase("verify"):
+                    verify_hash(sha, expected, source, attempt)
+                    if installed is not None and sha == installed.sha256:  # unverified, and the same bytes
+                        return None
+                with attempt.phase("extract"):  # what is left: one batch of fsyncs, the commit
+                    placer.finish()
+            else:  # a method that does not stream (bzip2, lzma), or a directory too large to fetch apart
+                with attempt.phase("download"):
+                    download = self.store.staging_file(model)
+                    sha, count = self.s3.download(archive, download, self.fs)
+                    attempt.bytes_downloaded = count
+                with attempt.phase("verify"):
+                    verify_hash(sha, expected, source, attempt)
+                    if installed is not None and sha == installed.sha256:  # unverified, and the same bytes
+                        return None
+                    zf = open_zip(download, self.limits)  # bounded by its end record before zipfile reads it
+                    self._one_model(model, archive, zf.namelist())
+                    plan = inspect(zf, count, model, self.limits)
+                with attempt.phase("extract"):
+                    self.free_check(plan.disk_bytes(self.fs.block_size(self.store.staging)), f"extracting {model}")
+                    extracted = self.store.staging_dir(model)
+                    extract(zf, plan, extracted, self.fs, digests=digests)
+                    zf.close()
+                    zf = None
+                    download.unlink()
+                    download = None
             with attempt.phase("extract"):
-                self.free_check(plan.disk_bytes(self.fs.block_size(self.store.staging)), f"extracting {model}")
-                extracted = self.store.staging_dir(model)
-                digests: dict[str, str] | None = {} if signed is not None else None
-                extract(zf, plan, extracted, self.fs, digests=digests)
                 if signed is not None and digests is not None:  # before the commit: nothing installed on a mismatch
                     Signatures.compare(signed, digests, archive.key)
-                zf.close()
-                zf = None
-                download.unlink()
-                download = None
                 final = self.store.commit(model, sha, extracted, record(sha))
                 extracted = None
             return final
         finally:
+            if placer is not None:
+                placer.abort()
             if zf is not None:
                 zf.close()
             if download is not None:
                 download.unlink(missing_ok=True)
             if extracted is not None:
                 shutil.rmtree(extracted, ignore_errors=True)
+
+    @staticmethod
+    def _one_model(model: str, archive: Archive, names: list[str]) -> None:
+        if is_bundle(names, model):  # a single model's key keeps its kind (Bundles.parts)
+            top = ", ".join(sorted(top_level(names))[:5])
+            raise UnsafeArchive(
+                f"the archive's top level is {top}, not one {model}/ directory, and {model} is installed "
+                f"from {archive.key} as one model: a bundle goes under another name (or remove "
+                f"{archive.key} first, with --delete-removed, then upload it again)"
+            )

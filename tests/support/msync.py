@@ -401,7 +401,25 @@ class TruncatingProxy:
                 body = self.rfile.read(length) if length else None
                 path = self.path.split("?")[0]
                 ranged = self.headers.get("Range") or ""
-                start = int(ranged[6:].split("-")[0]) if ranged.startswith("bytes=") else 0
+                # A suffix range ("bytes=-N": a zip's directory read from its end, modelsync/unzip.py) is
+                # never faulted: the faults here are the body's parts'.
+                suffix = ranged.startswith("bytes=-")
+                start = int(ranged[6:].split("-")[0]) if ranged.startswith("bytes=") and not suffix else 0
+                if suffix:
+                    conn = http.client.HTTPConnection(proxy.upstream, timeout=30)
+                    headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    self.send_response(resp.status)
+                    for k, v in resp.getheaders():
+                        if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                            self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    proxy.log.append((self.command, path, ranged, resp.status, len(data)))
+                    self.wfile.write(data)
+                    return
                 if self.command == "GET" and start >= proxy.hold_from and any(k in path for k in proxy.hold):
                     with proxy._count:
                         proxy.held += 1

@@ -13,9 +13,11 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
+from modelsync.archive import END_BYTES
 from modelsync.events import EventFilter, Pending, QueuePoller
 from modelsync.metrics import BY_NAME, PHASES
 from tests.support.msync import (
@@ -472,7 +474,8 @@ def big_zip(model: str, add: float) -> bytes:
 
 
 def ranged(proxy: TruncatingProxy, key: str) -> list[str]:
-    return sorted(r for _, _, r, status, _ in proxy.gets(key) if status == 206)
+    """The body's parts asked for (the zip's directory, read first from the end as a suffix range, aside)."""
+    return sorted(r for _, _, r, status, _ in proxy.gets(key) if status == 206 and not r.startswith("bytes=-"))
 
 
 def all_ranges(size: int, first: int = 0) -> list[str]:
@@ -552,7 +555,9 @@ def test_a_daemon_killed_mid_download_resumes_with_only_the_missing_parts(env: E
         env.s3_url = proxy.url
         assert env.sync(part_size=PART, connections=4).outcomes[model].in_sync  # recover() kept the partial
         assert ranged(proxy, key) == all_ranges(len(data), first=3)  # the journaled parts are not asked for
-        assert sum(e[4] for e in proxy.gets(key)) == len(data) - 3 * PART
+        body = [e[4] for e in proxy.gets(key) if not e[2].startswith("bytes=-")]
+        directory = [e[4] for e in proxy.gets(key) if e[2].startswith("bytes=-")]
+        assert sum(body) == len(data) - 3 * PART and directory == [min(len(data), END_BYTES)]
     assert env.infer(model, 1.0) == 3.0 and env.link(model).endswith(sha(data))
     assert staging_empty(env)
 
@@ -571,3 +576,46 @@ def test_an_archive_replaced_between_crash_and_resume_is_fetched_whole(env: Env)
         assert ranged(proxy, key) == all_ranges(len(data))
     assert env.infer(model, 1.0) == 5.0 and env.link(model).endswith(sha(data))
     assert staging_empty(env)  # the old version's partial and journal are gone too
+
+
+def test_an_archive_is_read_back_once_for_its_hash_and_its_entries_together(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Download, verify and place at once (issue 39): the bytes of the downloaded archive are read back from
+    its file once, by the hash, and the entries are written from that same read. Before, zipfile read the
+    file a second time to extract it (the reads counted here: 2x the archive)."""
+    import builtins
+    import io
+
+    model = unique("onepass")
+    install(env, model)
+    data = big_zip(model, 2)
+    upload(env.moto, env.bucket, f"{model}.zip", data)
+    staging = str(env.store / ".staging")
+    read = [0]
+    real_pread, real_open = os.pread, io.open
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        got = real_pread(fd, n, offset)
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(staging):
+            read[0] += len(got)
+        return got
+
+    class Counted(io.BufferedReader):
+        def read(self, n: int | None = -1) -> bytes:
+            got = super().read(n)
+            read[0] += len(got)
+            return got
+
+    def opener(file: Any, mode: str = "r", *args: Any, **kw: Any) -> Any:
+        f = real_open(file, mode, *args, **kw)
+        if mode == "rb" and isinstance(file, (str, os.PathLike)) and str(file).startswith(staging):
+            return Counted(f.detach())
+        return f
+
+    monkeypatch.setattr(os, "pread", pread)
+    monkeypatch.setattr(io, "open", opener)
+    monkeypatch.setattr(builtins, "open", opener)
+    assert env.sync(part_size=PART, connections=4).outcomes[model].in_sync
+    assert read[0] == len(data)
+    assert env.infer(model, 1.0) == 3.0 and env.link(model).endswith(sha(data))

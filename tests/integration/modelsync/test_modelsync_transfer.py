@@ -316,3 +316,86 @@ def test_store_recovery_keeps_a_resumable_download_and_drops_stale_or_unjournale
         assert len(removed) == 4
     finally:
         store.close()
+
+
+# --- the tuner, the window, the budget ----------------------------------------------------------------------
+
+
+class Counting:
+    """A real boto3 client, with the GETs in flight counted (the most at once) and, optionally, each slowed."""
+
+    def __init__(self, client: Any, delay: float = 0.0) -> None:
+        import threading
+
+        self.client, self.delay = client, delay
+        self.lock = threading.Lock()
+        self.now = self.most = self.total = 0
+
+    def get_object(self, **kw: Any) -> Any:
+        with self.lock:
+            self.now += 1
+            self.total += 1
+            self.most = max(self.most, self.now)
+        try:
+            time.sleep(self.delay)
+            return self.client.get_object(**kw)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def test_transfers_sharing_a_budget_never_exceed_it(moto: Moto, tmp_path: Path) -> None:  # noqa: F811
+    import threading
+
+    from modelsync.transfer import Budget
+
+    data = os.urandom(SIZE)
+    s3, archive = put(moto, new_bucket(moto), data)
+    client = Counting(s3.client, delay=0.02)
+    config = TransferConfig(part_size=PART, connections=4, start_connections=4, budget=Budget(3))
+    shared = S3(client, s3.bucket, "", config)
+    got: list[tuple[str, int]] = []
+    for i in range(3):  # one folder each: a partial download's name is its object version's
+        (tmp_path / str(i)).mkdir()
+
+    def one(i: int) -> None:
+        got.append(shared.download(archive, tmp_path / str(i) / "out", LocalFileSystem()))
+
+    jobs = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for j in jobs:
+        j.start()
+    for j in jobs:
+        j.join()
+    assert got == [(sha(data), SIZE)] * 3
+    assert client.most == 3  # 3 transfers x 4 connections wanted, 3 allowed
+
+
+def test_parts_never_run_more_than_the_window_ahead_of_the_hash(
+    moto: Moto,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hash (and the zip placed from it) reads each part back while it is in the page cache: with the hash
+    held on part 0 for a second, the workers stop at the window (8 parts of 16), never the whole object."""
+    import modelsync.transfer as tr
+
+    data = os.urandom(SIZE)
+    s3, archive = put(moto, new_bucket(moto), data)
+    client = Counting(s3.client)
+    source = Source(s3.bucket, archive.key, archive.version_id, archive.etag, archive.size)
+    job = Transfer(client, source, tmp_path / "out", LocalFileSystem(),
+                   TransferConfig(part_size=PART, connections=4, start_connections=4))  # fmt: skip
+    real, gets_while_held = tr._read_range, []
+
+    def held(fd: int, start: int, end: int, digest: Any, consumer: Any) -> None:
+        if start == 0:
+            time.sleep(1.0)
+            gets_while_held.append(client.total)
+        real(fd, start, end, digest, consumer)
+
+    monkeypatch.setattr(tr, "_read_range", held)
+    assert job.run() == (sha(data), SIZE)
+    assert job.window == 8 and gets_while_held == [8]
