@@ -25,7 +25,10 @@ What runs:
   announced on the topic is served within seconds through the task's queue, and at the task's
   stop that queue is gone. The queue is the controller's (MODELSYNC_FANOUT=controller): the
   controller's own fan-out code (controller/fanout.py) makes it, subscribed, for the task as
-  ECS would list it, publishes the fleet's size, and removes the queue once the task stopped;
+  ECS would list it, publishes the fleet's size, and removes the queue once the task stopped.
+  The task's start is measured from outside, the model-sync container's start to the first
+  inference answered through the task's port, and printed beside the daemon's own ``task start``
+  line (TimeToServe and the sync's phases, modelsync/startup.py);
 * the same task with safe rollouts on (CanaryFraction): a build that fails every request is
   rejected on the evidence of the task's own Triton and the previous build serves again.
 """
@@ -477,12 +480,32 @@ def synced(
         the_controllers_fanout(task_moto, td, opts, topic, bucket) as name,
         run_task(rehearsal.docker, td, opts, name=name) as task,
     ):
+        FIRST_INFERENCE[task.name] = first_inference(task)  # run_task returns as Triton starts: poll it from now
         task.wait_for("triton-server", health="healthy", timeout=180)
         yield task, task_moto, topic, bucket
     # After the task's stop (SIGTERM, stopTimeout) the controller removed its queue and subscription.
     prefix = env_dict(task.containers["modelsync"])["MODELSYNC_QUEUE_NAME_PREFIX"]
     assert task_moto.client("sqs").list_queues(QueueNamePrefix=prefix).get("QueueUrls", []) == []
     assert task_moto.client("sns").list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+
+
+FIRST_INFERENCE: dict[str, tuple[float, int]] = {}  # task name -> (first inference that answered, refused before)
+INFER_POLL = 0.1
+
+
+def first_inference(task: Task, timeout: float = 180.0) -> tuple[float, int]:
+    """When an inference through the task's own port first answered 200 (wall clock, like Docker's container
+    times), and how many tries before it were refused or failed."""
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]}).encode()
+    url = f"http://{task.ip()}:8000/v2/models/add/infer"
+    deadline, failed = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        status, _ = http_post(url, body, timeout=2.0)
+        if status == 200:
+            return time.time(), failed
+        failed += 1
+        time.sleep(INFER_POLL)
+    raise AssertionError(f"no inference answered through {url} within {timeout:g} s")
 
 
 def infer_add(task: Task, value: float = 1.0) -> float:
@@ -514,6 +537,60 @@ def test_model_sync_starts_before_triton_which_serves_the_synced_model(synced: t
     # Triton reads the task's repository and the instance's store, read-only.
     denied = task.exec("triton-server", ["sh", "-c", "touch /mnt/triton/store/x"])
     assert denied.returncode != 0 and "Read-only file system" in denied.stderr
+
+
+def test_a_task_start_from_container_start_to_the_first_inference(synced: tuple[Task, Moto, str, str]) -> None:
+    """The start measured from outside (the model-sync container's start, as Docker records it, to the first
+    inference that answered through the task's port) beside the daemon's own account of it: its ``task start``
+    line (modelsync/startup.py), TimeToServe from its process's start to the model READY, and the sync's phases."""
+    task, _, _, bucket = synced
+    answered, refused = FIRST_INFERENCE[task.name]
+    daemon, triton, first = task.state("modelsync"), task.state("triton-server"), task.state(SYNC_ORDER[0])
+    assert daemon is not None and triton is not None and first is not None
+    assert daemon.started_at is not None and triton.started_at is not None and first.started_at is not None
+    assert refused > 0  # the polling began before Triton served: the first answer is within INFER_POLL of the first
+    outside = answered - daemon.started_at
+
+    def line() -> dict[str, Any] | None:
+        for text in task.logs("modelsync").splitlines():
+            if text.startswith('{"ts"') and '"task start: ' in text:
+                return json.loads(text)  # type: ignore[no-any-return]
+        return None
+
+    said = wait_until(line, 30, "the daemon's task start line")
+    phases = said["phases"]
+    print(
+        f"task start, container start -> first inference through the task's port: {outside:.2f} s "
+        f"({answered - first.started_at:.2f} s from the task's first container, {SYNC_ORDER[0]}; Triton's container "
+        f"started {triton.started_at - daemon.started_at:.2f} s after model sync's; health checks every "
+        f"{task.options.health_interval:g} s here)\n"
+        f"  the daemon's account: TimeToServe {said['time_to_serve_s']:.2f} s from its process's start, first sync "
+        f"{said['first_sync_s']:.2f} s, outside any phase {said['outside_phases_s']:.2f} s; phases (s, unions): "
+        + ", ".join(f"{p} {v:.3f}" for p, v in phases.items())
+        + f"; {said['bytes_downloaded']} bytes downloaded, reused {str(said['reused']).lower()}"
+    )
+    (event,) = [d for d in emf_docs(task) if "TimeToServe" in d]  # one start, one event
+    assert event["TimeToServe"] == said["time_to_serve_s"] and event["StartFirstReadyTime"] == phases["first_ready"]
+    # Within the outside measure: the process starts after its container, READY comes before the answer (the
+    # daemon asks every 0.25 s, the test every INFER_POLL; a second of slack for the two HTTP calls).
+    assert triton.started_at - daemon.started_at - 0.05 <= said["time_to_serve_s"] <= outside + 1.0
+    assert said["models"] == ["add"] and said["reused"] is False and phases["download"] > 0
+    assert said["bytes_downloaded"] == task_object_size(synced, bucket)
+    assert phases["load"] == 0.0 and phases["first_ready"] > 0  # Triton loaded the link at its own start
+
+
+def emf_docs(task: Task) -> list[dict[str, Any]]:
+    docs = [json.loads(line) for line in task.logs("modelsync").splitlines() if line.startswith('{"_aws"')]
+    for doc in docs:
+        assert validate(json.dumps(doc)) == []
+    return docs
+
+
+def task_object_size(synced: tuple[Task, Moto, str, str], bucket: str) -> int:
+    """Bytes of the first version of triton/add.zip (what the task's first sync downloaded)."""
+    _, moto, _, _ = synced
+    versions = moto.client("s3").list_object_versions(Bucket=bucket, Prefix="triton/add.zip")["Versions"]
+    return int(min(versions, key=lambda v: v["LastModified"])["Size"])
 
 
 def test_model_sync_urls_connect_from_inside_their_containers(synced: tuple[Task, Moto, str, str]) -> None:
