@@ -28,7 +28,6 @@ directory (to upload with the files, last).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -41,6 +40,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from telemetry import logs
+from telemetry.settings import ArgumentParser, fail
 from telemetry.settings import parse as parse_settings
 
 from .archive import Limits, relative_parts
@@ -235,8 +235,9 @@ def manifest_for(directory: Path) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the manifest of a model directory on stdout; 2 with one line on stderr when it cannot be made."""
     logs.catch_unexpected("modelsync")
-    parser = argparse.ArgumentParser(
-        prog="python -m modelsync.manifest",
+    prog = "python -m modelsync.manifest"
+    parser = ArgumentParser(
+        prog=prog,
         description="Print the manifest.json of a local model directory (config.pbtxt and numeric version "
         "folders, every regular file with its size and sha256), to upload to S3 with the files, last.",
         epilog="Example: python -m modelsync.manifest ./models/add > ./models/add/manifest.json",
@@ -255,8 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc = manifest_for(directory)
         parse(json.dumps(doc).encode(), Limits(sys.maxsize, sys.maxsize, float("inf")))
     except (OSError, ValueError, UnsafeArchive) as exc:
-        print(f"cannot make a manifest of {directory}: {exc}", file=sys.stderr)
-        return 2
+        return fail(prog, f"cannot make a manifest of {directory}: {exc}")
     try:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
         sys.stdout.flush()

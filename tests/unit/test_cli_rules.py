@@ -133,6 +133,7 @@ COMMANDS = {
         own_error=("status",),  # no --bucket
         subcommands=("status", "promote", "reject"),
     ),
+    "modelsync.manifest": Command(("modelsync.manifest",), abbreviated=("--hel",), own_error=("/nonexistent",)),
     "controller": Command(
         ("controller",),
         abbreviated=("--interva", "0"),
