@@ -38,7 +38,7 @@ from .s3 import S3, make_client
 from .settings import SUBCOMMANDS, ConfigError, Settings, load
 from .startup import StartWatch
 from .store import Store, StoreError
-from .transfer import TransferConfig
+from .transfer import START_CONNECTIONS, Budget, TransferConfig
 from .triton import Triton
 
 LOGGER = "modelsync"
@@ -108,7 +108,12 @@ def build(
     store.open()
     sink = make_sink(settings.output, BUFFER_EVENTS, CONNECT_TIMEOUT)
     recorder = Recorder(settings.namespace, sink, settings.host)
-    transfer = TransferConfig(part_size=settings.part_size, connections=settings.connections)
+    transfer = TransferConfig(  # every download of the daemon shares --connections (the budget)
+        part_size=settings.part_size,
+        connections=settings.connections,
+        start_connections=min(START_CONNECTIONS, settings.connections),
+        budget=Budget(settings.connections),
+    )
     s3_conn = s3_client or make_client("s3", connections=settings.connections)
     s3 = S3(s3_conn, settings.bucket, settings.prefix, transfer)
     previous = Status.read(settings.repository)

@@ -29,6 +29,7 @@ metric (what the alarm reads); the host is a property, never a dimension
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -126,9 +127,12 @@ class Recorder:
         self.host = host
         self.wall = wall
         self.watchers: list[Callable[[Attempt], None]] = []  # told of every attempt recorded (startup.py)
+        self._lock = threading.Lock()
 
     def _send(self, event: Event) -> None:
-        self.sink.send(self.encoder.encode(event, int(self.wall() * 1000)))
+        line = self.encoder.encode(event, int(self.wall() * 1000))
+        with self._lock:  # models install in parallel (reconcile.Syncer._each): one line at a time
+            self.sink.send(line)
 
     def attempt(self, a: Attempt) -> None:
         props: dict[str, object] = {

@@ -23,9 +23,12 @@ Any failure leaves the installed artifact serving (or puts it back), and Triton 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple, dataclass, field
 
 from .archive import Limits
@@ -149,6 +152,14 @@ class Memo:
     reason: str
 
 
+def install_order(archives: dict[str, Archive], first: tuple[str, ...] = ()) -> list[str]:
+    """The operator's order (``--model-order``) first, then the largest first (its bytes start arriving
+    first: the longest download sets when the pass ends), then by name."""
+    named = [m for m in dict.fromkeys(first) if m in archives]
+    rest = sorted((m for m in archives if m not in set(named)), key=lambda m: (-archives[m].size, m))
+    return [*named, *rest]
+
+
 class Syncer:
     def __init__(
         self,
@@ -187,6 +198,7 @@ class Syncer:
         self.rollouts: Rollouts | None = None  # --canary-fraction: what to install is the rollout's to say
         self._untrusted_seen: dict[str, tuple[str, str, str, str]] = {}  # name -> the state artifact last refused
         self._listing_refused: dict[str, tuple[str, str]] = {}  # name -> (ETag, reason) of its last listing refusal
+        self._serial = threading.Lock()  # bundles install one at a time (one holds several models' names)
 
     @property
     def before_first_sync(self) -> bool:
@@ -214,8 +226,8 @@ class Syncer:
             return report
         for key, why in sorted(listing.ignored.items()):
             self.log.debug("ignored s3 key %s: %s", key, why)
-        for model, archive in sorted(listing.archives.items()):
-            report.outcomes[model] = self._one(model, archive, listing.archives.get)
+        order = install_order(listing.archives, self.settings.model_order)
+        report.outcomes.update(self._each(order, lambda m: self._one(m, listing.archives[m], listing.archives.get)))
         for name in [*self.store.managed_models(), *self.bundles.names()]:
             if name not in listing.archives:
                 report.outcomes[name] = self._one(name, None, listing.archives.get)
@@ -228,6 +240,17 @@ class Syncer:
         self._after_pass(report, len(listing.archives))
         self._host_event(report)
         return report
+
+    def _each(self, names: list[str], one: Callable[[str], Outcome]) -> dict[str, Outcome]:
+        """``one`` for every name, ``--parallel-models`` at once (in ``names``' order, each as a worker frees):
+        one model loads while the next downloads, all within the daemon's connection budget. The outcomes come
+        back in ``names``' order whatever order they finished in."""
+        workers = min(self.settings.parallel_models, len(names))
+        if workers <= 1:
+            return {name: one(name) for name in names}
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile") as pool:
+            futures = {name: pool.submit(one, name) for name in names}
+        return {name: f.result() for name, f in futures.items()}
 
     def _after_pass(self, report: Report, models: int) -> None:
         """Record the pass in the status file; the first complete one is what makes the daemon healthy."""
@@ -376,7 +399,8 @@ class Syncer:
         if plan is not None and plan.expected:  # what the rollout state recorded, not what the object says
             expected_hash = lambda a: self._recorded_hash(name, plan.expected, a)  # noqa: E731
         try:
-            changed = installer.install(name, archive, attempt, expected_hash, not staging_start)
+            with self._serial if installer is self.bundles else contextlib.nullcontext():
+                changed = installer.install(name, archive, attempt, expected_hash, not staging_start)
         except SyncError as exc:
             if plan is not None and self.rollouts is not None:
                 self.rollouts.failed(name, plan, archive, exc)

@@ -78,6 +78,8 @@ class Settings:
     load_timeout: float = 600.0
     part_size: int = 8 * MiB
     connections: int = 16
+    parallel_models: int = 3  # models of one pass installing at once (one loads while the next downloads)
+    model_order: tuple[str, ...] = ()  # these first, in this order; then the largest first
     host: str = ""
     log_level: str = "info"
     once: bool = False
@@ -148,6 +150,20 @@ def _connections(text: str) -> int:
     if value > 64:
         raise ValueError("must be between 1 and 64")
     return value
+
+
+def _parallel_models(text: str) -> int:
+    value = positive_int(text)
+    if value > 16:
+        raise ValueError("must be between 1 and 16")
+    return value
+
+
+def _model_order(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if len(names) > 1000:
+        raise ValueError("at most 1000 names")
+    return names
 
 
 def _queue_url(text: str) -> str:
@@ -388,9 +404,28 @@ OPTIONS: tuple[Option, ...] = (
         "--connections",
         ("MODELSYNC_CONNECTIONS",),
         _connections,
-        "parallel ranged GETs of one download (S3 caps each connection at tens of MB/s); also the S3 client's "
+        "the most ranged GETs in flight, all downloads together (S3 caps each connection at tens of MB/s; each "
+        "download starts at 8 and doubles while its throughput grows: docs/modelsync.md); also the S3 client's "
         "connection pool",
         metavar="N",
+    ),
+    Option(
+        "parallel_models",
+        "--parallel-models",
+        ("MODELSYNC_PARALLEL_MODELS",),
+        _parallel_models,
+        "models of one pass installing at once, sharing --connections: one model loads while the next "
+        "downloads (1: one after another)",
+        metavar="N",
+    ),
+    Option(
+        "model_order",
+        "--model-order",
+        ("MODELSYNC_MODEL_ORDER",),
+        _model_order,
+        "models to install first, in this order (comma-separated); the others follow, the largest first",
+        metavar="NAME,...",
+        shown="none",
     ),
     Option(
         "host",

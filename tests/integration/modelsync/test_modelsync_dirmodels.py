@@ -440,3 +440,37 @@ def test_model_warmup_runs_inside_the_load_call(env: Env) -> None:
     attempt = env.attempts(model)[-1]
     assert attempt["SyncLoadTime"] >= 1500  # the warmup's 1.5 s is inside Triton's load call, so in our phase
     assert env.infer(model, 1.0) == 3.0  # 1 + 2 calls: the warmup ran before the model was READY to us
+
+
+def test_a_directory_models_files_download_at_once_each_hashed_as_it_arrives(env: Env) -> None:
+    """Issue 39: a directory model's files come in parallel, largest first, each straight into its staging
+    path and hashed by its own transfer. With the largest file's GETs held at the proxy, the other files
+    arrive whole meanwhile (one after another, they would wait behind it)."""
+    import threading
+
+    from tests.support.msync import TruncatingProxy, wait_for
+
+    model = unique("pfiles")
+    files = files_of(model, 2.0, **{"a.bin": os.urandom(300_000), "b.bin": os.urandom(200_000),
+                                    "c.bin": os.urandom(100_000)})  # fmt: skip
+    upload_dir(env, model, files)
+    with TruncatingProxy(env.moto.url) as proxy:
+        proxy.hold.add(f"{model}/1/a.bin")
+        env.s3_url = proxy.url
+        done: list[bool] = []
+        sync = threading.Thread(target=lambda: done.append(env.sync(part_size=64 * 1024).outcomes[model].in_sync))
+        sync.start()
+        try:
+            others = [f"{model}/1/b.bin", f"{model}/1/c.bin", f"{model}/1/model.py", f"{model}/config.pbtxt"]
+
+            def others_whole() -> bool:
+                got = {k: sum(e[4] for e in proxy.gets(k)) for k in others}
+                return proxy.held > 0 and all(got[k] == len(files[k.split("/", 1)[1]]) for k in others)
+
+            wait_for(others_whole, timeout=50, step=0.1)
+            assert not done
+        finally:
+            proxy.release()
+            sync.join(timeout=120)
+    env.s3_url = ""
+    assert done == [True] and env.infer(model, 1.0) == 3.0

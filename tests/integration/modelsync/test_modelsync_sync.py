@@ -20,6 +20,7 @@ import pytest
 from modelsync.archive import END_BYTES
 from modelsync.events import EventFilter, Pending, QueuePoller
 from modelsync.metrics import BY_NAME, PHASES
+from modelsync.reconcile import Report
 from tests.support.msync import (
     Env,
     FaultFileSystem,
@@ -619,3 +620,48 @@ def test_an_archive_is_read_back_once_for_its_hash_and_its_entries_together(
     assert env.sync(part_size=PART, connections=4).outcomes[model].in_sync
     assert read[0] == len(data)
     assert env.infer(model, 1.0) == 3.0 and env.link(model).endswith(sha(data))
+
+
+def test_a_model_loads_while_another_still_downloads(env: Env) -> None:
+    """Across models (issue 39): the pass installs --parallel-models at once, the largest first. The larger
+    model's body is held at the proxy; the smaller one is downloaded, loaded and served meanwhile. One after
+    another (--parallel-models 1), the smaller would wait behind the held one."""
+    held, quick = unique("held"), unique("quick")
+    big = big_zip(held, 2)
+    upload(env.moto, env.bucket, f"{held}.zip", big)
+    upload(env.moto, env.bucket, f"{quick}.zip", make_zip(model_files(quick, 1.0)))
+    with TruncatingProxy(env.moto.url) as proxy:
+        proxy.hold.add(f"{held}.zip")  # every ranged GET of its body waits (its directory read passes)
+        env.s3_url = proxy.url
+        result: list[Report] = []
+        sync = threading.Thread(target=lambda: result.append(env.sync(part_size=PART, connections=4)))
+        sync.start()
+        try:
+
+            def quick_served() -> bool:
+                try:
+                    return proxy.held > 0 and env.infer(quick, 1.0) == 2.0
+                except AssertionError:  # not loaded yet
+                    return False
+
+            wait_for(quick_served, timeout=50, step=0.2)
+            assert proxy.held > 0 and not result  # served while the other's download is still held
+        finally:
+            proxy.release()
+            sync.join(timeout=120)
+    env.s3_url = ""
+    assert result and result[0].outcomes[held].in_sync and result[0].outcomes[quick].in_sync
+    assert env.infer(held, 1.0) == 3.0
+
+
+def test_install_order_is_the_operators_then_the_largest_first() -> None:
+    from datetime import UTC, datetime
+
+    from modelsync.reconcile import install_order
+    from modelsync.s3 import Archive
+
+    now = datetime.now(UTC)
+    archives = {m: Archive(m, f"{m}.zip", "e", size, now) for m, size in
+                [("a", 10), ("b", 30), ("c", 20), ("d", 30), ("e", 5)]}  # fmt: skip
+    assert install_order(archives) == ["b", "d", "c", "a", "e"]
+    assert install_order(archives, ("e", "zz", "a", "e")) == ["e", "a", "b", "d", "c"]
