@@ -17,9 +17,10 @@ more than ``TimeToServe``:
 ==============  ==================================================================================================
 ``wait``        ``Store.claim``: waiting while another task of the instance downloads and extracts the same archive
 ``list``        the S3 listing of each pass until the first complete sync
-``download``    the HEAD, the free-space checks and the pinned, hashed GETs (an attempt's ``download`` phase)
+``download``    the HEAD, the free-space checks and the pinned, hashed GETs (an attempt's ``download`` phase; a
+                zip that streams is placed from the same read, unzip.py)
 ``verify``      the sha256 and the archive's or the manifest's checks (``verify``)
-``place``       extraction into staging and the commit to the store, then the link flip (``extract``, ``swap``)
+``place``       what is left of the extraction, the commit to the store, the link flip (``extract``, ``swap``)
 ``load``        the daemon's own Triton load calls (none in the ECS task: Triton is not running yet)
 ``first_ready`` from the end of the first complete sync to every synced model READY: in the ECS task the wait
                 for the health check to pass, Triton's start and its loads
