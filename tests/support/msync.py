@@ -405,26 +405,12 @@ class TruncatingProxy:
                 # never faulted: the faults here are the body's parts'.
                 suffix = ranged.startswith("bytes=-")
                 start = int(ranged[6:].split("-")[0]) if ranged.startswith("bytes=") and not suffix else 0
-                if suffix:
-                    conn = http.client.HTTPConnection(proxy.upstream, timeout=30)
-                    headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                    conn.request(self.command, self.path, body=body, headers=headers)
-                    resp = conn.getresponse()
-                    data = resp.read()
-                    self.send_response(resp.status)
-                    for k, v in resp.getheaders():
-                        if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                            self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    proxy.log.append((self.command, path, ranged, resp.status, len(data)))
-                    self.wfile.write(data)
-                    return
-                if self.command == "GET" and start >= proxy.hold_from and any(k in path for k in proxy.hold):
+                faulted = self.command == "GET" and not suffix
+                if faulted and start >= proxy.hold_from and any(k in path for k in proxy.hold):
                     with proxy._count:
                         proxy.held += 1
                     proxy._gate.wait(60)
-                if self.command == "GET" and proxy.fail > 0:
+                if faulted and proxy.fail > 0:
                     with proxy._count:
                         proxy.fail -= 1
                     proxy.log.append((self.command, path, ranged, 503, 0))
@@ -437,8 +423,8 @@ class TruncatingProxy:
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
-                cut = self.command == "GET" and any(k in path for k in proxy.cut)
-                if self.command == "GET" and data and any(k in path for k in proxy.corrupt):
+                cut = faulted and any(k in path for k in proxy.cut)
+                if faulted and data and any(k in path for k in proxy.corrupt):
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
