@@ -92,7 +92,7 @@ JOURNAL = ".journal"
 JOURNAL_SYNC = 0.5  # seconds: the journal is fsync'd at most this often (a power cut costs a re-download)
 STALE_AFTER = 24 * 3600.0  # seconds: an untouched partial download older than this is not resumed
 MiB = 1024 * 1024
-START_CONNECTIONS = 8  # the tuner's first step in the daemon (a fixed pool when --connections is at most this)
+START_CONNECTIONS = 8  # the tuner's first step in the daemon (then what the daemon's transfers learned)
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class TransferConfig:
     tries: int = 3  # GETs of one part before the attempt fails (botocore's own retries come on top)
     backoff: float = 0.2  # seconds before the second try of a part, doubled each time
     start_connections: int = 4  # the tuner's first step; connections == start_connections: a fixed pool
-    tune_every: float = 0.5  # seconds between the tuner's decisions
+    tune_every: float = 0.25  # seconds between the tuner's decisions
     budget: Budget | None = field(default=None, compare=False)  # GETs in flight across every transfer at once
 
 
@@ -112,6 +112,7 @@ class Budget:
 
     def __init__(self, size: int) -> None:
         self.size = size
+        self.learned = 0  # the best step a finished transfer found: the next ones start there
         self._sem = threading.BoundedSemaphore(size)
 
     def __enter__(self) -> None:
@@ -299,7 +300,9 @@ class Transfer:
         self.config = config or TransferConfig()
         self.on_bytes = on_bytes
         self.consumer = consumer
-        self.tuner = Tuner(self.config.start_connections, self.config.connections, self.config.tune_every)
+        learned = self.config.budget.learned if self.config.budget is not None else 0
+        self.tuner = Tuner(max(self.config.start_connections, learned), self.config.connections,
+                           self.config.tune_every)  # fmt: skip
         # How far ahead of the in-order hash the parts may run: the hash (and the consumer) read each part
         # back while it is still in the page cache, never from the disk.
         self.window = max(8, 2 * self.config.connections)
@@ -422,7 +425,8 @@ class Transfer:
                 count = self._with_tries(
                     lambda: self._budgeted(lambda: self._get(fd, None, digest[0], progress)), reset
                 )
-                os.fsync(fd)
+                if self.consumer is None:  # with a consumer the file is scratch, deleted once placed
+                    os.fsync(fd)
             finally:
                 os.close(fd)
         except SyncError:
@@ -492,14 +496,18 @@ class Transfer:
                 self.requests, self.peak_buffered = progress.requests, progress.peak_buffered
             if progress.failure is not None:
                 raise progress.failure
-            os.fsync(fd)
+            if self.consumer is None:  # with a consumer the file is scratch, deleted once placed: never synced
+                os.fsync(fd)
         finally:
             os.close(fd)
             if jfd >= 0:
                 os.close(jfd)
         self.fs.replace(partial, self.dest)
         journal.unlink(missing_ok=True)
-        fsync_dir(self.dest.parent)
+        if self.consumer is None:
+            fsync_dir(self.dest.parent)
+        if self.config.budget is not None:
+            self.config.budget.learned = max(self.tuner.best_target, self.config.budget.learned)
         return digest.hexdigest(), self.source.size
 
     def _staff(self, fd: int, progress: _Progress, workers: list[threading.Thread]) -> None:

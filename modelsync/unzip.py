@@ -16,8 +16,9 @@ checked, and the bytes between entries skipped. No byte is read twice.
 Nothing is visible before the whole object's SHA-256 matched, and a bad
 entry is reported only after it (a byte flipped on the wire is a hash
 mismatch, retried, not an unsafe archive, remembered): the entries
-land in a fresh staging directory, fsync'd in one batch at the end
-(:meth:`StreamingExtract.finish`), committed only after the hash check
+land in a fresh staging directory, each fsync'd by a thread of its own as
+soon as it is complete (the disk writes back while the download goes on;
+:meth:`StreamingExtract.finish` waits for the last), committed only after the hash check
 (zipmodel.py); a mismatch or any failure removes the staging directory.
 
 Only stored and deflated entries stream (every zip tool's default, and what
@@ -31,7 +32,9 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import queue
 import struct
+import threading
 import zipfile
 import zlib
 from collections.abc import Callable
@@ -136,6 +139,9 @@ class StreamingExtract:
         self._start()
 
     def _start(self) -> None:
+        self._syncer: threading.Thread | None = None
+        self._to_sync: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
+        self._sync_error: OSError | None = None
         self.pos = 0
         self.index = 0
         self.header = bytearray()
@@ -147,6 +153,7 @@ class StreamingExtract:
     def reset(self) -> None:
         """Start over (a single GET tried again): what was written is removed."""
         self._close()
+        self._stop_syncing()
         for p in self.written_paths:
             p.unlink(missing_ok=True)
         if self.current is not None:
@@ -290,10 +297,38 @@ class StreamingExtract:
         path = self.dest / cur.entry.path
         os.chmod(path, 0o644)
         self.written_paths.append(path)
+        self._sync_later(path)
         if self.digests is not None and cur.hasher is not None:
             self.digests[cur.entry.path.as_posix()] = cur.hasher.hexdigest()
         self.current = None
         self.index += 1
+
+    def _sync_later(self, path: Path) -> None:
+        """fsync a complete entry on a thread of its own while the download goes on: the disk writes back the
+        first entries while the last ones arrive, and :meth:`finish` waits only for what is left."""
+        if self._syncer is None:
+            self._syncer = threading.Thread(target=self._sync_loop, name="unzip-fsync", daemon=True)
+            self._syncer.start()
+        self._to_sync.put(path)
+
+    def _sync_loop(self) -> None:
+        while (path := self._to_sync.get()) is not None:
+            if self._sync_error is not None:
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                self._sync_error = exc
+
+    def _stop_syncing(self) -> None:
+        if self._syncer is not None:
+            self._to_sync.put(None)
+            self._syncer.join()
+            self._syncer = None
 
     def _close(self) -> None:
         if self.current is not None:
@@ -301,6 +336,7 @@ class StreamingExtract:
 
     def abort(self) -> None:
         self._close()
+        self._stop_syncing()
 
     def finish(self) -> int:
         """Every entry written, then all of them and their directories fsync'd in one batch; the bytes written.
@@ -313,13 +349,10 @@ class StreamingExtract:
             raise UnsafeArchive(f"the archive ended before entry {missing!r} was complete")
         if self.bytes_written != self.plan.total_bytes:
             raise UnsafeArchive(f"extracted {self.bytes_written} bytes, the archive declared {self.plan.total_bytes}")
+        self._stop_syncing()
         try:
-            for p in self.written_paths:
-                fd = os.open(p, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+            if self._sync_error is not None:
+                raise self._sync_error
             for d in [*reversed(self.plan.dirs), PurePosixPath(".")]:
                 fsync_dir(self.dest / d)
         except OSError as exc:
