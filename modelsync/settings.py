@@ -77,7 +77,7 @@ class Settings:
     hash_tag_wait: float = 15.0
     load_timeout: float = 600.0
     part_size: int = 8 * MiB
-    connections: int = 16
+    connections: int = 32
     parallel_models: int = 3  # models of one pass installing at once (one loads while the next downloads)
     model_order: tuple[str, ...] = ()  # these first, in this order; then the largest first
     host: str = ""
@@ -405,7 +405,7 @@ OPTIONS: tuple[Option, ...] = (
         ("MODELSYNC_CONNECTIONS",),
         _connections,
         "the most ranged GETs in flight, all downloads together (S3 caps each connection at tens of MB/s; each "
-        "download starts at 8 and doubles while its throughput grows: docs/modelsync.md); also the S3 client's "
+        "download starts at 16 and doubles while its throughput grows: docs/modelsync.md); also the S3 client's "
         "connection pool",
         metavar="N",
     ),

@@ -92,7 +92,7 @@ JOURNAL = ".journal"
 JOURNAL_SYNC = 0.5  # seconds: the journal is fsync'd at most this often (a power cut costs a re-download)
 STALE_AFTER = 24 * 3600.0  # seconds: an untouched partial download older than this is not resumed
 MiB = 1024 * 1024
-START_CONNECTIONS = 8  # the tuner's first step in the daemon (then what the daemon's transfers learned)
+START_CONNECTIONS = 16  # the tuner's first step in the daemon (then what the daemon's transfers learned)
 
 
 @dataclass(frozen=True)
