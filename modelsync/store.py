@@ -50,6 +50,7 @@ import os
 import re
 import secrets
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -118,6 +119,9 @@ class Store:
         self._seq = itertools.count()
         self._previous: dict[str, str] = {}  # model -> the directory its current one replaced
         self._pending: set[str] = set()  # "<model>/<dir>" committed or adopted, not linked yet
+        # The bookkeeping above is shared by the models a pass installs at once (reconcile.Syncer._each):
+        # changed and read under this lock (taken before the store's file lock, never after it).
+        self._mutex = threading.RLock()
         self.observe: Observe | None = None  # told how long a claim waited ("wait"): modelsync/startup.py
 
     # --- start and stop -------------------------------------------------------------------
@@ -330,7 +334,8 @@ class Store:
             with contextlib.suppress(FileNotFoundError):
                 link.unlink()
             fsync_dir(self.repository)
-            self._previous.pop(model, None)
+            with self._mutex:
+                self._previous.pop(model, None)
             return
         if self.unmanaged(model):
             raise LoadFailed(
@@ -348,15 +353,17 @@ class Store:
             raise_disk_full(exc, f"flipping {link}")
             raise
         fsync_dir(self.repository)
-        self._pending.discard(f"{model}/{target.name}")
-        if before is not None and before.path != target:
-            self._previous[model] = before.name
+        with self._mutex:
+            self._pending.discard(f"{model}/{target.name}")
+            if before is not None and before.path != target:
+                self._previous[model] = before.name
 
     def discard(self, model: str, path: Path) -> None:
         """A directory this repository committed or adopted but does not link (its load failed)."""
-        self._pending.discard(f"{model}/{path.name}")
-        if self._previous.get(model) == path.name:
-            del self._previous[model]
+        with self._mutex:
+            self._pending.discard(f"{model}/{path.name}")
+            if self._previous.get(model) == path.name:
+                del self._previous[model]
         self._release(model)
 
     def prune(self, model: str, keep_previous: bool = True) -> list[str]:
@@ -365,7 +372,8 @@ class Store:
         if self.current(model) is None:
             return []
         if not keep_previous:
-            self._previous.pop(model, None)
+            with self._mutex:
+                self._previous.pop(model, None)
         return self._release(model)
 
     def remove_model(self, model: str) -> None:
@@ -382,12 +390,13 @@ class Store:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        with self._mutex:
+            fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
 
     def _read_refs(self) -> dict[str, Any]:
         try:
