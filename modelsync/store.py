@@ -331,10 +331,10 @@ class Store:
         link = self.repository / model
         before = self.current(model)
         if target is None:
-            with contextlib.suppress(FileNotFoundError):
-                link.unlink()
-            fsync_dir(self.repository)
             with self._mutex:
+                with contextlib.suppress(FileNotFoundError):
+                    link.unlink()
+                fsync_dir(self.repository)
                 self._previous.pop(model, None)
             return
         if self.unmanaged(model):
@@ -343,17 +343,20 @@ class Store:
                 "away to let modelsync manage this model"
             )
         tmp = self._unique("link", model, self.state)
-        try:
-            self.fs.symlink(os.path.relpath(target, self.repository), tmp)
-            fsync_dir(self.state)
-            self.fs.replace(tmp, link)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise_disk_full(exc, f"flipping {link}")
-            raise
-        fsync_dir(self.repository)
+        # The link and the bookkeeping change together: another model's pass writing the references in
+        # between would record the new link without the directory it replaced, which another repository
+        # of the store could then collect while this load may still need it for a roll back.
         with self._mutex:
+            try:
+                self.fs.symlink(os.path.relpath(target, self.repository), tmp)
+                fsync_dir(self.state)
+                self.fs.replace(tmp, link)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                raise_disk_full(exc, f"flipping {link}")
+                raise
+            fsync_dir(self.repository)
             self._pending.discard(f"{model}/{target.name}")
             if before is not None and before.path != target:
                 self._previous[model] = before.name

@@ -6,7 +6,12 @@ Here the central directory comes first, from the end of the object (one
 ranged GET of the last :data:`~modelsync.archive.END_BYTES`, and one more
 when the directory does not fit in them): the same checks as before
 (archive.py: end record, directory walk, ``inspect``) run on it before a
-byte of the body is fetched, so an unsafe archive costs two small GETs.
+byte of the body is fetched. That read is a GET of its own, which the
+whole object's SHA-256 does not cover: a refusal from it is not final (the
+archive is then downloaded whole and judged from the verified bytes, as
+before), and the body's bytes at those offsets must equal the ones the plan
+was read from (else a transient DownloadError): a byte flipped on the wire
+never becomes a remembered refusal.
 Then the parallel download (transfer.py) hands every byte, in order, to
 :class:`StreamingExtract` from the same read that feeds the SHA-256: each
 entry's local header is checked against the directory, its data inflated
@@ -38,11 +43,12 @@ import threading
 import zipfile
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 from .archive import END_BYTES, Entry, Limits, Plan, judge_end, read_end, walk_directory
-from .errors import UnsafeArchive
+from .errors import DownloadError, UnsafeArchive
 from .fsio import FileSystem, fsync_dir, raise_disk_full
 
 MAX_DIRECTORY_BYTES = 16 * 1024 * 1024  # a central directory larger than this is read from the downloaded file
@@ -84,7 +90,18 @@ class _Sparse(io.RawIOBase):
         return len(chunk)
 
 
-def read_directory(read: ReadRange, size: int, limits: Limits) -> zipfile.ZipFile | None:
+@dataclass
+class Directory:
+    """An archive's central directory read from the object's end: zipfile's view of it, and the bytes it was
+    read from (``data`` at offset ``start``), which StreamingExtract compares with the body's own: that read
+    is a GET of its own, which the whole object's sha256 does not cover."""
+
+    zf: zipfile.ZipFile
+    start: int
+    data: bytes
+
+
+def read_directory(read: ReadRange, size: int, limits: Limits) -> Directory | None:
     """The archive's central directory, opened by zipfile from the object's end (bounded first, as
     archive.open_zip does on a file); None when it is larger than :data:`MAX_DIRECTORY_BYTES` (read from the
     downloaded file then). UnsafeArchive for what is not a zip or breaks the limits."""
@@ -99,7 +116,7 @@ def read_directory(read: ReadRange, size: int, limits: Limits) -> zipfile.ZipFil
         tail = read(tail_start, size)
     try:
         walk_directory(io.BufferedReader(_Sparse(size, tail_start, tail)), end, limits)
-        return zipfile.ZipFile(io.BufferedReader(_Sparse(size, tail_start, tail)))
+        return Directory(zipfile.ZipFile(io.BufferedReader(_Sparse(size, tail_start, tail))), tail_start, tail)
     except (zipfile.BadZipFile, OSError) as exc:
         raise UnsafeArchive(f"not a zip archive: {exc}") from exc
 
@@ -127,8 +144,17 @@ class StreamingExtract:
     transfer's Consumer). ``dest`` exists and is empty; :meth:`finish` checks every entry was written and
     fsyncs them. With ``digests``, each file's sha256 is computed from the bytes written (for a signature)."""
 
-    def __init__(self, plan: Plan, dest: Path, fs: FileSystem, digests: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        dest: Path,
+        fs: FileSystem,
+        digests: dict[str, str] | None = None,
+        directory: Directory | None = None,
+    ) -> None:
         self.plan = plan
+        self.directory = directory  # the bytes the plan was read from: the body's must be the same
+        self.directory_differs = False
         self.dest = dest
         self.fs = fs
         self.digests = digests
@@ -172,6 +198,11 @@ class StreamingExtract:
         if offset != self.pos:
             raise UnsafeArchive(f"internal: bytes at {offset} fed after {self.pos}")  # a bug, never data
         self.reads += 1
+        d = self.directory
+        if d is not None and offset + len(data) > d.start and not self.directory_differs:
+            lo = max(offset, d.start)
+            if data[lo - offset :] != d.data[lo - d.start : lo - d.start + offset + len(data) - lo]:
+                self.directory_differs = True
         if self.refused is not None:
             self.pos += len(data)
             return
@@ -285,7 +316,7 @@ class StreamingExtract:
                 if len(tail) > info.file_size - cur.written:
                     raise UnsafeArchive(f"entry {info.filename!r}: inflates past its declared {info.file_size} bytes")
                 self._write(cur, tail)
-            if not cur.inflate.eof:
+            if not cur.inflate.eof and not (info.compress_size == 0 and info.file_size == 0):  # zipfile takes those
                 raise UnsafeArchive(f"entry {info.filename!r}: its deflate stream is cut short")
         if cur.written != info.file_size:
             raise UnsafeArchive(
@@ -340,7 +371,15 @@ class StreamingExtract:
 
     def finish(self) -> int:
         """Every entry written, then all of them and their directories fsync'd in one batch; the bytes written.
-        Raises the refusal kept by :meth:`feed`, if any."""
+        Raises the refusal kept by :meth:`feed`, if any; first DownloadError (transient) when the directory
+        the plan came from is not the body's (a read went wrong on the wire: judged again next time)."""
+        if self.directory_differs:
+            self._close()
+            self._stop_syncing()
+            raise DownloadError(
+                "the zip's directory read from the object's end differs from the same bytes in the body "
+                "(a read went wrong on the way); retried at the next reconcile"
+            )
         if self.refused is not None:
             raise self.refused
         if self.current is not None or self.index < len(self.entries):

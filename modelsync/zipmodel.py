@@ -15,13 +15,14 @@ entry's sha256, computed as it is written, is compared with the signed one befor
 
 from __future__ import annotations
 
+import logging
 import shutil
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .archive import Limits, extract, inspect, open_zip
+from .archive import Limits, Plan, extract, inspect, open_zip
 from .bundle import is_bundle, top_level
 from .errors import UnsafeArchive
 from .fsio import FileSystem
@@ -30,7 +31,9 @@ from .pinning import verify_hash
 from .s3 import S3, Archive
 from .signing import Signatures, Signed
 from .store import Installed, Store
-from .unzip import StreamingExtract, read_directory, streamable
+from .unzip import Directory, StreamingExtract, read_directory, streamable
+
+log = logging.getLogger("modelsync.zipmodel")
 
 
 class ZipFetcher:
@@ -78,20 +81,14 @@ class ZipFetcher:
                     )
                 self.free_check(archive.size, f"downloading {archive.key}")
             with attempt.phase("verify"):  # the directory from the object's end, judged before the body comes
-                directory = read_directory(lambda a, b: self.s3.read_range(archive, a, b), archive.size, self.limits)
-                plan = None
-                if directory is not None:
-                    self._one_model(model, archive, directory.namelist())
-                    try:
-                        plan = inspect(directory, archive.size, model, self.limits)
-                    finally:
-                        directory.close()
+                directory, plan = self._directory(model, archive)
             digests: dict[str, str] | None = {} if signed is not None else None
-            if plan is not None and streamable(plan):
+            if plan is not None and directory is not None and streamable(plan):
                 with attempt.phase("download"):  # downloaded, hashed and placed at once
-                    self.free_check(plan.disk_bytes(self.fs.block_size(self.store.staging)), f"extracting {model}")
+                    block = self.fs.block_size(self.store.staging)  # the scratch archive and the entries, at once
+                    self.free_check(archive.size + plan.disk_bytes(block), f"downloading and extracting {model}")
                     extracted = self.store.staging_dir(model)
-                    placer = StreamingExtract(plan, extracted, self.fs, digests)
+                    placer = StreamingExtract(plan, extracted, self.fs, digests, directory)
                     download = self.store.staging_file(model)
                     sha, count = self.s3.download(archive, download, self.fs, consumer=placer)
                     attempt.bytes_downloaded = count
@@ -138,6 +135,24 @@ class ZipFetcher:
                 download.unlink(missing_ok=True)
             if extracted is not None:
                 shutil.rmtree(extracted, ignore_errors=True)
+
+    def _directory(self, model: str, archive: Archive) -> tuple[Directory | None, Plan | None]:
+        """The archive's directory and plan, read from the object's end. A refusal here is not final: the
+        read is not covered by the sha256, so a byte flipped on the wire could look unsafe. Then (and for a
+        directory too large to read apart) (None, None): the archive is downloaded whole, its hash checked,
+        and judged from the verified bytes (a refusal then is remembered as before)."""
+        try:
+            directory = read_directory(lambda a, b: self.s3.read_range(archive, a, b), archive.size, self.limits)
+            if directory is None:
+                return None, None
+            try:
+                self._one_model(model, archive, directory.zf.namelist())
+                return directory, inspect(directory.zf, archive.size, model, self.limits)
+            finally:
+                directory.zf.close()
+        except UnsafeArchive as exc:
+            log.info("%s: %s, as read from its end: judged again once downloaded whole", model, exc)
+            return None, None
 
     @staticmethod
     def _one_model(model: str, archive: Archive, names: list[str]) -> None:

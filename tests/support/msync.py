@@ -380,6 +380,8 @@ class TruncatingProxy:
         self.keep = keep
         self.cut: set[str] = set()
         self.corrupt: set[str] = set()
+        self.corrupt_directory: set[str] = set()  # keys whose suffix-range reads get a byte flipped:
+        self.directory_fault = "crc"  # the last central entry's CRC, or "signature" (the first header's)
         self.cuts = 0
         self.fail = 0
         self.hold: set[str] = set()
@@ -424,6 +426,11 @@ class TruncatingProxy:
                 resp = conn.getresponse()
                 data = resp.read()
                 cut = faulted and any(k in path for k in proxy.cut)
+                if suffix and data and any(k in path for k in proxy.corrupt_directory):
+                    # the last central entry's CRC-32, or the first central header's signature (unreadable)
+                    crc = proxy.directory_fault == "crc"
+                    at = data.rfind(b"PK\x01\x02") + 16 if crc else data.find(b"PK\x01\x02")
+                    data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
                 if faulted and data and any(k in path for k in proxy.corrupt):
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
                 self.send_response(resp.status)

@@ -665,3 +665,42 @@ def test_install_order_is_the_operators_then_the_largest_first() -> None:
                 [("a", 10), ("b", 30), ("c", 20), ("d", 30), ("e", 5)]}  # fmt: skip
     assert install_order(archives) == ["b", "d", "c", "a", "e"]
     assert install_order(archives, ("e", "zz", "a", "e")) == ["e", "a", "b", "d", "c"]
+
+
+def test_a_directory_read_flipped_on_the_wire_is_retried_never_remembered(env: Env) -> None:
+    """The zip's directory is read from the object's end by a GET the whole object's sha256 does not cover:
+    a byte flipped there is a download error (transient, retried), never an unsafe archive remembered until
+    the object changes; once the network is sane the same object installs."""
+    model = unique("dirflip")
+    v1 = install(env, model)
+    data = big_zip(model, 2)
+    upload(env.moto, env.bucket, f"{model}.zip", data)
+    with TruncatingProxy(env.moto.url) as proxy:
+        proxy.corrupt_directory.add(f"{model}.zip")
+        env.s3_url = proxy.url
+        outcome = env.sync(part_size=PART, connections=4).outcomes[model]
+    env.s3_url = ""
+    assert outcome.result == "download_error" and outcome.transient, outcome
+    assert env.link(model).endswith(v1) and env.infer(model, 1.0) == 2.0
+    assert not (env.store / ".refused.json").exists() or model not in (env.store / ".refused.json").read_text()
+    assert env.sync(part_size=PART, connections=4).outcomes[model].in_sync
+    assert env.infer(model, 1.0) == 3.0 and env.link(model).endswith(sha(data))
+
+
+def test_a_directory_read_that_looks_unsafe_is_judged_again_from_the_verified_download(env: Env) -> None:
+    """A flipped byte that makes the directory read from the end unreadable is not a verdict on the archive:
+    the archive is downloaded whole, its sha256 checked, and judged from those bytes (here: installed)."""
+    model = unique("dirsig")
+    install(env, model)
+    data = big_zip(model, 2)
+    upload(env.moto, env.bucket, f"{model}.zip", data)
+    with TruncatingProxy(env.moto.url) as proxy:
+        proxy.corrupt_directory.add(f"{model}.zip")
+        proxy.directory_fault = "signature"
+        env.s3_url = proxy.url
+        outcome = env.sync(part_size=PART, connections=4).outcomes[model]
+        whole = [e for e in proxy.gets(f"{model}.zip") if not e[2].startswith("bytes=-")]
+    env.s3_url = ""
+    assert outcome.in_sync, outcome
+    assert sum(e[4] for e in whole) == len(data)  # the body, once
+    assert env.infer(model, 1.0) == 3.0 and env.link(model).endswith(sha(data))

@@ -74,7 +74,7 @@ def sample(seed: int = 0) -> dict[str, bytes]:
 def directory(data: bytes) -> zipfile.ZipFile:
     zd = read_directory(lambda a, b: data[a:b], len(data), LIMITS)
     assert zd is not None
-    return zd
+    return zd.zf
 
 
 def place(data: bytes, dest: Path, chunks: list[int] | None = None, digests: dict[str, str] | None = None) -> int:
@@ -208,9 +208,9 @@ def test_the_directory_is_read_from_the_end_in_at_most_two_ranges() -> None:
         return data[a:b]
 
     zd = read_directory(read, len(data), LIMITS)
-    assert zd is not None and len(zd.namelist()) == len(files)
+    assert zd is not None and len(zd.zf.namelist()) == len(files)
     assert len(asked) == 2 and asked[-1][1] == len(data)
-    assert sum(b - a for a, b in asked) < 2 * (len(data) - zd.start_dir) + 70_000  # never the body
+    assert sum(b - a for a, b in asked) < 2 * (len(data) - zd.zf.start_dir) + 70_000  # never the body
 
 
 def test_a_directory_over_the_bound_is_left_to_the_downloaded_file() -> None:
@@ -232,3 +232,42 @@ def test_bzip2_entries_do_not_stream() -> None:
     data = build(sample(), zipfile.ZIP_BZIP2)
     assert not streamable(inspect(directory(data), len(data), MODEL, LIMITS))
     assert streamable(inspect(directory(build(sample())), len(data), MODEL, LIMITS))
+
+
+def test_a_directory_read_that_differs_from_the_body_is_a_download_error_not_a_refusal(tmp_path: Path) -> None:
+    """The directory is a GET of its own, outside the whole object's sha256: a byte of it flipped on the wire
+    (here the CRC of the last entry) must not become a remembered refusal. The body's bytes at the same
+    offsets differ from the ones the plan came from: finish() says so, transiently, before anything else."""
+    from modelsync.errors import DownloadError
+
+    data = build(sample())
+    at = _entry_header(data, b"PK\x01\x02", 46, f"{MODEL}/1/tokens.txt".encode())
+    flipped = _flip(data, at + 16)  # the central entry's CRC-32, in the directory read only
+    zd = read_directory(lambda a, b: flipped[a:b], len(flipped), LIMITS)
+    assert zd is not None
+    plan = inspect(zd.zf, len(data), MODEL, LIMITS)
+    (tmp_path / "x").mkdir()
+    placer = StreamingExtract(plan, tmp_path / "x", LocalFileSystem(), directory=zd)
+    placer.feed(0, data)  # the body, as S3 holds it
+    with pytest.raises(DownloadError, match="differs from the same bytes in the body"):
+        placer.finish()
+
+
+def _entry_header(data: bytes | bytearray, sig: bytes, name_at: int, name: bytes) -> int:
+    at = bytes(data).index(sig)
+    while bytes(data[at + name_at : at + name_at + len(name)]) != name:
+        at = bytes(data).index(sig, at + 4)
+    return at
+
+
+def test_an_empty_deflated_entry_without_a_stream_is_taken_as_zipfile_takes_it(tmp_path: Path) -> None:
+    """Some tools write an empty file as 'deflated' with no deflate stream at all (0 compressed bytes)."""
+    data = bytearray(build(sample(), zipfile.ZIP_STORED))
+    name = f"{MODEL}/1/empty".encode()
+    for sig, name_at, method_at in ((b"PK\x03\x04", 30, 8), (b"PK\x01\x02", 46, 10)):
+        at = _entry_header(data, sig, name_at, name)
+        data[at + method_at : at + method_at + 2] = zipfile.ZIP_DEFLATED.to_bytes(2, "little")
+    want = reference(bytes(data), tmp_path / "ref")  # zipfile takes it
+    assert want["1/empty"] == b""
+    place(bytes(data), tmp_path / "ours")
+    assert tree(tmp_path / "ours") == want
