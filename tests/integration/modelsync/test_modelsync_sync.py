@@ -256,6 +256,21 @@ def test_free_space_is_checked_before_downloading(env: Env) -> None:
     assert_untouched(env, model, v1, before)
 
 
+def test_a_streamed_zip_needs_room_for_its_scratch_copy_and_its_entries_at_once(env: Env) -> None:
+    """The archive is placed while it downloads: its scratch copy and its entries are on the disk together, so
+    room for either alone is refused before a byte of the body is fetched."""
+    model = unique("roomboth")
+    v1 = install(env, model)
+    before = store_dirs(env, model)
+    data = big_zip(model, 2)  # 1 MiB of incompressible weights: the entries take about the archive's size
+    upload(env.moto, env.bucket, f"{model}.zip", data)
+    free = len(data) + (1 << 20) + (256 << 10)  # the archive and the headroom fit; the entries on top do not
+    outcome = env.sync(fs=FaultFileSystem(free=free), min_free_bytes=1 << 20, part_size=PART).outcomes[model]
+    assert outcome.result == "disk_full" and "downloading and extracting" in outcome.reason, outcome
+    assert "SyncBytesDownloaded" not in env.attempts(model)[-1]
+    assert_untouched(env, model, v1, before)
+
+
 HOSTILE = {
     "traversal": lambda m, root: make_zip({**model_files(m, 2), f"{m}/1/../../../escaped-rel": b"x"}),
     "absolute": lambda m, root: make_zip({**model_files(m, 2), f"{root}/escaped-abs": b"x"}),
