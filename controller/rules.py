@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from modelsync.evidence import PROMOTE, REJECT, WAIT, Judgement, Thresholds, Window
+from modelsync.evidence import PROMOTE, REJECT, Judgement, Thresholds, Window, evidence_of, pick_baseline, too_few
 
 CONFIDENCE = 0.95
 ABORT_CONFIDENCE = 0.999
@@ -76,28 +76,15 @@ def failure_rejects(failures: int, requests: int, base_failures: int, base_reque
     return observed >= increase / 2 and failure_z(failures, requests, base_failures, base_requests) > Z
 
 
-def _evidence(canary: Window, base: Window | None, source: str, rules: Rules, baked: float) -> dict[str, Any]:
-    return {
-        "canary": canary.to_json(),
-        "baseline": {"source": source, **(base.to_json() if base is not None else {})},
-        "baked_s": round(baked, 1),
-        "thresholds": rules.to_json(),
-    }
-
-
-def _baseline(baselines: list[tuple[str, Window]], rules: Rules) -> tuple[str, Window | None]:
-    return next(((s, w) for s, w in baselines if w.requests >= rules.min_requests), ("none", None))
-
-
 def early_abort(canary: Window, baselines: list[tuple[str, Window]], rules: Rules, baked: float) -> Judgement | None:
     """A rejection now, whatever the bake, when the canaries fail far beyond their baseline; else None."""
     if canary.requests < rules.min_requests:
         return None
-    source, base = _baseline(baselines, rules)
+    source, base = pick_baseline(baselines, rules.min_requests)
     bf, bn = (base.failures, base.requests) if base is not None else (0.0, 0)
     increase = canary.failure_ratio - (base.failure_ratio if base is not None else 0.0)
     z = failure_z(canary.failures, canary.requests, bf, bn)
-    evidence = _evidence(canary, base, source, rules, baked) | {"failure_increase": round(increase, 6),
+    evidence = evidence_of(canary, base, source, rules, baked) | {"failure_increase": round(increase, 6),
                                                                  "z": round(z, 2)}  # fmt: skip
     if z > Z_ABORT and increase >= ABORT_FACTOR * rules.max_failure_increase:
         return Judgement(REJECT, [
@@ -117,11 +104,10 @@ def early_abort(canary: Window, baselines: list[tuple[str, Window]], rules: Rule
 
 def judge(canary: Window, baselines: list[tuple[str, Window]], rules: Rules, baked: float) -> Judgement:
     """The verdict once the bake is over: promote, reject, or wait (too few requests: silence never promotes)."""
-    source, base = _baseline(baselines, rules)
-    evidence = _evidence(canary, base, source, rules, baked)
+    source, base = pick_baseline(baselines, rules.min_requests)
+    evidence = evidence_of(canary, base, source, rules, baked)
     if canary.requests < rules.min_requests:
-        return Judgement(WAIT, [f"{canary.requests} requests on the canaries, fewer than --bake-min-requests "
-                                f"{rules.min_requests}"], evidence)  # fmt: skip
+        return too_few(canary, rules, evidence)
     reasons: list[str] = []
     bf, bn = (int(base.failures), base.requests) if base is not None else (0, 0)
     increase = canary.failure_ratio - (base.failure_ratio if base is not None else 0.0)

@@ -241,25 +241,38 @@ class Judgement:
         return "; ".join(self.reasons)
 
 
+def pick_baseline(baselines: list[tuple[str, Window]], min_requests: int) -> tuple[str, Window | None]:
+    """The first baseline (in order of preference) with at least ``min_requests``; ("none", None) when none has."""
+    return next(((s, w) for s, w in baselines if w.requests >= min_requests), ("none", None))
+
+
+def evidence_of(canary: Window, base: Window | None, source: str, thresholds: Thresholds,
+                baked: float) -> dict[str, Any]:  # fmt: skip
+    """What every judgement carries, whoever judges (this daemon, or the controller's rules)."""
+    return {
+        "canary": canary.to_json(),
+        "baseline": {"source": source, **(base.to_json() if base is not None else {})},
+        "baked_s": round(baked, 1),
+        "thresholds": thresholds.to_json(),
+    }
+
+
+def too_few(canary: Window, thresholds: Thresholds, evidence: dict[str, Any]) -> Judgement:
+    """Fewer requests on the canaries than ``min_requests``: no evidence either way (silence never promotes)."""
+    return Judgement(WAIT, [f"{canary.requests} requests on the canaries, fewer than --bake-min-requests "
+                            f"{thresholds.min_requests}"], evidence)  # fmt: skip
+
+
 def judge(canary: Window, baselines: list[tuple[str, Window]], thresholds: Thresholds, baked: float) -> Judgement:
     """The canaries' window against the first baseline with enough requests (``baselines`` in order of
     preference: the hosts still on the previous artifact over the same window, then the previous artifact on
     the canary hosts before the switch). Without one, failures are judged against none and latency not at
     all. Fewer requests on the canaries than ``min_requests`` is no evidence either way: wait."""
     t = thresholds
-    source, base = next(((s, w) for s, w in baselines if w.requests >= t.min_requests), ("none", None))
-    evidence: dict[str, Any] = {
-        "canary": canary.to_json(),
-        "baseline": {"source": source, **(base.to_json() if base is not None else {})},
-        "baked_s": round(baked, 1),
-        "thresholds": t.to_json(),
-    }
+    source, base = pick_baseline(baselines, t.min_requests)
+    evidence = evidence_of(canary, base, source, t, baked)
     if canary.requests < t.min_requests:
-        return Judgement(
-            WAIT,
-            [f"{canary.requests} requests on the canaries, fewer than --bake-min-requests {t.min_requests}"],
-            evidence,
-        )
+        return too_few(canary, t, evidence)
     reasons: list[str] = []
     increase = canary.failure_ratio - (base.failure_ratio if base is not None else 0.0)
     evidence["failure_increase"] = round(increase, 6)
