@@ -81,27 +81,6 @@ CLIENTS = ("raw", "boto3", "boto3+fsync", "crt", "ours", "naive", "sync")
 UNLIMITED_CLIENTS = ("raw", "naive", "sync")
 CHILD_TIMEOUT = 600.0
 
-CONFIG = """name: "{name}"
-backend: "python"
-max_batch_size: 8
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-instance_group [{{ kind: KIND_CPU }}]
-"""
-
-MODEL_PY = """import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", (x + 1.0).astype(np.float32))]))
-        return out
-"""
-
 
 def find_nginx() -> str | None:
     for name in NGINX:
@@ -190,7 +169,9 @@ def write_scenario(sc: Scenario, www: Path, deflate_weights: bool) -> dict[str, 
     sc.model = f"{'d' if sc.kind == 'dir' else 'a'}{sc.mib}"
     sc.prefix = f"{sc.kind}{sc.mib}/"
     sizes = weight_sizes(sc.mib)
-    small = {"config.pbtxt": CONFIG.format(name=sc.model).encode(), "1/model.py": MODEL_PY.encode()}
+    from tests.support.msync import model_files  # the tests' sample model (here only: the children stay lean)
+
+    small = {k.split("/", 1)[1]: v for k, v in model_files(sc.model).items()}  # config.pbtxt, 1/model.py
     shards = [f"1/model-{i + 1:05d}-of-{len(sizes):05d}.safetensors" for i in range(len(sizes))]
     digests: dict[str, str] = {}
     if sc.kind == "dir":
