@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelsync.fanout import FLEET_KEY, TASK_ID, check_task_queue_prefix
+from modelsync.fanout import FLEET_KEY, TASK_ID, check_task_queue_prefix, queue_policy  # the same document
 from modelsync.fanout import check_queue_prefix as check_daemon_prefix
 from telemetry.logs import Throttled
 
@@ -70,23 +70,6 @@ def check_queue_prefix(text: str) -> str:
 
 def task_id(task_arn: str) -> str:
     return task_arn.rsplit("/", 1)[-1]
-
-
-def queue_policy(queue_arn: str, topic_arn: str) -> dict[str, Any]:
-    """Only SNS, and only for this topic, may send to the queue (the same document model sync's self mode sets)."""
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Sid": "OnlyTheTopic",
-                "Effect": "Allow",
-                "Principal": {"Service": "sns.amazonaws.com"},
-                "Action": "sqs:SendMessage",
-                "Resource": queue_arn,
-                "Condition": {"ArnEquals": {"aws:SourceArn": topic_arn}},
-            }
-        ],
-    }
 
 
 def _code(exc: BaseException) -> str:
