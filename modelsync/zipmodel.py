@@ -83,36 +83,32 @@ class ZipFetcher:
             with attempt.phase("verify"):  # the directory from the object's end, judged before the body comes
                 directory, plan = self._directory(model, archive)
             digests: dict[str, str] | None = {} if signed is not None else None
-            if plan is not None and directory is not None and streamable(plan):
-                with attempt.phase("download"):  # downloaded, hashed and placed at once
+            with attempt.phase("download"):  # streamed: downloaded, hashed and placed at once
+                if plan is not None and directory is not None and streamable(plan):
                     block = self.fs.block_size(self.store.staging)  # the scratch archive and the entries, at once
                     self.free_check(archive.size + plan.disk_bytes(block), f"downloading and extracting {model}")
                     extracted = self.store.staging_dir(model)
                     placer = StreamingExtract(plan, extracted, self.fs, digests, directory)
-                    download = self.store.staging_file(model)
-                    sha, count = self.s3.download(archive, download, self.fs, consumer=placer)
-                    attempt.bytes_downloaded = count
+                download = self.store.staging_file(model)
+                sha, count = self.s3.download(archive, download, self.fs, consumer=placer)
+                attempt.bytes_downloaded = count
+                if placer is not None:  # a scratch copy, placed already
                     download.unlink()
                     download = None
-                with attempt.phase("verify"):
-                    verify_hash(sha, expected, source, attempt)
-                    if installed is not None and sha == installed.sha256:  # unverified, and the same bytes
-                        return None
-                with attempt.phase("extract"):  # what is left: one batch of fsyncs, the commit
-                    placer.finish()
-            else:  # a method that does not stream (bzip2, lzma), or a directory too large to fetch apart
-                with attempt.phase("download"):
-                    download = self.store.staging_file(model)
-                    sha, count = self.s3.download(archive, download, self.fs)
-                    attempt.bytes_downloaded = count
-                with attempt.phase("verify"):
-                    verify_hash(sha, expected, source, attempt)
-                    if installed is not None and sha == installed.sha256:  # unverified, and the same bytes
-                        return None
+            with attempt.phase("verify"):
+                verify_hash(sha, expected, source, attempt)
+                if installed is not None and sha == installed.sha256:  # unverified, and the same bytes
+                    return None
+                if placer is None:  # bzip2 or lzma entries, or a directory too large to fetch apart
+                    assert download is not None
                     zf = open_zip(download, self.limits)  # bounded by its end record before zipfile reads it
                     self._one_model(model, archive, zf.namelist())
                     plan = inspect(zf, count, model, self.limits)
-                with attempt.phase("extract"):
+            with attempt.phase("extract"):
+                if placer is not None:  # what is left: waiting for the last fsyncs
+                    placer.finish()
+                else:
+                    assert zf is not None and download is not None and plan is not None
                     self.free_check(plan.disk_bytes(self.fs.block_size(self.store.staging)), f"extracting {model}")
                     extracted = self.store.staging_dir(model)
                     extract(zf, plan, extracted, self.fs, digests=digests)
@@ -120,9 +116,9 @@ class ZipFetcher:
                     zf = None
                     download.unlink()
                     download = None
-            with attempt.phase("extract"):
                 if signed is not None and digests is not None:  # before the commit: nothing installed on a mismatch
                     Signatures.compare(signed, digests, archive.key)
+                assert extracted is not None
                 final = self.store.commit(model, sha, extracted, record(sha))
                 extracted = None
             return final
