@@ -644,7 +644,7 @@ class Transfer:
             for n in range(max(claimed, default=-1) + 1):
                 start, end = self._range(n)
                 try:
-                    _hash_range(fd, start, end, digest)
+                    _read_range(fd, start, end, digest, None)
                 except DownloadError:
                     break
                 if n in claimed:
@@ -674,10 +674,6 @@ class Transfer:
             raise
         fsync_dir(journal.parent)
         return jfd, joff[0]
-
-
-def _hash_range(fd: int, start: int, end: int, digest: Any) -> None:
-    _read_range(fd, start, end, digest, None)
 
 
 def _read_range(fd: int, start: int, end: int, digest: Any, consumer: Consumer | None) -> None:
