@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import pytest
 
 from telemetry.settings import Option
+from tests.support.helptext import entries
 from tests.support.paths import REPO
 
 # Runs a command line after another in one interpreter, each as ``python -m MODULE ARGS`` does (runpy);
@@ -215,27 +216,6 @@ def usage_error(c: Command, code: int, err: str) -> str:
     assert lines[1].startswith(f"{c.name}: error: "), lines[1]
     assert lines[2] == f"try '{c.prog} --help'", lines[2]
     return lines[1]
-
-
-def entries(help_text: str) -> dict[str, str]:
-    """Invocation (``--nvml {auto,on,off}``, ``MODEL``) -> its whole help, from argparse's sections."""
-    out: dict[str, str] = {}
-    current = None
-    in_section = False
-    for line in help_text.splitlines():
-        if line and not line[0].isspace():
-            in_section = line.endswith(":") and not line.startswith("usage:")
-            current = None
-            continue
-        if not in_section or not line.strip():
-            current = None
-            continue
-        if re.match(r"^  \S", line):
-            current, _, rest = line.strip().partition("  ")
-            out[current] = rest.strip()
-        elif current is not None:
-            out[current] = f"{out[current]} {line.strip()}".strip()
-    return out
 
 
 def help_of(command: str) -> str:

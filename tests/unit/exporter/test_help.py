@@ -20,6 +20,7 @@ import pytest
 
 from exporter.__main__ import COMMANDS
 from telemetry.settings import HelpFormatter
+from tests.support.helptext import entries
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -75,28 +76,6 @@ def render_help(target: str, args: tuple[str, ...]) -> dict[int, tuple[int, str,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return {int(w): (code, out, err) for w, (code, out, err) in json.loads(proc.stdout).items()}
-
-
-def entries(text: str) -> dict[str, str]:
-    """Option or argument -> its help text, from argparse's sections (``options:``, ``positional arguments:``)."""
-    out: dict[str, str] = {}
-    current = None
-    in_section = False
-    for line in text.splitlines():
-        if line and not line[0].isspace():
-            in_section = line.endswith(":") and not line.startswith("usage:")
-            current = None
-            continue
-        if not in_section or not line.strip():
-            current = None
-            continue
-        if re.match(r"^  \S", line):
-            invocation, _, rest = line.strip().partition("  ")
-            current = invocation
-            out[current] = rest.strip()
-        elif current is not None:
-            out[current] = f"{out[current]} {line.strip()}".strip()
-    return out
 
 
 def unexplained(text: str) -> list[str]:
